@@ -1,0 +1,94 @@
+"""Gradient-accumulation windows: count ``num_items_in_batch`` before the first forward of a step.
+
+HF `Trainer` pulls the next ``gradient_accumulation_steps`` batches from the iterator, counts their label
+targets, then runs the micro-steps (``Trainer.get_batch_samples``). Lightning's loop pulls one batch at a
+time, so :class:`AccumulationWindowLoader` does the look-ahead on the data side: it reads a whole window
+from the wrapped loader, counts it on the host (no device sync), and yields its batches with the count
+attached under ``num_items_in_batch``.
+
+Windows are aligned with Lightning's optimizer steps: Lightning steps after batch index ``i`` when
+``(i + 1) % accumulate_grad_batches == 0`` or ``i`` is the last batch of the epoch (or of
+``limit_train_batches``). So a window never spans two epochs, and the last one of an epoch may be shorter; it
+is counted over the batches it really holds.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
+
+NUM_ITEMS_KEY = "num_items_in_batch"
+
+
+class AccumulationWindowLoader:
+    """Wraps a train dataloader and attaches the window's label count to each batch.
+
+    Args:
+        loader: any iterable of dict batches (usually a ``torch.utils.data.DataLoader``).
+        accumulate_grad_batches: the window length (Lightning's ``accumulate_grad_batches``, HF's
+            ``gradient_accumulation_steps``); must be >= 1.
+        count_fn: ``batch -> int``, the number of label positions of one micro-batch that get a loss term
+            (e.g. :func:`hf_lightning.module.loss.count_loss_items`).
+        max_batches: optional ``() -> int | float``, read at the start of each epoch: how many batches the
+            training loop will consume (``trainer.num_training_batches``); windows are cut there so that
+            ``limit_train_batches`` cannot leak unseen batches into the count.
+
+    Each yielded batch is a shallow copy of the original mapping with one extra key,
+    ``num_items_in_batch``: a Python ``int``, the count summed over the micro-batches of its window on
+    this process (the model module sums it across ranks).
+
+    Raises:
+        ValueError: ``accumulate_grad_batches < 1``.
+        TypeError: a batch is not a mapping.
+    """
+
+    def __init__(
+        self,
+        loader: Iterable[Mapping[str, Any]],
+        accumulate_grad_batches: int,
+        count_fn: Callable[[Mapping[str, Any]], int],
+        max_batches: Callable[[], int | float] | None = None,
+    ) -> None:
+        if accumulate_grad_batches < 1:
+            raise ValueError(f"accumulate_grad_batches must be >= 1, got {accumulate_grad_batches}")
+        self.loader = loader
+        self.accumulate_grad_batches = accumulate_grad_batches
+        self.count_fn = count_fn
+        self.max_batches = max_batches
+
+    # Lightning calls ``set_epoch`` on ``.sampler``/``.batch_sampler`` and reads ``.dataset``.
+    @property
+    def sampler(self) -> Any:
+        return getattr(self.loader, "sampler", None)
+
+    @property
+    def batch_sampler(self) -> Any:
+        return getattr(self.loader, "batch_sampler", None)
+
+    @property
+    def dataset(self) -> Any:
+        return getattr(self.loader, "dataset", None)
+
+    def __len__(self) -> int:
+        return len(self.loader)  # type: ignore[arg-type]
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        limit = self.max_batches() if self.max_batches is not None else float("inf")
+        iterator = iter(self.loader)
+        remaining = limit
+        while remaining > 0:
+            size = int(min(self.accumulate_grad_batches, remaining))
+            window = list(itertools.islice(iterator, size))
+            if not window:
+                return
+            remaining -= len(window)
+            for batch in window:
+                if not isinstance(batch, Mapping):
+                    raise TypeError(
+                        f"AccumulationWindowLoader needs dict batches (got {type(batch).__name__}); "
+                        "the collator must return a mapping of tensors"
+                    )
+            total = sum(self.count_fn(batch) for batch in window)
+            for batch in window:
+                yield {**batch, NUM_ITEMS_KEY: total}
