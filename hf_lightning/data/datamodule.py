@@ -10,7 +10,7 @@ import lightning as L
 from torch.utils.data import DataLoader, DistributedSampler
 
 from hf_lightning.data.collators import PaddingCollator
-from hf_lightning.data.formatting import FORMATS, TOKENIZERS, detect_format
+from hf_lightning.data.formatting import FORMATS, SOURCE_COLUMNS, TOKENIZERS, detect_format
 from hf_lightning.data.loading import load_source, split_train_validation
 from hf_lightning.data.windows import AccumulationWindowLoader
 from hf_lightning.errors import ConfigError, DataError
@@ -27,7 +27,7 @@ class HFDataModule(L.LightningDataModule):
         path: a json/jsonl/csv/parquet file, a ``save_to_disk`` folder, a ``datasets.Dataset`` /
             ``DatasetDict``, or ``None`` for the embedded chatterbot-corpus chat data.
         validation_path: a separate validation source (same kinds as ``path``); overrides any split of ``path``.
-        format: ``"auto"`` (from the column names), ``"messages"`` or ``"text"``.
+        format: ``"auto"`` (from the column names), ``"messages"``, ``"text"`` or ``"tokenized"``.
         validation_split: share of rows held out for validation when the source has no validation split.
         max_length: tokens per example after truncation (truncated rows are counted in the log).
         per_device_train_batch_size / per_device_eval_batch_size: examples per micro-batch per process.
@@ -143,11 +143,13 @@ class HFDataModule(L.LightningDataModule):
         self.val_dataset = self._tokenize(val, fmt, validation_path or path, "validation") if val else None
 
     def _tokenize(self, ds: datasets.Dataset, fmt: str, path: Any, split: str) -> datasets.Dataset:
-        if fmt not in ds.column_names:
+        needed = SOURCE_COLUMNS[fmt][0]
+        if needed not in ds.column_names:
             raise DataError(
-                f"data.path={path}: format {fmt!r} needs a {fmt!r} column; the {split} split has {ds.column_names}"
+                f"data.path={path}: format {fmt!r} needs a {needed!r} field; the {split} split has "
+                f"{ds.column_names}"
             )
-        extra = [c for c in ds.column_names if c != fmt]
+        extra = [c for c in ds.column_names if c not in SOURCE_COLUMNS[fmt]]
         if extra:
             log.warning("%s: columns %s are not used by the %r format and are dropped", split, extra, fmt)
         fn = TOKENIZERS[fmt]

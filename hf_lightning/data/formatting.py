@@ -4,29 +4,35 @@ Detection reads the schema (column names), never the first row. Formats:
 
 - ``text``: causal LM on a ``text`` column; each row is tokenized exactly as
   ``tokenizer(text, truncation=True, max_length=max_length)``; every token is a target.
+- ``tokenized``: rows that already hold ``input_ids`` (and optionally ``attention_mask``, ``labels``), used
+  as they are apart from truncation to ``max_length``.
 - ``messages``: chat (a list of ``{"role", "content"}``) rendered with the tokenizer's chat template;
   only assistant replies and their end-of-turn tokens are targets (assistant-only loss).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
 from hf_lightning.errors import DataError
 from hf_lightning.module.loss import IGNORE_INDEX
 
-FORMATS = ("text", "messages")
+GENERATION_BLOCK = re.compile(r"\{%-?\s*generation\s*-?%\}")
+FORMATS = ("text", "messages", "tokenized")
 ROLES = ("system", "user", "assistant")
 
 
 def detect_format(columns: Sequence[str], path: Any = None) -> str:
-    """Return ``"messages"`` or ``"text"`` from the column names.
+    """Return ``"tokenized"``, ``"messages"`` or ``"text"`` from the column names (in that order).
 
     Raises:
         DataError: no known field; the message lists the columns found and the fields expected.
     """
     cols = set(columns)
+    if "input_ids" in cols:
+        return "tokenized"
     if "messages" in cols:
         return "messages"
     if "text" in cols:
@@ -76,8 +82,9 @@ def chat_labels(messages: list[dict[str, str]], tokenizer: Any) -> tuple[list[in
     With a template that marks replies with ``{% generation %}``, HF's
     ``apply_chat_template(return_assistant_tokens_mask=True)`` gives the mask. Otherwise each assistant
     turn's tokens are found by rendering the prefix before it (with the generation prompt) and the
-    conversation up to and including it; this requires the prefix tokens to be a prefix of the longer
-    rendering, which is checked.
+    conversation up to and including it; the turn's tokens up to its last EOS token are the targets
+    (formatting the template writes after the end-of-turn token is never generated). This requires the
+    prefix tokens to be a prefix of the longer rendering, which is checked.
 
     Raises:
         DataError: the tokenizer has no chat template, or the template cannot be split by turn.
@@ -87,7 +94,7 @@ def chat_labels(messages: list[dict[str, str]], tokenizer: Any) -> tuple[list[in
             "chat data ('messages') needs a tokenizer with a chat template; this tokenizer has none. "
             "Set tokenizer.chat_template (e.g. ChatML) and save it into the model folder."
         )
-    if "generation" in tokenizer.chat_template:
+    if GENERATION_BLOCK.search(tokenizer.chat_template):
         out = tokenizer.apply_chat_template(
             messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
         )
@@ -95,7 +102,8 @@ def chat_labels(messages: list[dict[str, str]], tokenizer: Any) -> tuple[list[in
         return ids, [t if m else IGNORE_INDEX for t, m in zip(ids, out["assistant_masks"])]
 
     def render(msgs, gen):
-        return list(tokenizer.apply_chat_template(msgs, tokenize=True, add_generation_prompt=gen))
+        out = tokenizer.apply_chat_template(msgs, tokenize=True, add_generation_prompt=gen, return_dict=True)
+        return list(out["input_ids"])
 
     ids = render(messages, False)
     labels = [IGNORE_INDEX] * len(ids)
@@ -109,7 +117,12 @@ def chat_labels(messages: list[dict[str, str]], tokenizer: Any) -> tuple[list[in
                 "the chat template renders a conversation differently from its prefixes, so assistant "
                 "turns cannot be located; add {% generation %} markers around assistant replies"
             )
-        labels[len(start) : len(upto)] = upto[len(start) :]
+        span = upto[len(start) :]
+        eos = getattr(tokenizer, "eos_token_id", None)
+        if eos in span:
+            # what a template writes after the end-of-turn token (a newline) is never generated: not a target
+            span = span[: len(span) - span[::-1].index(eos)]
+        labels[len(start) : len(start) + len(span)] = span
     return ids, labels
 
 
@@ -127,4 +140,15 @@ def tokenize_chat(batch: dict[str, list], tokenizer: Any, max_length: int) -> di
     return out
 
 
-TOKENIZERS = {"text": tokenize_text, "messages": tokenize_chat}
+def truncate_tokenized(batch: dict[str, list], tokenizer: Any, max_length: int) -> dict[str, list]:
+    """``datasets.map(batched=True)`` function for pre-tokenized rows: truncate and count."""
+    out: dict[str, list] = {"truncated": [len(x) > max_length for x in batch["input_ids"]]}
+    for key in ("input_ids", "attention_mask", "labels"):
+        if key in batch:
+            out[key] = [list(x)[:max_length] for x in batch[key]]
+    return out
+
+
+TOKENIZERS = {"text": tokenize_text, "messages": tokenize_chat, "tokenized": truncate_tokenized}
+# the column each format reads (the rest of a row is not used by the format)
+SOURCE_COLUMNS = {"text": ("text",), "messages": ("messages",), "tokenized": ("input_ids", "attention_mask", "labels")}

@@ -157,10 +157,10 @@ class HFLightningModule(L.LightningModule):
         if self.global_step % every == 0 or self.global_step >= self.trainer.max_steps > 0:
             self._flush_train_logs()
 
-    def on_train_epoch_end(self) -> None:
-        self._flush_train_logs()
+    def on_train_end(self) -> None:
+        self._flush_train_logs(progress_bar=False)  # the steps since the last log boundary
 
-    def _flush_train_logs(self) -> None:
+    def _flush_train_logs(self, progress_bar: bool = True) -> None:
         if not self._loss_since_log:
             return
         loss = torch.stack(self._loss_since_log).mean()
@@ -171,7 +171,8 @@ class HFLightningModule(L.LightningModule):
         if self._last_grad_norm is not None:
             metrics["grad_norm"] = self._last_grad_norm.item()
         metrics["epoch"] = self.current_epoch
-        self.log("train/loss", metrics["train/loss"], prog_bar=True, logger=False, on_step=True, on_epoch=False)
+        if progress_bar:
+            self.log("train/loss", metrics["train/loss"], prog_bar=True, logger=False, on_step=True, on_epoch=False)
         self._log_to_loggers(metrics)
 
     def _log_to_loggers(self, metrics: dict[str, float | None]) -> None:
