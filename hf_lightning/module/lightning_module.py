@@ -180,6 +180,7 @@ class HFLightningModule(L.LightningModule):
         clean = {k: float(v) for k, v in metrics.items() if v is not None}
         for logger in self.loggers:
             logger.log_metrics(clean, step=self.global_step)
+            logger.save()
 
     # ------------------------------------------------------------------------------------ evaluation
     def validation_step(self, batch: Mapping[str, Any], batch_idx: int) -> None:
