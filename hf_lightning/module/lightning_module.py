@@ -219,8 +219,9 @@ class HFLightningModule(L.LightningModule):
             batch: the collated micro-batch (``labels`` ``(B, L)`` or ``(B,)``; the window keys of
                 :mod:`hf_lightning.data.windows` are never passed to the model).
             num_items_in_batch: the window's target count (``int``, or a 0-dim int64 tensor when summed across
-                ranks), at least 1; ``None`` when the batches carry no count (HF: "not counted"), in which
-                case the loss is normalised per micro-batch.
+                ranks), at least 1; ``None`` when the batches carry no count (HF: "not counted") or the loss is
+                HF's fallback (``loss_is_scaled_for_ga`` resolved to ``False``): the loss is then a mean over
+                this micro-batch, which ``training_step`` divides by the window length.
 
         Returns:
             The micro-batch's share of the window loss (a sum over its items divided by ``num_items_in_batch``)
@@ -394,7 +395,7 @@ class HFLightningModule(L.LightningModule):
     def validation_step(self, batch: Mapping[str, Any], batch_idx: int) -> None:
         outputs = self(batch)
         loss_sum = token_cross_entropy_sum(
-            outputs.logits, batch["labels"], causal=self.causal, shift_labels=batch.get("shift_labels")
+            _logits(outputs), batch["labels"], causal=self.causal, shift_labels=batch.get("shift_labels")
         )
         self.val_loss.update(loss_sum, self.count_loss_items(batch))
 

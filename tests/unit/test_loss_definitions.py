@@ -265,3 +265,11 @@ def test_tuple_outputs_are_read_by_position(tmp_path):
 
     rows = fit(HFLightningModule(TupleLM(), **sgd()), table_datamodule(ROWS, 2), 2, tmp_path)
     assert [float(r["train/loss"]) for r in rows] == pytest.approx([exact_loss(ROWS)])
+
+
+def test_compute_loss_func_from_the_config_is_a_dotted_path():
+    from hf_lightning.train import resolve_function
+
+    assert resolve_function("hand_case.fallback_loss", "module.compute_loss_func") is fallback_loss
+    with pytest.raises(ConfigError, match=r"module.compute_loss_func=nope.loss: not an importable function"):
+        resolve_function("nope.loss", "module.compute_loss_func")

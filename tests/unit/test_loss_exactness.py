@@ -55,3 +55,42 @@ def test_a_shorter_last_window_is_normalised_by_its_own_count(tmp_path):
     rows = fit(module, table_datamodule(ROWS, 1), 3, tmp_path)
     assert [int(r["step"]) for r in rows] == [1, 2]
     assert [float(r["train/loss"]) for r in rows] == pytest.approx([exact_loss(ROWS[:3]), exact_loss(ROWS[3:])], rel=1e-6)
+
+
+class NoHostReads(HFLightningModule):
+    """Counts every read of a tensor's value on the host (``.item()``, ``int()``, ``bool()``, ...) made inside
+    ``training_step``: on an accelerator each is a host-device sync, which the count on the host avoids."""
+
+    READS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__")
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.host_reads: list[str] = []
+
+    def training_step(self, batch, batch_idx):
+        originals = {name: getattr(torch.Tensor, name) for name in self.READS}
+
+        def spy(name):
+            def read(tensor, *args):
+                self.host_reads.append(name)
+                return originals[name](tensor, *args)
+
+            return read
+
+        try:
+            for name in self.READS:
+                setattr(torch.Tensor, name, spy(name))
+            return super().training_step(batch, batch_idx)
+        finally:
+            for name, fn in originals.items():
+                setattr(torch.Tensor, name, fn)
+
+
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
+def test_training_step_never_reads_a_tensor_on_the_host(tmp_path, label_smoothing):
+    module = NoHostReads(
+        TableLM(), optim={"name": "sgd", "lr": 0.0}, scheduler={"name": "constant"},
+        label_smoothing_factor=label_smoothing,
+    )
+    rows = fit(module, table_datamodule(ROWS, 1), 2, tmp_path)
+    assert len(rows) == 2 and module.host_reads == []
