@@ -38,12 +38,12 @@ class EvalStepsMixin:
         eval_accumulation_steps: int | None,
         batch_eval_metrics: bool,
     ) -> None:
-        if batch_eval_metrics and compute_metrics is not None:
-            if "compute_result" not in inspect.signature(compute_metrics).parameters:
-                raise ConfigError(
-                    "batch_eval_metrics=true calls compute_metrics(eval_pred, compute_result=...) per batch; "
-                    "the given compute_metrics takes no compute_result argument (as in HF Trainer)"
-                )
+        takes_result = compute_metrics is not None and "compute_result" in inspect.signature(compute_metrics).parameters
+        if batch_eval_metrics and compute_metrics is not None and not takes_result:
+            raise ConfigError(
+                "batch_eval_metrics=true calls compute_metrics(eval_pred, compute_result=...) per batch; "
+                "the given compute_metrics takes no compute_result argument (as in HF Trainer)"
+            )
         if eval_accumulation_steps is not None and eval_accumulation_steps < 1:
             raise ConfigError(f"eval_accumulation_steps must be >= 1 or null, got {eval_accumulation_steps}")
         self.compute_metrics = compute_metrics
