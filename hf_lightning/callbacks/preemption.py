@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -52,10 +53,9 @@ class Preemption(L.Callback):
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._steps_seen = trainer.global_step
         for sig in SIGNALS:
-            try:
+            # outside the main thread (a spawned worker) signal() raises: Lightning's handlers stay
+            with contextlib.suppress(ValueError):
                 self._previous[sig] = signal.signal(sig, self._handler)
-            except ValueError:  # not the main thread (e.g. a spawned worker): leave Lightning's handlers
-                pass
 
     def _restore(self) -> None:
         for sig, handler in self._previous.items():
