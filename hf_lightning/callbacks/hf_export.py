@@ -26,6 +26,9 @@ class HFExport(L.Callback):
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not trainer.is_global_zero:
             return
+        if getattr(pl_module, "preempted", False):
+            log.warning("training was stopped by a signal: no hf_model/ export until the run finishes")
+            return
         os.makedirs(self.dirpath, exist_ok=True)
         pl_module.model.save_pretrained(self.dirpath)
         tokenizer = getattr(pl_module, "tokenizer", None)

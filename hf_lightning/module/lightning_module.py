@@ -14,6 +14,7 @@ from torch import nn
 
 from hf_lightning.data.windows import MICRO_ITEMS_KEY, NUM_ITEMS_KEY, WINDOW_KEYS, WINDOW_LENGTH_KEY
 from hf_lightning.errors import ConfigError, ModelError
+from hf_lightning.module.eval_steps import EvalStepsMixin
 from hf_lightning.module.loss import (
     IGNORE_INDEX,
     accepts_num_items,
@@ -23,7 +24,6 @@ from hf_lightning.module.loss import (
     loss_targets,
     token_cross_entropy_sum,
 )
-from hf_lightning.module.metrics import TokenMeanLoss
 from hf_lightning.module.optim import build_optimizer, build_scheduler
 
 log = logging.getLogger(__name__)
@@ -33,7 +33,7 @@ NON_MODEL_KEYS = ("labels", "shift_labels", *WINDOW_KEYS)
 Count = int | torch.Tensor
 
 
-class HFLightningModule(L.LightningModule):
+class HFLightningModule(EvalStepsMixin, L.LightningModule):
     """Train and evaluate any HF-style model (``forward(**batch)`` returning ``.logits``).
 
     The loss of one optimizer step is HF's: the sum of the loss terms over every micro-batch of the
@@ -84,14 +84,21 @@ class HFLightningModule(L.LightningModule):
         label_smoothing_factor: HF's ``TrainingArguments.label_smoothing_factor`` for the built-in loss, in [0, 1).
         causal: the labels are aligned for a causal LM (shifted by one). ``None``: HF's rule
             (:func:`~hf_lightning.module.loss.loss_shifts_labels`).
+        compute_metrics: HF-style ``compute_metrics(EvalPrediction) -> dict`` over the whole evaluation set
+            (numpy arrays padded with -100, in dataset order); its keys are logged as ``val/<key>``.
+        preprocess_logits_for_metrics: HF-style ``(logits, labels) -> preds`` applied per batch before
+            anything is kept (e.g. ``argmax``), so memory holds predictions, not logits.
+        eval_accumulation_steps: move collected predictions to the CPU every this many batches (HF's).
+        batch_eval_metrics: call ``compute_metrics(EvalPrediction, compute_result=is_last_batch)`` per batch
+            instead of once (HF's); the last call's result is logged.
 
     Raises:
         ConfigError: conflicting or out-of-range loss arguments (named).
 
     Logged (x-axis ``step`` = optimizer steps done, as HF): ``train/loss`` (mean of the window losses since
     the last log, averaged over ranks: HF's ``loss``), ``lr`` (the rate used in that step), ``grad_norm``
-    (before clipping); ``val/loss`` (token-weighted mean over the whole validation set) and
-    ``val/perplexity``.
+    (before clipping); ``val/loss`` (token-weighted mean over the whole validation set), ``val/perplexity``,
+    ``val/accuracy`` (see :class:`~hf_lightning.module.eval_steps.EvalStepsMixin`).
     """
 
     #: HF ``Trainer``'s attribute: whether :meth:`compute_loss` returns a share of the window loss (``True``)
@@ -111,6 +118,10 @@ class HFLightningModule(L.LightningModule):
         model_accepts_loss_kwargs: bool | None = None,
         label_smoothing_factor: float = 0.0,
         causal: bool | None = None,
+        compute_metrics: Callable[..., Mapping[str, float]] | None = None,
+        preprocess_logits_for_metrics: Callable[[torch.Tensor, torch.Tensor], Any] | None = None,
+        eval_accumulation_steps: int | None = None,
+        batch_eval_metrics: bool = False,
     ) -> None:
         super().__init__()
         if not 0.0 <= label_smoothing_factor < 1.0:
@@ -145,7 +156,7 @@ class HFLightningModule(L.LightningModule):
         params = inspect.signature(model.forward).parameters
         self._forward_extra = {"use_cache": False} if "use_cache" in params else {}
         self._loss_scaled, self._fallback_reason = self._resolve_loss_scaling()
-        self.val_loss = TokenMeanLoss()
+        self._init_evaluation(compute_metrics, preprocess_logits_for_metrics, eval_accumulation_steps, batch_eval_metrics)
         self._window: tuple[int, int] | None = None
         self._window_count: Count | None = None
         self._window_loss: torch.Tensor | None = None
@@ -390,23 +401,6 @@ class HFLightningModule(L.LightningModule):
         for logger in self.loggers:
             logger.log_metrics(clean, step=self.global_step)
             logger.save()
-
-    # ------------------------------------------------------------------------------------ evaluation
-    def validation_step(self, batch: Mapping[str, Any], batch_idx: int) -> None:
-        outputs = self(batch)
-        loss_sum = token_cross_entropy_sum(
-            _logits(outputs), batch["labels"], causal=self.causal, shift_labels=batch.get("shift_labels")
-        )
-        self.val_loss.update(loss_sum, self.count_loss_items(batch))
-
-    def on_validation_epoch_end(self) -> None:
-        loss = self.val_loss.compute()
-        self.val_loss.reset()
-        ppl = torch.exp(loss)
-        self.log("val/loss", loss, prog_bar=True, logger=False, sync_dist=False)
-        self.log("val/perplexity", ppl, logger=False, sync_dist=False)
-        if not self.trainer.sanity_checking:
-            self._log_to_loggers({"val/loss": loss.item(), "val/perplexity": ppl.item()})
 
     # ----------------------------------------------------------------------------------- optimizers
     def configure_optimizers(self) -> dict[str, Any]:

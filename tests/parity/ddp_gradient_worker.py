@@ -11,7 +11,8 @@ import json
 import sys
 
 import torch
-from tiny_llama_case import run_lightning_step
+
+from tests.parity.tiny_llama_case import run_lightning_step
 
 if __name__ == "__main__":
     state_path, rows_path, outdir = sys.argv[1:4]

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_llama_case import (
+
+from tests.parity.tiny_llama_case import (
     causal_targets,
     make_model,
     make_rows,

@@ -1,7 +1,7 @@
 """A tiny random Llama and SFT-like rows with unequal label counts, plus gradients computed without hf_lightning.
 
-Shared by the gradient-invariance tests and their DDP worker script (a sibling module, imported by name: pytest
-puts this folder on ``sys.path`` for the tests, and Python does for the script).
+Shared by the gradient-invariance tests and their DDP worker script (which the test runs with the repository
+root on ``PYTHONPATH``).
 
 The reference gradient is d(sum of token CE over all targets of all rows / number of targets)/dθ computed with
 plain ``torch`` on one batch holding every row; the control is HF's fallback (a mean per micro-batch, divided by

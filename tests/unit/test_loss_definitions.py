@@ -11,12 +11,12 @@ import lightning as L
 import pytest
 import torch
 import torch.nn.functional as F
-from hand_case import ROWS, TableLM, W, exact_loss, fallback_loss, fit, table_datamodule
 from torch.utils.data import DataLoader
 
 from hf_lightning import ConfigError, HFLightningModule
 from hf_lightning.data.collators import PaddingCollator
 from hf_lightning.data.windows import AccumulationWindowLoader
+from tests.unit.hand_case import ROWS, TableLM, W, exact_loss, fallback_loss, fit, table_datamodule
 
 LOGGER = "hf_lightning.module.lightning_module"
 
@@ -270,6 +270,6 @@ def test_tuple_outputs_are_read_by_position(tmp_path):
 def test_compute_loss_func_from_the_config_is_a_dotted_path():
     from hf_lightning.train import resolve_function
 
-    assert resolve_function("hand_case.fallback_loss", "module.compute_loss_func") is fallback_loss
+    assert resolve_function("tests.unit.hand_case.fallback_loss", "module.compute_loss_func") is fallback_loss
     with pytest.raises(ConfigError, match=r"module.compute_loss_func=nope.loss: not an importable function"):
         resolve_function("nope.loss", "module.compute_loss_func")

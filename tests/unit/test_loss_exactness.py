@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hand_case import ROWS, TableLM, W, exact_loss, fit, row_losses, table_datamodule
 
 from hf_lightning import HFLightningModule
+from tests.unit.hand_case import ROWS, TableLM, W, exact_loss, fit, row_losses, table_datamodule
 
 
 def expected_gradient():
