@@ -2,7 +2,7 @@
 same ``train/loss`` (and ``grad_norm``, ``lr``) at every optimizer step on the same data without shuffle.
 
 The data is real instruction text (``shared/data/alpaca-tiny``, its rendered ``text`` field) under
-``+experiment=clm``; rows are 77 to 256 tokens long (27 of 100 truncated), so micro-batches hold different numbers of targets.
+``+experiment=clm``; rows are 77 to 160 tokens long (56 of 100 truncated), so micro-batches hold different numbers of targets.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def run(run_dir: Path, micro_batch: int, accumulation: int) -> list[dict]:
     proc = subprocess.run(
         [
             sys.executable, "-m", "hf_lightning.train", "+experiment=clm", f"data.path={DATA}",
-            f"hydra.run.dir={run_dir}", "data.shuffle=false", "data.max_length=256",
+            f"hydra.run.dir={run_dir}", "data.shuffle=false", "data.max_length=160",
             f"data.per_device_train_batch_size={micro_batch}", f"trainer.accumulate_grad_batches={accumulation}",
             "trainer.max_steps=4", "scheduler=constant", "optim.lr=1e-3", "trainer.log_every_n_steps=1", "trainer.limit_val_batches=0",
             "trainer.enable_progress_bar=false", "callbacks.hf_export=null",
