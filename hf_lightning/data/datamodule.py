@@ -237,20 +237,18 @@ class HFDataModule(L.LightningDataModule):
         inputs, source = resolve_model_inputs(model, self.model_input_names, self.tokenizer)
         self.resolved_label_names = self.label_names or (find_label_names(model) if model is not None else ["labels"])
         keep = signature_columns(inputs, self.resolved_label_names)
-        model_name = source.removesuffix(".forward")
+        inputs_from = source
         self._processor = ExampleProcessor(fmt, self.tokenizer, self.max_length, label2id)
 
-        self.train_dataset = self._prepare(train, fmt, "train", path, label2id, keep, inputs, model_name)
+        self.train_dataset = self._prepare(train, fmt, "train", path, label2id, keep, inputs, inputs_from)
         self.val_dataset = (
-            self._prepare(val, fmt, "validation", self.validation_path or path, label2id, keep, inputs, model_name)
+            self._prepare(val, fmt, "validation", self.validation_path or path, label2id, keep, inputs, inputs_from)
             if val is not None
             else None
         )
         base = self._base_collator(fmt, model)
-        prune = self.remove_unused_columns and not isinstance(train, datasets.Dataset)
-        self.train_collator = PruneColumnsCollator(base, keep, inputs, "train", model_name) if prune else base
-        prune_val = self.remove_unused_columns and val is not None and not isinstance(val, datasets.Dataset)
-        self.eval_collator = PruneColumnsCollator(base, keep, inputs, "validation", model_name) if prune_val else base
+        self.train_collator = self._pruning_collator(base, self.train_dataset, keep, inputs, "train", inputs_from)
+        self.eval_collator = self._pruning_collator(base, self.val_dataset, keep, inputs, "validation", inputs_from)
         if self.group_by_length and not is_stream(self.train_dataset):
             self._train_lengths = self._lengths(self.train_dataset)
         self._check_label_names()
@@ -283,7 +281,7 @@ class HFDataModule(L.LightningDataModule):
                 )
 
     def _prepare(
-        self, ds: Any, fmt: str, split: str, path: Any, label2id: Any, keep: list[str], inputs: list[str], model_name: str
+        self, ds: Any, fmt: str, split: str, path: Any, label2id: Any, keep: list[str], inputs: list[str], inputs_from: str
     ) -> Any:
         if is_stream(ds):
             return ds  # tokenized on the fly by ShardedStream
@@ -294,11 +292,26 @@ class HFDataModule(L.LightningDataModule):
             return view
         out = tokenize_dataset(ds, fmt, self.tokenizer, self.max_length, split, path, label2id)
         if self.remove_unused_columns:
-            out, dropped = prune_dataset(out, keep, inputs, split, model_name)
+            out, dropped = prune_dataset(out, keep, inputs, split, inputs_from)
             self.dropped_columns[split] = dropped
         if self.packing:
             out = pack_dataset(out, self.packing, self.max_length, self.tokenizer.eos_token_id, split)
         return out
+
+    def _pruning_collator(self, base: Any, ds: Any, keep: list[str], inputs: list[str], split: str, inputs_from: str) -> Any:
+        """Streams and torch datasets keep their columns, so pruning happens per example in the collator.
+
+        The first example is checked here, in the main process: the drop is logged once (not once per worker)
+        and a dataset without model inputs fails at setup rather than in the first batch.
+        """
+        if not self.remove_unused_columns or ds is None or isinstance(ds, datasets.Dataset):
+            return base
+        collator = PruneColumnsCollator(base, keep, inputs, split, inputs_from)
+        example = self._first_example(ds, split == "validation")
+        if example is not None:
+            collator.inspect(example)
+        self.dropped_columns[split] = collator.dropped
+        return collator
 
     def _lengths(self, ds: Any) -> list[int]:
         if self._train_lengths is not None:
@@ -378,7 +391,7 @@ class HFDataModule(L.LightningDataModule):
         stream = ShardedStream(
             source, self._processor, rank=rank, world_size=world, shuffle=train and self.shuffle, seed=self.seed,
             buffer_size=self.shuffle_buffer_size, length_buffer=length_buffer, holdout=holdout,
-            length=len(source) if sized else None, split="train" if train else "validation",
+            length=len(source) if sized else None, top_up=train, split="train" if train else "validation",
         )
         trainer = getattr(self, "trainer", None)
         if train and stream.length is None and trainer is not None and (trainer.max_steps is None or trainer.max_steps < 0):

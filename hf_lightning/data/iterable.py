@@ -98,6 +98,8 @@ class ShardedStream(IterableDataset):
             first); ``None`` keeps the order.
         holdout: ``(fraction, keep)``: keep only the rows in (``keep=True``) or out of the hash hold-out.
         length: the number of rows of the source when known (``len(source)``), else ``None``.
+        top_up: end short readers with a masked copy (training); ``False`` for evaluation, where readers
+            may differ by one example.
         split: name used in the log.
 
     ``set_epoch(e)`` is stored in shared memory, so persistent workers see it too.
@@ -115,6 +117,7 @@ class ShardedStream(IterableDataset):
         length_buffer: int | None = None,
         holdout: tuple[float, bool] | None = None,
         length: int | None = None,
+        top_up: bool = True,
         split: str = "train",
     ) -> None:
         super().__init__()
@@ -130,6 +133,7 @@ class ShardedStream(IterableDataset):
         self.length_buffer = length_buffer
         self.holdout = holdout
         self.length = length
+        self.top_up = top_up
         self.split = split
         self._epoch = torch.zeros((), dtype=torch.long).share_memory_()
 
@@ -216,11 +220,12 @@ class ShardedStream(IterableDataset):
                     row = mask_example(row)
             yield row
         share = math.ceil(total / count) if total else 0
-        if mine < share and first is not None:
+        if self.top_up and mine < share and first is not None:
             row = self.processor(first)[0] if self.processor is not None else first
             yield mask_example(row)  # tail top-up: same step count on every rank, no loss term
         if truncated or no_target:
-            log.warning(
+            log.log(
+                logging.WARNING if self.epoch == 0 else logging.INFO,
                 "%s stream, reader %d of %d: %d of %d rows truncated, %d left without a target (kept with "
                 "zero weight so that ranks stay in step)", self.split, index, count, truncated, mine, no_target,
             )

@@ -69,6 +69,14 @@ def tokenize_dataset(
         DataError: a missing field, a bad value (the message names the path and split), or an empty result.
     """
     check_columns(ds.column_names, fmt, path, split)
+    feature = ds.features.get("label")
+    if fmt == "classification" and label2id and getattr(feature, "dtype", None) in ("string", "large_string"):
+        # class names -> ids with the training mapping, kept in the schema (ClassLabel) for later reference
+        names = sorted(label2id, key=label2id.__getitem__)
+        try:
+            ds = ds.cast_column("label", datasets.ClassLabel(names=names))
+        except ValueError as err:
+            raise DataError(f"data.path={path} ({split}): a label is not one of the training labels: {err}") from err
     try:
         out = ds.map(
             TOKENIZERS[fmt],
@@ -116,7 +124,7 @@ def label_mapping(ds: Any, path: Any) -> dict[str, int] | None:
     feature = features.get("label") if features else None
     if isinstance(feature, datasets.ClassLabel):
         return {name: i for i, name in enumerate(feature.names)}
-    if feature is not None and getattr(feature, "dtype", None) != "string":
+    if feature is not None and getattr(feature, "dtype", None) not in ("string", "large_string"):
         return None
     if not isinstance(ds, datasets.Dataset):
         if feature is None:

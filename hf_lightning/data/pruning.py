@@ -59,13 +59,13 @@ def signature_columns(model_input_names: Iterable[str], label_names: Iterable[st
 
 
 def _check_inputs_survive(
-    columns: Sequence[str], keep: Sequence[str], model_input_names: Sequence[str], where: str, model_name: str
+    columns: Sequence[str], keep: Sequence[str], model_input_names: Sequence[str], where: str, inputs_from: str
 ) -> None:
     inputs = [c for c in model_input_names if c in columns and c not in LABEL_COLUMNS and "label" not in c]
     if not inputs:
         raise DataError(
             f"{where}: no model input survives column pruning. Columns found: {sorted(columns)}; "
-            f"{model_name}.forward parameters: {list(model_input_names)}. Tokenize into one of those "
+            f"model inputs ({inputs_from}): {list(model_input_names)}. Tokenize into one of those "
             "(usually input_ids), pass data.model_input_names, or set data.remove_unused_columns=false"
         )
 
@@ -75,7 +75,7 @@ def prune_dataset(
     keep: Sequence[str],
     model_input_names: Sequence[str],
     split: str,
-    model_name: str = "model",
+    inputs_from: str = "the model inputs",
 ) -> tuple[datasets.Dataset, list[str]]:
     """Drop the columns of ``ds`` not in ``keep``; log them once at WARNING.
 
@@ -86,11 +86,11 @@ def prune_dataset(
         DataError: no column left that the model takes as input (lists columns and ``forward`` parameters).
     """
     dropped = [c for c in ds.column_names if c not in keep]
-    _check_inputs_survive(ds.column_names, keep, model_input_names, f"{split} split", model_name)
+    _check_inputs_survive(ds.column_names, keep, model_input_names, f"{split} split", inputs_from)
     if dropped:
         log.warning(
-            "%s: columns %s are not arguments of %s.forward and are dropped (remove_unused_columns=true)",
-            split, dropped, model_name,
+            "%s: columns %s are not in %s and are dropped (remove_unused_columns=true)",
+            split, dropped, inputs_from,
         )
         ds = ds.remove_columns(dropped)
     return ds, dropped
@@ -112,30 +112,32 @@ class PruneColumnsCollator:
         keep: Sequence[str],
         model_input_names: Sequence[str],
         split: str = "train",
-        model_name: str = "model",
+        inputs_from: str = "the model inputs",
     ) -> None:
         self.collator = collator
         self.keep = list(keep)
         self.model_input_names = list(model_input_names)
         self.split = split
-        self.model_name = model_name
+        self.inputs_from = inputs_from
         self.dropped: list[str] = []
         self._checked = False
 
-    def __call__(self, examples: Sequence[Mapping[str, Any]]) -> Any:
-        if not self._checked and examples:
-            _check_inputs_survive(
-                list(examples[0]), self.keep, self.model_input_names, f"{self.split} examples", self.model_name
-            )
+    def inspect(self, example: Mapping[str, Any]) -> None:
+        """Check one example: raise if no model input survives, log keys dropped for the first time."""
+        if not self._checked:
+            _check_inputs_survive(list(example), self.keep, self.model_input_names, f"{self.split} examples", self.inputs_from)
             self._checked = True
+        extra = [k for k in example if k not in self.keep and k not in self.dropped]
+        if extra:
+            self.dropped += extra
+            log.warning(
+                "%s: keys %s are not in %s and are dropped from every example (remove_unused_columns=true)",
+                self.split, extra, self.inputs_from,
+            )
+
+    def __call__(self, examples: Sequence[Mapping[str, Any]]) -> Any:
         for ex in examples:
-            extra = [k for k in ex if k not in self.keep and k not in self.dropped]
-            if extra:
-                self.dropped += extra
-                log.warning(
-                    "%s: keys %s are not arguments of %s.forward and are dropped from every example "
-                    "(remove_unused_columns=true)", self.split, extra, self.model_name,
-                )
+            self.inspect(ex)
         return self.collator([{k: v for k, v in ex.items() if k in self.keep} for ex in examples])
 
 
