@@ -199,10 +199,11 @@ class ShardedStream(IterableDataset):
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         index, count = self.reader()
-        kept = self._kept(index, count)
+        kept = self.read_shard(index, count)
         yield from self._grouped(kept, self.length_buffer) if self.length_buffer else kept
 
-    def _kept(self, index: int, count: int) -> Iterator[dict[str, Any]]:
+    def read_shard(self, index: int, count: int) -> Iterator[dict[str, Any]]:
+        """The rows of reader ``index`` of ``count`` for this epoch (tokenized, top-up included)."""
         total = mine = truncated = no_target = 0
         first = None
         for j, row in enumerate(self._rows(self.epoch)):
