@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 WORDS = ["<pad>", "<unk>", "<eos>", "<bos>"] + [chr(c) for c in range(ord("a"), ord("z") + 1)]
 
 
