@@ -29,8 +29,8 @@ def test_user_labels_are_kept_and_pad_to_multiple_of():
 
 
 def test_matches_hf_collator_when_pad_differs_from_eos():
-    from transformers import DataCollatorForLanguageModeling, PreTrainedTokenizerFast
     from tokenizers import Tokenizer, models
+    from transformers import DataCollatorForLanguageModeling, PreTrainedTokenizerFast
 
     vocab = {f"t{i}": i for i in range(20)}
     tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="t1")))
@@ -109,8 +109,8 @@ def test_padding_collator_announces_uncarried_keys_once_and_stacks_numbers(caplo
 
 # -------------------------------------------------------------------------------- classification, seq2seq
 def test_classification_collator_matches_hf_data_collator_with_padding():
-    from transformers import DataCollatorWithPadding
     from data_support import make_word_tokenizer
+    from transformers import DataCollatorWithPadding
 
     from hf_lightning.data.collators import ClassificationCollator
 
@@ -131,8 +131,8 @@ def test_classification_collator_matches_hf_data_collator_with_padding():
 
 
 def test_seq2seq_collator_matches_hf_with_decoder_inputs_from_a_real_t5():
-    from transformers import DataCollatorForSeq2Seq, T5Config, T5ForConditionalGeneration
     from data_support import make_word_tokenizer
+    from transformers import DataCollatorForSeq2Seq, T5Config, T5ForConditionalGeneration
 
     from hf_lightning.data.collators import Seq2SeqCollator
 
