@@ -215,7 +215,5 @@ def check_columns(columns: Sequence[str], fmt: str, path: Any, split: str) -> No
     """Raise :class:`DataError` naming the missing field when ``columns`` cannot feed format ``fmt``."""
     missing = [c for c in SOURCE_COLUMNS[fmt] if c not in columns]
     if missing:
-        raise DataError(
-            f"data.path={path}: format {fmt!r} needs the field{'s' if len(missing) > 1 else ''} "
-            f"{', '.join(repr(c) for c in missing)}; the {split} split has {list(columns)}"
-        )
+        what = f"a {missing[0]!r} field" if len(missing) == 1 else "the fields " + ", ".join(repr(c) for c in missing)
+        raise DataError(f"data.path={path}: format {fmt!r} needs {what}; the {split} split has {list(columns)}")
