@@ -44,7 +44,7 @@ def test_window_count_is_attached_to_every_batch(word_tokenizer, tmp_path, optio
         accelerator="cpu", max_steps=3, accumulate_grad_batches=2, logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, callbacks=[record], default_root_dir=tmp_path,
     )
-    trainer.fit(HFLightningModule(tiny_llama(), optim={"name": "sgd", "lr": 0.01}, scheduler={"name": "constant"}), datamodule=data)
+    trainer.fit(HFLightningModule(tiny_llama().train(), optim={"name": "sgd", "lr": 0.01}, scheduler={"name": "constant"}), datamodule=data)
     assert len(record.seen) == 6 and trainer.global_step == 3
     for k in range(0, 6, 2):
         window = record.seen[k : k + 2]
