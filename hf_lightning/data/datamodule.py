@@ -258,9 +258,12 @@ class HFDataModule(L.LightningDataModule):
         if self.packing and fmt not in CAUSAL_FORMATS:
             raise ConfigError(f"data.packing={self.packing!r} packs causal-LM rows; the {fmt!r} format cannot be packed")
         if self.packing and stream:
+            # packing on the fly would give each rank a content-dependent number of rows, so ranks would run
+            # different numbers of steps (DDP hangs) and the exact per-rank split would be lost
             raise ConfigError(
-                f"data.packing={self.packing!r} needs the whole dataset (a map-style source); this source is a "
-                "stream. Use data.padding_free=true for streams, or data.streaming=false"
+                f"data.packing={self.packing!r} needs the whole dataset (a map-style source) so that every rank "
+                "gets the same number of packed rows; this source is a stream. Use data.padding_free=true for "
+                "streams (no padding either), or data.streaming=false"
             )
         if self.padding_free and fmt not in CAUSAL_FORMATS:
             raise ConfigError(f"data.padding_free=true flattens causal-LM rows; the {fmt!r} format cannot be flattened")
