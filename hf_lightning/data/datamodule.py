@@ -34,6 +34,7 @@ from hf_lightning.data.preprocess import ExampleProcessor, label_mapping, scan_t
 from hf_lightning.data.pruning import (
     PruneColumnsCollator,
     find_label_names,
+    forward_parameters,
     prune_dataset,
     resolve_model_inputs,
     signature_columns,
@@ -234,10 +235,9 @@ class HFDataModule(L.LightningDataModule):
         label2id = label_mapping(train, path) if fmt == "classification" else None
         if label2id is not None:
             self.id2label = {i: name for name, i in label2id.items()}
-        inputs, source = resolve_model_inputs(model, self.model_input_names, self.tokenizer)
+        inputs, inputs_from = resolve_model_inputs(model, self.model_input_names, self.tokenizer)
         self.resolved_label_names = self.label_names or (find_label_names(model) if model is not None else ["labels"])
         keep = signature_columns(inputs, self.resolved_label_names)
-        inputs_from = source
         self._processor = ExampleProcessor(fmt, self.tokenizer, self.max_length, label2id)
 
         self.train_dataset = self._prepare(train, fmt, "train", path, label2id, keep, inputs, inputs_from)
@@ -268,8 +268,6 @@ class HFDataModule(L.LightningDataModule):
         if self.padding_free and fmt not in CAUSAL_FORMATS:
             raise ConfigError(f"data.padding_free=true flattens causal-LM rows; the {fmt!r} format cannot be flattened")
         if (self.packing or self.padding_free) and model is not None:
-            from hf_lightning.data.pruning import forward_parameters
-
             if "position_ids" not in forward_parameters(model):
                 raise ConfigError(
                     f"{type(model).__name__}.forward takes no position_ids, so packed or padding-free batches "
@@ -290,13 +288,21 @@ class HFDataModule(L.LightningDataModule):
             return ds  # tokenized on the fly by ShardedStream
         if not isinstance(ds, datasets.Dataset):
             view, lengths = scan_torch_dataset(ds, self._processor, split, path)
-            if split == "train":
-                self._train_lengths = lengths
-            return view
-        out = tokenize_dataset(ds, fmt, self.tokenizer, self.max_length, split, path, label2id)
-        if self.remove_unused_columns:
-            out, dropped = prune_dataset(out, keep, inputs, split, inputs_from)
-            self.dropped_columns[split] = dropped
+            if not self.packing:
+                if split == "train":
+                    self._train_lengths = lengths
+                return view
+            # packing needs the token rows side by side: the only columns it keeps, as a datasets.Dataset
+            rows = [view[i] for i in range(len(view))]
+            out = datasets.Dataset.from_dict({
+                "input_ids": [list(r["input_ids"]) for r in rows],
+                "labels": [list(r.get("labels") or r["input_ids"]) for r in rows],
+            })
+        else:
+            out = tokenize_dataset(ds, fmt, self.tokenizer, self.max_length, split, path, label2id)
+            if self.remove_unused_columns:
+                out, dropped = prune_dataset(out, keep, inputs, split, inputs_from)
+                self.dropped_columns[split] = dropped
         if self.packing:
             out = pack_dataset(out, self.packing, self.max_length, self.tokenizer.eos_token_id, split)
         return out

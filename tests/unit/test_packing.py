@@ -88,3 +88,21 @@ def test_packing_is_refused_for_classification_and_streams(word_tokenizer):
         HFDataModule(word_tokenizer, path=stream, validation_split=0.0, packing="wrapped").setup()
     with pytest.raises(ConfigError, match=r"data.packing='greedy'"):
         HFDataModule(word_tokenizer, packing="greedy")
+
+
+def test_a_plain_torch_dataset_packs_like_a_datasets_dataset(word_tokenizer):
+    texts = ["a b c", "d e f g h i j", "k l", "m"]
+
+    class Texts(torch.utils.data.Dataset):
+        def __len__(self):
+            return len(texts)
+
+        def __getitem__(self, i):
+            return {"text": texts[i]}
+
+    rows = []
+    for source in (Texts(), datasets.Dataset.from_dict({"text": texts})):
+        dm = HFDataModule(word_tokenizer, path=source, validation_split=0.0, packing="bfd", max_length=8)
+        dm.setup()
+        rows.append(dm.train_dataset.to_list())
+    assert rows[0] == rows[1] and len(rows[0]) == 2
