@@ -176,8 +176,9 @@ class ShardedStream(IterableDataset):
                 fraction, keep = holdout
                 src = src.filter(lambda ex: in_holdout(ex, fraction) == keep)
             if self.shuffle:
+                # set_epoch only with shuffling: datasets also reorders the files of an epoch > 0
                 src = src.shuffle(seed=self.seed, buffer_size=self.buffer_size)
-            src.set_epoch(epoch)
+                src.set_epoch(epoch)
             # .iter() instead of iter(): datasets would otherwise split its files across DataLoader workers itself
             yield from _unbatch(src.iter(batch_size=256))
             return

@@ -197,3 +197,10 @@ def test_worker_knobs_need_workers(word_tokenizer):
     loader = dm.train_dataloader()
     assert (loader.prefetch_factor, loader.persistent_workers, loader.pin_memory, loader.drop_last) == (3, True, True, True)
     assert len(loader) == 4 == len(list(loader))  # 6 rows per worker, 2 full batches each
+
+
+def test_an_unshuffled_stream_keeps_the_dataset_order_in_every_epoch():
+    stream = ShardedStream(_source("datasets", 30, shards=3), shuffle=False)
+    for epoch in (0, 1, 2):
+        stream.set_epoch(epoch)
+        assert [r["idx"] for r in stream.read_shard(0, 1)] == list(range(30))
