@@ -206,5 +206,5 @@ class Seq2SeqCollator:
             prepare = getattr(self.model, "prepare_decoder_input_ids_from_labels", None)
             if prepare is not None and "decoder_input_ids" not in examples[0]:
                 batch["decoder_input_ids"] = prepare(labels=batch["labels"])
-        self._extra.add(batch, examples, ("decoder_input_ids",) if "decoder_input_ids" in batch else ())
+        self._extra.add(batch, examples, ())
         return batch
