@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from hf_lightning import HFDataModule, HFLightningModule
-from hf_lightning.data.eval_sampler import EvalShardSampler
+from hf_lightning.data.samplers import ExactDistributedSampler
 from hf_lightning.module.evaluation import PredictionCollector, estimate_logits_bytes
 from tests.helpers import PadOnly, tiny_llama
 from tests.unit.test_loss_exactness import TableLM, row_losses
@@ -157,9 +157,10 @@ def test_prediction_order_is_dataset_order_even_with_shuffled_training():
 def test_eval_shards_cover_every_example_once():
     for n in range(0, 12):
         for world in (1, 2, 3, 4):
-            shards = [list(EvalShardSampler(n, world, r)) for r in range(world)]
-            assert sorted(i for s in shards for i in s) == list(range(n))
-            assert [len(EvalShardSampler(n, world, r)) for r in range(world)] == [len(s) for s in shards]
+            samplers = [ExactDistributedSampler(range(n), world, r, shuffle=False, top_up=False) for r in range(world)]
+            shards = [list(s) for s in samplers]
+            assert shards == [list(range(r, n, world)) for r in range(world)]  # strided: what gather() undoes
+            assert [len(s) for s in samplers] == [len(s) for s in shards]
 
 
 def test_collector_pads_ragged_batches_with_minus_100_and_restores_order():
