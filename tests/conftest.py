@@ -43,7 +43,7 @@ def default_tokenizer():
 @pytest.fixture(scope="session")
 def word_tokenizer():
     """Word-level tokenizer with hand-checkable ids (``a`` = 4 ... ``z`` = 29); see ``data_support.py``."""
-    from data_support import make_word_tokenizer
+    from tests.data_support import make_word_tokenizer
 
     return make_word_tokenizer()
 
@@ -51,7 +51,7 @@ def word_tokenizer():
 @pytest.fixture(scope="session")
 def gpt2_tokenizer():
     """GPT-2 BPE from the shared data folder (pad = eos = ``<|endoftext|>``); skips when the folder is missing."""
-    from data_support import shared_data
+    from tests.data_support import shared_data
     from transformers import PreTrainedTokenizerFast
 
     path = shared_data() / "gpt2-tokenizer" / "tokenizer.json"

@@ -48,3 +48,9 @@ def tiny_llama(vocab_size: int = 32, seed: int = 0, **overrides):
         num_key_value_heads=2, max_position_embeddings=128, use_cache=False, pad_token_id=0, **overrides,
     )
     return LlamaForCausalLM(config).eval()
+
+
+class PadOnly:
+    """The one tokenizer attribute a pre-tokenized dataset needs."""
+
+    pad_token_id = 0

@@ -8,7 +8,7 @@ import json
 import datasets
 import lightning as L
 import pytest
-from data_support import make_word_tokenizer, tiny_llama
+from tests.data_support import make_word_tokenizer, tiny_llama
 
 from hf_lightning import HFDataModule, HFLightningModule
 

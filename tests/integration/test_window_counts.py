@@ -5,7 +5,7 @@ from __future__ import annotations
 import datasets
 import lightning as L
 import pytest
-from data_support import tiny_llama
+from tests.data_support import tiny_llama
 
 from hf_lightning import HFDataModule, HFLightningModule
 from hf_lightning.module.loss import count_loss_items

@@ -109,7 +109,7 @@ def test_padding_collator_announces_uncarried_keys_once_and_stacks_numbers(caplo
 
 # -------------------------------------------------------------------------------- classification, seq2seq
 def test_classification_collator_matches_hf_data_collator_with_padding():
-    from data_support import make_word_tokenizer
+    from tests.data_support import make_word_tokenizer
     from transformers import DataCollatorWithPadding
 
     from hf_lightning.data.collators import ClassificationCollator
@@ -131,7 +131,7 @@ def test_classification_collator_matches_hf_data_collator_with_padding():
 
 
 def test_seq2seq_collator_matches_hf_with_decoder_inputs_from_a_real_t5():
-    from data_support import make_word_tokenizer
+    from tests.data_support import make_word_tokenizer
     from transformers import DataCollatorForSeq2Seq, T5Config, T5ForConditionalGeneration
 
     from hf_lightning.data.collators import Seq2SeqCollator

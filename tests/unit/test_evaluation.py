@@ -13,7 +13,7 @@ import torch
 from hf_lightning import HFDataModule, HFLightningModule
 from hf_lightning.data.samplers import ExactDistributedSampler
 from hf_lightning.module.evaluation import PredictionCollector, estimate_logits_bytes
-from tests.helpers import PadOnly, tiny_llama
+from tests.data_support import PadOnly, tiny_llama
 from tests.unit.test_loss_exactness import TableLM, row_losses
 
 # 5 rows (not a multiple of the eval batch 2), causal targets 3, 1, 2, 1, 2
@@ -80,8 +80,8 @@ def _hf_trainer(model, rows, tmp_path, **kwargs):
 
 def test_same_eval_loss_as_hf_trainer_when_batches_hold_equal_targets(tmp_path):
     rows = _equal_target_rows()
-    hf = _hf_trainer(tiny_llama(), rows, tmp_path).evaluate()
-    ours, _, _ = validate(HFLightningModule(tiny_llama()), rows)
+    hf = _hf_trainer(tiny_llama(vocab_size=64), rows, tmp_path).evaluate()
+    ours, _, _ = validate(HFLightningModule(tiny_llama(vocab_size=64)), rows)
     assert ours["val/loss"] == pytest.approx(hf["eval_loss"], rel=1e-5)
 
 
@@ -101,12 +101,12 @@ def test_compute_metrics_with_argmax_preprocessing_matches_hf_trainer(tmp_path):
         return {"accuracy": float((preds[:, :-1] == labels[:, 1:])[mask].mean()), "n": float(len(preds))}
 
     hf = _hf_trainer(
-        tiny_llama(), rows, tmp_path, compute_metrics=compute_metrics,
+        tiny_llama(vocab_size=64), rows, tmp_path, compute_metrics=compute_metrics,
         preprocess_logits_for_metrics=preprocess,
         data_collator=lambda feats: _hf_pad(feats),
     ).evaluate()
     hf_shape = seen["shape"]
-    module = HFLightningModule(tiny_llama(), compute_metrics=compute_metrics, preprocess_logits_for_metrics=preprocess)
+    module = HFLightningModule(tiny_llama(vocab_size=64), compute_metrics=compute_metrics, preprocess_logits_for_metrics=preprocess)
     ours, _, _ = validate(module, rows)
     assert seen["shape"] == hf_shape == (7, 12)
     assert ours["val/accuracy"] == pytest.approx(hf["eval_accuracy"], rel=1e-6)

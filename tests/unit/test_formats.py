@@ -7,7 +7,7 @@ import logging
 
 import datasets
 import pytest
-from data_support import shared_data
+from tests.data_support import shared_data
 
 from hf_lightning import DataError, HFDataModule
 from hf_lightning.data.formatting import detect_format

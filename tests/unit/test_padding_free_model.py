@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from data_support import tiny_llama
+from tests.data_support import tiny_llama
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -57,7 +57,7 @@ def test_validation_step_gives_the_same_token_mean_loss(model):
         module = HFLightningModule(model).eval()
         with torch.no_grad():
             module.validation_step(batch, 0)
-        losses.append(module.val_loss.compute())
+        losses.append(module.eval_metrics["val"]["loss"].compute())
     torch.testing.assert_close(losses[1], losses[0], rtol=1e-5, atol=1e-6)
 
 
