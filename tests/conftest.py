@@ -51,8 +51,9 @@ def word_tokenizer():
 @pytest.fixture(scope="session")
 def gpt2_tokenizer():
     """GPT-2 BPE from the shared data folder (pad = eos = ``<|endoftext|>``); skips when the folder is missing."""
-    from tests.data_support import shared_data
     from transformers import PreTrainedTokenizerFast
+
+    from tests.data_support import shared_data
 
     path = shared_data() / "gpt2-tokenizer" / "tokenizer.json"
     return PreTrainedTokenizerFast(tokenizer_file=str(path), eos_token="<|endoftext|>", pad_token="<|endoftext|>")

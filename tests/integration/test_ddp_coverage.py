@@ -8,9 +8,9 @@ import json
 import datasets
 import lightning as L
 import pytest
-from tests.data_support import make_word_tokenizer, tiny_llama
 
 from hf_lightning import HFDataModule, HFLightningModule
+from tests.data_support import make_word_tokenizer, tiny_llama
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import datasets
 import lightning as L
 import pytest
-from tests.data_support import tiny_llama
 
 from hf_lightning import HFDataModule, HFLightningModule
 from hf_lightning.module.loss import count_loss_items
+from tests.data_support import tiny_llama
 
 TEXTS = [" ".join("abcdefghijklmnopqrstuvwxyz"[i % 9 : i % 9 + i % 6 + 2]) for i in range(26)]
 

@@ -109,10 +109,10 @@ def test_padding_collator_announces_uncarried_keys_once_and_stacks_numbers(caplo
 
 # -------------------------------------------------------------------------------- classification, seq2seq
 def test_classification_collator_matches_hf_data_collator_with_padding():
-    from tests.data_support import make_word_tokenizer
     from transformers import DataCollatorWithPadding
 
     from hf_lightning.data.collators import ClassificationCollator
+    from tests.data_support import make_word_tokenizer
 
     tok = make_word_tokenizer()
     examples = [
@@ -131,10 +131,10 @@ def test_classification_collator_matches_hf_data_collator_with_padding():
 
 
 def test_seq2seq_collator_matches_hf_with_decoder_inputs_from_a_real_t5():
-    from tests.data_support import make_word_tokenizer
     from transformers import DataCollatorForSeq2Seq, T5Config, T5ForConditionalGeneration
 
     from hf_lightning.data.collators import Seq2SeqCollator
+    from tests.data_support import make_word_tokenizer
 
     tok = make_word_tokenizer()
     torch.manual_seed(0)

@@ -7,10 +7,10 @@ import logging
 
 import datasets
 import pytest
-from tests.data_support import shared_data
 
 from hf_lightning import DataError, HFDataModule
 from hf_lightning.data.formatting import detect_format
+from tests.data_support import shared_data
 
 IGNORE = -100
 

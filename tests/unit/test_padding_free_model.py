@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tests.data_support import tiny_llama
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -18,6 +17,7 @@ from hf_lightning.data.collators import PaddingCollator
 from hf_lightning.data.flattening import PaddingFreeCollator, sequence_boundaries
 from hf_lightning.data.packing import PackedCollator, pack_bfd
 from hf_lightning.module.loss import count_loss_items, token_cross_entropy_sum
+from tests.data_support import tiny_llama
 
 SEQS = [[10, 11, 12, 13], [20, 21, 22], [30, 31]]
 
