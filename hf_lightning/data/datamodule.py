@@ -444,7 +444,11 @@ class HFDataModule(L.LightningDataModule):
         if count is None:
             return loader
         return AccumulationWindowLoader(
-            loader, trainer.accumulate_grad_batches, count, max_batches=lambda: trainer.num_training_batches
+            loader,
+            trainer.accumulate_grad_batches,
+            count,
+            max_batches=lambda: trainer.num_training_batches,
+            progress=lambda: (trainer.current_epoch, trainer.fit_loop.epoch_loop.batch_progress.current.processed),
         )
 
     def val_dataloader(self) -> Any:

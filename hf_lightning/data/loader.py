@@ -74,6 +74,21 @@ class EpochDataLoader(DataLoader):
             self.dataset.set_epoch(epoch)
         return super().__iter__()
 
+    def iter_from(self, start_batch: int) -> Any:
+        """An iterator that begins at batch ``start_batch`` of this epoch (resume).
+
+        A map-style sampler with a ``start`` position jumps there: the skipped examples are neither read nor
+        collated. A stream has no index to jump to, so its first ``start_batch`` batches are read and dropped.
+        """
+        sampler = self.sampler
+        if start_batch and hasattr(sampler, "start") and self.batch_size:
+            sampler.start = start_batch * self.batch_size  # consumed by the sampler's next pass
+            return iter(self)
+        iterator = iter(self)
+        for _ in range(start_batch):
+            next(iterator, None)
+        return iterator
+
     def __len__(self) -> int:
         if isinstance(self.dataset, ShardedStream):
             n = self.dataset.num_batches(self.batch_size or 1, self.num_workers, self.drop_last)

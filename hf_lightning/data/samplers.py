@@ -167,6 +167,8 @@ class ExactDistributedSampler(DistributedSampler):
         self.lengths = list(lengths) if lengths is not None else None
         self.group_batch_size = group_batch_size
         self.top_up = top_up
+        # resume: the next iteration starts at this position of the rank's share (set for one pass only)
+        self.start = 0
         if drop_last:
             self.num_samples = self.n // num_replicas
         elif top_up:
@@ -192,7 +194,8 @@ class ExactDistributedSampler(DistributedSampler):
         mine = order[self.rank :: world]
         if self.top_up and not self.drop_last and len(mine) < self.num_samples:
             mine.append(~order[self.rank % self.n])
-        return iter(mine)
+        start, self.start = self.start, 0  # one pass only
+        return iter(mine[start:])
 
     def __len__(self) -> int:
         return self.num_samples
