@@ -38,3 +38,22 @@ def default_tokenizer():
     from hf_lightning.defaults import prepare_chatterbot, train_default_tokenizer
 
     return AutoTokenizer.from_pretrained(train_default_tokenizer(prepare_chatterbot()["train"]))
+
+
+@pytest.fixture(scope="session")
+def word_tokenizer():
+    """Word-level tokenizer with hand-checkable ids (``a`` = 4 ... ``z`` = 29); see ``data_support.py``."""
+    from tests.data_support import make_word_tokenizer
+
+    return make_word_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def gpt2_tokenizer():
+    """GPT-2 BPE from the shared data folder (pad = eos = ``<|endoftext|>``); skips when the folder is missing."""
+    from transformers import PreTrainedTokenizerFast
+
+    from tests.data_support import shared_data
+
+    path = shared_data() / "gpt2-tokenizer" / "tokenizer.json"
+    return PreTrainedTokenizerFast(tokenizer_file=str(path), eos_token="<|endoftext|>", pad_token="<|endoftext|>")
