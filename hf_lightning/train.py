@@ -170,7 +170,7 @@ def optimized_value(metrics: dict[str, float], name: str | None, required: bool)
         )
         if required:
             raise ConfigError(msg)
-        log.warning("%s", msg)
+        log.debug("%s", msg)  # a single run does not need it
         return None
     return metrics[name]
 

@@ -4,7 +4,7 @@ Lightning starts ranks 1..N-1 of a DDP/FSDP/DeepSpeed job by re-running the scri
 (``_SubprocessScriptLauncher``; with Hydra it appends ``hydra.run.dir=...``). Under ``-m`` that command line is
 the whole sweep: each child would start a sweep of its own, and the sweep's next job would find the first
 job's ``LOCAL_RANK`` in the environment and wait forever for ranks that never start. A sweep over
-multi-process jobs needs a launcher that starts the ranks itself: ``hydra/launcher=submitit_slurm`` (one SLURM
+multi-process jobs needs a launcher that starts the ranks itself: ``hydra/launcher=slurm`` (submitit, one SLURM
 task per device; Lightning's SLURM environment then launches nothing), or ``torchrun`` around single runs.
 """
 
@@ -37,7 +37,7 @@ def refuse_multirun_relaunch(trainer: Any, multirun: bool) -> None:
     raise ConfigError(
         f"multirun (-m) with a {trainer.world_size}-process strategy ({type(trainer.strategy).__name__}): "
         "Lightning starts the other ranks by re-running the command line, -m and the sweep included. "
-        "Sweep multi-process jobs with hydra/launcher=submitit_slurm (one SLURM task per device, "
-        "hydra.launcher.tasks_per_node=${trainer.devices}), or run each setting as a single run "
+        "Sweep multi-process jobs with hydra/launcher=slurm (submitit: one SLURM task per device, so Lightning "
+        "launches nothing), or run each setting as a single run "
         "(python -m hf_lightning.train ... without -m); single-process jobs (trainer.devices=1) sweep fine"
     )
