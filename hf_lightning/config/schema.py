@@ -274,7 +274,14 @@ def validate_config(cfg: DictConfig) -> None:
     except OmegaConfBaseException as err:
         raise ConfigError(f"config: {str(err).splitlines()[0]}") from err
 
+    # the value rules first: where a key breaks a rule and its annotation, the rule's message is the clearer one
     errors: list[str] = []
+    for rule in _rules():
+        value = _select_container(c, rule.key)
+        if value is _ABSENT:
+            continue
+        if not rule.check(value):
+            errors.append(f"{rule.key}={value!r}: allowed values: {rule.allowed}")
     bound = (
         ("data", HFDataModule.__init__, ("tokenizer",)),
         ("model", load_model_and_tokenizer, ()),
@@ -296,12 +303,6 @@ def validate_config(cfg: DictConfig) -> None:
         fn = target.__init__ if inspect.isclass(target) else target
         errors += node_errors({k: v for k, v in node.items() if not k.startswith("_")}, fn, name, ("model",))
 
-    for rule in _rules():
-        value = _select_container(c, rule.key)
-        if value is _ABSENT:
-            continue
-        if not rule.check(value):
-            errors.append(f"{rule.key}={value!r}: allowed values: {rule.allowed}")
     errors += cross_field_errors(c)
     if errors:
         # one error per key, first reason wins (a bad type is also a bad range)
