@@ -58,6 +58,9 @@ class HFExport(L.Callback):
         state = full_model_state_dict(trainer, pl_module)  # every rank takes part in the gather
         if not trainer.is_global_zero:
             return
+        if getattr(pl_module, "preempted", False):
+            log.warning("training was stopped by a signal: no hf_model/ export until the run finishes")
+            return
         os.makedirs(self.dirpath, exist_ok=True)
         pl_module.model.save_pretrained(self.dirpath, state_dict=state)
         tokenizer = getattr(pl_module, "tokenizer", None)

@@ -10,6 +10,7 @@ import lightning as L
 from torch.utils.data import DataLoader, DistributedSampler
 
 from hf_lightning.data.collators import PaddingCollator
+from hf_lightning.data.eval_sampler import EvalShardSampler
 from hf_lightning.data.formatting import FORMATS, SOURCE_COLUMNS, TOKENIZERS, detect_format
 from hf_lightning.data.loading import load_source, split_train_validation
 from hf_lightning.data.windows import AccumulationWindowLoader
@@ -230,4 +231,22 @@ class HFDataModule(L.LightningDataModule):
             self.setup("validate")
         if self.val_dataset is None:
             return []
-        return self._loader(self.val_dataset, self.per_device_eval_batch_size, False, False)
+        return self._eval_loader(self.val_dataset)
+
+    def predict_dataloader(self) -> Any:
+        """The validation set in dataset order (length grouping and shuffling are train-only)."""
+        return self.val_dataloader()
+
+    def _eval_loader(self, ds: Any) -> DataLoader:
+        world, rank = self._world()
+        # unpadded strided shards: no example evaluated twice (DistributedSampler repeats the tail)
+        return DataLoader(
+            ds,
+            batch_size=self.per_device_eval_batch_size,
+            sampler=EvalShardSampler(len(ds), world, rank),
+            collate_fn=self.collator,
+            num_workers=self.num_workers,
+            pin_memory=self.pin_memory,
+            persistent_workers=self.persistent_workers,
+            prefetch_factor=self.prefetch_factor,
+        )

@@ -47,7 +47,7 @@ def detect_format(columns: Sequence[str], path: Any = None) -> str:
 def tokenize_text(batch: dict[str, list], tokenizer: Any, max_length: int) -> dict[str, list]:
     """``datasets.map(batched=True)`` function for the ``text`` format."""
     texts = batch["text"]
-    for i, t in enumerate(texts):
+    for t in texts:
         if not isinstance(t, str):
             raise DataError(f"field 'text' must be a string, got {type(t).__name__} ({t!r:.60})")
     # One untruncated pass counts truncations; only the rows that overflow are encoded again with

@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import lightning as L
@@ -13,8 +13,8 @@ import torch
 from torch import nn
 
 from hf_lightning.data.windows import NUM_ITEMS_KEY
+from hf_lightning.module.eval_steps import EvalStepsMixin
 from hf_lightning.module.loss import count_loss_items, token_cross_entropy_sum
-from hf_lightning.module.metrics import TokenMeanLoss
 from hf_lightning.module.optim import build_optimizer, build_scheduler
 
 log = logging.getLogger(__name__)
@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 NON_MODEL_KEYS = ("labels", "shift_labels", NUM_ITEMS_KEY)
 
 
-class HFLightningModule(L.LightningModule):
+class HFLightningModule(EvalStepsMixin, L.LightningModule):
     """Train and evaluate any HF-style model (``forward(**batch)`` returning ``.logits``).
 
     The loss of one optimizer step is HF's: the sum of token cross-entropy over every micro-batch of the
@@ -46,10 +46,18 @@ class HFLightningModule(L.LightningModule):
             ``warmup_steps``, ``warmup_ratio``).
         average_tokens_across_devices: sum the target count across ranks (HF's default, exact); ``False``
             normalises by each rank's own count (biased when ranks hold different numbers of targets).
+        compute_metrics: HF-style ``compute_metrics(EvalPrediction) -> dict`` over the whole evaluation set
+            (numpy arrays padded with -100, in dataset order); its keys are logged as ``val/<key>``.
+        preprocess_logits_for_metrics: HF-style ``(logits, labels) -> preds`` applied per batch before
+            anything is kept (e.g. ``argmax``), so memory holds predictions, not logits.
+        eval_accumulation_steps: move collected predictions to the CPU every this many batches (HF's).
+        batch_eval_metrics: call ``compute_metrics(EvalPrediction, compute_result=is_last_batch)`` per batch
+            instead of once (HF's); the last call's result is logged.
 
     Logged (x-axis ``step`` = optimizer steps done, as HF): ``train/loss`` (mean of the window losses since
     the last log, averaged over ranks), ``lr`` (the rate used in that step), ``grad_norm`` (before clipping);
-    ``val/loss`` (token-weighted mean over the whole validation set) and ``val/perplexity``.
+    ``val/loss`` (token-weighted mean over the whole validation set), ``val/perplexity``, ``val/accuracy``
+    (see :class:`~hf_lightning.module.eval_steps.EvalStepsMixin`).
     """
 
     def __init__(
@@ -59,6 +67,10 @@ class HFLightningModule(L.LightningModule):
         optim: Mapping[str, Any] | None = None,
         scheduler: Mapping[str, Any] | None = None,
         average_tokens_across_devices: bool = True,
+        compute_metrics: Callable[..., Mapping[str, float]] | None = None,
+        preprocess_logits_for_metrics: Callable[[torch.Tensor, torch.Tensor], Any] | None = None,
+        eval_accumulation_steps: int | None = None,
+        batch_eval_metrics: bool = False,
     ) -> None:
         super().__init__()
         self.model = model
@@ -71,7 +83,7 @@ class HFLightningModule(L.LightningModule):
         # inspected once: the forward signature decides whether use_cache can be turned off
         params = inspect.signature(model.forward).parameters
         self._forward_extra = {"use_cache": False} if "use_cache" in params else {}
-        self.val_loss = TokenMeanLoss()
+        self._init_evaluation(compute_metrics, preprocess_logits_for_metrics, eval_accumulation_steps, batch_eval_metrics)
         self._window: tuple[int, int] | None = None
         self._window_count: torch.Tensor | None = None
         self._window_loss: torch.Tensor | None = None
@@ -183,23 +195,6 @@ class HFLightningModule(L.LightningModule):
         for logger in self.loggers:
             logger.log_metrics(clean, step=self.global_step)
             logger.save()
-
-    # ------------------------------------------------------------------------------------ evaluation
-    def validation_step(self, batch: Mapping[str, Any], batch_idx: int) -> None:
-        outputs = self(batch)
-        loss_sum = token_cross_entropy_sum(
-            outputs.logits, batch["labels"], causal=self.causal, shift_labels=batch.get("shift_labels")
-        )
-        self.val_loss.update(loss_sum, self.count_loss_items(batch))
-
-    def on_validation_epoch_end(self) -> None:
-        loss = self.val_loss.compute()
-        self.val_loss.reset()
-        ppl = torch.exp(loss)
-        self.log("val/loss", loss, prog_bar=True, logger=False, sync_dist=False)
-        self.log("val/perplexity", ppl, logger=False, sync_dist=False)
-        if not self.trainer.sanity_checking:
-            self._log_to_loggers({"val/loss": loss.item(), "val/perplexity": ppl.item()})
 
     # ----------------------------------------------------------------------------------- optimizers
     def configure_optimizers(self) -> dict[str, Any]:

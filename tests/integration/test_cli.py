@@ -40,7 +40,9 @@ def test_sft_default_run_folder_contract(tmp_path):
     rows = read_metrics(run_dir)
     train_steps = [int(r["step"]) for r in rows if r.get("train/loss")]
     assert train_steps == [1, 2, 3, 4, 5, 6]  # a train/loss row for every logged optimizer step
-    assert all(float(r["lr"]) > 0 for r in rows if r.get("train/loss"))
+    # linear warmup over 20 steps from optim.lr=1e-3 (experiment sft): step s ran at lr * (s - 1) / 20
+    lrs = [float(r["lr"]) for r in rows if r.get("train/loss")]
+    assert lrs == pytest.approx([1e-3 * (s - 1) / 20 for s in train_steps], rel=1e-6)
     val_steps = [int(r["step"]) for r in rows if r.get("val/loss")]
     assert val_steps == [3, 6]
     val = [float(r["val/loss"]) for r in rows if r.get("val/loss")]

@@ -29,8 +29,8 @@ def test_user_labels_are_kept_and_pad_to_multiple_of():
 
 
 def test_matches_hf_collator_when_pad_differs_from_eos():
-    from transformers import DataCollatorForLanguageModeling, PreTrainedTokenizerFast
     from tokenizers import Tokenizer, models
+    from transformers import DataCollatorForLanguageModeling, PreTrainedTokenizerFast
 
     vocab = {f"t{i}": i for i in range(20)}
     tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="t1")))

@@ -68,7 +68,8 @@ def run_one_step(tmp_path, micro_batch: int, accumulation: int):
         limit_val_batches=0, num_sanity_val_steps=0, use_distributed_sampler=False, gradient_clip_val=None,
     )
     trainer.fit(module, datamodule=data)
-    rows = list(csv.DictReader(open(logdir / "metrics.csv")))
+    with open(logdir / "metrics.csv") as fh:
+        rows = list(csv.DictReader(fh))
     losses = [float(r["train/loss"]) for r in rows if r.get("train/loss")]
     steps = [int(r["step"]) for r in rows if r.get("train/loss")]
     return losses, steps, module.model.table.weight.detach().clone()

@@ -1,0 +1,91 @@
+"""SIGTERM / SIGINT: finish the optimizer step in flight, save ``last.ckpt``, stop cleanly."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+log = logging.getLogger(__name__)
+
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def last_checkpoint_path(trainer: L.Trainer) -> str:
+    """``<ModelCheckpoint dirpath>/last.ckpt`` (the run folder's ``checkpoints/``)."""
+    cb = next((c for c in trainer.callbacks if isinstance(c, ModelCheckpoint) and c.dirpath), None)
+    folder = cb.dirpath if cb is not None else os.path.join(trainer.default_root_dir, "checkpoints")
+    return os.path.join(folder, "last.ckpt")
+
+
+class Preemption(L.Callback):
+    """Turn a cluster preemption (SIGTERM) or Ctrl-C (SIGINT) into a checkpoint at the next step boundary.
+
+    Lightning's own SIGTERM handling raises at the end of the current micro-batch, which can be in the middle
+    of a gradient-accumulation window; a checkpoint there cannot resume exactly. This callback replaces the
+    handlers while training runs, waits for the optimizer step that closes the window, writes
+    ``last.ckpt``, and sets ``trainer.should_stop`` (exit status 0; the log says how to resume). A second
+    signal of the same kind restores the default behaviour (kill at once).
+
+    It also writes ``last.ckpt`` at the end of training when the final optimizer step came after the last
+    save (Lightning saves on validation end only, when validation runs inside the epoch).
+    """
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self._previous: dict[int, Any] = {}
+        self._steps_seen = 0
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        if self.received is not None:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        self.received = signum
+        log.warning("received %s: saving a checkpoint at the end of the current optimizer step, then stopping",
+                    signal.Signals(signum).name)
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._steps_seen = trainer.global_step
+        for sig in SIGNALS:
+            # outside the main thread (a spawned worker) signal() raises: Lightning's handlers stay
+            with contextlib.suppress(ValueError):
+                self._previous[sig] = signal.signal(sig, self._handler)
+
+    def _restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous = {}
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        if trainer.global_step == self._steps_seen:
+            return  # inside an accumulation window
+        self._steps_seen = trainer.global_step
+        received = self.received is not None
+        if trainer.world_size > 1:  # every rank stops at the same step, even if only one got the signal
+            received = bool(trainer.strategy.reduce_boolean_decision(received, all=False))
+        if not received:
+            return
+        path = last_checkpoint_path(trainer)
+        trainer.save_checkpoint(path)
+        trainer.should_stop = True
+        pl_module.preempted = True
+        log.warning("saved %s at step %d after a stop signal; resume with ckpt_path=last in the same run folder",
+                    path, trainer.global_step)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._restore()
+        if getattr(pl_module, "preempted", False):
+            return
+        saved = max((getattr(c, "_last_global_step_saved", -1) for c in trainer.callbacks
+                     if isinstance(c, ModelCheckpoint)), default=-1)
+        if trainer.global_step > 0 and saved != trainer.global_step:
+            trainer.save_checkpoint(last_checkpoint_path(trainer))
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        self._restore()

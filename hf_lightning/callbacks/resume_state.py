@@ -1,0 +1,72 @@
+"""Save what Lightning does not (RNG states, the data settings) and warn when a resume cannot be exact."""
+
+from __future__ import annotations
+
+import logging
+import random
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+
+from hf_lightning.checkpointing.resume import describe_differences
+
+log = logging.getLogger(__name__)
+
+KEY = "hf_lightning"
+
+
+def _signature(trainer: L.Trainer) -> dict[str, Any]:
+    dm = trainer.datamodule
+    ds = getattr(dm, "train_dataset", None)
+    return {
+        "accumulate_grad_batches": trainer.accumulate_grad_batches,
+        "world_size": trainer.world_size,
+        "per_device_train_batch_size": getattr(dm, "per_device_train_batch_size", None),
+        "max_length": getattr(dm, "max_length", None),
+        "seed": getattr(dm, "seed", None),
+        "dataset_fingerprint": getattr(ds, "_fingerprint", None),
+    }
+
+
+class ResumeState(L.Callback):
+    """Adds RNG states (python, numpy, torch, per rank) and the run's data signature to every checkpoint.
+
+    On load the RNG states of this rank are restored, and a warning names every setting that changed
+    since the checkpoint (batch size, accumulation, world size, max length, seed, dataset fingerprint):
+    any of them makes the resumed data order or loss differ from the uninterrupted run.
+    """
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        rng = {
+            "python": random.getstate(),
+            "numpy": np.random.get_state(),
+            "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+        }
+        ranks = trainer.strategy.all_gather_object(rng) if trainer.world_size > 1 else [rng]
+        checkpoint[KEY] = {"rng": ranks, "signature": _signature(trainer)}
+
+    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        state = checkpoint.get(KEY)
+        if not state:
+            log.warning("the checkpoint holds no hf_lightning resume state (RNG, data signature): resume may differ")
+            return
+        rngs = state["rng"]
+        rng = rngs[trainer.global_rank] if trainer.global_rank < len(rngs) else rngs[0]
+        random.setstate(rng["python"])
+        np.random.set_state(rng["numpy"])
+        torch.set_rng_state(rng["torch"])
+        if rng.get("cuda") is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng["cuda"])
+        self._saved_signature = state["signature"]
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        saved = getattr(self, "_saved_signature", None)
+        if saved is None:
+            return
+        diffs = describe_differences(saved, _signature(trainer))
+        if diffs:
+            log.warning("resuming with settings that changed since the checkpoint, so the run cannot continue "
+                        "exactly as it would have: %s", "; ".join(diffs))

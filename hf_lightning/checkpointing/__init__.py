@@ -1,0 +1,6 @@
+"""Checkpoints that survive a kill: atomic writes, validated loads, exact resume state."""
+
+from hf_lightning.checkpointing.io import AtomicCheckpointIO
+from hf_lightning.checkpointing.resume import find_resume_checkpoint
+
+__all__ = ["AtomicCheckpointIO", "find_resume_checkpoint"]

@@ -1,0 +1,181 @@
+"""Validation, test and prediction steps of :class:`~hf_lightning.HFLightningModule`."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from hf_lightning.errors import ConfigError
+from hf_lightning.module.evaluation import PredictionCollector, TokenAccuracy, estimate_logits_bytes
+from hf_lightning.module.loss import IGNORE_INDEX, token_cross_entropy_sum
+from hf_lightning.module.metrics import TokenMeanLoss
+
+log = logging.getLogger(__name__)
+
+STAGES = ("val", "test")
+WARN_BYTES = 2**30  # warn when keeping every logit would take more than 1 GiB
+
+
+class EvalStepsMixin:
+    """Evaluation for a LightningModule that has ``self.model``, ``self.causal`` and ``forward(batch)``.
+
+    Per stage (``val``, ``test``): ``{stage}/loss`` is the token-weighted mean over the whole set and all
+    ranks (sum of token CE / number of targets; HF's ``eval_loss`` is a sample-weighted mean of per-batch
+    means and differs when batches hold different numbers of targets), ``{stage}/perplexity`` =
+    ``exp(loss)``, ``{stage}/accuracy`` the token accuracy with the causal shift. A user
+    ``compute_metrics`` adds its keys under the same prefix.
+    """
+
+    def _init_evaluation(
+        self,
+        compute_metrics: Callable[..., Mapping[str, float]] | None,
+        preprocess_logits_for_metrics: Callable[[torch.Tensor, torch.Tensor], Any] | None,
+        eval_accumulation_steps: int | None,
+        batch_eval_metrics: bool,
+    ) -> None:
+        takes_result = compute_metrics is not None and "compute_result" in inspect.signature(compute_metrics).parameters
+        if batch_eval_metrics and compute_metrics is not None and not takes_result:
+            raise ConfigError(
+                "batch_eval_metrics=true calls compute_metrics(eval_pred, compute_result=...) per batch; "
+                "the given compute_metrics takes no compute_result argument (as in HF Trainer)"
+            )
+        if eval_accumulation_steps is not None and eval_accumulation_steps < 1:
+            raise ConfigError(f"eval_accumulation_steps must be >= 1 or null, got {eval_accumulation_steps}")
+        self.compute_metrics = compute_metrics
+        self.preprocess_logits_for_metrics = preprocess_logits_for_metrics
+        self.batch_eval_metrics = batch_eval_metrics
+        self.eval_metrics = nn.ModuleDict(
+            {s: nn.ModuleDict({"loss": TokenMeanLoss(), "accuracy": TokenAccuracy(self.causal)}) for s in STAGES}
+        )
+        self._collector = PredictionCollector(eval_accumulation_steps)
+
+    # ----------------------------------------------------------------------------------- the steps
+    def _eval_step(self, batch: Mapping[str, Any], batch_idx: int, stage: str) -> None:
+        outputs = self(batch)
+        logits, labels = outputs.logits, batch["labels"]
+        metrics = self.eval_metrics[stage]
+        loss_sum = token_cross_entropy_sum(logits, labels, causal=self.causal, shift_labels=batch.get("shift_labels"))
+        metrics["loss"].update(loss_sum, self.count_loss_items(batch))
+        metrics["accuracy"].update(logits, labels)
+        if self.compute_metrics is None:
+            return
+        preds = logits
+        if self.preprocess_logits_for_metrics is not None:
+            preds = self.preprocess_logits_for_metrics(logits, labels)
+        if self.batch_eval_metrics:
+            from transformers import EvalPrediction
+
+            last = batch_idx == self._num_eval_batches(stage) - 1
+            result = self.compute_metrics(
+                EvalPrediction(predictions=preds.detach().cpu().numpy(), label_ids=labels.cpu().numpy()),
+                compute_result=last,
+            )
+            if last:
+                self._user_metrics = dict(result or {})
+        else:
+            self._collector.add(preds, labels)
+
+    def _num_eval_batches(self, stage: str) -> int:
+        counts = self.trainer.num_val_batches if stage == "val" else self.trainer.num_test_batches
+        return int(counts[0])
+
+    def validation_step(self, batch: Mapping[str, Any], batch_idx: int) -> None:
+        self._eval_step(batch, batch_idx, "val")
+
+    def test_step(self, batch: Mapping[str, Any], batch_idx: int) -> None:
+        self._eval_step(batch, batch_idx, "test")
+
+    # ------------------------------------------------------------------------------ epoch bounds
+    def _eval_start(self, stage: str) -> None:
+        self._collector.reset()
+        self._user_metrics: dict[str, float] = {}
+        if self.compute_metrics is None or self.preprocess_logits_for_metrics is not None or self.batch_eval_metrics:
+            return
+        loader = self.trainer.val_dataloaders if stage == "val" else self.trainer.test_dataloaders
+        dataset = getattr(loader, "dataset", None)
+        vocab = getattr(getattr(self.model, "config", None), "vocab_size", None)
+        if dataset is None or vocab is None or not hasattr(dataset, "__len__"):
+            return
+        lengths = dataset["input_ids"] if hasattr(dataset, "column_names") else None
+        max_len = max(len(x) for x in lengths) if lengths is not None else 1
+        dtype = next(self.model.parameters()).dtype
+        need = estimate_logits_bytes(len(dataset), max_len, vocab, dtype)
+        if need > WARN_BYTES:
+            log.warning(
+                "compute_metrics without preprocess_logits_for_metrics keeps every logit of the %s set: "
+                "%d examples x %d tokens x %d vocab x %d bytes = %.1f GiB in host memory. Pass "
+                "preprocess_logits_for_metrics (e.g. lambda logits, labels: logits.argmax(-1)) or set "
+                "batch_eval_metrics=true",
+                stage, len(dataset), max_len, vocab, torch.finfo(dtype).bits // 8, need / 2**30,
+            )
+
+    def on_validation_start(self) -> None:
+        self._eval_start("val")
+
+    def on_test_start(self) -> None:
+        self._eval_start("test")
+
+    def _eval_epoch_end(self, stage: str) -> dict[str, float]:
+        metrics = self.eval_metrics[stage]
+        loss = metrics["loss"].compute()
+        values = {
+            f"{stage}/loss": loss,
+            f"{stage}/perplexity": torch.exp(loss),
+            f"{stage}/accuracy": metrics["accuracy"].compute(),
+        }
+        for m in metrics.values():
+            m.reset()
+        if self.compute_metrics is not None and not self.batch_eval_metrics:
+            preds, labels = self._collector.gather(self.trainer.world_size, self._all_gather_object)
+            self._collector.reset()
+            if preds is not None:
+                from transformers import EvalPrediction
+
+                self._user_metrics = dict(self.compute_metrics(EvalPrediction(predictions=preds, label_ids=labels)))
+        for key, value in getattr(self, "_user_metrics", {}).items():
+            name = key.removeprefix("eval_")
+            values[f"{stage}/{name}"] = torch.as_tensor(float(value))
+        for key, value in values.items():
+            self.log(key, value, prog_bar=key == f"{stage}/loss", logger=False, sync_dist=False)
+        floats = {k: float(v) for k, v in values.items()}
+        if not self.trainer.sanity_checking:
+            self._log_to_loggers(floats)
+        return floats
+
+    def _all_gather_object(self, obj: Any) -> list[Any]:
+        import torch.distributed as dist
+
+        out: list[Any] = [None] * self.trainer.world_size
+        dist.all_gather_object(out, obj)
+        return out
+
+    def on_validation_epoch_end(self) -> None:
+        self._eval_epoch_end("val")
+
+    def on_test_epoch_end(self) -> None:
+        self._eval_epoch_end("test")
+
+    # ------------------------------------------------------------------------------------ predict
+    def predict_step(self, batch: Mapping[str, Any], batch_idx: int) -> list[dict[str, Any]]:
+        """Per example: the argmax token at every target position (causal shift), and the label there.
+
+        Returns a list (one dict per example, in batch order) of ``{"positions", "predicted_ids",
+        "label_ids"}``; positions index the label sequence.
+        """
+        logits = self(batch).logits
+        preds = logits.argmax(-1)
+        labels = batch["labels"]
+        if self.causal:
+            preds = torch.nn.functional.pad(preds[..., :-1], (1, 0), value=IGNORE_INDEX)
+        out = []
+        for p, lab in zip(preds.cpu(), labels.cpu()):
+            pos = (lab != IGNORE_INDEX).nonzero().flatten()
+            if self.causal:
+                pos = pos[pos > 0]
+            out.append({"positions": pos.tolist(), "predicted_ids": p[pos].tolist(), "label_ids": lab[pos].tolist()})
+        return out

@@ -1,0 +1,137 @@
+"""Evaluation that stays flat in memory, with HF's ``compute_metrics`` hooks still working.
+
+The default path keeps only metric states (sums and counts). An HF-style
+``compute_metrics(EvalPrediction)`` needs predictions for the whole set; they are collected here the way
+HF ``Trainer.evaluation_loop`` does (after ``preprocess_logits_for_metrics``, padded with ``-100`` along
+dim 1, moved to the CPU every ``eval_accumulation_steps`` batches), with one difference: evaluation
+samplers never pad a rank's shard, so no example is counted twice and nothing needs de-duplicating.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torchmetrics import Metric
+
+from hf_lightning.module.loss import IGNORE_INDEX
+
+log = logging.getLogger(__name__)
+
+
+class TokenAccuracy(Metric):
+    """Share of target positions whose argmax prediction equals the label.
+
+    Causal LMs compare ``argmax(logits[:, t])`` with ``labels[:, t + 1]`` (the training shift); others
+    compare position by position. ``-100`` labels are skipped. States sync across ranks.
+    """
+
+    full_state_update = False
+
+    def __init__(self, causal: bool = True) -> None:
+        super().__init__()
+        self.causal = causal
+        self.add_state("correct", default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
+        self.add_state("total", default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
+
+    def update(self, logits: torch.Tensor, labels: torch.Tensor) -> None:
+        preds = logits.argmax(-1)
+        if self.causal:
+            preds, labels = preds[..., :-1], labels[..., 1:]
+        mask = labels != IGNORE_INDEX
+        self.correct += ((preds == labels) & mask).sum()
+        self.total += mask.sum()
+
+    def compute(self) -> torch.Tensor:
+        return self.correct.float() / self.total.clamp(min=1).float()
+
+
+def estimate_logits_bytes(num_examples: int, max_length: int, vocab_size: int, dtype: torch.dtype) -> int:
+    """Bytes that keeping every evaluation logit would take: ``N x L x V x sizeof(dtype)``.
+
+    2,000 sequences x 512 tokens x 32,000 vocab in float32 is 131 GB.
+    """
+    return int(num_examples) * int(max_length) * int(vocab_size) * torch.finfo(dtype).bits // 8
+
+
+def _pad_concat(chunks: Sequence[np.ndarray], pad: int = IGNORE_INDEX) -> np.ndarray:
+    """Concatenate along dim 0, padding dim 1 to the longest chunk (HF ``nested_concat`` semantics)."""
+    if chunks[0].ndim < 2:
+        return np.concatenate(chunks, axis=0)
+    length = max(c.shape[1] for c in chunks)
+    out = []
+    for c in chunks:
+        if c.shape[1] < length:
+            width = [(0, 0), (0, length - c.shape[1])] + [(0, 0)] * (c.ndim - 2)
+            c = np.pad(c, width, constant_values=pad)
+        out.append(c)
+    return np.concatenate(out, axis=0)
+
+
+class PredictionCollector:
+    """Predictions and labels of one evaluation pass, for ``compute_metrics``.
+
+    Args:
+        eval_accumulation_steps: move to the CPU every this many batches (HF's argument). ``None``
+            moves every batch at once: on an accelerator nothing accumulates in device memory.
+    """
+
+    def __init__(self, eval_accumulation_steps: int | None = None) -> None:
+        self.eval_accumulation_steps = eval_accumulation_steps or 1
+        self._staged: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._preds: list[np.ndarray] = []
+        self._labels: list[np.ndarray] = []
+
+    def reset(self) -> None:
+        self._staged, self._preds, self._labels = [], [], []
+
+    def add(self, preds: torch.Tensor, labels: torch.Tensor) -> None:
+        self._staged.append((preds.detach(), labels.detach()))
+        if len(self._staged) >= self.eval_accumulation_steps:
+            self._to_cpu()
+
+    def _to_cpu(self) -> None:
+        for p, lab in self._staged:
+            self._preds.append(p.cpu().numpy())
+            self._labels.append(lab.cpu().numpy())
+        self._staged = []
+
+    def local_arrays(self) -> tuple[np.ndarray | None, np.ndarray | None]:
+        self._to_cpu()
+        if not self._preds:
+            return None, None
+        return _pad_concat(self._preds), _pad_concat(self._labels)
+
+    def gather(self, world_size: int, all_gather_object: Callable[[Any], list] | None = None):
+        """Arrays over the whole set, in dataset order.
+
+        With ``world_size > 1`` every rank holds the strided shard ``rank, rank + W, ...`` (see
+        :class:`~hf_lightning.data.eval_sampler.EvalShardSampler`); rows are put back in dataset order.
+        """
+        preds, labels = self.local_arrays()
+        if world_size == 1:
+            return preds, labels
+        parts = all_gather_object((preds, labels))
+        total = sum(len(p) for p, _ in parts if p is not None)
+        return _interleave([p for p, _ in parts], total), _interleave([lab for _, lab in parts], total)
+
+
+def _interleave(shards: list[np.ndarray | None], total: int) -> np.ndarray:
+    world = len(shards)
+    present = [s for s in shards if s is not None]
+    if present[0].ndim < 2:
+        out = np.empty((total, *present[0].shape[1:]), dtype=present[0].dtype)
+    else:
+        length = max(s.shape[1] for s in present)
+        out = np.full((total, length, *present[0].shape[2:]), IGNORE_INDEX, dtype=present[0].dtype)
+    for rank, shard in enumerate(shards):
+        if shard is None:
+            continue
+        if shard.ndim < 2:
+            out[rank::world] = shard
+        else:
+            out[rank::world, : shard.shape[1]] = shard
+    return out

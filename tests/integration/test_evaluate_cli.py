@@ -1,0 +1,49 @@
+"""``python -m hf_lightning.evaluate`` on a trained run: a metrics table, files, predictions in dataset order."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def test_evaluate_a_checkpoint_on_a_file(tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    run = tmp_path / "run"
+    data = tmp_path / "eval.jsonl"
+    rows = [{"text": f"Sentence number {i} is here."} for i in range(5)]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    train = subprocess.run(
+        [sys.executable, "-m", "hf_lightning.train", "+experiment=clm", f"data.path={data}", f"hydra.run.dir={run}",
+         "trainer.max_steps=2", "data.per_device_train_batch_size=2", "data.validation_split=0.2"],
+        capture_output=True, text=True, env=env, timeout=600,
+    )
+    assert train.returncode == 0, train.stderr[-2000:]
+    proc = subprocess.run(
+        [sys.executable, "-m", "hf_lightning.evaluate", "+experiment=clm", f"data.path={data}",
+         f"ckpt_path={run}/checkpoints/last.ckpt", f"hydra.run.dir={run}", "data.per_device_eval_batch_size=2",
+         "generate=true", "max_new_tokens=3", "trainer.enable_progress_bar=false"],
+        capture_output=True, text=True, env=env, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    metrics = json.loads((run / "eval_metrics.json").read_text())
+    assert set(metrics) == {"val/loss", "val/perplexity", "val/accuracy"}
+    assert "val/loss" in proc.stdout and "metric" in proc.stdout
+    preds = [json.loads(x) for x in (run / "predictions.jsonl").read_text().splitlines()]
+    assert [p["index"] for p in preds] == list(range(5))  # all of data.path, in file order
+
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(run / "hf_model")
+    for p, r in zip(preds, rows):
+        ids = tok(r["text"])["input_ids"]
+        assert p["label_ids"] == ids[1:] and "reply" in p
+    # the training run's own config is untouched; evaluate keeps its config beside it
+    train_overrides = (run / ".hydra" / "overrides.yaml").read_text()
+    assert "trainer.max_steps=2" in train_overrides and "generate=true" not in train_overrides
+    assert (run / ".hydra-evaluate" / "config.yaml").is_file()
