@@ -23,7 +23,8 @@ def test_summary_rows_in_job_order_with_failed_jobs(tmp_path):
         make_job(tmp_path, num, ["+experiment=sft", f"optim.lr={lr}"], metrics)
     (tmp_path / "multirun.yaml").write_text("{}")
     path, table = write_summary(tmp_path)
-    rows = list(csv.DictReader(open(path)))
+    with open(path) as fh:
+        rows = list(csv.DictReader(fh))
     assert [r["job"] for r in rows] == ["0", "1", "2", "10"]  # numeric order, not "10" < "2"
     assert [r["optim.lr"] for r in rows] == ["1e-4", "3e-4", "1e-3", "3e-3"]
     assert [r["status"] for r in rows] == ["completed", "completed", "failed", "completed"]
