@@ -159,7 +159,11 @@ def build_model(
     if gradient_checkpointing:
         if not getattr(model, "supports_gradient_checkpointing", False):
             raise ModelError(f"model.gradient_checkpointing=true: {type(model).__name__} does not support it")
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        kwargs = {"use_reentrant": False}
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x name
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     if compile:
         model.compile()
     return model

@@ -76,6 +76,7 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
 
     from hf_lightning.config import validate_config
     from hf_lightning.strategies import refuse_multirun_relaunch
+    from hf_lightning.strategies.precision import precision_plugin
 
     validate_config(cfg)
     ckpt_path = resolve_ckpt_path(cfg.get("ckpt_path"), cfg.output_dir)
@@ -83,7 +84,10 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
 
     callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
     loggers = [instantiate(c) for c in (cfg.get("logger") or {}).values() if c is not None]
-    trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
+    trainer_cfg = OmegaConf.to_container(cfg.trainer, resolve=True)
+    plugin = precision_plugin(trainer_cfg.get("precision"), trainer_cfg.get("accelerator"), trainer_cfg.get("strategy"))
+    extra = {"precision": None, "plugins": [plugin]} if plugin is not None else {}
+    trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False, **extra)
     refuse_multirun_relaunch(trainer, _in_multirun())
     try:
         metrics, objects = _fit(cfg, trainer, ckpt_path)

@@ -93,3 +93,29 @@ def test_experiment_runs_two_steps(experiment, compose_cfg, shared_data, tmp_pat
             categories = {r["category"] for r in csv.DictReader(fh)}
         # one class per category of the data, names kept in the export
         assert set(exported.config.id2label.values()) == categories
+
+
+def _step_losses(run_dir: Path) -> dict[int, float]:
+    with open(run_dir / "metrics.csv") as fh:
+        return {int(r["step"]): float(r["train/loss"]) for r in csv.DictReader(fh) if r.get("train/loss")}
+
+
+def test_precision_and_fused_adamw_knobs(compose_cfg, tmp_path):
+    """bf16 autocast on the CPU tracks the fp32 run within bf16 tolerance; optim.fused reaches the optimizer
+    (null: not fused off CUDA; true: torch's fused CPU kernel)."""
+    from hf_lightning.train import train
+
+    common = ("+experiment=sft", "callbacks=none", "trainer.limit_val_batches=0", "scheduler.warmup_steps=0")
+    _, fp32 = train(compose_cfg(*common))
+    fp32_losses = _step_losses(tmp_path)
+    assert not fp32["trainer"].optimizers[0].defaults["fused"]
+    (tmp_path / "metrics.csv").unlink()
+
+    _, bf16 = train(compose_cfg(*common, "trainer.precision=bf16-mixed", "optim.fused=true"))
+    bf16_losses = _step_losses(tmp_path)
+    assert bf16["trainer"].precision == "bf16-mixed"
+    assert bf16["trainer"].optimizers[0].defaults["fused"] is True
+    assert sorted(bf16_losses) == sorted(fp32_losses) == [1, 2]
+    for step, value in fp32_losses.items():
+        assert bf16_losses[step] == pytest.approx(value, rel=3e-2)
+    assert bf16_losses[1] != fp32_losses[1]  # autocast really ran in bf16
