@@ -18,7 +18,9 @@ import torch
 
 COMMON = [
     "+experiment=sft", "trainer.log_every_n_steps=1", "trainer.limit_val_batches=0", "data.shuffle=false",
-    "scheduler.warmup_steps=0", "optim.lr=1e-3", "data.per_device_train_batch_size=8", "trainer.enable_progress_bar=false",
+    "scheduler.warmup_steps=0", "optim.lr=1e-3", "trainer.enable_progress_bar=false",
+    # accumulation 2: DeepSpeed's own accumulation and loss scaling are exercised, not just one micro-batch
+    "data.per_device_train_batch_size=4", "trainer.accumulate_grad_batches=2",
 ]
 RUNS = {
     "cpu_fp32": ["trainer.accelerator=cpu", "trainer.precision=32-true"],

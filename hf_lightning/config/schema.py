@@ -3,7 +3,7 @@
 Config keys equal constructor argument names, so the signature a node is bound to is its schema: unknown keys
 are found by binding (``hf_lightning.config_check.check_keys``) and value types by the signature's annotations
 (``int``, ``float``, ``bool``, ``str``, ``Literal[...]``, unions of them). What an annotation cannot say (a
-batch size >= 1, an optimizer from a closed list, packing with an encoder-decoder) is in :data:`RULES` and
+batch size >= 1, an optimizer from a closed list, packing with an encoder-decoder) is in :func:`_rules` and
 :func:`cross_field_errors`. Every problem found is reported in one :class:`~hf_lightning.errors.ConfigError`
 whose message names each key, its value and the allowed values.
 
@@ -245,7 +245,7 @@ def validate_config(cfg: DictConfig) -> None:
 
     Checks: unknown keys of ``data``, ``model``, ``optim``, ``scheduler``, ``module``, ``trainer`` and of every
     ``_target_`` node (strategy, loggers, callbacks) against the signatures they are bound to; value types from
-    those signatures' annotations; the value rules of :data:`RULES`; the cross-field rules (packing with an
+    those signatures' annotations; the value rules of :func:`_rules`; the cross-field rules (packing with an
     encoder-decoder, float16 on CPU, FSDP / DeepSpeed on CPU, the derived DeepSpeed config); required values
     (``???``).
 
