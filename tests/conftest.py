@@ -40,6 +40,25 @@ def default_tokenizer():
     return AutoTokenizer.from_pretrained(train_default_tokenizer(prepare_chatterbot()["train"]))
 
 
+@pytest.fixture(scope="session")
+def word_tokenizer():
+    """Word-level tokenizer with hand-checkable ids (``a`` = 4 ... ``z`` = 29); see ``data_support.py``."""
+    from tests.data_support import make_word_tokenizer
+
+    return make_word_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def gpt2_tokenizer():
+    """GPT-2 BPE from the shared data folder (pad = eos = ``<|endoftext|>``); skips when the folder is missing."""
+    from transformers import PreTrainedTokenizerFast
+
+    from tests.data_support import shared_data
+
+    path = shared_data() / "gpt2-tokenizer" / "tokenizer.json"
+    return PreTrainedTokenizerFast(tokenizer_file=str(path), eos_token="<|endoftext|>", pad_token="<|endoftext|>")
+
+
 # ------------------------------------------------------------------------------------- Hydra composition
 # What every composed test config is shrunk to (lightning-hydra-template's cfg_train fixture): CPU, one device,
 # a couple of steps, tiny validation, no progress bar. Tests add their own overrides after these.
@@ -73,9 +92,7 @@ def compose_cfg(tmp_path):
 
 @pytest.fixture(scope="session")
 def shared_data():
-    """``shared/data`` beside the repository (``$HF_LIGHTNING_SHARED_DATA`` wins); skips when absent."""
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    path = os.environ.get("HF_LIGHTNING_SHARED_DATA", os.path.join(repo, "..", "shared", "data"))
-    if not os.path.isdir(path):
-        pytest.skip(f"shared data folder {path} not found (set HF_LIGHTNING_SHARED_DATA)")
-    return os.path.abspath(path)
+    """``shared/data`` as a string path (see ``tests/data_support.shared_data``); skips when absent."""
+    from tests.data_support import shared_data as find
+
+    return str(find().resolve())

@@ -1,7 +1,22 @@
-"""The data path: loading, formatting, collation, accumulation windows, and the DataModule."""
+"""The data path: loading, formatting, pruning, collation, packing, sampling, streams, and the DataModule."""
 
-from hf_lightning.data.collators import PaddingCollator
+from hf_lightning.data.collators import ClassificationCollator, PaddingCollator, Seq2SeqCollator
 from hf_lightning.data.datamodule import HFDataModule
+from hf_lightning.data.flattening import PaddingFreeCollator
+from hf_lightning.data.iterable import ShardedStream
+from hf_lightning.data.packing import PackedCollator
+from hf_lightning.data.samplers import ExactDistributedSampler, length_grouped_indices
 from hf_lightning.data.windows import AccumulationWindowLoader
 
-__all__ = ["AccumulationWindowLoader", "HFDataModule", "PaddingCollator"]
+__all__ = [
+    "AccumulationWindowLoader",
+    "ClassificationCollator",
+    "ExactDistributedSampler",
+    "HFDataModule",
+    "PackedCollator",
+    "PaddingCollator",
+    "PaddingFreeCollator",
+    "Seq2SeqCollator",
+    "ShardedStream",
+    "length_grouped_indices",
+]

@@ -1,4 +1,18 @@
-"""``HFDataModule``: load, format, tokenize, collate and sample, as a standalone LightningDataModule."""
+"""``HFDataModule``: load, format, tokenize, prune, pack, collate and sample, as a standalone LightningDataModule.
+
+The pieces live in their own modules; this class only wires them:
+
+    loading      source -> datasets / torch objects, train/validation split
+    formatting   schema -> format; rows -> input_ids / labels        (chat.py for chat formats)
+    preprocess   Dataset.map (cached) + truncation/drop counts; on-the-fly path for streams and torch data
+    pruning      columns vs the model's forward signature
+    packing      bfd / wrapped rows
+    collators    padding, classification, seq2seq             (flattening.py: padding-free)
+    samplers     seeded global order, length grouping, exact distributed split
+    iterable     streams sharded per rank and per worker
+    loader       per-epoch worker seeds and stream epochs
+    windows      num_items_in_batch per gradient-accumulation window
+"""
 
 from __future__ import annotations
 
@@ -7,46 +21,74 @@ from typing import Any
 
 import datasets
 import lightning as L
-from torch.utils.data import DataLoader, DistributedSampler
+import torch
 
-from hf_lightning.data.collators import PaddingCollator
-from hf_lightning.data.eval_sampler import EvalShardSampler
-from hf_lightning.data.formatting import FORMATS, SOURCE_COLUMNS, TOKENIZERS, detect_format
-from hf_lightning.data.loading import load_source, split_train_validation
+from hf_lightning.data.collators import ClassificationCollator, PaddingCollator, Seq2SeqCollator
+from hf_lightning.data.flattening import PaddingFreeCollator
+from hf_lightning.data.formatting import CAUSAL_FORMATS, FORMATS, detect_format
+from hf_lightning.data.iterable import ShardedStream
+from hf_lightning.data.loader import EpochDataLoader
+from hf_lightning.data.loading import is_stream, load_source, split_train_validation
+from hf_lightning.data.packing import STRATEGIES, PackedCollator, pack_dataset
+from hf_lightning.data.preprocess import ExampleProcessor, label_mapping, scan_torch_dataset, tokenize_dataset
+from hf_lightning.data.pruning import (
+    PruneColumnsCollator,
+    find_label_names,
+    forward_parameters,
+    prune_dataset,
+    resolve_model_inputs,
+    signature_columns,
+)
+from hf_lightning.data.samplers import ExactDistributedSampler, TopUpDataset, sequence_lengths
 from hf_lightning.data.windows import AccumulationWindowLoader
 from hf_lightning.errors import ConfigError, DataError
-from hf_lightning.module.loss import IGNORE_INDEX
 
 log = logging.getLogger(__name__)
 
+# HF's mega-batch multiplier cap (``get_length_grouped_indices``); streams group within buffers this many batches long
+MEGA_BATCH_MULT = 50
+
 
 class HFDataModule(L.LightningDataModule):
-    """Data for causal-LM fine-tuning, usable with any LightningModule and ``lightning.Trainer``.
+    """Data for HF-style models, usable with any LightningModule and ``lightning.Trainer``.
 
     Args:
-        tokenizer: a ``transformers`` tokenizer (needs a pad token, and a chat template for chat data).
-        path: a json/jsonl/csv/parquet file, a ``save_to_disk`` folder, a ``datasets.Dataset`` /
-            ``DatasetDict``, or ``None`` for the embedded chatterbot-corpus chat data.
-        validation_path: a separate validation source (same kinds as ``path``); overrides any split of ``path``.
-        format: ``"auto"`` (from the column names), ``"messages"``, ``"text"`` or ``"tokenized"``.
+        tokenizer: a ``transformers`` tokenizer (needs a pad token; a chat template for chat data).
+        path: a json/jsonl/csv/parquet file, a ``save_to_disk`` folder, a ``datasets`` ``Dataset`` /
+            ``DatasetDict`` / ``IterableDataset``, a torch ``Dataset`` / ``IterableDataset`` of mappings, or
+            ``None`` for the embedded chatterbot-corpus chat data.
+        validation_path: a separate validation source (same kinds); overrides any split of ``path``.
+        format: ``"auto"`` (from the schema, see :mod:`~hf_lightning.data.formatting`) or one of
+            ``text, prompt_completion, messages, conversations, classification, seq2seq, tokenized``.
         validation_split: share of rows held out for validation when the source has no validation split.
-        max_length: tokens per example after truncation (truncated rows are counted in the log).
-        per_device_train_batch_size / per_device_eval_batch_size: examples per micro-batch per process.
+        max_length: tokens per example after truncation (truncated and dropped rows are counted in the log).
+        per_device_train_batch_size / per_device_eval_batch_size: examples (packed rows) per micro-batch.
         shuffle: random training order (seeded by ``seed + epoch``, the same on every rank).
-        group_by_length / packing / streaming: reserved for the full data path; ``True`` raises
-            :class:`ConfigError` until they land rather than being silently ignored.
+        group_by_length: HF's mega-batch length grouping (map-style), a bounded sort buffer (streams).
+        packing: ``False``, ``"bfd"`` (``True`` means ``"bfd"``) or ``"wrapped"`` (causal formats, map-style).
+        padding_free: flatten each batch into one row with restarting ``position_ids`` (no padding).
+        streaming: read files lazily as a stream (sharded per rank and per worker).
+        shuffle_buffer_size: buffer of the stream shuffle.
+        remove_unused_columns: keep only the model's ``forward`` arguments and the label columns (HF default).
+        model_input_names: the model's input names; default: the ``forward`` parameters of the attached
+            LightningModule's ``.model``, else the tokenizer's ``model_input_names``.
+        label_names: the batch keys evaluation treats as labels (HF ``label_names``); default: the ``forward``
+            parameters with ``label`` in their name, else ``["labels"]``.
         num_workers / pin_memory / persistent_workers / prefetch_factor / drop_last: ``DataLoader`` knobs.
         pad_to_multiple_of: round padded lengths up to this multiple.
-        seed: seed of the shuffle order and of the validation hold-out.
+        seed: seed of the order, of worker RNGs and of the validation hold-out.
 
-    Batches are ``{"input_ids", "attention_mask", "labels"}``, int64 tensors of shape ``(B, L)``; labels are
-    ``-100`` at padding and at every position that is not trained on. When the attached LightningModule
-    defines ``count_loss_items(batch) -> int`` (as :class:`HFLightningModule` does), training batches also
-    carry ``num_items_in_batch``, the label count of their whole gradient-accumulation window
-    (see :class:`~hf_lightning.data.windows.AccumulationWindowLoader`).
+    Batches (causal formats): ``input_ids``, ``attention_mask``, ``labels``, int64 ``(B, L)``, labels -100 where
+    nothing is trained on; padding-free: ``input_ids``, ``labels``, ``position_ids`` ``(1, T)``; packed:
+    ``input_ids``, ``labels``, ``position_ids`` ``(B, L)``. When the attached LightningModule defines
+    ``count_loss_items(batch) -> int`` (as :class:`HFLightningModule` does), training batches also carry
+    ``num_items_in_batch``, the label count of their whole gradient-accumulation window.
+
+    Metrics check: when the attached module has a truthy ``compute_metrics`` or ``metrics`` attribute and no
+    key of ``label_names`` appears in an evaluation batch, ``setup`` raises :class:`ConfigError`.
 
     Raises:
-        ConfigError: a bad argument (named).
+        ConfigError: a bad argument (named), or a setting the data or model cannot honour.
         DataError: a source that is missing, unreadable, empty, or lacks the expected fields.
     """
 
@@ -63,7 +105,12 @@ class HFDataModule(L.LightningDataModule):
         shuffle: bool = True,
         group_by_length: bool = False,
         packing: bool | str = False,
+        padding_free: bool = False,
         streaming: bool = False,
+        shuffle_buffer_size: int = 1000,
+        remove_unused_columns: bool = True,
+        model_input_names: list[str] | None = None,
+        label_names: list[str] | None = None,
         num_workers: int = 0,
         pin_memory: bool = False,
         persistent_workers: bool = False,
@@ -77,6 +124,7 @@ class HFDataModule(L.LightningDataModule):
             ("per_device_train_batch_size", per_device_train_batch_size),
             ("per_device_eval_batch_size", per_device_eval_batch_size),
             ("max_length", max_length),
+            ("shuffle_buffer_size", shuffle_buffer_size),
         ):
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"data.{key} must be a positive integer, got {value!r}")
@@ -84,12 +132,15 @@ class HFDataModule(L.LightningDataModule):
             raise ConfigError(f"data.format={format!r}; expected one of {['auto', *FORMATS]}")
         if not 0 <= validation_split < 1:
             raise ConfigError(f"data.validation_split must be in [0, 1), got {validation_split!r}")
-        for key, value in (("group_by_length", group_by_length), ("packing", packing), ("streaming", streaming)):
-            if value:
-                raise ConfigError(
-                    f"data.{key}={value!r} is not implemented in this version; it would be ignored, so it is "
-                    "refused instead (set it to false)"
-                )
+        if packing is True:
+            packing = "bfd"
+        if packing not in (False, None, *STRATEGIES):
+            raise ConfigError(f"data.packing={packing!r}; expected false, true (= bfd) or one of {list(STRATEGIES)}")
+        if not isinstance(num_workers, int) or num_workers < 0:
+            raise ConfigError(f"data.num_workers must be an integer >= 0, got {num_workers!r}")
+        if num_workers == 0 and (persistent_workers or prefetch_factor is not None):
+            key = "persistent_workers" if persistent_workers else "prefetch_factor"
+            raise ConfigError(f"data.{key} applies to worker processes only; set data.num_workers > 0 or unset it")
         if getattr(tokenizer, "pad_token_id", None) is None:
             raise ConfigError(
                 "the tokenizer has no pad token; set tokenizer.pad_token (for example to its eos_token) "
@@ -104,15 +155,33 @@ class HFDataModule(L.LightningDataModule):
         self.per_device_train_batch_size = per_device_train_batch_size
         self.per_device_eval_batch_size = per_device_eval_batch_size
         self.shuffle = shuffle
+        self.group_by_length = group_by_length
+        self.packing = packing or None
+        self.padding_free = padding_free
+        self.streaming = streaming
+        self.shuffle_buffer_size = shuffle_buffer_size
+        self.remove_unused_columns = remove_unused_columns
+        self.model_input_names = list(model_input_names) if model_input_names is not None else None
+        self.label_names = list(label_names) if label_names is not None else None
         self.num_workers = num_workers
         self.pin_memory = pin_memory
-        self.persistent_workers = persistent_workers and num_workers > 0
-        self.prefetch_factor = prefetch_factor if num_workers > 0 else None
+        self.persistent_workers = persistent_workers
+        self.prefetch_factor = prefetch_factor
         self.drop_last = drop_last
+        self.pad_to_multiple_of = pad_to_multiple_of
         self.seed = seed
-        self.collator = PaddingCollator(tokenizer.pad_token_id, pad_to_multiple_of=pad_to_multiple_of)
-        self.train_dataset: datasets.Dataset | None = None
-        self.val_dataset: datasets.Dataset | None = None
+        # filled by setup()
+        self.train_dataset: Any = None
+        self.val_dataset: Any = None
+        self.data_format: str | None = None
+        self.id2label: dict[int, str] | None = None
+        self.dropped_columns: dict[str, list[str]] = {}
+        self.resolved_label_names: list[str] = ["labels"]
+        self.train_collator: Any = None
+        self.eval_collator: Any = None
+        self._holdout: float | None = None
+        self._processor: ExampleProcessor | None = None
+        self._train_lengths: list[int] | None = None
 
     # ----------------------------------------------------------------------------------------- setup
     def prepare_data(self) -> None:
@@ -121,109 +190,265 @@ class HFDataModule(L.LightningDataModule):
 
             prepare_chatterbot()
 
-    def setup(self, stage: str | None = None) -> None:
-        if self.train_dataset is not None:
-            return
-        path = self.path
+    def _attached_model(self) -> Any:
+        """The attached LightningModule's ``.model`` (an ``nn.Module``), or ``None`` when standalone."""
+        trainer = getattr(self, "trainer", None)
+        module = getattr(trainer, "lightning_module", None) if trainer is not None else None
+        model = getattr(module, "model", None)
+        return model if isinstance(model, torch.nn.Module) else None
+
+    def _sources(self) -> tuple[Any, Any, Any]:
+        path, validation_path = self.path, self.validation_path
         if path is None:
             from hf_lightning.defaults import prepare_chatterbot
 
             files = prepare_chatterbot()
             path, validation_path = files["train"], files["validation"]
-        else:
-            validation_path = self.validation_path
-        train, val = split_train_validation(
-            load_source(path), 0.0 if validation_path is not None else self.validation_split, self.seed, path
-        )
+        loaded = load_source(path, streaming=self.streaming)
+        split = 0.0 if validation_path is not None else self.validation_split
+        train, val, self._holdout = split_train_validation(loaded, split, self.seed, path)
         if validation_path is not None:
-            val = load_source(validation_path)
-            if isinstance(val, datasets.DatasetDict):
+            val = load_source(validation_path, streaming=self.streaming)
+            if isinstance(val, (datasets.DatasetDict, datasets.IterableDatasetDict)):
                 val = next(iter(val.values()))
-        fmt = self.format if self.format != "auto" else detect_format(train.column_names, path)
-        self.train_dataset = self._tokenize(train, fmt, path, "train")
-        self.val_dataset = self._tokenize(val, fmt, validation_path or path, "validation") if val else None
+        return path, train, val
 
-    def _tokenize(self, ds: datasets.Dataset, fmt: str, path: Any, split: str) -> datasets.Dataset:
-        needed = SOURCE_COLUMNS[fmt][0]
-        if needed not in ds.column_names:
-            raise DataError(
-                f"data.path={path}: format {fmt!r} needs a {needed!r} field; the {split} split has "
-                f"{ds.column_names}"
+    def _columns(self, ds: Any) -> list[str]:
+        """The schema's column names; a source without a schema (torch data, some streams) shows its first row."""
+        names = getattr(ds, "column_names", None)
+        if names:
+            return list(names)
+        first = next(iter(ds)) if is_stream(ds) else ds[0]
+        if not isinstance(first, dict):
+            raise DataError(f"data.path={self.path}: examples must be mappings of column -> value, got {type(first).__name__}")
+        log.info("the source has no schema; reading the column names from its first row: %s", sorted(first))
+        return list(first)
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.train_dataset is not None:
+            return
+        model = self._attached_model()
+        path, train, val = self._sources()
+        fmt = self.format if self.format != "auto" else detect_format(self._columns(train), path)
+        self.data_format = fmt
+        self._check_options(fmt, train, model)
+        label2id = label_mapping(train, path) if fmt == "classification" else None
+        if label2id is not None:
+            self.id2label = {i: name for name, i in label2id.items()}
+        inputs, inputs_from = resolve_model_inputs(model, self.model_input_names, self.tokenizer)
+        self.resolved_label_names = self.label_names or (find_label_names(model) if model is not None else ["labels"])
+        keep = signature_columns(inputs, self.resolved_label_names)
+        self._processor = ExampleProcessor(fmt, self.tokenizer, self.max_length, label2id)
+
+        self.train_dataset = self._prepare(train, fmt, "train", path, label2id, keep, inputs, inputs_from)
+        self.val_dataset = (
+            self._prepare(val, fmt, "validation", self.validation_path or path, label2id, keep, inputs, inputs_from)
+            if val is not None
+            else None
+        )
+        base = self._base_collator(fmt, model)
+        self.train_collator = self._pruning_collator(base, self.train_dataset, keep, inputs, "train", inputs_from)
+        self.eval_collator = self._pruning_collator(base, self.val_dataset, keep, inputs, "validation", inputs_from)
+        if self.group_by_length and not is_stream(self.train_dataset):
+            self._train_lengths = self._lengths(self.train_dataset)
+        self._check_label_names()
+
+    def _check_options(self, fmt: str, train: Any, model: Any) -> None:
+        stream = is_stream(train)
+        if self.packing and fmt not in CAUSAL_FORMATS:
+            raise ConfigError(f"data.packing={self.packing!r} packs causal-LM rows; the {fmt!r} format cannot be packed")
+        if self.packing and stream:
+            # packing on the fly would give each rank a content-dependent number of rows, so ranks would run
+            # different numbers of steps (DDP hangs) and the exact per-rank split would be lost
+            raise ConfigError(
+                f"data.packing={self.packing!r} needs the whole dataset (a map-style source) so that every rank "
+                "gets the same number of packed rows; this source is a stream. Use data.padding_free=true for "
+                "streams (no padding either), or data.streaming=false"
             )
-        extra = [c for c in ds.column_names if c not in SOURCE_COLUMNS[fmt]]
-        if extra:
-            log.warning("%s: columns %s are not used by the %r format and are dropped", split, extra, fmt)
-        fn = TOKENIZERS[fmt]
-        try:
-            out = ds.map(
-                fn,
-                batched=True,
-                remove_columns=ds.column_names,
-                fn_kwargs={"tokenizer": self.tokenizer, "max_length": self.max_length},
-                desc=f"tokenizing {split} ({fmt})",
-            )
-        except DataError as err:
-            raise DataError(f"data.path={path} ({split}): {err}") from err
-        n_trunc = sum(out["truncated"])
-        if n_trunc:
-            log.warning(
-                "%s: %d of %d rows were longer than data.max_length=%d and were truncated",
-                split, n_trunc, len(out), self.max_length,
-            )
-        out = out.remove_columns("truncated")
-        if "labels" in out.column_names:
-            before = len(out)
-            out = out.filter(
-                lambda labels: any(t != IGNORE_INDEX for t in labels[1:]), input_columns="labels",
-                desc=f"dropping {split} rows without targets",
-            )
-            if len(out) < before:
-                log.warning(
-                    "%s: dropped %d of %d rows with no trained-on token (all labels -100 after truncation)",
-                    split, before - len(out), before,
+        if self.padding_free and fmt not in CAUSAL_FORMATS:
+            raise ConfigError(f"data.padding_free=true flattens causal-LM rows; the {fmt!r} format cannot be flattened")
+        if (self.packing or self.padding_free) and model is not None:
+            if "position_ids" not in forward_parameters(model):
+                raise ConfigError(
+                    f"{type(model).__name__}.forward takes no position_ids, so packed or padding-free batches "
+                    "cannot mark where sequences start; set data.packing=false and data.padding_free=false"
                 )
-        if len(out) == 0:
-            raise DataError(f"data.path={path}: the {split} split is empty after tokenization")
-        log.info("%s: %d examples (%s format)", split, len(out), fmt)
+            if getattr(getattr(model, "config", None), "use_cache", False):
+                log.warning(
+                    "packed/padding-free batches: transformers only separates sequences by position_ids when "
+                    "no KV cache is built; %s.config.use_cache is true, so the LightningModule must call the "
+                    "model with use_cache=False (HFLightningModule does) or sequences will attend to each other",
+                    type(model).__name__,
+                )
+
+    def _prepare(
+        self, ds: Any, fmt: str, split: str, path: Any, label2id: Any, keep: list[str], inputs: list[str], inputs_from: str
+    ) -> Any:
+        if is_stream(ds):
+            return ds  # tokenized on the fly by ShardedStream
+        if not isinstance(ds, datasets.Dataset):
+            view, lengths = scan_torch_dataset(ds, self._processor, split, path)
+            if not self.packing:
+                if split == "train":
+                    self._train_lengths = lengths
+                return view
+            # packing needs the token rows side by side: the only columns it keeps, as a datasets.Dataset
+            rows = [view[i] for i in range(len(view))]
+            out = datasets.Dataset.from_dict({
+                "input_ids": [list(r["input_ids"]) for r in rows],
+                "labels": [list(r.get("labels") or r["input_ids"]) for r in rows],
+            })
+        else:
+            out = tokenize_dataset(ds, fmt, self.tokenizer, self.max_length, split, path, label2id)
+            if self.remove_unused_columns:
+                out, dropped = prune_dataset(out, keep, inputs, split, inputs_from)
+                self.dropped_columns[split] = dropped
+        if self.packing:
+            out = pack_dataset(out, self.packing, self.max_length, self.tokenizer.eos_token_id, split)
         return out
+
+    def _pruning_collator(self, base: Any, ds: Any, keep: list[str], inputs: list[str], split: str, inputs_from: str) -> Any:
+        """Streams and torch datasets keep their columns, so pruning happens per example in the collator.
+
+        The first example is checked here, in the main process: the drop is logged once (not once per worker)
+        and a dataset without model inputs fails at setup rather than in the first batch.
+        """
+        if not self.remove_unused_columns or ds is None or isinstance(ds, datasets.Dataset):
+            return base
+        collator = PruneColumnsCollator(base, keep, inputs, split, inputs_from)
+        example = self._first_example(ds, split == "validation")
+        if example is not None:
+            collator.inspect(example)
+        self.dropped_columns[split] = collator.dropped
+        return collator
+
+    def _lengths(self, ds: Any) -> list[int]:
+        if self._train_lengths is not None:
+            return self._train_lengths
+        lengths = sequence_lengths(ds)
+        log.info("group_by_length: measured %d training lengths once (tokens of input_ids)", len(lengths))
+        return lengths
+
+    def _base_collator(self, fmt: str, model: Any) -> Any:
+        pad = self.tokenizer.pad_token_id
+        if fmt == "classification":
+            return ClassificationCollator(pad, self.pad_to_multiple_of)
+        if fmt == "seq2seq":
+            return Seq2SeqCollator(pad, model=model, pad_to_multiple_of=self.pad_to_multiple_of)
+        if self.padding_free:
+            return PaddingFreeCollator()
+        if self.packing:
+            return PackedCollator(pad, self.pad_to_multiple_of)
+        return PaddingCollator(pad, pad_to_multiple_of=self.pad_to_multiple_of)
+
+    def _first_example(self, ds: Any, holdout_keep: bool | None) -> Any:
+        if is_stream(ds):
+            stream = ShardedStream(ds, self._processor, holdout=self._holdout_spec(holdout_keep), split="validation")
+            return next(iter(stream), None)
+        return ds[0] if len(ds) else None
+
+    def _check_label_names(self) -> None:
+        trainer = getattr(self, "trainer", None)
+        module = getattr(trainer, "lightning_module", None) if trainer is not None else None
+        if module is None or not (getattr(module, "compute_metrics", None) or getattr(module, "metrics", None)):
+            return
+        if self.val_dataset is None:
+            return
+        example = self._first_example(self.val_dataset, True)
+        keys = set(self.eval_collator([example])) if example is not None else set()
+        if not any(name in keys for name in self.resolved_label_names):
+            raise ConfigError(
+                f"metrics are configured but no label key resolves: data.label_names={self.resolved_label_names} "
+                f"and an evaluation batch has the keys {sorted(keys)}. Set data.label_names to the key(s) holding "
+                "the labels, or remove the metrics"
+            )
 
     # ------------------------------------------------------------------------------------ dataloaders
     def _world(self) -> tuple[int, int]:
-        trainer = self.trainer
+        trainer = getattr(self, "trainer", None)
         if trainer is None:
             return 1, 0
         return trainer.world_size, trainer.global_rank
 
-    def _loader(self, ds: datasets.Dataset, batch_size: int, shuffle: bool, drop_last: bool) -> DataLoader:
+    def _accumulation(self) -> int:
+        trainer = getattr(self, "trainer", None)
+        return int(getattr(trainer, "accumulate_grad_batches", 1) or 1) if trainer is not None else 1
+
+    def _holdout_spec(self, keep: bool | None) -> tuple[float, bool] | None:
+        return (self._holdout, keep) if self._holdout and keep is not None else None
+
+    def _loader_kwargs(self) -> dict[str, Any]:
+        return {
+            "num_workers": self.num_workers,
+            "pin_memory": self.pin_memory,
+            "persistent_workers": self.persistent_workers,
+            "prefetch_factor": self.prefetch_factor,
+        }
+
+    def _stream_loader(self, source: Any, train: bool) -> EpochDataLoader:
         world, rank = self._world()
-        # One sampler for both cases: with world=1 it is a seeded random (or sequential) order; with
-        # world>1 every rank draws the same permutation (seed + epoch) and takes its own stride.
-        sampler = DistributedSampler(
-            ds, num_replicas=world, rank=rank, shuffle=shuffle, seed=self.seed, drop_last=drop_last
+        batch = self.per_device_train_batch_size if train else self.per_device_eval_batch_size
+        length_buffer = None
+        if train and self.group_by_length:
+            length_buffer = MEGA_BATCH_MULT * batch * self._accumulation()
+            log.info(
+                "group_by_length on a stream: sorting by length within buffers of %d examples per reader "
+                "(the whole stream cannot be sorted)", length_buffer,
+            )
+        holdout = self._holdout_spec(not train)
+        sized = hasattr(source, "__len__") and holdout is None
+        stream = ShardedStream(
+            source, self._processor, rank=rank, world_size=world, shuffle=train and self.shuffle, seed=self.seed,
+            buffer_size=self.shuffle_buffer_size, length_buffer=length_buffer, holdout=holdout,
+            length=len(source) if sized else None, top_up=train, split="train" if train else "validation",
         )
-        return DataLoader(
-            ds,
-            batch_size=batch_size,
-            sampler=sampler,
-            collate_fn=self.collator,
-            num_workers=self.num_workers,
-            pin_memory=self.pin_memory,
-            persistent_workers=self.persistent_workers,
-            prefetch_factor=self.prefetch_factor,
-            drop_last=drop_last,
+        trainer = getattr(self, "trainer", None)
+        if train and stream.length is None and trainer is not None and (trainer.max_steps is None or trainer.max_steps < 0):
+            raise ConfigError(
+                "the training data is a stream of unknown length, so an epoch has no known number of steps: "
+                "set trainer.max_steps"
+            )
+        epoch_fn = (lambda: trainer.fit_loop.epoch_progress.current.processed) if trainer is not None else None
+        return EpochDataLoader(
+            stream, seed=self.seed, rank=rank, epoch_fn=epoch_fn, batch_size=batch,
+            collate_fn=self.train_collator if train else self.eval_collator,
+            drop_last=self.drop_last if train else False, **self._loader_kwargs(),
+        )
+
+    def _map_loader(self, ds: Any, train: bool) -> EpochDataLoader:
+        world, rank = self._world()
+        batch = self.per_device_train_batch_size if train else self.per_device_eval_batch_size
+        lengths = None
+        if train and self.group_by_length:
+            lengths = self._lengths(ds)
+            self._train_lengths = lengths
+        sampler = ExactDistributedSampler(
+            ds, num_replicas=world, rank=rank, shuffle=train and self.shuffle, seed=self.seed,
+            drop_last=self.drop_last if train else False, lengths=lengths,
+            group_batch_size=batch * self._accumulation(), top_up=train,
+        )
+        return EpochDataLoader(
+            TopUpDataset(ds) if sampler.needs_top_up else ds, seed=self.seed, rank=rank, sampler=sampler,
+            batch_size=batch, collate_fn=self.train_collator if train else self.eval_collator,
+            drop_last=self.drop_last if train else False, **self._loader_kwargs(),
         )
 
     def train_dataloader(self) -> Any:
         if self.train_dataset is None:
             self.setup("fit")
-        loader = self._loader(self.train_dataset, self.per_device_train_batch_size, self.shuffle, self.drop_last)
-        trainer = self.trainer
+        ds = self.train_dataset
+        loader = self._stream_loader(ds, True) if is_stream(ds) else self._map_loader(ds, True)
+        trainer = getattr(self, "trainer", None)
         module = trainer.lightning_module if trainer is not None else None
         count = getattr(module, "count_loss_items", None)
         if count is None:
             return loader
         return AccumulationWindowLoader(
-            loader, trainer.accumulate_grad_batches, count, max_batches=lambda: trainer.num_training_batches
+            loader,
+            trainer.accumulate_grad_batches,
+            count,
+            max_batches=lambda: trainer.num_training_batches,
+            progress=lambda: (trainer.current_epoch, trainer.fit_loop.epoch_loop.batch_progress.current.processed),
         )
 
     def val_dataloader(self) -> Any:
@@ -231,22 +456,9 @@ class HFDataModule(L.LightningDataModule):
             self.setup("validate")
         if self.val_dataset is None:
             return []
-        return self._eval_loader(self.val_dataset)
+        ds = self.val_dataset
+        return self._stream_loader(ds, False) if is_stream(ds) else self._map_loader(ds, False)
 
     def predict_dataloader(self) -> Any:
-        """The validation set in dataset order (length grouping and shuffling are train-only)."""
+        """The validation data in dataset order (each rank its share, no padding)."""
         return self.val_dataloader()
-
-    def _eval_loader(self, ds: Any) -> DataLoader:
-        world, rank = self._world()
-        # unpadded strided shards: no example evaluated twice (DistributedSampler repeats the tail)
-        return DataLoader(
-            ds,
-            batch_size=self.per_device_eval_batch_size,
-            sampler=EvalShardSampler(len(ds), world, rank),
-            collate_fn=self.collator,
-            num_workers=self.num_workers,
-            pin_memory=self.pin_memory,
-            persistent_workers=self.persistent_workers,
-            prefetch_factor=self.prefetch_factor,
-        )

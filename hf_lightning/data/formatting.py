@@ -1,154 +1,219 @@
 """Formats: detect what a dataset holds and tokenize it into ``input_ids`` / ``attention_mask`` / ``labels``.
 
-Detection reads the schema (column names), never the first row. Formats:
+Detection reads the schema (column names), never the first row; the first matching rule wins:
 
-- ``text``: causal LM on a ``text`` column; each row is tokenized exactly as
-  ``tokenizer(text, truncation=True, max_length=max_length)``; every token is a target.
-- ``tokenized``: rows that already hold ``input_ids`` (and optionally ``attention_mask``, ``labels``), used
-  as they are apart from truncation to ``max_length``.
-- ``messages``: chat (a list of ``{"role", "content"}``) rendered with the tokenizer's chat template;
-  only assistant replies and their end-of-turn tokens are targets (assistant-only loss).
+============================  ====================  =========================================================
+columns                       format                targets
+============================  ====================  =========================================================
+``input_ids``                 ``tokenized``         given ``labels``, else every token
+``messages``                  ``messages``          assistant replies (chat template)
+``conversations``             ``conversations``     assistant replies of ShareGPT ``{from, value}`` turns
+``prompt`` + ``completion``   ``prompt_completion`` the completion (and the EOS appended to it)
+``source`` + ``target``       ``seq2seq``           the target, tokenized as ``text_target``
+``text`` + ``label``          ``classification``    the class (``label`` kept; names kept when strings)
+``text``                      ``text``              every token (``tokenizer(text, truncation=True)``)
+============================  ====================  =========================================================
+
+Every function here has the ``datasets.map(batched=True)`` shape: a dict of columns in, a dict of columns
+out, plus a boolean ``truncated`` column that the caller counts and removes. Columns a format does not read
+are left untouched (column pruning decides what reaches the model).
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from hf_lightning.data.chat import chat_labels, tokenize_chat, tokenize_sharegpt
 from hf_lightning.errors import DataError
 from hf_lightning.module.loss import IGNORE_INDEX
 
-GENERATION_BLOCK = re.compile(r"\{%-?\s*generation\s*-?%\}")
-FORMATS = ("text", "messages", "tokenized")
-ROLES = ("system", "user", "assistant")
+__all__ = ["FORMATS", "SOURCE_COLUMNS", "TOKENIZERS", "chat_labels", "detect_format", "tokenize_chat"]
 
 
-def detect_format(columns: Sequence[str], path: Any = None) -> str:
-    """Return ``"tokenized"``, ``"messages"`` or ``"text"`` from the column names (in that order).
+def _strings(batch: Mapping[str, list], field: str) -> list[str]:
+    values = batch[field]
+    for v in values:
+        if not isinstance(v, str):
+            raise DataError(f"field {field!r} must be a string, got {type(v).__name__} ({v!r:.60})")
+    return list(values)
 
-    Raises:
-        DataError: no known field; the message lists the columns found and the fields expected.
+
+def _encode_counted(tokenizer: Any, texts: list[str], max_length: int, **kwargs: Any) -> tuple[dict, list[bool]]:
+    """``tokenizer(texts, truncation=True, max_length=max_length)`` plus which rows were truncated.
+
+    One untruncated pass counts truncations; only the rows that overflow are encoded again with truncation,
+    so each row equals ``tokenizer(text, truncation=True, max_length=max_length)`` exactly (special tokens
+    a post-processor appends survive truncation; plain slicing would cut them).
     """
-    cols = set(columns)
-    if "input_ids" in cols:
-        return "tokenized"
-    if "messages" in cols:
-        return "messages"
-    if "text" in cols:
-        return "text"
-    raise DataError(
-        f"data.path={path}: cannot tell the data format from the columns {sorted(cols)}; expected a "
-        "'messages' column (chat: list of {role, content}) or a 'text' column (plain causal LM), "
-        "or set data.format explicitly"
-    )
+    enc = {k: list(v) for k, v in tokenizer(texts, **kwargs).items()}
+    truncated = [len(x) > max_length for x in enc["input_ids"]]
+    long_rows = [i for i, t in enumerate(truncated) if t]
+    if long_rows:
+        cut = tokenizer([texts[i] for i in long_rows], truncation=True, max_length=max_length, **kwargs)
+        for key in enc:
+            for j, i in enumerate(long_rows):
+                enc[key][i] = cut[key][j]
+    return enc, truncated
 
 
 def tokenize_text(batch: dict[str, list], tokenizer: Any, max_length: int) -> dict[str, list]:
-    """``datasets.map(batched=True)`` function for the ``text`` format."""
-    texts = batch["text"]
-    for t in texts:
-        if not isinstance(t, str):
-            raise DataError(f"field 'text' must be a string, got {type(t).__name__} ({t!r:.60})")
-    # One untruncated pass counts truncations; only the rows that overflow are encoded again with
-    # truncation, so each row equals tokenizer(text, truncation=True, max_length=max_length) exactly
-    # (special tokens a post-processor appends survive truncation, plain slicing would cut them).
-    enc = tokenizer(texts)
-    ids, mask = list(enc["input_ids"]), list(enc["attention_mask"])
-    truncated = [len(x) > max_length for x in ids]
-    long_rows = [i for i, t in enumerate(truncated) if t]
-    if long_rows:
-        cut = tokenizer([texts[i] for i in long_rows], truncation=True, max_length=max_length)
-        for j, i in enumerate(long_rows):
-            ids[i], mask[i] = cut["input_ids"][j], cut["attention_mask"][j]
-    return {"input_ids": ids, "attention_mask": mask, "truncated": truncated}
+    """``text``: causal LM on every token, each row exactly ``tokenizer(text, truncation=True, max_length=...)``."""
+    enc, truncated = _encode_counted(tokenizer, _strings(batch, "text"), max_length)
+    return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"], "truncated": truncated}
 
 
-def _check_messages(messages: Any) -> None:
-    if not isinstance(messages, list) or not messages:
-        raise DataError(f"field 'messages' must be a non-empty list of {{role, content}}, got {messages!r:.80}")
-    for m in messages:
-        if not isinstance(m, dict) or "role" not in m or "content" not in m:
-            raise DataError(f"each message needs 'role' and 'content', got {m!r:.80}")
-        if m["role"] not in ROLES:
-            raise DataError(f"unknown message role {m['role']!r}; expected one of {ROLES}")
-        if not isinstance(m["content"], str):
-            raise DataError(f"message 'content' must be a string, got {type(m['content']).__name__}")
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
-def chat_labels(messages: list[dict[str, str]], tokenizer: Any) -> tuple[list[int], list[int]]:
-    """Token ids of a rendered conversation and its labels (assistant tokens kept, the rest ``-100``).
+def tokenize_prompt_completion(batch: dict[str, list], tokenizer: Any, max_length: int) -> dict[str, list]:
+    """``prompt`` + ``completion``: completion-only loss (TRL's ``completion_only_loss``).
 
-    With a template that marks replies with ``{% generation %}``, HF's
-    ``apply_chat_template(return_assistant_tokens_mask=True)`` gives the mask. Otherwise each assistant
-    turn's tokens are found by rendering the prefix before it (with the generation prompt) and the
-    conversation up to and including it; the turn's tokens up to its last EOS token are the targets
-    (formatting the template writes after the end-of-turn token is never generated). This requires the
-    prefix tokens to be a prefix of the longer rendering, which is checked.
+    The row is ``tokenizer(prompt + completion)`` with the EOS token appended when the tokenizer did not end
+    it with one (so the model learns to stop, as TRL appends ``eos_token``). Labels are ``-100`` over the
+    prompt's tokens: the longest common prefix of ``tokenizer(prompt)`` and the row (a token that merges
+    across the boundary counts as completion). Truncation keeps the first ``max_length`` tokens.
+
+    Example (word-level vocab, no special tokens, eos = 2): prompt ``"a b"`` -> ``[5, 6]``, completion
+    ``" c"`` -> ``[7]`` gives ``input_ids [5, 6, 7, 2]``, ``labels [-100, -100, 7, 2]``.
+    """
+    prompts, completions = _strings(batch, "prompt"), _strings(batch, "completion")
+    eos = getattr(tokenizer, "eos_token_id", None)
+    full = tokenizer([p + c for p, c in zip(prompts, completions)])["input_ids"]
+    heads = tokenizer(prompts)["input_ids"]
+    out: dict[str, list] = {"input_ids": [], "attention_mask": [], "labels": [], "truncated": []}
+    for ids, head in zip(full, heads):
+        ids = list(ids)
+        if eos is not None and (not ids or ids[-1] != eos):
+            ids.append(eos)
+        n_prompt = _common_prefix(head, ids)
+        labels = [IGNORE_INDEX] * n_prompt + ids[n_prompt:]
+        out["truncated"].append(len(ids) > max_length)
+        out["input_ids"].append(ids[:max_length])
+        out["attention_mask"].append([1] * min(len(ids), max_length))
+        out["labels"].append(labels[:max_length])
+    return out
+
+
+def tokenize_classification(
+    batch: dict[str, list], tokenizer: Any, max_length: int, label2id: Mapping[str, int] | None = None
+) -> dict[str, list]:
+    """``text`` + ``label``: sequence classification; ``label`` stays a column (the collator renames it).
+
+    Every tokenizer output (``input_ids``, ``attention_mask``, ``token_type_ids`` ...) is kept, truncated as in
+    :func:`tokenize_text`. String labels are mapped through ``label2id``; integer and float labels are kept.
 
     Raises:
-        DataError: the tokenizer has no chat template, or the template cannot be split by turn.
+        DataError: a string label missing from ``label2id`` (named), or a label that is neither.
     """
-    if not getattr(tokenizer, "chat_template", None):
-        raise DataError(
-            "chat data ('messages') needs a tokenizer with a chat template; this tokenizer has none. "
-            "Set tokenizer.chat_template (e.g. ChatML) and save it into the model folder."
-        )
-    if GENERATION_BLOCK.search(tokenizer.chat_template):
-        out = tokenizer.apply_chat_template(
-            messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
-        )
-        ids = list(out["input_ids"])
-        return ids, [t if m else IGNORE_INDEX for t, m in zip(ids, out["assistant_masks"])]
-
-    def render(msgs, gen):
-        out = tokenizer.apply_chat_template(msgs, tokenize=True, add_generation_prompt=gen, return_dict=True)
-        return list(out["input_ids"])
-
-    ids = render(messages, False)
-    labels = [IGNORE_INDEX] * len(ids)
-    for i, m in enumerate(messages):
-        if m["role"] != "assistant":
-            continue
-        start = render(messages[:i], True) if i else []
-        upto = render(messages[: i + 1], False)
-        if ids[: len(upto)] != upto or upto[: len(start)] != start:
-            raise DataError(
-                "the chat template renders a conversation differently from its prefixes, so assistant "
-                "turns cannot be located; add {% generation %} markers around assistant replies"
-            )
-        span = upto[len(start) :]
-        eos = getattr(tokenizer, "eos_token_id", None)
-        if eos in span:
-            # what a template writes after the end-of-turn token (a newline) is never generated: not a target
-            span = span[: len(span) - span[::-1].index(eos)]
-        labels[len(start) : len(start) + len(span)] = span
-    return ids, labels
+    enc, truncated = _encode_counted(tokenizer, _strings(batch, "text"), max_length)
+    labels = []
+    for value in batch["label"]:
+        if isinstance(value, str):
+            if label2id is None or value not in label2id:
+                known = sorted(label2id) if label2id else []
+                raise DataError(f"label {value!r} is not one of the training labels {known[:20]}")
+            value = label2id[value]
+        elif not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise DataError(f"field 'label' must be a class name, an int or a float, got {value!r:.60}")
+        labels.append(value)
+    return {**enc, "label": labels, "truncated": truncated}
 
 
-def tokenize_chat(batch: dict[str, list], tokenizer: Any, max_length: int) -> dict[str, list]:
-    """``datasets.map(batched=True)`` function for the ``messages`` format (assistant-only labels)."""
-    out: dict[str, list] = {"input_ids": [], "attention_mask": [], "labels": [], "truncated": []}
-    for messages in batch["messages"]:
-        _check_messages(messages)
-        ids, labels = chat_labels(messages, tokenizer)
-        out["truncated"].append(len(ids) > max_length)
-        ids, labels = ids[:max_length], labels[:max_length]
-        out["input_ids"].append(ids)
-        out["attention_mask"].append([1] * len(ids))
-        out["labels"].append(labels)
-    return out
+def tokenize_seq2seq(batch: dict[str, list], tokenizer: Any, max_length: int) -> dict[str, list]:
+    """``source`` + ``target``: encoder input ``tokenizer(source)``, ``labels = tokenizer(text_target=target)``.
+
+    Both sides are truncated to ``max_length``; a row counts as truncated when either side was.
+    """
+    enc, cut_src = _encode_counted(tokenizer, _strings(batch, "source"), max_length)
+    targets = _strings(batch, "target")
+    tgt = [list(x) for x in tokenizer(text_target=targets)["input_ids"]]
+    cut_tgt = [len(x) > max_length for x in tgt]
+    long_rows = [i for i, t in enumerate(cut_tgt) if t]
+    if long_rows:
+        cut = tokenizer(text_target=[targets[i] for i in long_rows], truncation=True, max_length=max_length)
+        for j, i in enumerate(long_rows):
+            tgt[i] = list(cut["input_ids"][j])
+    return {
+        "input_ids": enc["input_ids"],
+        "attention_mask": enc["attention_mask"],
+        "labels": tgt,
+        "truncated": [a or b for a, b in zip(cut_src, cut_tgt)],
+    }
+
+
+def _flat(x: Any) -> list:
+    """A token row as a flat list: ``(n,)`` stays, ``(1, n)`` (a ``return_tensors`` leftover) becomes ``(n,)``."""
+    if hasattr(x, "tolist"):
+        x = x.tolist()
+    x = list(x)
+    while len(x) == 1 and isinstance(x[0], (list, tuple)):
+        x = list(x[0])
+    return x
 
 
 def truncate_tokenized(batch: dict[str, list], tokenizer: Any, max_length: int) -> dict[str, list]:
-    """``datasets.map(batched=True)`` function for pre-tokenized rows: truncate and count."""
-    out: dict[str, list] = {"truncated": [len(x) > max_length for x in batch["input_ids"]]}
-    for key in ("input_ids", "attention_mask", "labels"):
+    """``tokenized``: rows that already hold ``input_ids`` (optional ``attention_mask``/``labels``): truncate."""
+    ids = [_flat(x) for x in batch["input_ids"]]
+    out: dict[str, list] = {"input_ids": [x[:max_length] for x in ids], "truncated": [len(x) > max_length for x in ids]}
+    for key in ("attention_mask", "labels", "position_ids"):
         if key in batch:
-            out[key] = [list(x)[:max_length] for x in batch[key]]
+            out[key] = [_flat(x)[:max_length] for x in batch[key]]
     return out
 
 
-TOKENIZERS = {"text": tokenize_text, "messages": tokenize_chat, "tokenized": truncate_tokenized}
-# the column each format reads (the rest of a row is not used by the format)
-SOURCE_COLUMNS = {"text": ("text",), "messages": ("messages",), "tokenized": ("input_ids", "attention_mask", "labels")}
+TOKENIZERS = {
+    "text": tokenize_text,
+    "prompt_completion": tokenize_prompt_completion,
+    "messages": tokenize_chat,
+    "conversations": tokenize_sharegpt,
+    "classification": tokenize_classification,
+    "seq2seq": tokenize_seq2seq,
+    "tokenized": truncate_tokenized,
+}
+FORMATS = tuple(TOKENIZERS)
+# the columns each format reads; the first ones are required
+SOURCE_COLUMNS = {
+    "text": ("text",),
+    "prompt_completion": ("prompt", "completion"),
+    "messages": ("messages",),
+    "conversations": ("conversations",),
+    "classification": ("text", "label"),
+    "seq2seq": ("source", "target"),
+    "tokenized": ("input_ids",),
+}
+# formats whose labels are shifted by the model (the first label position is never a target)
+CAUSAL_FORMATS = ("text", "prompt_completion", "messages", "conversations", "tokenized")
+# detection order: the first format whose required columns are all present
+DETECTION_ORDER = ("tokenized", "messages", "conversations", "prompt_completion", "seq2seq", "classification", "text")
+
+
+def detect_format(columns: Sequence[str], path: Any = None) -> str:
+    """The format of a dataset with these column names (see the module table).
+
+    Raises:
+        DataError: no known layout; the message lists the columns found and the layouts expected.
+    """
+    cols = set(columns)
+    for fmt in DETECTION_ORDER:
+        if all(c in cols for c in SOURCE_COLUMNS[fmt]):
+            return fmt
+    layouts = ", ".join(f"{fmt}: {'+'.join(SOURCE_COLUMNS[fmt])}" for fmt in DETECTION_ORDER)
+    raise DataError(
+        f"data.path={path}: cannot tell the data format from the columns {sorted(cols)}; expected one of "
+        f"({layouts}), or set data.format explicitly"
+    )
+
+
+def check_columns(columns: Sequence[str], fmt: str, path: Any, split: str) -> None:
+    """Raise :class:`DataError` naming the missing field when ``columns`` cannot feed format ``fmt``."""
+    missing = [c for c in SOURCE_COLUMNS[fmt] if c not in columns]
+    if missing:
+        what = f"a {missing[0]!r} field" if len(missing) == 1 else "the fields " + ", ".join(repr(c) for c in missing)
+        raise DataError(f"data.path={path}: format {fmt!r} needs {what}; the {split} split has {list(columns)}")

@@ -1,7 +1,9 @@
-"""Load a data source into ``datasets`` objects, with errors that name the path.
+"""Load a data source, with errors that name the path.
 
-Sources: a json/jsonl/csv/parquet file, a folder written by ``save_to_disk``, an in-memory
-``datasets.Dataset`` / ``DatasetDict``, or ``None`` for the embedded chatterbot-corpus default.
+Sources: a json/jsonl/csv/parquet file, a folder written by ``save_to_disk`` (read as a stream with
+``streaming=True``), an in-memory ``datasets.Dataset`` / ``DatasetDict`` / ``IterableDataset`` /
+``IterableDatasetDict``, a plain torch ``Dataset`` or ``IterableDataset`` of example mappings, or ``None`` for
+the embedded chatterbot-corpus default.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import datasets
+import torch
 
 from hf_lightning.errors import DataError
 
@@ -21,7 +24,7 @@ BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parqu
 VALIDATION_SPLITS = ("validation", "valid", "val", "test")
 
 
-def _load_file(path: str) -> datasets.Dataset:
+def _load_file(path: str, streaming: bool = False) -> datasets.Dataset | datasets.IterableDataset:
     p = Path(path)
     builder = BUILDERS.get(p.suffix.lower())
     if builder is None:
@@ -32,7 +35,7 @@ def _load_file(path: str) -> datasets.Dataset:
     if not os.access(p, os.R_OK):
         raise DataError(f"data.path={path}: the file exists but cannot be read (permissions)")
     try:
-        return datasets.load_dataset(builder, data_files=str(p), split="train")
+        return datasets.load_dataset(builder, data_files=str(p), split="train", streaming=streaming)
     except Exception as err:  # datasets wraps parser errors in several types; name the file in all of them
         raise DataError(f"data.path={path}: could not be read as {builder}: {err}") from err
 
@@ -47,50 +50,88 @@ def _load_folder(path: str) -> datasets.Dataset | datasets.DatasetDict:
         ) from err
 
 
-def load_source(source: Any) -> datasets.Dataset | datasets.DatasetDict:
+IN_MEMORY = (
+    datasets.Dataset, datasets.DatasetDict, datasets.IterableDataset, datasets.IterableDatasetDict,
+    torch.utils.data.Dataset,
+)
+
+
+def _as_stream(loaded: Any) -> Any:
+    if isinstance(loaded, datasets.Dataset):
+        return loaded.to_iterable_dataset()
+    if isinstance(loaded, datasets.DatasetDict):
+        return datasets.IterableDatasetDict({k: v.to_iterable_dataset() for k, v in loaded.items()})
+    return loaded
+
+
+def load_source(source: Any, streaming: bool = False) -> Any:
     """Load one source.
 
     Args:
-        source: a path (file or ``save_to_disk`` folder) or a ``datasets.Dataset`` / ``DatasetDict``.
+        source: a path (file or ``save_to_disk`` folder) or an in-memory dataset (returned as it is).
+        streaming: read a file lazily (``load_dataset(..., streaming=True)``) or a ``save_to_disk`` folder
+            as ``Dataset.to_iterable_dataset()``; the result is a ``datasets.IterableDataset``.
 
     Raises:
         DataError: the path does not exist, cannot be read, or has an unsupported type.
     """
-    if isinstance(source, (datasets.Dataset, datasets.DatasetDict)):
+    if isinstance(source, IN_MEMORY):
         return source
-    path = os.fspath(source)
+    try:
+        path = os.fspath(source)
+    except TypeError as err:
+        raise DataError(
+            f"data.path: unsupported source of type {type(source).__name__}; expected a file or folder path, "
+            "a datasets.Dataset/IterableDataset (or a dict of them) or a torch Dataset/IterableDataset"
+        ) from err
     if not os.path.exists(path):
         raise DataError(f"data.path={path}: no such file or folder")
     if os.path.isdir(path):
-        return _load_folder(path)
-    return _load_file(path)
+        loaded = _load_folder(path)
+        return _as_stream(loaded) if streaming else loaded
+    return _load_file(path, streaming=streaming)
 
 
-def split_train_validation(
-    loaded: datasets.Dataset | datasets.DatasetDict, validation_split: float, seed: int, path: Any
-) -> tuple[datasets.Dataset, datasets.Dataset | None]:
-    """Pick or make the train and validation splits.
+def is_stream(ds: Any) -> bool:
+    """Whether ``ds`` is read by iteration only (``datasets.IterableDataset`` or torch ``IterableDataset``)."""
+    return isinstance(ds, (datasets.IterableDataset, torch.utils.data.IterableDataset))
 
-    A ``DatasetDict`` uses its ``train`` split and its first split named validation/valid/val/test. A single
-    ``Dataset`` holds out ``validation_split`` of its rows (``Dataset.train_test_split`` with ``seed``:
-    deterministic); ``validation_split=0`` means no validation.
+
+def split_train_validation(loaded: Any, validation_split: float, seed: int, path: Any) -> tuple[Any, Any, float | None]:
+    """Pick or make the train and validation splits: ``(train, validation or None, stream hold-out or None)``.
+
+    A ``DatasetDict`` / ``IterableDatasetDict`` uses its ``train`` split and its first split named
+    validation/valid/val/test. Otherwise ``validation_split`` of the rows is held out (``0`` means no
+    validation): a ``datasets.Dataset`` with ``Dataset.train_test_split(seed=seed)``, a torch map-style dataset
+    with a permutation seeded by ``seed``, and a stream by a stable hash of each row's content (the third
+    value is then the fraction, and train and validation are the same stream read with opposite filters).
 
     Raises:
         DataError: no ``train`` split, or an empty dataset.
     """
-    if isinstance(loaded, datasets.DatasetDict):
+    if isinstance(loaded, (datasets.DatasetDict, datasets.IterableDatasetDict)):
         if "train" not in loaded:
             raise DataError(f"data.path={path}: no 'train' split (splits: {list(loaded)})")
         val = next((loaded[s] for s in VALIDATION_SPLITS if s in loaded), None)
         train = loaded["train"]
     else:
         train, val = loaded, None
+    if is_stream(train):
+        if val is None and validation_split > 0:
+            log.info("stream: holding out about %.1f%% of the rows for validation (by content hash)", 100 * validation_split)
+            return train, train, validation_split
+        return train, val, None
     if len(train) == 0:
         raise DataError(f"data.path={path}: the dataset is empty")
     if val is None and validation_split > 0:
         if len(train) < 2:
             raise DataError(f"data.path={path}: {len(train)} row, too few to hold out a validation split")
-        parts = train.train_test_split(test_size=validation_split, seed=seed, shuffle=True)
-        train, val = parts["train"], parts["test"]
+        if isinstance(train, datasets.Dataset):
+            parts = train.train_test_split(test_size=validation_split, seed=seed, shuffle=True)
+            train, val = parts["train"], parts["test"]
+        else:
+            perm = torch.randperm(len(train), generator=torch.Generator().manual_seed(seed)).tolist()
+            n_val = max(1, round(validation_split * len(train)))
+            train, val = torch.utils.data.Subset(train, perm[n_val:]), torch.utils.data.Subset(train, perm[:n_val])
         log.info("held out %d of %d rows for validation (seed %d)", len(val), len(train) + len(val), seed)
-    return train, val
+    return train, val, None

@@ -34,6 +34,9 @@ class AccumulationWindowLoader:
             training loop will consume (``trainer.num_training_batches``); windows are cut there so that
             ``limit_train_batches`` cannot leak unseen batches into the count.
 
+        progress: optional ``() -> (epoch, batches consumed in that epoch)``, read when a checkpoint is saved
+            (Lightning calls :meth:`state_dict`); on resume the epoch continues after those batches.
+
     Each yielded batch is a shallow copy of the original mapping with one extra key,
     ``num_items_in_batch``: a Python ``int``, the count summed over the micro-batches of its window on
     this process (the model module sums it across ranks).
@@ -49,6 +52,7 @@ class AccumulationWindowLoader:
         accumulate_grad_batches: int,
         count_fn: Callable[[Mapping[str, Any]], int],
         max_batches: Callable[[], int | float] | None = None,
+        progress: Callable[[], tuple[int, int]] | None = None,
     ) -> None:
         if accumulate_grad_batches < 1:
             raise ValueError(f"accumulate_grad_batches must be >= 1, got {accumulate_grad_batches}")
@@ -56,6 +60,8 @@ class AccumulationWindowLoader:
         self.accumulate_grad_batches = accumulate_grad_batches
         self.count_fn = count_fn
         self.max_batches = max_batches
+        self.progress = progress
+        self._resume: dict[str, int] | None = None
 
     # Lightning calls ``set_epoch`` on ``.sampler``/``.batch_sampler`` and reads ``.dataset``.
     @property
@@ -73,12 +79,51 @@ class AccumulationWindowLoader:
     def __len__(self) -> int:
         return len(self.loader)  # type: ignore[arg-type]
 
+    # Lightning saves and restores the state of a train loader that has both methods (``_Stateful``)
+    def state_dict(self) -> dict[str, int]:
+        if self.progress is None:
+            return {}
+        epoch, consumed = self.progress()
+        return {"epoch": int(epoch), "batches_consumed": int(consumed)}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self._resume = dict(state) if state else None
+
+    def _epoch(self) -> int | None:
+        current = getattr(self.loader, "current_epoch", None)
+        if callable(current):
+            return int(current())
+        epoch = getattr(self.sampler, "epoch", None)
+        return None if epoch is None else int(epoch)
+
+    def _start(self) -> int:
+        """Batches of this epoch already consumed before a resume (0 on a fresh epoch)."""
+        resume, self._resume = self._resume, None
+        if not resume or resume.get("epoch") != self._epoch():
+            return 0
+        return int(resume.get("batches_consumed", 0))
+
     def __iter__(self) -> Iterator[dict[str, Any]]:
+        # a generator: the body runs at the first next(), after Lightning has called set_epoch
+        start = self._start()
         limit = self.max_batches() if self.max_batches is not None else float("inf")
-        iterator = iter(self.loader)
-        remaining = limit
+        if start:
+            iter_from = getattr(self.loader, "iter_from", None)
+            if iter_from is not None:
+                iterator = iter_from(start)
+            else:
+                iterator = iter(self.loader)
+                for _ in range(start):
+                    next(iterator, None)
+        else:
+            iterator = iter(self.loader)
+        remaining = limit - start
+        # after a resume inside a window (a checkpoint not taken at a step boundary) the first window is the
+        # rest of the interrupted one; its count then misses the micro-batches consumed before the stop
+        first = self.accumulate_grad_batches - start % self.accumulate_grad_batches
         while remaining > 0:
-            size = int(min(self.accumulate_grad_batches, remaining))
+            size = int(min(first, remaining))
+            first = self.accumulate_grad_batches
             window = list(itertools.islice(iterator, size))
             if not window:
                 return

@@ -108,8 +108,9 @@ class PredictionCollector:
     def gather(self, world_size: int, all_gather_object: Callable[[Any], list] | None = None):
         """Arrays over the whole set, in dataset order.
 
-        With ``world_size > 1`` every rank holds the strided shard ``rank, rank + W, ...`` (see
-        :class:`~hf_lightning.data.eval_sampler.EvalShardSampler`); rows are put back in dataset order.
+        With ``world_size > 1`` every rank holds the strided shard ``rank, rank + W, ...`` (the evaluation
+        order of :class:`~hf_lightning.data.samplers.ExactDistributedSampler`); rows are put back in dataset
+        order.
         """
         preds, labels = self.local_arrays()
         if world_size == 1:

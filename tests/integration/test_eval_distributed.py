@@ -14,7 +14,7 @@ SCRIPT = r"""
 import json, sys
 import datasets, lightning as L, numpy as np
 from hf_lightning import HFDataModule, HFLightningModule
-from tests.helpers import PadOnly
+from tests.data_support import PadOnly
 from tests.unit.test_evaluation import ROWS
 from tests.unit.test_loss_exactness import TableLM
 

@@ -14,7 +14,7 @@ SCRIPT = r"""
 import json, resource, sys
 import datasets, lightning as L, torch
 from hf_lightning import HFDataModule, HFLightningModule
-from tests.helpers import PadOnly, tiny_llama
+from tests.data_support import PadOnly, tiny_llama
 n, keep = int(sys.argv[1]), sys.argv[2] == "keep"
 torch.manual_seed(0)
 rows = [{"input_ids": x, "labels": x} for x in torch.randint(1, 8000, (n, 64)).tolist()]

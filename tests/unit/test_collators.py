@@ -45,3 +45,114 @@ def test_matches_hf_collator_when_pad_differs_from_eos():
 def test_mismatched_labels_are_refused_with_the_example_index():
     with pytest.raises(ValueError, match="example 1: 'labels' has 1 positions but 'input_ids' has 2"):
         PaddingCollator(0)([{"input_ids": [1]}, {"input_ids": [1, 2], "labels": [1]}])
+
+
+# ------------------------------------------------------------------------------------------ padding-free
+def test_padding_free_flattens_with_restarting_positions_and_masked_starts():
+    from hf_lightning.data.flattening import PaddingFreeCollator, sequence_boundaries
+    from hf_lightning.module.loss import count_loss_items
+
+    examples = [{"input_ids": [10, 11, 12, 13]}, {"input_ids": [20, 21, 22]}, {"input_ids": [30, 31]}]
+    batch = PaddingFreeCollator()(examples)
+    assert batch["input_ids"].tolist() == [[10, 11, 12, 13, 20, 21, 22, 30, 31]]
+    assert batch["position_ids"].tolist() == [[0, 1, 2, 3, 0, 1, 2, 0, 1]]
+    assert batch["labels"].tolist() == [[-100, 11, 12, 13, -100, 21, 22, -100, 31]]
+    assert "attention_mask" not in batch  # transformers detects packed sequences only without a mask
+    assert sequence_boundaries(batch["position_ids"]).tolist() == [0, 4, 7, 9]
+    assert count_loss_items(batch) == 6
+    flash = PaddingFreeCollator(return_flash_attn_kwargs=True)(examples)
+    assert flash["cu_seq_lens_q"].tolist() == [0, 4, 7, 9] and flash["cu_seq_lens_q"].dtype == torch.int32
+    assert flash["max_length_q"] == 4
+
+
+def test_padding_free_matches_hf_data_collator_with_flattening():
+    from transformers import DataCollatorWithFlattening
+
+    from hf_lightning.data.flattening import PaddingFreeCollator
+
+    examples = [
+        {"input_ids": [5, 6, 7], "labels": [-100, 6, 7]},
+        {"input_ids": [8, 9], "labels": [8, 9]},
+        {"input_ids": [3, 4, 5, 6], "labels": [-100, -100, 5, -100]},
+    ]
+    ours = PaddingFreeCollator(return_flash_attn_kwargs=True)(examples)
+    hf = DataCollatorWithFlattening(return_flash_attn_kwargs=True)(examples)
+    for key in ("input_ids", "labels", "position_ids", "cu_seq_lens_q", "cu_seq_lens_k"):
+        assert torch.equal(ours[key], hf[key]), key
+    assert ours["max_length_q"] == hf["max_length_q"]
+
+
+def test_padding_free_refuses_padded_rows_and_announces_extra_keys_once(caplog):
+    import logging
+
+    from hf_lightning.data.flattening import PaddingFreeCollator
+
+    collate = PaddingFreeCollator()
+    with pytest.raises(ValueError, match="example 0: attention_mask has zeros"):
+        collate([{"input_ids": [1, 2], "attention_mask": [1, 0]}])
+    with caplog.at_level(logging.WARNING):
+        collate([{"input_ids": [1, 2], "token_type_ids": [0, 0]}])
+        collate([{"input_ids": [1, 2], "token_type_ids": [0, 0]}])
+    assert caplog.text.count("leaves key 'token_type_ids' out") == 1
+
+
+def test_padding_collator_announces_uncarried_keys_once_and_stacks_numbers(caplog):
+    import logging
+
+    collate = PaddingCollator(0)
+    with caplog.at_level(logging.WARNING):
+        for _ in range(2):
+            batch = collate([{"input_ids": [1], "text": "x", "id": 7}, {"input_ids": [2, 3], "text": "y", "id": 8}])
+    assert "text" not in batch and batch["id"].tolist() == [7, 8]
+    assert caplog.text.count("cannot batch key 'text'") == 1
+
+
+# -------------------------------------------------------------------------------- classification, seq2seq
+def test_classification_collator_matches_hf_data_collator_with_padding():
+    from transformers import DataCollatorWithPadding
+
+    from hf_lightning.data.collators import ClassificationCollator
+    from tests.data_support import make_word_tokenizer
+
+    tok = make_word_tokenizer()
+    examples = [
+        {"input_ids": [4, 5, 6], "attention_mask": [1, 1, 1], "label": 2},
+        {"input_ids": [7], "attention_mask": [1], "label": 0},
+    ]
+    ours = ClassificationCollator(tok.pad_token_id, pad_to_multiple_of=4)(examples)
+    hf = DataCollatorWithPadding(tok, pad_to_multiple_of=4)(examples)
+    assert set(ours) == set(hf) == {"input_ids", "attention_mask", "labels"}
+    for key in ours:
+        assert torch.equal(ours[key], hf[key]), key
+    assert ours["labels"].tolist() == [2, 0] and ours["labels"].dtype == torch.long
+    assert ours["input_ids"].tolist() == [[4, 5, 6, 0], [7, 0, 0, 0]]
+    regression = ClassificationCollator(0)([{"input_ids": [4], "label": 0.5}, {"input_ids": [5], "label": 1.5}])
+    assert regression["labels"].dtype == torch.float32
+
+
+def test_seq2seq_collator_matches_hf_with_decoder_inputs_from_a_real_t5():
+    from transformers import DataCollatorForSeq2Seq, T5Config, T5ForConditionalGeneration
+
+    from hf_lightning.data.collators import Seq2SeqCollator
+    from tests.data_support import make_word_tokenizer
+
+    tok = make_word_tokenizer()
+    torch.manual_seed(0)
+    model = T5ForConditionalGeneration(
+        T5Config(vocab_size=32, d_model=16, d_kv=4, d_ff=32, num_layers=1, num_heads=2, pad_token_id=0,
+                 decoder_start_token_id=0, eos_token_id=2)
+    )
+    examples = [
+        {"input_ids": [4, 5, 6, 2], "attention_mask": [1, 1, 1, 1], "labels": [7, 2]},
+        {"input_ids": [8, 2], "attention_mask": [1, 1], "labels": [9, 10, 11, 2]},
+    ]
+    ours = Seq2SeqCollator(tok.pad_token_id, model=model)(examples)
+    hf = DataCollatorForSeq2Seq(tok, model=model)(examples)
+    assert set(ours) == set(hf)
+    for key in ours:
+        assert torch.equal(ours[key], hf[key]), key
+    assert ours["labels"].tolist() == [[7, 2, -100, -100], [9, 10, 11, 2]]
+    # shifted right behind the decoder start token (0), -100 replaced by the pad id (0)
+    assert ours["decoder_input_ids"].tolist() == [[0, 7, 2, 0], [0, 9, 10, 11]]
+    loss = model(**ours).loss
+    assert torch.isfinite(loss)

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from hf_lightning import HFDataModule, HFLightningModule
-from hf_lightning.data.eval_sampler import EvalShardSampler
+from hf_lightning.data.samplers import ExactDistributedSampler
 from hf_lightning.module.evaluation import PredictionCollector, estimate_logits_bytes
-from tests.helpers import PadOnly, tiny_llama
+from tests.data_support import PadOnly, tiny_llama
 from tests.unit.test_loss_exactness import TableLM, row_losses
 
 # 5 rows (not a multiple of the eval batch 2), causal targets 3, 1, 2, 1, 2
@@ -80,8 +80,8 @@ def _hf_trainer(model, rows, tmp_path, **kwargs):
 
 def test_same_eval_loss_as_hf_trainer_when_batches_hold_equal_targets(tmp_path):
     rows = _equal_target_rows()
-    hf = _hf_trainer(tiny_llama(), rows, tmp_path).evaluate()
-    ours, _, _ = validate(HFLightningModule(tiny_llama()), rows)
+    hf = _hf_trainer(tiny_llama(vocab_size=64), rows, tmp_path).evaluate()
+    ours, _, _ = validate(HFLightningModule(tiny_llama(vocab_size=64)), rows)
     assert ours["val/loss"] == pytest.approx(hf["eval_loss"], rel=1e-5)
 
 
@@ -101,12 +101,12 @@ def test_compute_metrics_with_argmax_preprocessing_matches_hf_trainer(tmp_path):
         return {"accuracy": float((preds[:, :-1] == labels[:, 1:])[mask].mean()), "n": float(len(preds))}
 
     hf = _hf_trainer(
-        tiny_llama(), rows, tmp_path, compute_metrics=compute_metrics,
+        tiny_llama(vocab_size=64), rows, tmp_path, compute_metrics=compute_metrics,
         preprocess_logits_for_metrics=preprocess,
         data_collator=lambda feats: _hf_pad(feats),
     ).evaluate()
     hf_shape = seen["shape"]
-    module = HFLightningModule(tiny_llama(), compute_metrics=compute_metrics, preprocess_logits_for_metrics=preprocess)
+    module = HFLightningModule(tiny_llama(vocab_size=64), compute_metrics=compute_metrics, preprocess_logits_for_metrics=preprocess)
     ours, _, _ = validate(module, rows)
     assert seen["shape"] == hf_shape == (7, 12)
     assert ours["val/accuracy"] == pytest.approx(hf["eval_accuracy"], rel=1e-6)
@@ -157,9 +157,10 @@ def test_prediction_order_is_dataset_order_even_with_shuffled_training():
 def test_eval_shards_cover_every_example_once():
     for n in range(0, 12):
         for world in (1, 2, 3, 4):
-            shards = [list(EvalShardSampler(n, world, r)) for r in range(world)]
-            assert sorted(i for s in shards for i in s) == list(range(n))
-            assert [len(EvalShardSampler(n, world, r)) for r in range(world)] == [len(s) for s in shards]
+            samplers = [ExactDistributedSampler(range(n), world, r, shuffle=False, top_up=False) for r in range(world)]
+            shards = [list(s) for s in samplers]
+            assert shards == [list(range(r, n, world)) for r in range(world)]  # strided: what gather() undoes
+            assert [len(s) for s in samplers] == [len(s) for s in shards]
 
 
 def test_collector_pads_ragged_batches_with_minus_100_and_restores_order():

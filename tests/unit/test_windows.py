@@ -34,3 +34,47 @@ def test_limit_cuts_the_window_at_the_last_consumed_batch():
     assert [b["num_items_in_batch"] for b in out] == [8, 8, 8, 8, 2]
     out = list(AccumulationWindowLoader(batches, 4, count_loss_items, max_batches=lambda: 3))
     assert [b["num_items_in_batch"] for b in out] == [6, 6, 6]
+
+
+def test_resume_skips_the_consumed_batches_and_keeps_windows_aligned():
+    batches = [_batch([0, 1, 1])] * 3 + [_batch([0, 1, -100])] * 4  # counts 2, 2, 2, 1, 1, 1, 1
+    marked = [{**b, "i": torch.tensor(i)} for i, b in enumerate(batches)]
+    saved = AccumulationWindowLoader(marked, 2, count_loss_items, progress=lambda: (0, 4)).state_dict()
+    assert saved == {"epoch": 0, "batches_consumed": 4}
+    resumed = AccumulationWindowLoader(marked, 2, count_loss_items)
+    resumed.load_state_dict(saved)
+    resumed._epoch = lambda: 0  # a plain list has no sampler epoch; the epoch matches the saved one
+    out = list(resumed)
+    assert [int(b["i"]) for b in out] == [4, 5, 6]
+    assert [b["num_items_in_batch"] for b in out] == [2, 2, 1]  # windows (4, 5) and (6,)
+    assert [int(b["i"]) for b in resumed] == list(range(7))  # the next epoch starts from the beginning
+
+
+def test_resume_state_of_another_epoch_is_ignored():
+    loader = AccumulationWindowLoader([_batch([0, 1, 1])] * 3, 1, count_loss_items)
+    loader.load_state_dict({"epoch": 0, "batches_consumed": 3})
+    loader._epoch = lambda: 1  # the checkpoint closed epoch 0; Lightning moved on to epoch 1
+    assert len(list(loader)) == 3
+
+
+def test_sampler_jump_reads_nothing_before_the_resume_point():
+    from hf_lightning.data.loader import EpochDataLoader
+    from hf_lightning.data.samplers import ExactDistributedSampler
+
+    read = []
+
+    class Recording(torch.utils.data.Dataset):
+        def __len__(self):
+            return 10
+
+        def __getitem__(self, i):
+            read.append(i)
+            return i
+
+    sampler = ExactDistributedSampler(range(10), shuffle=True, seed=3)
+    loader = EpochDataLoader(Recording(), sampler=sampler, batch_size=3)
+    full = [b.tolist() for b in loader]
+    read.clear()
+    assert [b.tolist() for b in loader.iter_from(2)] == full[2:]
+    assert sorted(read) == sorted(i for b in full[2:] for i in b)  # the first 6 examples were never read
+    assert sampler.start == 0

@@ -1,0 +1,114 @@
+"""Padding-free batches: every example of the batch flattened into one row, no padding at all.
+
+Sequences ``[10, 11, 12, 13]``, ``[20, 21, 22]`` and ``[30, 31]`` become::
+
+    input_ids     10   11   12   13 | 20   21   22 | 30   31
+    position_ids   0    1    2    3 |  0    1    2 |  0    1        boundaries [0, 4, 7, 9]
+    labels      -100   11   12   13 |-100  21   22 |-100  31        6 targets
+
+How the model keeps the sequences apart: ``transformers`` (``masking_utils._preprocess_mask_arguments``)
+derives a block-diagonal causal mask from ``position_ids`` (``find_packed_sequence_indices``: a new sequence
+wherever the position does not grow by one) **only when** ``attention_mask`` is ``None`` and there is no
+KV cache. So the batch carries no ``attention_mask``, and the model must run with ``use_cache=False``
+(``HFLightningModule`` passes it; a ``config.use_cache=True`` model called without it builds a cache, skips
+the detection and lets sequences attend to each other). Flash-attention kernels read the same boundaries from
+``cu_seq_lens_q/k`` (``return_flash_attn_kwargs=True``).
+
+The ``-100`` at each sequence start keeps the last token of one sequence from being trained to predict the
+first token of the next; with it the loss and the per-sequence logits equal the padded batch's.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from hf_lightning.data.collators import as_row
+from hf_lightning.module.loss import IGNORE_INDEX
+
+log = logging.getLogger(__name__)
+
+CARRIED = ("input_ids", "labels", "position_ids", "attention_mask")
+
+
+def sequence_boundaries(position_ids: torch.Tensor) -> torch.Tensor:
+    """Start offsets of the sequences in a flattened row plus its length (flash-attention ``cu_seq_lens``).
+
+    Args:
+        position_ids: ``(1, T)`` or ``(T,)`` positions that restart at 0 for every sequence.
+
+    Returns:
+        ``(n_sequences + 1,)`` int32, e.g. ``[0, 4, 7, 9]`` for positions ``[0,1,2,3,0,1,2,0,1]``.
+    """
+    pos = position_ids.reshape(-1)
+    starts = torch.nonzero(pos == 0).reshape(-1)
+    return torch.cat([starts, torch.tensor([pos.numel()])]).to(torch.int32)
+
+
+class PaddingFreeCollator:
+    """Flattens a batch into one row with restarting ``position_ids`` (HF ``DataCollatorWithFlattening``).
+
+    Args:
+        label_pad_token_id: the separator written at each sequence start (-100).
+        return_flash_attn_kwargs: also return ``cu_seq_lens_q/k`` (int32) and ``max_length_q/k`` (int).
+
+    Input: examples with ``input_ids`` and optional ``labels`` (copied from ``input_ids`` if missing) and
+    ``position_ids`` (a packed row brings its own, restarting at each document; otherwise ``0..n-1``).
+    ``attention_mask`` is consumed (it must be all ones: flattening is the padding removal). Other keys are
+    announced once and left out: there is no per-example axis to carry them on.
+
+    Returns:
+        ``{"input_ids": (1, T), "labels": (1, T), "position_ids": (1, T)}`` int64, ``T`` = total tokens.
+
+    Raises:
+        ValueError: an empty batch, an example without ``input_ids``, mismatched lengths, or an
+            ``attention_mask`` with zeros.
+    """
+
+    def __init__(self, label_pad_token_id: int = IGNORE_INDEX, return_flash_attn_kwargs: bool = False) -> None:
+        self.label_pad_token_id = label_pad_token_id
+        self.return_flash_attn_kwargs = return_flash_attn_kwargs
+        self._announced: set[str] = set()
+
+    def __call__(self, examples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        if not examples:
+            raise ValueError("PaddingFreeCollator: cannot collate an empty list of examples")
+        ids, labels, positions = [], [], []
+        for i, ex in enumerate(examples):
+            if "input_ids" not in ex:
+                raise ValueError(f"example {i} has no 'input_ids' (keys: {sorted(ex)})")
+            row = as_row(ex["input_ids"])
+            lab = as_row(ex["labels"]).clone() if ex.get("labels") is not None else row.clone()
+            pos = as_row(ex["position_ids"]) if ex.get("position_ids") is not None else torch.arange(row.numel())
+            if not lab.numel() == pos.numel() == row.numel():
+                raise ValueError(f"example {i}: input_ids, labels and position_ids differ in length")
+            if pos.numel() and pos[0] != 0:
+                raise ValueError(f"example {i}: position_ids must start at 0, got {pos[:4].tolist()}...")
+            mask = ex.get("attention_mask")
+            if mask is not None and not bool(as_row(mask).all()):
+                raise ValueError(f"example {i}: attention_mask has zeros; padding-free batches take unpadded rows")
+            if row.numel() == 0:
+                continue
+            lab[pos == 0] = self.label_pad_token_id  # each sequence start (every document of a packed row)
+            ids.append(row)
+            labels.append(lab)
+            positions.append(pos)
+            for key in ex:
+                if key not in CARRIED and key not in self._announced:
+                    self._announced.add(key)
+                    log.warning("PaddingFreeCollator leaves key %r out of the flattened batch", key)
+        if not ids:
+            raise ValueError("PaddingFreeCollator: every example of the batch is empty")
+        batch: dict[str, Any] = {
+            "input_ids": torch.cat(ids).unsqueeze(0),
+            "labels": torch.cat(labels).unsqueeze(0),
+            "position_ids": torch.cat(positions).unsqueeze(0),
+        }
+        if self.return_flash_attn_kwargs:
+            cu = sequence_boundaries(batch["position_ids"])
+            batch["cu_seq_lens_q"] = batch["cu_seq_lens_k"] = cu
+            batch["max_length_q"] = batch["max_length_k"] = int((cu[1:] - cu[:-1]).max())
+        return batch

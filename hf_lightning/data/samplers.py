@@ -1,0 +1,206 @@
+"""Samplers for map-style data: one global order, identical on every rank, split so each index is seen once.
+
+- Training order: a random permutation seeded by ``seed + epoch`` (``torch.randperm``, as
+  ``torch.utils.data.DistributedSampler``), or HF's length grouping (:func:`length_grouped_indices`) with a
+  generator seeded the same way. Every rank computes the same order; rank ``r`` takes positions
+  ``r, r + W, r + 2W, ...`` (W = world size).
+- Evaluation order: the dataset order, split the same way, without any padding (ranks may differ by one).
+
+The tail (``N`` not divisible by ``W``), training only:
+
+- ``drop_last=False`` (default): every index is yielded exactly once. Ranks that would get one index fewer
+  are topped up with a *masked copy* of an example (``~i`` in the index stream; :class:`TopUpDataset` turns it
+  into example ``i`` with every label ``-100``), so every rank runs the same number of steps (DDP needs it)
+  while the extra row adds nothing to the loss or to ``num_items_in_batch``.
+- ``drop_last=True``: the last ``N mod W`` positions of the order are left out this epoch (a new order next
+  epoch), as ``DistributedSampler(drop_last=True)``; the ``DataLoader`` then drops each rank's partial batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import datasets
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import torch
+from torch.utils.data import Dataset, DistributedSampler
+
+from hf_lightning.module.loss import IGNORE_INDEX
+
+log = logging.getLogger(__name__)
+
+
+def length_grouped_indices(
+    lengths: Sequence[int], batch_size: int, generator: torch.Generator | None = None, mega_batch_mult: int | None = None
+) -> list[int]:
+    """HF's ``transformers.trainer_pt_utils.get_length_grouped_indices``, reproduced exactly.
+
+    A random permutation (``torch.randperm`` with ``generator``) cut into mega-batches of
+    ``mega_batch_mult * batch_size`` indices (default ``min(N // (4 * batch_size), 50)``, at least 1), each
+    sorted by length, longest first (stable: ties keep the permutation order); the longest item overall is
+    then swapped into the first position, so an out-of-memory error shows in the first batch.
+
+    Returns:
+        a permutation of ``range(len(lengths))``.
+    """
+    n = len(lengths)
+    if mega_batch_mult is None:
+        mega_batch_mult = max(min(n // (batch_size * 4), 50), 1)
+    indices = torch.randperm(n, generator=generator).tolist()
+    size = mega_batch_mult * batch_size
+    megabatches = [sorted(indices[i : i + size], key=lambda j: lengths[j], reverse=True) for i in range(0, n, size)]
+    if not megabatches:
+        return []
+    # the first mega-batch whose head is the longest (argmax takes the first maximum, as HF's torch.argmax)
+    heads = [lengths[m[0]] for m in megabatches]
+    top = heads.index(max(heads))
+    megabatches[0][0], megabatches[top][0] = megabatches[top][0], megabatches[0][0]
+    return [i for m in megabatches for i in m]
+
+
+def _leaf_counts(arr: pa.Array) -> np.ndarray:
+    """Per row of a list array, the number of leaf values (so a ``(1, n)`` row counts ``n``)."""
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    value_type = arr.type.value_type
+    if pa.types.is_list(value_type) or pa.types.is_large_list(value_type):
+        inner = _leaf_counts(arr.values)
+        cums = np.concatenate([[0], np.cumsum(inner)])
+        offsets = arr.offsets.to_numpy()
+        return cums[offsets[1:]] - cums[offsets[:-1]]
+    return pc.fill_null(pc.list_value_length(arr), 0).to_numpy().astype(np.int64)
+
+
+def _numel(value: Any) -> int:
+    if hasattr(value, "numel"):
+        return int(value.numel())
+    return int(np.asarray(value).size)
+
+
+def sequence_lengths(ds: Any, column: str = "input_ids") -> list[int]:
+    """Token count of every row, computed once: the number of elements of ``column`` (``(1, n)`` counts ``n``).
+
+    A ``datasets.Dataset`` is read column-wise from Arrow (fast, honours ``select``/``filter``); any other
+    map-style dataset is read example by example.
+
+    Raises:
+        KeyError: rows without ``column``.
+    """
+    if isinstance(ds, datasets.Dataset):
+        if column not in ds.column_names:
+            raise KeyError(f"no {column!r} column to measure lengths (columns: {ds.column_names})")
+        out: list[int] = []
+        for table in ds.select_columns([column]).with_format("arrow").iter(batch_size=10_000):
+            out += _leaf_counts(table.column(column)).tolist()
+        return out
+    return [_numel(ds[i][column]) for i in range(len(ds))]
+
+
+def mask_example(example: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of ``example`` that adds no loss term: every label ``-100`` (token labels and class labels)."""
+    out = dict(example)
+    if "input_ids" in out:
+        out["labels"] = [IGNORE_INDEX] * _numel(out["input_ids"])
+    for key in ("label", "label_ids"):
+        if key in out:
+            out[key] = IGNORE_INDEX
+    return out
+
+
+class TopUpDataset(Dataset):
+    """Map-style view of ``base`` where index ``~i`` (negative) is a masked copy of example ``i``."""
+
+    def __init__(self, base: Any) -> None:
+        self.base = base
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, index: int) -> Any:
+        return self.base[index] if index >= 0 else mask_example(self.base[~index])
+
+    def __getitems__(self, indices: Sequence[int]) -> list[Any]:
+        return [self[i] for i in indices]
+
+
+class ExactDistributedSampler(DistributedSampler):
+    """Seeded global order, the same on every rank, split across ranks with each index used once.
+
+    A ``DistributedSampler`` subclass so that Lightning neither replaces it nor wraps it, and calls its
+    ``set_epoch`` every epoch.
+
+    Args:
+        dataset: the map-style dataset (only its length is read).
+        num_replicas / rank: world size and this process's rank (1 and 0 alone).
+        shuffle: random order seeded by ``seed + epoch`` (training); ``False`` keeps the dataset order.
+        seed: base seed.
+        drop_last: see the module docstring (tail handling).
+        lengths: per-example lengths; with them, the order is :func:`length_grouped_indices`.
+        group_batch_size: ``B`` of the length grouping (per-device batch x accumulation steps).
+        top_up: pad short ranks with masked copies (training); ``False`` lets ranks differ by one (evaluation).
+
+    Yields:
+        dataset indices, and ``~i`` for a masked top-up copy of ``i`` (read it through :class:`TopUpDataset`).
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        num_replicas: int = 1,
+        rank: int = 0,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+        lengths: Sequence[int] | None = None,
+        group_batch_size: int = 1,
+        top_up: bool = True,
+    ) -> None:
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed, drop_last=drop_last)
+        self.n = len(dataset)
+        if lengths is not None and len(lengths) != self.n:
+            raise ValueError(f"{len(lengths)} lengths for a dataset of {self.n} examples")
+        self.lengths = list(lengths) if lengths is not None else None
+        self.group_batch_size = group_batch_size
+        self.top_up = top_up
+        # resume: the next iteration starts at this position of the rank's share (set for one pass only)
+        self.start = 0
+        if drop_last:
+            self.num_samples = self.n // num_replicas
+        elif top_up:
+            self.num_samples = math.ceil(self.n / num_replicas)
+        else:
+            self.num_samples = len(range(rank, self.n, num_replicas))
+
+    def global_order(self) -> list[int]:
+        """The order of this epoch, identical on every rank."""
+        if self.lengths is not None:
+            g = torch.Generator().manual_seed(self.seed + self.epoch)
+            return length_grouped_indices(self.lengths, self.group_batch_size, generator=g)
+        if self.shuffle:
+            g = torch.Generator().manual_seed(self.seed + self.epoch)
+            return torch.randperm(self.n, generator=g).tolist()
+        return list(range(self.n))
+
+    def __iter__(self) -> Iterator[int]:
+        order = self.global_order()
+        world = self.num_replicas
+        if self.drop_last:
+            order = order[: self.n - self.n % world]
+        mine = order[self.rank :: world]
+        if self.top_up and not self.drop_last and len(mine) < self.num_samples:
+            mine.append(~order[self.rank % self.n])
+        start, self.start = self.start, 0  # one pass only
+        return iter(mine[start:])
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    @property
+    def needs_top_up(self) -> bool:
+        """Whether some rank receives a masked copy this epoch (the dataset must be a :class:`TopUpDataset`)."""
+        return self.top_up and not self.drop_last and self.n % self.num_replicas != 0

@@ -1,0 +1,56 @@
+"""Helpers of the data tests: shared data location, a tiny real Llama, a word-level tokenizer."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+WORDS = ["<pad>", "<unk>", "<eos>", "<bos>"] + [chr(c) for c in range(ord("a"), ord("z") + 1)]
+
+
+def shared_data() -> Path:
+    """``$HF_LIGHTNING_SHARED_DATA`` or ``<repo>/../shared/data``; skips the test when it is missing."""
+    path = Path(os.environ.get("HF_LIGHTNING_SHARED_DATA", REPO / ".." / "shared" / "data"))
+    if not path.is_dir():
+        pytest.skip(f"shared data folder {path} not found (set HF_LIGHTNING_SHARED_DATA)")
+    return path
+
+
+def make_word_tokenizer():
+    """Words ``a``..``z`` are ids 4..29 (``a`` = 4); ``<pad>`` 0, ``<unk>`` 1, ``<eos>`` 2, ``<bos>`` 3; no special
+    tokens are added, so ``"a b c"`` encodes to ``[4, 5, 6]``. Chat template: ``"<role initial> <content> <eos> "``."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    out = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>", unk_token="<unk>"
+    )
+    out.chat_template = (
+        "{%- for m in messages %}{{- m['role'][0] + ' ' + m['content'] + ' <eos> ' }}{%- endfor %}"
+        "{%- if add_generation_prompt %}{{- 'a ' }}{%- endif %}"
+    )
+    return out
+
+
+def tiny_llama(vocab_size: int = 32, seed: int = 0, **overrides):
+    """A real ``LlamaForCausalLM`` from a config, fp32, no KV cache (so packed sequences are detected)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=128, use_cache=False, pad_token_id=0, **overrides,
+    )
+    return LlamaForCausalLM(config).eval()
+
+
+class PadOnly:
+    """The one tokenizer attribute a pre-tokenized dataset needs."""
+
+    pad_token_id = 0
