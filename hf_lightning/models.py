@@ -156,6 +156,9 @@ def build_model(
         if model.config.pad_token_id is None and tokenizer.pad_token_id is not None:
             model.config.pad_token_id = tokenizer.pad_token_id
 
+    # from_pretrained returns the model in eval mode, and Lightning keeps each submodule's mode as it finds it:
+    # without this, fine-tuning a loaded model would run with dropout off (HF Trainer calls model.train())
+    model.train()
     if gradient_checkpointing:
         if not getattr(model, "supports_gradient_checkpointing", False):
             raise ModelError(f"model.gradient_checkpointing=true: {type(model).__name__} does not support it")
