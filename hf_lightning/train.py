@@ -61,6 +61,20 @@ def _class_names(datamodule: Any) -> dict[int, str] | None:
     return dict(id2label) if id2label else None
 
 
+def resolve_function(path: str, key: str) -> Any:
+    """The function at a dotted ``path`` (``package.module.function``).
+
+    Raises:
+        ConfigError: the path does not name an importable callable (the message names ``key``).
+    """
+    from hydra.utils import get_method
+
+    try:
+        return get_method(path)
+    except Exception as err:
+        raise ConfigError(f"{key}={path}: not an importable function ({err})") from err
+
+
 def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
     """Run one training job described by ``cfg``.
 
@@ -120,12 +134,15 @@ def _fit(cfg: DictConfig, trainer: Any, ckpt_path: str | None) -> tuple[dict[str
     if optim.get("name") == "adamw" and optim.get("fused") is None:
         # HF's default optimizer on torch >= 2.8 is adamw_torch_fused; fused kernels need CUDA tensors here
         optim["fused"] = trainer.strategy.root_device.type == "cuda" or None
+    module_kwargs = OmegaConf.to_container(cfg.module, resolve=True)
+    if isinstance(module_kwargs.get("compute_loss_func"), str):
+        module_kwargs["compute_loss_func"] = resolve_function(module_kwargs["compute_loss_func"], "module.compute_loss_func")
     module = HFLightningModule(
         model,
         tokenizer=tokenizer,
         optim=optim,
         scheduler=OmegaConf.to_container(cfg.scheduler, resolve=True),
-        **OmegaConf.to_container(cfg.module, resolve=True),
+        **module_kwargs,
     )
 
     n_params = sum(p.numel() for p in model.parameters())
