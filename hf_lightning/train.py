@@ -27,27 +27,6 @@ log = logging.getLogger("hf_lightning.train")
 METRICS_FILE = "final_metrics.json"
 
 
-def resolve_ckpt_path(ckpt_path: str | None, output_dir: str) -> str | None:
-    """``last`` → ``<output_dir>/checkpoints/last.ckpt``; any path must exist.
-
-    Raises:
-        ConfigError: ``ckpt_path=last`` with no checkpoint in this run folder, or a path that does not exist.
-    """
-    if ckpt_path is None:
-        return None
-    if ckpt_path == "last":
-        path = os.path.join(output_dir, "checkpoints", "last.ckpt")
-        if not os.path.isfile(path):
-            raise ConfigError(
-                f"ckpt_path=last: no checkpoint at {path}. Resume needs the same run folder "
-                "(hydra.run.dir=...); drop ckpt_path to start fresh"
-            )
-        return path
-    if not os.path.isfile(ckpt_path):
-        raise ConfigError(f"ckpt_path={ckpt_path}: no such file")
-    return ckpt_path
-
-
 def _in_multirun() -> bool:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
@@ -88,29 +67,68 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
     import lightning as L
     from hydra.utils import instantiate
 
+    from hf_lightning.checkpointing import AtomicCheckpointIO, find_resume_checkpoint
     from hf_lightning.config import validate_config
     from hf_lightning.strategies import refuse_multirun_relaunch
     from hf_lightning.strategies.precision import precision_plugin
 
     validate_config(cfg)
-    ckpt_path = resolve_ckpt_path(cfg.get("ckpt_path"), cfg.output_dir)
+    weights_only = bool(cfg.get("resume_weights_only"))
+    ckpt_path = find_resume_checkpoint(cfg.get("ckpt_path"), cfg.output_dir, weights_only=weights_only)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
 
     callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
+    callbacks = with_best_model(cfg, callbacks)
     loggers = [instantiate(c) for c in (cfg.get("logger") or {}).values() if c is not None]
     trainer_cfg = OmegaConf.to_container(cfg.trainer, resolve=True)
     plugin = precision_plugin(trainer_cfg.get("precision"), trainer_cfg.get("accelerator"), trainer_cfg.get("strategy"))
     extra = {"precision": None, "plugins": [plugin]} if plugin is not None else {}
+    extra["plugins"] = [*extra.get("plugins", []), AtomicCheckpointIO()]
     trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False, **extra)
     refuse_multirun_relaunch(trainer, _in_multirun())
     try:
-        metrics, objects = _fit(cfg, trainer, ckpt_path)
+        metrics, objects = _fit(cfg, trainer, None if weights_only else ckpt_path, ckpt_path if weights_only else None)
     finally:
         _close_wandb()
     return metrics, objects
 
 
-def _fit(cfg: DictConfig, trainer: Any, ckpt_path: str | None) -> tuple[dict[str, float], dict[str, Any]]:
+def with_best_model(cfg: DictConfig, callbacks: list[Any]) -> list[Any]:
+    """HF's ``metric_for_best_model``: add a ``best`` checkpoint (never rotated out) and point early stopping at it.
+
+    Raises:
+        ConfigError: a metric not ending in ``loss`` without ``greater_is_better``.
+    """
+    from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+
+    from hf_lightning.callbacks.best_model import resolve_monitor
+
+    if not cfg.get("metric_for_best_model"):
+        return callbacks
+    monitor, mode = resolve_monitor(cfg.metric_for_best_model, cfg.get("greater_is_better"))
+    callbacks = [
+        EarlyStopping(monitor=monitor, mode=mode, patience=cb.patience, min_delta=abs(cb.min_delta))
+        if isinstance(cb, EarlyStopping) else cb
+        for cb in callbacks
+    ]
+    return [*callbacks, ModelCheckpoint(
+        dirpath=os.path.join(cfg.output_dir, "checkpoints"), filename="best", monitor=monitor, mode=mode,
+        save_top_k=1, save_last=False, auto_insert_metric_name=False, enable_version_counter=False,
+    )]
+
+
+def _load_weights(module: Any, path: str) -> None:
+    """``resume_weights_only``: the model weights of a checkpoint, nothing else."""
+    import torch
+
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    module.load_state_dict(state["state_dict"], strict=False)
+    log.warning("loaded only the weights of %s: optimizer, scheduler and step start fresh", path)
+
+
+def _fit(
+    cfg: DictConfig, trainer: Any, ckpt_path: str | None, weights_path: str | None = None
+) -> tuple[dict[str, float], dict[str, Any]]:
     """Tokenizer, data, model, module, ``fit``; the final metrics."""
     from hf_lightning.data import HFDataModule
     from hf_lightning.models import build_model, load_tokenizer
@@ -145,6 +163,8 @@ def _fit(cfg: DictConfig, trainer: Any, ckpt_path: str | None) -> tuple[dict[str
         **module_kwargs,
     )
 
+    if weights_path is not None:
+        _load_weights(module, weights_path)
     n_params = sum(p.numel() for p in model.parameters())
     log.info("model: %s, %.2fM parameters", type(model).__name__, n_params / 1e6)
     start = time.perf_counter()

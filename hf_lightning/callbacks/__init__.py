@@ -1,5 +1,7 @@
 """Lightning callbacks of our own (everything else comes from Lightning)."""
 
 from hf_lightning.callbacks.hf_export import HFExport
+from hf_lightning.callbacks.preemption import Preemption
+from hf_lightning.callbacks.resume_state import ResumeState
 
-__all__ = ["HFExport"]
+__all__ = ["HFExport", "Preemption", "ResumeState"]

@@ -63,6 +63,9 @@ class ResumeState(L.Callback):
         self._saved_signature = state["signature"]
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        for logger in trainer.loggers:  # rows logged after the checkpoint's step are logged again
+            if hasattr(logger, "truncate_after"):
+                logger.truncate_after(trainer.global_step)
         saved = getattr(self, "_saved_signature", None)
         if saved is None:
             return

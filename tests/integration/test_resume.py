@@ -29,7 +29,7 @@ SMALL_MODEL = [
 @pytest.fixture(scope="module")
 def text_file(tmp_path_factory):
     rng = random.Random(0)
-    words = "the quick brown fox jumps over a lazy dog while seven tired cats watch".split()
+    words = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "seven", "tired", "cats", "watch"]
     path = tmp_path_factory.mktemp("data") / "lines.jsonl"
     with open(path, "w") as fh:
         for _ in range(40):  # 20 micro-batches of 2 per epoch
