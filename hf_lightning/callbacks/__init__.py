@@ -3,5 +3,6 @@
 from hf_lightning.callbacks.hf_export import HFExport
 from hf_lightning.callbacks.preemption import Preemption
 from hf_lightning.callbacks.resume_state import ResumeState
+from hf_lightning.callbacks.throughput import Throughput
 
-__all__ = ["HFExport", "Preemption", "ResumeState"]
+__all__ = ["HFExport", "Preemption", "ResumeState", "Throughput"]
