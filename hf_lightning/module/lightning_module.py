@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import logging
 import math
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -27,6 +28,12 @@ from hf_lightning.module.loss import (
 from hf_lightning.module.optim import build_optimizer, build_scheduler
 
 log = logging.getLogger(__name__)
+
+# HFLightningModule overrides transfer_batch_to_device (a fast path for flat dict batches); Lightning then
+# warns on every fit with a DataModule that the module's implementation is used, which is the intent
+warnings.filterwarnings(
+    "ignore", message="You have overridden `transfer_batch_to_device` in `LightningModule` but have passed in a"
+)
 
 NON_MODEL_KEYS = ("labels", "shift_labels", *WINDOW_KEYS)
 
