@@ -85,8 +85,12 @@ def batch_counts(batch: dict[str, Any], pad_token_id: int | None, squares: bool)
     ids = batch["input_ids"]
     slots = ids.numel()
     positions = batch.get("position_ids")
-    pad = padding_mask(batch, pad_token_id)
-    real_mask = ~pad
+    mask = batch.get("attention_mask")
+    if mask is not None and positions is None:
+        # the common padded batch: one reduction (a 0/1 mask sums to its real tokens)
+        lengths = mask.sum(-1) if squares else None
+        return mask.sum(), slots, ids.shape[0], (lengths**2).sum() if squares else None
+    real_mask = ~padding_mask(batch, pad_token_id)
     real = real_mask.sum()
     if positions is not None:
         sequences = ((positions == 0) & real_mask).sum()
