@@ -14,14 +14,22 @@ from typing import Any
 
 import torch
 
+from hf_lightning.errors import DataError
 from hf_lightning.module.loss import IGNORE_INDEX
 
 log = logging.getLogger(__name__)
 
 
 def as_row(value: Any) -> torch.Tensor:
-    """A token row as a 1-D int64 tensor; ``(1, n)`` rows (a ``return_tensors`` leftover) become ``(n,)``."""
-    return torch.as_tensor(value, dtype=torch.long).reshape(-1)
+    """A token row as a 1-D int64 tensor; ``(1, n)`` rows (a ``return_tensors`` leftover) become ``(n,)``.
+
+    Raises:
+        DataError: a value that is not a (nested) list of integers, e.g. a string or a ragged list.
+    """
+    try:
+        return torch.as_tensor(value, dtype=torch.long).reshape(-1)
+    except (TypeError, ValueError, RuntimeError) as err:
+        raise DataError(f"a token row must be a list of integer ids, got {value!r:.80} ({err})") from err
 
 
 def round_up(length: int, multiple: int | None) -> int:
@@ -62,16 +70,16 @@ class _ExtraKeys:
 def _rows(examples: Sequence[Mapping[str, Any]], owner: str) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """``(input_ids, attention_mask, labels)`` per example; labels default to a copy of ``input_ids``."""
     if not examples:
-        raise ValueError(f"{owner}: cannot collate an empty list of examples")
+        raise DataError(f"{owner}: cannot collate an empty list of examples")
     rows = []
     for i, ex in enumerate(examples):
         if "input_ids" not in ex:
-            raise ValueError(f"example {i} has no 'input_ids' (keys: {sorted(ex)})")
+            raise DataError(f"example {i} has no 'input_ids' (keys: {sorted(ex)})")
         ids = as_row(ex["input_ids"])
         labels = ex.get("labels")
         labels = ids.clone() if labels is None else as_row(labels)
         if labels.numel() != ids.numel():
-            raise ValueError(f"example {i}: 'labels' has {labels.numel()} positions but 'input_ids' has {ids.numel()}")
+            raise DataError(f"example {i}: 'labels' has {labels.numel()} positions but 'input_ids' has {ids.numel()}")
         mask = ex.get("attention_mask")
         mask = torch.ones_like(ids) if mask is None else as_row(mask)
         rows.append((ids, mask, labels))
@@ -99,7 +107,8 @@ class PaddingCollator:
         ``{"input_ids": (B, L) int64, "attention_mask": (B, L) int64, "labels": (B, L) int64, ...}``.
 
     Raises:
-        ValueError: an empty list, an example without ``input_ids``, or ``labels`` of a different length.
+        DataError (a ``ValueError``): an empty list, an example without ``input_ids``, ``labels`` of a different
+            length, or a token row that is not a list of integers.
     """
 
     def __init__(
@@ -130,7 +139,7 @@ class ClassificationCollator:
     float32 for regression targets (as HF's ``default_data_collator``); multi-label rows give ``(B, C)``.
 
     Raises:
-        ValueError: an empty list or an example without ``input_ids``.
+        DataError (a ``ValueError``): an empty list or an example without ``input_ids``.
     """
 
     def __init__(self, pad_token_id: int, pad_to_multiple_of: int | None = None) -> None:
@@ -140,10 +149,10 @@ class ClassificationCollator:
 
     def __call__(self, examples: Sequence[Mapping[str, Any]]) -> dict[str, torch.Tensor]:
         if not examples:
-            raise ValueError("ClassificationCollator: cannot collate an empty list of examples")
+            raise DataError("ClassificationCollator: cannot collate an empty list of examples")
         for i, ex in enumerate(examples):
             if "input_ids" not in ex:
-                raise ValueError(f"example {i} has no 'input_ids' (keys: {sorted(ex)})")
+                raise DataError(f"example {i} has no 'input_ids' (keys: {sorted(ex)})")
         ids = [as_row(ex["input_ids"]) for ex in examples]
         length = round_up(max(r.numel() for r in ids), self.pad_to_multiple_of)
         batch = {"input_ids": pad_rows(ids, length, self.pad_token_id)}
@@ -194,7 +203,7 @@ class Seq2SeqCollator:
 
     def __call__(self, examples: Sequence[Mapping[str, Any]]) -> dict[str, torch.Tensor]:
         if not examples:
-            raise ValueError("Seq2SeqCollator: cannot collate an empty list of examples")
+            raise DataError("Seq2SeqCollator: cannot collate an empty list of examples")
         ids = [as_row(ex["input_ids"]) for ex in examples]
         masks = [as_row(ex["attention_mask"]) if "attention_mask" in ex else torch.ones_like(r) for ex, r in zip(examples, ids)]
         length = round_up(max(r.numel() for r in ids), self.pad_to_multiple_of)

@@ -23,6 +23,13 @@ import datasets
 import lightning as L
 import torch
 
+from hf_lightning.data.chat import require_chat_template
+from hf_lightning.data.checks import (
+    check_fits_one_batch,
+    check_label_range,
+    check_sequence_isolation,
+    check_token_ids,
+)
 from hf_lightning.data.collators import ClassificationCollator, PaddingCollator, Seq2SeqCollator
 from hf_lightning.data.flattening import PaddingFreeCollator
 from hf_lightning.data.formatting import CAUSAL_FORMATS, FORMATS, detect_format
@@ -246,6 +253,11 @@ class HFDataModule(L.LightningDataModule):
             if val is not None
             else None
         )
+        if model is not None:  # ids and classes the model has no row for fail here, not inside its forward
+            for split, ds, where in (("train", self.train_dataset, path), ("validation", self.val_dataset, self.validation_path or path)):
+                check_token_ids(ds, model, self.tokenizer.pad_token_id, where, split)
+                if fmt == "classification":
+                    check_label_range(ds, model, where, split)
         base = self._base_collator(fmt, model)
         self.train_collator = self._pruning_collator(base, self.train_dataset, keep, inputs, "train", inputs_from)
         self.eval_collator = self._pruning_collator(base, self.val_dataset, keep, inputs, "validation", inputs_from)
@@ -255,6 +267,8 @@ class HFDataModule(L.LightningDataModule):
 
     def _check_options(self, fmt: str, train: Any, model: Any) -> None:
         stream = is_stream(train)
+        if fmt in ("messages", "conversations"):
+            require_chat_template(self.tokenizer)
         if self.packing and fmt not in CAUSAL_FORMATS:
             raise ConfigError(f"data.packing={self.packing!r} packs causal-LM rows; the {fmt!r} format cannot be packed")
         if self.packing and stream:
@@ -273,6 +287,7 @@ class HFDataModule(L.LightningDataModule):
                     f"{type(model).__name__}.forward takes no position_ids, so packed or padding-free batches "
                     "cannot mark where sequences start; set data.packing=false and data.padding_free=false"
                 )
+            check_sequence_isolation(model, "data.packing" if self.packing else "data.padding_free")
             if getattr(getattr(model, "config", None), "use_cache", False):
                 log.warning(
                     "packed/padding-free batches: transformers only separates sequences by position_ids when "
@@ -402,6 +417,8 @@ class HFDataModule(L.LightningDataModule):
             buffer_size=self.shuffle_buffer_size, length_buffer=length_buffer, holdout=holdout,
             length=len(source) if sized else None, top_up=train, split="train" if train else "validation",
         )
+        if train and stream.length is not None:
+            check_fits_one_batch(stream.per_reader(self.num_workers), batch, self.drop_last)
         trainer = getattr(self, "trainer", None)
         if train and stream.length is None and trainer is not None and (trainer.max_steps is None or trainer.max_steps < 0):
             raise ConfigError(
@@ -427,6 +444,8 @@ class HFDataModule(L.LightningDataModule):
             drop_last=self.drop_last if train else False, lengths=lengths,
             group_batch_size=batch * self._accumulation(), top_up=train,
         )
+        if train:
+            check_fits_one_batch(len(sampler), batch, self.drop_last)
         return EpochDataLoader(
             TopUpDataset(ds) if sampler.needs_top_up else ds, seed=self.seed, rank=rank, sampler=sampler,
             batch_size=batch, collate_fn=self.train_collator if train else self.eval_collator,

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from hf_lightning.data.collators import as_row
+from hf_lightning.errors import DataError
 from hf_lightning.module.loss import IGNORE_INDEX
 
 log = logging.getLogger(__name__)
@@ -64,7 +65,7 @@ class PaddingFreeCollator:
         ``{"input_ids": (1, T), "labels": (1, T), "position_ids": (1, T)}`` int64, ``T`` = total tokens.
 
     Raises:
-        ValueError: an empty batch, an example without ``input_ids``, mismatched lengths, or an
+        DataError (a ``ValueError``): an empty batch, an example without ``input_ids``, mismatched lengths, or an
             ``attention_mask`` with zeros.
     """
 
@@ -75,21 +76,21 @@ class PaddingFreeCollator:
 
     def __call__(self, examples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         if not examples:
-            raise ValueError("PaddingFreeCollator: cannot collate an empty list of examples")
+            raise DataError("PaddingFreeCollator: cannot collate an empty list of examples")
         ids, labels, positions = [], [], []
         for i, ex in enumerate(examples):
             if "input_ids" not in ex:
-                raise ValueError(f"example {i} has no 'input_ids' (keys: {sorted(ex)})")
+                raise DataError(f"example {i} has no 'input_ids' (keys: {sorted(ex)})")
             row = as_row(ex["input_ids"])
             lab = as_row(ex["labels"]).clone() if ex.get("labels") is not None else row.clone()
             pos = as_row(ex["position_ids"]) if ex.get("position_ids") is not None else torch.arange(row.numel())
             if not lab.numel() == pos.numel() == row.numel():
-                raise ValueError(f"example {i}: input_ids, labels and position_ids differ in length")
+                raise DataError(f"example {i}: input_ids, labels and position_ids differ in length")
             if pos.numel() and pos[0] != 0:
-                raise ValueError(f"example {i}: position_ids must start at 0, got {pos[:4].tolist()}...")
+                raise DataError(f"example {i}: position_ids must start at 0, got {pos[:4].tolist()}...")
             mask = ex.get("attention_mask")
             if mask is not None and not bool(as_row(mask).all()):
-                raise ValueError(f"example {i}: attention_mask has zeros; padding-free batches take unpadded rows")
+                raise DataError(f"example {i}: attention_mask has zeros; padding-free batches take unpadded rows")
             if row.numel() == 0:
                 continue
             lab[pos == 0] = self.label_pad_token_id  # each sequence start (every document of a packed row)
@@ -101,7 +102,7 @@ class PaddingFreeCollator:
                     self._announced.add(key)
                     log.warning("PaddingFreeCollator leaves key %r out of the flattened batch", key)
         if not ids:
-            raise ValueError("PaddingFreeCollator: every example of the batch is empty")
+            raise DataError("PaddingFreeCollator: every example of the batch is empty")
         batch: dict[str, Any] = {
             "input_ids": torch.cat(ids).unsqueeze(0),
             "labels": torch.cat(labels).unsqueeze(0),

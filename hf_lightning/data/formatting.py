@@ -164,7 +164,14 @@ def truncate_tokenized(batch: dict[str, list], tokenizer: Any, max_length: int) 
     out: dict[str, list] = {"input_ids": [x[:max_length] for x in ids], "truncated": [len(x) > max_length for x in ids]}
     for key in ("attention_mask", "labels", "position_ids"):
         if key in batch:
-            out[key] = [_flat(x)[:max_length] for x in batch[key]]
+            rows = [_flat(x) if x is not None else None for x in batch[key]]
+            for row, row_ids in zip(rows, ids):
+                if row is not None and len(row) != len(row_ids):
+                    raise DataError(
+                        f"field {key!r} has {len(row)} positions but 'input_ids' has {len(row_ids)}; "
+                        "they must be the same length"
+                    )
+            out[key] = [row[:max_length] if row is not None else None for row in rows]
     return out
 
 
