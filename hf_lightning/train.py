@@ -56,9 +56,11 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
 
     from hf_lightning.config_check import check_keys
     from hf_lightning.data import HFDataModule
+    from hf_lightning.faults import explain_faults
     from hf_lightning.models import load_model_and_tokenizer
     from hf_lightning.module import HFLightningModule
     from hf_lightning.module.optim import build_optimizer, build_scheduler
+    from hf_lightning.run_folder import check_run_folder
 
     check_keys(cfg.data, HFDataModule.__init__, "data", skip=("tokenizer",))
     check_keys(cfg.model, load_model_and_tokenizer, "model")
@@ -68,6 +70,7 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
     if cfg.data.path == "???":
         raise ConfigError("data.path is required by this experiment: a json/jsonl/csv/parquet file or a save_to_disk folder")
     ckpt_path = resolve_ckpt_path(cfg.get("ckpt_path"), cfg.output_dir)
+    check_run_folder(cfg.output_dir, cfg.get("ckpt_path"))  # a fresh run never overwrites a previous one
 
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     model, tokenizer = load_model_and_tokenizer(**OmegaConf.to_container(cfg.model, resolve=True))
@@ -86,7 +89,8 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
     n_params = sum(p.numel() for p in model.parameters())
     log.info("model: %s, %.2fM parameters", type(model).__name__, n_params / 1e6)
     start = time.perf_counter()
-    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+    with explain_faults(trainer, datamodule):  # out of memory -> TrainingError with the batch/accumulation trade
+        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
     wall = time.perf_counter() - start
 
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}

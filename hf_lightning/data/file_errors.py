@@ -15,6 +15,10 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from hf_lightning.errors import DataError
 
 EXCERPT = 80
 
@@ -66,9 +70,9 @@ def first_bad_json_line(path: str) -> tuple[int, str, str] | None:
             if not line.strip():
                 continue
             try:
-                value = json.loads(line)
+                value = json.loads(line.rstrip("\r\n"))
             except json.JSONDecodeError as err:
-                return number, err.msg + f" at column {err.colno}", _excerpt(line)
+                return number, f"{err.msg}: column {err.colno}", _excerpt(line)
             if not isinstance(value, dict):
                 return number, f"a JSON {type(value).__name__}, not an object", _excerpt(line)
     return None
@@ -103,6 +107,32 @@ def is_json_lines(path: str) -> bool:
     return True
 
 
+def non_utf8_message(path: str) -> str | None:
+    """``line N is not UTF-8 text (byte 0x.. at column C: ...); re-encode ...`` for a file, else ``None``."""
+    bad = first_non_utf8_line(path)
+    if bad is None:
+        return None
+    line, column, byte, raw = bad
+    return (
+        f"line {line} is not UTF-8 text (byte 0x{byte:02x} at column {column}: "
+        f"{_excerpt(raw.decode('utf-8', errors='replace'))}); re-encode the file as UTF-8, e.g. "
+        f"iconv -f latin1 -t utf-8 {os.path.basename(path)}"
+    )
+
+
+@contextmanager
+def naming_non_utf8(path: Any, split: str) -> Iterator[None]:
+    """Turn a ``UnicodeDecodeError`` raised while reading rows (pyarrow may load bad bytes and fail only when
+    they are decoded) into a :class:`DataError` that names the file line."""
+    try:
+        yield
+    except UnicodeDecodeError as err:
+        detail = None
+        if isinstance(path, (str, os.PathLike)) and os.path.isfile(path):
+            detail = non_utf8_message(os.fspath(path))
+        raise DataError(f"data.path={path} ({split}): {detail or f'text that is not UTF-8 ({err})'}") from err
+
+
 def explain_load_error(path: str, builder: str, err: BaseException) -> str:
     """One sentence (after ``data.path=PATH:``) saying why ``datasets`` could not read ``path``.
 
@@ -113,14 +143,9 @@ def explain_load_error(path: str, builder: str, err: BaseException) -> str:
         return "the file is empty (0 bytes): no rows to train on"
     causes = list(_chain(err))
     if any(isinstance(e, UnicodeDecodeError) for e in causes) or any("Invalid encoding" in str(e) for e in causes):
-        bad = first_non_utf8_line(path)
-        if bad is not None:
-            line, column, byte, raw = bad
-            return (
-                f"line {line} is not UTF-8 text (byte 0x{byte:02x} at column {column}: "
-                f"{_excerpt(raw.decode('utf-8', errors='replace'))}); re-encode the file as UTF-8, e.g. "
-                f"iconv -f latin1 -t utf-8 {os.path.basename(path)}"
-            )
+        message = non_utf8_message(path)
+        if message is not None:
+            return message
     if builder == "json" and is_json_lines(path):
         bad_json = first_bad_json_line(path)
         if bad_json is not None:

@@ -18,7 +18,7 @@ from typing import Any
 import datasets
 from torch.utils.data import Dataset
 
-from hf_lightning.data.file_errors import is_json_lines, jsonl_line_of_row
+from hf_lightning.data.file_errors import is_json_lines, jsonl_line_of_row, naming_non_utf8
 from hf_lightning.data.formatting import CAUSAL_FORMATS, TOKENIZERS, check_columns
 from hf_lightning.errors import DataError
 from hf_lightning.module.loss import IGNORE_INDEX
@@ -142,19 +142,13 @@ def tokenize_dataset(
                 f"{describe_row(ds, row, path, split)}: label {value!r} is not one of the {len(names)} training "
                 f"labels {names[:20]}{' ...' if len(names) > 20 else ''}"
             ) from err
-    try:
-        out = ds.map(
-            tokenize_rows,
-            batched=True,
-            with_indices=True,
-            fn_kwargs={"fmt": fmt, **fn_kwargs_for(fmt, tokenizer, max_length, label2id)},
-            num_proc=num_proc,
-            desc=f"tokenizing {split} ({fmt})",
-        )
-    except RowError as err:
-        raise DataError(f"{describe_row(ds, err.row, path, split)}: {err.message}") from err
-    except DataError as err:
-        raise DataError(f"data.path={path} ({split}): {err}") from err
+    with naming_non_utf8(path, split):
+        try:
+            out = _map_rows(ds, fmt, tokenizer, max_length, split, label2id, num_proc)
+        except RowError as err:
+            raise DataError(f"{describe_row(ds, err.row, path, split)}: {err.message}") from err
+        except DataError as err:
+            raise DataError(f"data.path={path} ({split}): {err}") from err
     n_trunc = sum(out["truncated"])
     if n_trunc:
         log.warning(
@@ -183,6 +177,20 @@ def tokenize_dataset(
     return out
 
 
+def _map_rows(
+    ds: datasets.Dataset, fmt: str, tokenizer: Any, max_length: int, split: str,
+    label2id: Mapping[str, int] | None, num_proc: int | None,
+) -> datasets.Dataset:
+    return ds.map(
+        tokenize_rows,
+        batched=True,
+        with_indices=True,
+        fn_kwargs={"fmt": fmt, **fn_kwargs_for(fmt, tokenizer, max_length, label2id)},
+        num_proc=num_proc,
+        desc=f"tokenizing {split} ({fmt})",
+    )
+
+
 def label_mapping(ds: Any, path: Any) -> dict[str, int] | None:
     """``label2id`` of a classification source: its ``ClassLabel`` names, or the sorted distinct string labels.
 
@@ -205,7 +213,8 @@ def label_mapping(ds: Any, path: Any) -> dict[str, int] | None:
             f"data.path={path}: string class labels in a stream cannot be mapped to ids without a scan; "
             "cast the column to datasets.ClassLabel (names in order) or use integer labels"
         )
-    names = sorted(set(ds["label"]))
+    with naming_non_utf8(path, "train"):
+        names = sorted(set(ds["label"]))
     return {name: i for i, name in enumerate(names)}
 
 
