@@ -22,6 +22,39 @@ from hf_lightning.module.loss import IGNORE_INDEX
 log = logging.getLogger(__name__)
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+# kind -> (test, what the message says the value must be)
+KINDS = {
+    "positive int": (lambda v: _is_int(v) and v >= 1, "a positive integer"),
+    "positive int or null": (lambda v: v is None or (_is_int(v) and v >= 1), "a positive integer or null"),
+    "int >= 0": (lambda v: _is_int(v) and v >= 0, "an integer >= 0"),
+    "int": (_is_int, "an integer"),
+    "bool": (lambda v: isinstance(v, bool), "true or false"),
+    "fraction": (
+        lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < 1, "in [0, 1)"
+    ),
+    "names or null": (
+        lambda v: v is None or (isinstance(v, (list, tuple)) and all(isinstance(x, str) for x in v)),
+        "null or a list of names",
+    ),
+}
+
+
+def check_arguments(group: str, arguments: dict[str, tuple[Any, str]]) -> None:
+    """Check each ``name: (value, kind)`` against :data:`KINDS` (``bool`` is not an integer here).
+
+    Raises:
+        ConfigError: ``{group}.{name} must be {what}, got {value!r}`` for the first value of the wrong kind.
+    """
+    for name, (value, kind) in arguments.items():
+        test, what = KINDS[kind]
+        if not test(value):
+            raise ConfigError(f"{group}.{name} must be {what}, got {value!r}")
+
+
 def check_fits_one_batch(n_per_rank: int, batch_size: int, drop_last: bool, split: str = "train") -> None:
     """A ``DataLoader`` with ``drop_last`` and fewer examples than one batch yields nothing: Lightning then
     "trains" for zero steps and reports success. Refuse instead.

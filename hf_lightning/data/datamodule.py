@@ -25,6 +25,7 @@ import torch
 
 from hf_lightning.data.chat import require_chat_template
 from hf_lightning.data.checks import (
+    check_arguments,
     check_fits_one_batch,
     check_label_range,
     check_sequence_isolation,
@@ -127,24 +128,30 @@ class HFDataModule(L.LightningDataModule):
         seed: int = 42,
     ) -> None:
         super().__init__()
-        for key, value in (
-            ("per_device_train_batch_size", per_device_train_batch_size),
-            ("per_device_eval_batch_size", per_device_eval_batch_size),
-            ("max_length", max_length),
-            ("shuffle_buffer_size", shuffle_buffer_size),
-        ):
-            if not isinstance(value, int) or value < 1:
-                raise ConfigError(f"data.{key} must be a positive integer, got {value!r}")
+        check_arguments("data", {
+            "per_device_train_batch_size": (per_device_train_batch_size, "positive int"),
+            "per_device_eval_batch_size": (per_device_eval_batch_size, "positive int"),
+            "max_length": (max_length, "positive int"),
+            "shuffle_buffer_size": (shuffle_buffer_size, "positive int"),
+            "validation_split": (validation_split, "fraction"),
+            "num_workers": (num_workers, "int >= 0"),
+            "prefetch_factor": (prefetch_factor, "positive int or null"),
+            "pad_to_multiple_of": (pad_to_multiple_of, "positive int or null"),
+            "seed": (seed, "int"),
+            "model_input_names": (model_input_names, "names or null"),
+            "label_names": (label_names, "names or null"),
+            **{k: (v, "bool") for k, v in (
+                ("shuffle", shuffle), ("group_by_length", group_by_length), ("padding_free", padding_free),
+                ("streaming", streaming), ("remove_unused_columns", remove_unused_columns),
+                ("pin_memory", pin_memory), ("persistent_workers", persistent_workers), ("drop_last", drop_last),
+            )},
+        })
         if format not in ("auto", *FORMATS):
             raise ConfigError(f"data.format={format!r}; expected one of {['auto', *FORMATS]}")
-        if not 0 <= validation_split < 1:
-            raise ConfigError(f"data.validation_split must be in [0, 1), got {validation_split!r}")
         if packing is True:
             packing = "bfd"
-        if packing not in (False, None, *STRATEGIES):
+        if packing is not False and packing is not None and packing not in STRATEGIES:
             raise ConfigError(f"data.packing={packing!r}; expected false, true (= bfd) or one of {list(STRATEGIES)}")
-        if not isinstance(num_workers, int) or num_workers < 0:
-            raise ConfigError(f"data.num_workers must be an integer >= 0, got {num_workers!r}")
         if num_workers == 0 and (persistent_workers or prefetch_factor is not None):
             key = "persistent_workers" if persistent_workers else "prefetch_factor"
             raise ConfigError(f"data.{key} applies to worker processes only; set data.num_workers > 0 or unset it")
