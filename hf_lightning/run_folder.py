@@ -135,9 +135,18 @@ class RunFolderGuard(_HydraCallback):  # type: ignore[misc,valid-type]
 
     Refuses, with ``hf_lightning: error: ...`` and exit status 2: an unwritable folder; a fresh run in a folder
     holding a previous run; ``ckpt_path=last`` against a folder whose saved config differs in an identity setting.
+
+    Args:
+        enabled: ``False`` turns it off (``evaluate`` reads a training run's folder on purpose).
     """
 
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled
+
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        # a SystemExit, not an exception: Hydra turns exceptions raised by callbacks into warnings
+        if not self.enabled:
+            return
         run_dir = str(config.hydra.run.dir)
         ckpt_path = config.get("ckpt_path")
         try:
