@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections.abc import Mapping
@@ -12,6 +13,36 @@ from hf_lightning.errors import ModelError
 log = logging.getLogger(__name__)
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+
+
+def check_config_json(path: str) -> None:
+    """Raise :class:`ModelError` when ``path/config.json`` is not one JSON object (a truncated copy, a merge
+    conflict), naming the line and column, before the tokenizer or the model loader trip over it."""
+    file = os.path.join(path, "config.json")
+    try:
+        with open(file, encoding="utf-8") as fh:
+            value = json.load(fh)
+    except (ValueError, UnicodeDecodeError) as err:
+        raise ModelError(f"model.name_or_path={path}: config.json is not valid JSON ({err})") from err
+    if not isinstance(value, dict):
+        raise ModelError(f"model.name_or_path={path}: config.json holds a JSON {type(value).__name__}, not an object")
+
+
+def from_pretrained(auto_class: Any, path: str, **kwargs: Any) -> Any:
+    """``auto_class.from_pretrained(path, **kwargs)``; a folder whose files cannot be read becomes a ModelError.
+
+    Raises:
+        ModelError: a ``config.json`` that is not valid JSON or names an unknown architecture, weights that are
+            truncated or corrupt, or weights that do not fit the config (the loader's reason is kept).
+    """
+    try:
+        return auto_class.from_pretrained(path, **kwargs)
+    except Exception as err:  # json, safetensors, pickle and torch each raise their own types for a bad file
+        reason = " ".join(str(err).split())[:300]
+        raise ModelError(
+            f"model.name_or_path={path}: the model could not be loaded ({type(err).__name__}: {reason}); the folder "
+            "must hold a complete save_pretrained output (config.json and all weight files)"
+        ) from err
 
 
 def load_model_and_tokenizer(
@@ -59,13 +90,14 @@ def load_model_and_tokenizer(
         raise ModelError(f"model.name_or_path={path}: not a folder (expected a local HF model folder)")
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise ModelError(f"model.name_or_path={path}: no config.json, so not a model folder saved by save_pretrained")
+    check_config_json(path)
     if not any(os.path.exists(os.path.join(path, f)) for f in WEIGHT_FILES):
         raise ModelError(f"model.name_or_path={path}: no weights (looked for {', '.join(WEIGHT_FILES)})")
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
     except Exception as err:
         raise ModelError(f"model.name_or_path={path}: no loadable tokenizer in the folder ({err})") from err
-    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation=attn_implementation)
+    model = from_pretrained(AutoModelForCausalLM, path, attn_implementation=attn_implementation)
     if tokenizer.pad_token is None and tokenizer.eos_token is not None:
         log.warning("tokenizer in %s has no pad token: using its eos token %r", path, tokenizer.eos_token)
         tokenizer.pad_token = tokenizer.eos_token

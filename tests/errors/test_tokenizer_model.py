@@ -3,6 +3,8 @@ forward could fail with an ``IndexError`` (on a GPU: a device-side assert) or tr
 
 from __future__ import annotations
 
+import logging
+
 import datasets
 import pytest
 import torch
@@ -17,8 +19,9 @@ from transformers import (
 )
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from hf_lightning import ConfigError, DataError, HFDataModule
+from hf_lightning import ConfigError, DataError, HFDataModule, ModelError
 from hf_lightning.data.checks import packed_sequences_isolated
+from hf_lightning.models import load_model_and_tokenizer
 from tests.data_support import make_word_tokenizer, tiny_llama
 from tests.errors.support import CHAT_ROW, TEXT_ROWS, fit, write_jsonl
 
@@ -148,3 +151,80 @@ def test_padding_free_with_sdpa_trains(word_tokenizer, tmp_path):
     """The probe does not refuse a backend that isolates sequences: one real step runs."""
     dm = HFDataModule(tokenizer=word_tokenizer, path=datasets.Dataset.from_list(TEXT_ROWS[:8]), validation_split=0.0, padding_free=True)
     assert fit(tmp_path, tiny_llama(attn_implementation="sdpa"), dm).global_step == 1
+
+
+# ------------------------------------------------------------------------------------------ model folders
+@pytest.fixture
+def model_folder(tmp_path, word_tokenizer):
+    """A complete save_pretrained folder: a tiny Llama and the word-level tokenizer."""
+    folder = tmp_path / "model"
+    tiny_llama(vocab_size=32).save_pretrained(folder)
+    word_tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_model_path_that_is_not_a_folder(tmp_path):
+    with pytest.raises(ModelError, match=rf"^model.name_or_path={tmp_path}/absent: not a folder \(expected a local HF model folder\)$"):
+        load_model_and_tokenizer(str(tmp_path / "absent"))
+
+
+def test_model_folder_without_config(model_folder):
+    (model_folder / "config.json").unlink()
+    with pytest.raises(ModelError, match="no config.json, so not a model folder saved by save_pretrained"):
+        load_model_and_tokenizer(str(model_folder))
+
+
+def test_model_folder_with_weights_missing(model_folder):
+    (model_folder / "model.safetensors").unlink()
+    with pytest.raises(ModelError) as err:
+        load_model_and_tokenizer(str(model_folder))
+    assert str(err.value) == (
+        f"model.name_or_path={model_folder}: no weights (looked for model.safetensors, model.safetensors.index.json, "
+        "pytorch_model.bin, pytorch_model.bin.index.json)"
+    )
+
+
+def test_model_folder_with_truncated_weights(model_folder):
+    weights = model_folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])  # a copy interrupted half-way
+    with pytest.raises(ModelError, match=rf"^model.name_or_path={model_folder}: the model could not be loaded \(.*\); the folder must hold a complete save_pretrained output"):
+        load_model_and_tokenizer(str(model_folder))
+
+
+def test_model_folder_with_a_broken_config(model_folder):
+    (model_folder / "config.json").write_text('{"model_type": "llama", ')
+    with pytest.raises(ModelError, match=rf"^model.name_or_path={model_folder}: config.json is not valid JSON \(Expecting property name enclosed in double quotes: line 1 column 26"):
+        load_model_and_tokenizer(str(model_folder))
+
+
+def test_model_folder_without_tokenizer(model_folder):
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        (model_folder / name).unlink(missing_ok=True)
+    with pytest.raises(ModelError, match=rf"^model.name_or_path={model_folder}: no loadable tokenizer in the folder"):
+        load_model_and_tokenizer(str(model_folder))
+
+
+def test_folder_tokenizer_without_pad_falls_back_to_eos(tmp_path, caplog):
+    """The documented fallback (HF's usual fix): pad = eos, announced at WARNING; padded labels stay -100 by
+    position, so the real EOS tokens are still trained on."""
+    folder = tmp_path / "model"
+    tiny_llama(vocab_size=32).save_pretrained(folder)
+    tok = make_word_tokenizer()
+    tok.pad_token = None
+    tok.save_pretrained(folder)
+    with caplog.at_level(logging.WARNING, logger="hf_lightning"):
+        _, loaded = load_model_and_tokenizer(str(folder))
+    assert loaded.pad_token == "<eos>" and loaded.pad_token_id == 2
+    assert f"tokenizer in {folder} has no pad token: using its eos token '<eos>'" in caplog.text
+
+
+def test_folder_tokenizer_without_pad_or_eos_stops(tmp_path):
+    folder = tmp_path / "model"
+    tiny_llama(vocab_size=32).save_pretrained(folder)
+    tok = make_word_tokenizer()
+    tok.pad_token = None
+    tok.eos_token = None
+    tok.save_pretrained(folder)
+    _, loaded = load_model_and_tokenizer(str(folder))
+    with pytest.raises(ConfigError, match="the tokenizer has no pad token; set tokenizer.pad_token"):
+        HFDataModule(tokenizer=loaded, path=datasets.Dataset.from_list(TEXT_ROWS))
