@@ -193,7 +193,7 @@ def test_model_folder_with_truncated_weights(model_folder):
 
 def test_model_folder_with_a_broken_config(model_folder):
     (model_folder / "config.json").write_text('{"model_type": "llama", ')
-    with pytest.raises(ModelError, match=rf"^model.name_or_path={model_folder}: config.json is not valid JSON \(Expecting property name enclosed in double quotes: line 1 column 26"):
+    with pytest.raises(ModelError, match=rf"^model.name_or_path={model_folder}: config.json is not valid JSON \(Expecting property name enclosed in double quotes: line 1 column 25"):
         load_model_and_tokenizer(str(model_folder))
 
 
