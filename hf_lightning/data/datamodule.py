@@ -32,6 +32,7 @@ from hf_lightning.data.checks import (
     check_token_ids,
 )
 from hf_lightning.data.collators import ClassificationCollator, PaddingCollator, Seq2SeqCollator
+from hf_lightning.data.file_errors import read_error
 from hf_lightning.data.flattening import PaddingFreeCollator
 from hf_lightning.data.formatting import CAUSAL_FORMATS, FORMATS, detect_format
 from hf_lightning.data.iterable import ShardedStream
@@ -232,7 +233,12 @@ class HFDataModule(L.LightningDataModule):
         names = getattr(ds, "column_names", None)
         if names:
             return list(names)
-        first = next(iter(ds)) if is_stream(ds) else ds[0]
+        try:
+            first = next(iter(ds)) if is_stream(ds) else ds[0]
+        except (DataError, StopIteration):
+            raise
+        except Exception as err:  # a stream reads its file only now: a broken line shows here first
+            raise read_error(self.path, "train", err) from err
         if not isinstance(first, dict):
             raise DataError(f"data.path={self.path}: examples must be mappings of column -> value, got {type(first).__name__}")
         log.info("the source has no schema; reading the column names from its first row: %s", sorted(first))
@@ -365,7 +371,8 @@ class HFDataModule(L.LightningDataModule):
 
     def _first_example(self, ds: Any, holdout_keep: bool | None) -> Any:
         if is_stream(ds):
-            stream = ShardedStream(ds, self._processor, holdout=self._holdout_spec(holdout_keep), split="validation")
+            name = (self.validation_path or self.path) if holdout_keep else self.path
+            stream = ShardedStream(ds, self._processor, holdout=self._holdout_spec(holdout_keep), split="validation", name=name)
             return next(iter(stream), None)
         return ds[0] if len(ds) else None
 
@@ -423,6 +430,7 @@ class HFDataModule(L.LightningDataModule):
             source, self._processor, rank=rank, world_size=world, shuffle=train and self.shuffle, seed=self.seed,
             buffer_size=self.shuffle_buffer_size, length_buffer=length_buffer, holdout=holdout,
             length=len(source) if sized else None, top_up=train, split="train" if train else "validation",
+            name=self.path if train else self.validation_path or self.path,
         )
         if train and stream.length is not None:
             check_fits_one_batch(stream.per_reader(self.num_workers), batch, self.drop_last)

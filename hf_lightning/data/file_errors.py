@@ -156,3 +156,13 @@ def explain_load_error(path: str, builder: str, err: BaseException) -> str:
     if "corresponds to no data" in message or isinstance(root, StopIteration):
         return "the file holds no rows (only a header, an empty list, or blank lines)"
     return f"could not be read as {builder}: {message.strip()}"
+
+
+def read_error(name: Any, split: str, err: BaseException) -> DataError:
+    """The :class:`DataError` for an exception raised while a stream reads its source ``name`` (``data.path``)."""
+    if isinstance(name, (str, os.PathLike)) and os.path.isfile(name):
+        path = os.fspath(name)
+        builder = {".csv": "csv", ".parquet": "parquet"}.get(os.path.splitext(path)[1].lower(), "json")
+        return DataError(f"data.path={path}: {explain_load_error(path, builder, err)}")
+    where = f"data.path={name}" if name is not None else "the stream"
+    return DataError(f"{where} ({split} stream): could not be read ({type(err).__name__}: {err})")

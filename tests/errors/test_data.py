@@ -295,3 +295,36 @@ def _saved(jsonl, tmp_path):
     folder = tmp_path / "saved"
     datasets.load_dataset("json", data_files=str(jsonl), split="train").save_to_disk(str(folder))
     return str(folder)
+
+
+# ------------------------------------------------------------------------------------------ streams
+def read_stream(tokenizer, path, **kwargs):
+    dm = setup_dm(tokenizer, path, streaming=True, **kwargs)
+    return [b for b in dm.train_dataloader()]
+
+
+def test_stream_with_a_broken_line(word_tokenizer, tmp_path):
+    """A stream reads its file lazily: the parser error shows at setup (first row) or mid-epoch, named the same."""
+    path = write_jsonl(tmp_path / "broken.jsonl", TEXT_ROWS, raw={56: '{"text": "a b'})
+    with pytest.raises(DataError, match=r"could not be read as json: line 57 is not a JSON object \(Unterminated string"):
+        read_stream(word_tokenizer, path)
+
+
+def test_unshuffled_stream_names_the_line_of_a_bad_row(word_tokenizer, tmp_path):
+    path = write_jsonl(tmp_path / "typed.jsonl", TEXT_ROWS, raw={56: json.dumps({"text": 5})})
+    with pytest.raises(DataError) as err:
+        read_stream(word_tokenizer, path, shuffle=False)
+    assert str(err.value) == f"data.path={path} line 57 (train stream row 56): field 'text' must be a string, got int (5)"
+
+
+def test_shuffled_stream_names_the_value_and_its_position(word_tokenizer, tmp_path):
+    path = write_jsonl(tmp_path / "typed.jsonl", TEXT_ROWS, raw={56: json.dumps({"text": 5})})
+    with pytest.raises(DataError, match=r"\(train stream row \d+, in this epoch's shuffled order\): field 'text' must be a string, got int \(5\)"):
+        read_stream(word_tokenizer, path)
+
+
+def test_non_utf8_stream(word_tokenizer, tmp_path):
+    raw = {50: json.dumps({"text": "café"}, ensure_ascii=False).encode("latin-1")}
+    path = write_jsonl(tmp_path / "latin1.jsonl", TEXT_ROWS, raw=raw)
+    with pytest.raises(DataError, match=r"line 51 is not UTF-8 text \(byte 0xe9 at column 14"):
+        read_stream(word_tokenizer, path)
