@@ -2,5 +2,7 @@
 
 from hf_lightning.callbacks.hf_export import HFExport
 from hf_lightning.callbacks.nonfinite import NonFiniteGuard
+from hf_lightning.callbacks.preemption import Preemption
+from hf_lightning.callbacks.resume_state import ResumeState
 
-__all__ = ["HFExport", "NonFiniteGuard"]
+__all__ = ["HFExport", "NonFiniteGuard", "Preemption", "ResumeState"]
