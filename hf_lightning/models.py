@@ -34,6 +34,8 @@ def resolve_name_or_path(name_or_path: str | os.PathLike | None) -> str | None:
     """
     if name_or_path is None:
         return None
+    if not isinstance(name_or_path, (str, os.PathLike)):
+        raise ModelError(f"model.name_or_path={name_or_path!r}: expected a folder path (or null for the default model)")
     path = os.fspath(name_or_path)
     if not path.startswith(PACKAGE_PREFIX):
         return path

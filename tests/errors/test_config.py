@@ -15,10 +15,10 @@ from omegaconf import OmegaConf
 
 from hf_lightning import ConfigError, HFDataModule, HFLightningModule
 from hf_lightning.callbacks.best_model import resolve_monitor
+from hf_lightning.checkpointing import find_resume_checkpoint
 from hf_lightning.config_check import check_keys
 from hf_lightning.module.optim import build_optimizer, build_scheduler
 from hf_lightning.run_folder import RunFolderGuard, check_run_folder
-from hf_lightning.train import resolve_ckpt_path
 from tests.data_support import PadOnly, tiny_llama
 from tests.errors.support import fit, remount_read_only, tiny_filesystem
 
@@ -134,7 +134,7 @@ def test_metrics_without_a_label_key(tmp_path):
 # ------------------------------------------------------------------------------------------ checkpoints and run folders
 def test_resume_last_without_a_checkpoint(tmp_path):
     with pytest.raises(ConfigError, match=r"ckpt_path=last: no checkpoint at .*/checkpoints/last.ckpt. Resume needs the same run folder"):
-        resolve_ckpt_path("last", str(tmp_path))
+        find_resume_checkpoint("last", str(tmp_path))
 
 
 def compose_train(*overrides):

@@ -8,6 +8,7 @@ either the result is right (checked against an independent count or computation)
 
 from __future__ import annotations
 
+import functools
 import math
 from types import SimpleNamespace
 
@@ -15,10 +16,12 @@ import datasets
 import pytest
 import torch
 import torch.nn.functional as F
+import yaml
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
+from omegaconf import OmegaConf
 
-from hf_lightning import DataError, HFDataModule, HFLightningError
+from hf_lightning import ConfigError, DataError, HFDataModule, HFLightningError, HFLightningModule
 from hf_lightning.data import (
     ClassificationCollator,
     ExactDistributedSampler,
@@ -245,3 +248,63 @@ def test_random_datamodule_arguments(kwargs):
         assert "data." in str(err) or "data.path" in str(err), str(err)
     except Exception as err:  # noqa: BLE001 - the property under test
         pytest.fail(f"{type(err).__name__}: {err} for {kwargs!r}")
+
+
+# ------------------------------------------------------------------------------------------ config overrides
+VALUES = ["0", "-1", "1", "2", "1.5", "-0.5", "1e30", "nan", "inf", "true", "false", "null", "abc", "''", "[1,2]",
+          "{a: 1}", "bfd", "wrapped", "adamw", "linear", "stop", "skip"]
+
+
+@functools.cache
+def _leaf_keys():
+    cfg = OmegaConf.to_container(_base(), resolve=False)
+    keys = []
+    for group in ("data", "optim", "scheduler", "module", "model", "callbacks.nonfinite_guard", "trainer"):
+        node = cfg
+        for part in group.split("."):
+            node = node[part]
+        keys += [f"{group}.{k}" for k, v in node.items() if not isinstance(v, dict) and not k.startswith("_")]
+    return sorted(keys) + ["seed"]
+
+
+@functools.cache
+def _base():
+    from hf_lightning.config.compose import compose_train
+
+    return compose_train(["+experiment=sft"], output_dir="/tmp/unused")
+
+
+LEAF_KEYS = st.deferred(lambda: st.sampled_from(_leaf_keys()))  # composed on first use, not at collection
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(LEAF_KEYS, st.sampled_from(VALUES)), min_size=1, max_size=4,
+                unique_by=lambda kv: kv[0]))
+def test_random_overrides_through_the_schema(overrides):
+    """Any override either fails the schema with a ConfigError naming the key, or builds every object the config
+    names without another kind of error (a value the schema lets through must be one the code accepts)."""
+    from hf_lightning.callbacks import NonFiniteGuard
+    from hf_lightning.config import validate_config
+    from hf_lightning.module.optim import build_optimizer, build_scheduler
+    from tests.data_support import PadOnly
+
+    cfg = _base().copy()  # composed once; each value is parsed as YAML, as Hydra parses an override value
+    for key, value in overrides:
+        OmegaConf.update(cfg, key, yaml.safe_load(value), merge=False)
+    try:
+        validate_config(cfg)
+    except ConfigError as err:
+        assert any(k in str(err) for k, _ in overrides) or "required" in str(err), (str(err), overrides)
+        return
+    c = OmegaConf.to_container(cfg, resolve=True)
+    model = torch.nn.Linear(2, 2)
+    try:
+        HFDataModule(PadOnly(), **c["data"])
+        optimizer = build_optimizer(model, **c["optim"])
+        build_scheduler(optimizer, 10, **c["scheduler"])
+        NonFiniteGuard(**{k: v for k, v in c["callbacks"]["nonfinite_guard"].items() if k != "_target_"})
+        HFLightningModule(model, optim=c["optim"], scheduler=c["scheduler"], **c["module"])
+    except HFLightningError:
+        pass  # a cross-field or range rule the constructors enforce: still a message naming the key
+    except Exception as err:  # noqa: BLE001 - the property under test
+        pytest.fail(f"{overrides} passed the schema but {type(err).__name__}: {err}")
