@@ -277,7 +277,7 @@ def _base():
 LEAF_KEYS = st.deferred(lambda: st.sampled_from(_leaf_keys()))  # composed on first use, not at collection
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.tuples(LEAF_KEYS, st.sampled_from(VALUES)), min_size=1, max_size=4,
                 unique_by=lambda kv: kv[0]))
 def test_random_overrides_through_the_schema(overrides):
