@@ -358,6 +358,9 @@ class HFLightningModule(EvalStepsMixin, L.LightningModule):
         if grads:
             self._last_grad_norm = torch.nn.utils.get_total_norm(grads)
 
+    def on_train_start(self) -> None:
+        self._steps_seen = self.global_step  # a resumed run starts at its checkpoint's step
+
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         if self.global_step == self._steps_seen:
             return  # still accumulating
