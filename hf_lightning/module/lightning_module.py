@@ -389,9 +389,8 @@ class HFLightningModule(EvalStepsMixin, L.LightningModule):
         loss = torch.stack(self._loss_since_log).mean()
         self._loss_since_log = []
         if self.trainer.world_size > 1:
-            # with the count summed across ranks each rank holds its share of the global window loss: sum them
-            op = "sum" if self.average_tokens_across_devices else "mean"
-            loss = self.trainer.strategy.reduce(loss, reduce_op=op)
+            # training_step logs each rank's share times world size: the mean over ranks is the window loss
+            loss = self.trainer.strategy.reduce(loss, reduce_op="mean")
         metrics = {"train/loss": loss.item(), "lr": self._last_lr}
         if self._last_grad_norm is not None:
             metrics["grad_norm"] = self._last_grad_norm.item()
