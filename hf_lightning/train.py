@@ -41,6 +41,20 @@ def resolve_ckpt_path(ckpt_path: str | None, output_dir: str) -> str | None:
     return ckpt_path
 
 
+def resolve_function(path: str, key: str) -> Any:
+    """The function at a dotted ``path`` (``package.module.function``).
+
+    Raises:
+        ConfigError: the path does not name an importable callable (the message names ``key``).
+    """
+    from hydra.utils import get_method
+
+    try:
+        return get_method(path)
+    except Exception as err:
+        raise ConfigError(f"{key}={path}: not an importable function ({err})") from err
+
+
 def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
     """Run one training job described by ``cfg``.
 
@@ -72,12 +86,15 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     model, tokenizer = load_model_and_tokenizer(**OmegaConf.to_container(cfg.model, resolve=True))
     datamodule = HFDataModule(tokenizer=tokenizer, **OmegaConf.to_container(cfg.data, resolve=True))
+    module_kwargs = OmegaConf.to_container(cfg.module, resolve=True)
+    if isinstance(module_kwargs.get("compute_loss_func"), str):
+        module_kwargs["compute_loss_func"] = resolve_function(module_kwargs["compute_loss_func"], "module.compute_loss_func")
     module = HFLightningModule(
         model,
         tokenizer=tokenizer,
         optim=OmegaConf.to_container(cfg.optim, resolve=True),
         scheduler=OmegaConf.to_container(cfg.scheduler, resolve=True),
-        **OmegaConf.to_container(cfg.module, resolve=True),
+        **module_kwargs,
     )
     callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
     loggers = [instantiate(c) for c in (cfg.get("logger") or {}).values() if c is not None]

@@ -19,6 +19,12 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 NUM_ITEMS_KEY = "num_items_in_batch"
+# the micro-batch's own count and its window's number of micro-batches: the module needs them for HF's
+# fallback (a per-batch mean divided by the window length) and to skip a micro-batch without targets, and
+# reading them from a device tensor would cost a host-device sync per micro-batch
+MICRO_ITEMS_KEY = "num_items_in_micro_batch"
+WINDOW_LENGTH_KEY = "num_batches_in_window"
+WINDOW_KEYS = (NUM_ITEMS_KEY, MICRO_ITEMS_KEY, WINDOW_LENGTH_KEY)
 
 
 class AccumulationWindowLoader:
@@ -33,13 +39,14 @@ class AccumulationWindowLoader:
         max_batches: optional ``() -> int | float``, read at the start of each epoch: how many batches the
             training loop will consume (``trainer.num_training_batches``); windows are cut there so that
             ``limit_train_batches`` cannot leak unseen batches into the count.
-
         progress: optional ``() -> (epoch, batches consumed in that epoch)``, read when a checkpoint is saved
             (Lightning calls :meth:`state_dict`); on resume the epoch continues after those batches.
 
-    Each yielded batch is a shallow copy of the original mapping with one extra key,
-    ``num_items_in_batch``: a Python ``int``, the count summed over the micro-batches of its window on
-    this process (the model module sums it across ranks).
+    Each yielded batch is a shallow copy of the original mapping with three extra keys, all Python ``int``:
+    ``num_items_in_batch``, the count summed over the micro-batches of its window on this process (the model
+    module sums it across ranks); ``num_items_in_micro_batch``, this micro-batch's own count; and
+    ``num_batches_in_window``, the number of micro-batches in its window (``accumulate_grad_batches``, or
+    fewer for the last window of an epoch).
 
     Raises:
         ValueError: ``accumulate_grad_batches < 1``.
@@ -134,6 +141,7 @@ class AccumulationWindowLoader:
                         f"AccumulationWindowLoader needs dict batches (got {type(batch).__name__}); "
                         "the collator must return a mapping of tensors"
                     )
-            total = sum(self.count_fn(batch) for batch in window)
-            for batch in window:
-                yield {**batch, NUM_ITEMS_KEY: total}
+            counts = [self.count_fn(batch) for batch in window]
+            total = sum(counts)
+            for batch, count in zip(window, counts):
+                yield {**batch, NUM_ITEMS_KEY: total, MICRO_ITEMS_KEY: count, WINDOW_LENGTH_KEY: len(window)}

@@ -12,40 +12,78 @@ import lightning as L
 import torch
 from torch import nn
 
-from hf_lightning.data.windows import NUM_ITEMS_KEY
+from hf_lightning.data.windows import MICRO_ITEMS_KEY, NUM_ITEMS_KEY, WINDOW_KEYS, WINDOW_LENGTH_KEY
+from hf_lightning.errors import ConfigError, ModelError
 from hf_lightning.module.eval_steps import EvalStepsMixin
-from hf_lightning.module.loss import count_loss_items, token_cross_entropy_sum
+from hf_lightning.module.loss import (
+    IGNORE_INDEX,
+    accepts_num_items,
+    count_loss_items,
+    declares_num_items_support,
+    loss_shifts_labels,
+    loss_targets,
+    token_cross_entropy_sum,
+)
 from hf_lightning.module.optim import build_optimizer, build_scheduler
 
 log = logging.getLogger(__name__)
 
-NON_MODEL_KEYS = ("labels", "shift_labels", NUM_ITEMS_KEY)
+NON_MODEL_KEYS = ("labels", "shift_labels", *WINDOW_KEYS)
+
+Count = int | torch.Tensor
 
 
 class HFLightningModule(EvalStepsMixin, L.LightningModule):
     """Train and evaluate any HF-style model (``forward(**batch)`` returning ``.logits``).
 
-    The loss of one optimizer step is HF's: the sum of token cross-entropy over every micro-batch of the
+    The loss of one optimizer step is HF's: the sum of the loss terms over every micro-batch of the
     gradient-accumulation window divided by ``num_items_in_batch``, the window's number of targets (summed
     across data-parallel ranks). It does not depend on how the window is split into micro-batches or ranks.
 
-    The token loss is computed here from the logits (:func:`~hf_lightning.module.loss.token_cross_entropy_sum`)
-    and labels are not passed to the model: we never rely on a model's ``forward`` honouring
-    ``num_items_in_batch`` (HF infers that from a bare ``**kwargs``, and a model that ignores it gets gradients
-    inflated by accumulation x world size).
+    Where the loss comes from, first match wins:
+
+    1. a subclass overriding :meth:`compute_loss`;
+    2. ``compute_loss_func(outputs, labels, num_items_in_batch)``, HF's ``Trainer`` argument;
+    3. the model's own ``outputs.loss`` when ``use_model_loss`` (by default: when the model is *declared* to
+       honour ``num_items_in_batch``);
+    4. otherwise the token cross-entropy computed here from the logits
+       (:func:`~hf_lightning.module.loss.token_cross_entropy_sum`, label-smoothed as HF's ``LabelSmoother``
+       when ``label_smoothing_factor > 0``). This is the default for every ``transformers`` model.
+
+    "Declared" means ``model_accepts_loss_kwargs=True`` here, or an ``accepts_loss_kwargs = True`` attribute on
+    the model. Unlike HF ``Trainer`` we never infer it from a bare ``**kwargs`` in ``forward``: a model that
+    swallows the keyword and still averages per micro-batch would get gradients inflated by accumulation x
+    world size. A loss that does not take the count (the model's loss of an undeclared model, a
+    ``compute_loss_func`` without a ``num_items_in_batch`` parameter, or a subclass that sets
+    ``loss_is_scaled_for_ga = False``) is HF's fallback: a mean per micro-batch, divided by the number of
+    micro-batches in the window; one warning says so, since it weights targets unequally.
 
     Lightning's automatic optimization divides the returned loss by ``accumulate_grad_batches`` and DDP averages
-    gradients over ranks; ``training_step`` returns ``loss * accumulate_grad_batches * world_size`` so that the
-    applied gradient is exactly d(window loss)/dθ.
+    gradients over ranks; ``training_step`` returns ``loss * accumulate_grad_batches * world_size`` (the world
+    size factor only when the count is summed across ranks) so that the applied gradient is exactly
+    d(window loss)/dθ. Lightning already skips DDP's gradient all-reduce on all but the last micro-batch of a
+    window (``no_sync``).
 
     Args:
-        model: an ``nn.Module`` whose ``forward(**batch)`` returns an object with ``.logits`` ``(B, L, V)``.
+        model: an ``nn.Module`` whose ``forward(**batch)`` returns an object with ``.logits`` ``(B, L, V)``
+            (or ``(B, C)`` for sequence classification).
         tokenizer: saved next to the model by the export callback (optional).
         optim: keyword arguments of :func:`~hf_lightning.module.optim.build_optimizer` (``name``, ``lr``, ...).
         scheduler: keyword arguments of :func:`~hf_lightning.module.optim.build_scheduler` (``name``,
             ``warmup_steps``, ``warmup_ratio``).
         average_tokens_across_devices: sum the target count across ranks (HF's default, exact); ``False``
             normalises by each rank's own count (biased when ranks hold different numbers of targets).
+        compute_loss_func: ``(outputs, labels, num_items_in_batch) -> 0-dim loss``, as HF ``Trainer``'s
+            argument: ``outputs`` from ``model(**inputs)`` without labels, ``labels`` ``(B, L)`` int64, and
+            ``num_items_in_batch`` an ``int`` (one process) or 0-dim int64 tensor (summed across ranks), never 0.
+            It must return the micro-batch's *share*: a sum over its items divided by ``num_items_in_batch``.
+        use_model_loss: use ``model(**inputs, labels=...).loss``. ``None``: only when the model is declared to
+            honour ``num_items_in_batch`` (see above) and no label smoothing is asked for.
+        model_accepts_loss_kwargs: declare that the model's ``forward`` divides its summed loss by a
+            ``num_items_in_batch`` keyword (HF's attribute name). ``None``: read ``model.accepts_loss_kwargs``.
+        label_smoothing_factor: HF's ``TrainingArguments.label_smoothing_factor`` for the built-in loss, in [0, 1).
+        causal: the labels are aligned for a causal LM (shifted by one). ``None``: HF's rule
+            (:func:`~hf_lightning.module.loss.loss_shifts_labels`).
         compute_metrics: HF-style ``compute_metrics(EvalPrediction) -> dict`` over the whole evaluation set
             (numpy arrays padded with -100, in dataset order); its keys are logged as ``val/<key>``.
         preprocess_logits_for_metrics: HF-style ``(logits, labels) -> preds`` applied per batch before
@@ -54,11 +92,19 @@ class HFLightningModule(EvalStepsMixin, L.LightningModule):
         batch_eval_metrics: call ``compute_metrics(EvalPrediction, compute_result=is_last_batch)`` per batch
             instead of once (HF's); the last call's result is logged.
 
+    Raises:
+        ConfigError: conflicting or out-of-range loss arguments (named).
+
     Logged (x-axis ``step`` = optimizer steps done, as HF): ``train/loss`` (mean of the window losses since
-    the last log, averaged over ranks), ``lr`` (the rate used in that step), ``grad_norm`` (before clipping);
-    ``val/loss`` (token-weighted mean over the whole validation set), ``val/perplexity``, ``val/accuracy``
-    (see :class:`~hf_lightning.module.eval_steps.EvalStepsMixin`).
+    the last log, averaged over ranks: HF's ``loss``), ``lr`` (the rate used in that step), ``grad_norm``
+    (before clipping); ``val/loss`` (token-weighted mean over the whole validation set), ``val/perplexity``,
+    ``val/accuracy`` (see :class:`~hf_lightning.module.eval_steps.EvalStepsMixin`).
     """
+
+    #: HF ``Trainer``'s attribute: whether :meth:`compute_loss` returns a share of the window loss (``True``)
+    #: or a per-micro-batch mean (``False``, HF's fallback). ``None``: decided from the loss source; a
+    #: subclass overriding :meth:`compute_loss` counts as ``True`` unless it sets this.
+    loss_is_scaled_for_ga: bool | None = None
 
     def __init__(
         self,
@@ -67,90 +113,244 @@ class HFLightningModule(EvalStepsMixin, L.LightningModule):
         optim: Mapping[str, Any] | None = None,
         scheduler: Mapping[str, Any] | None = None,
         average_tokens_across_devices: bool = True,
+        compute_loss_func: Callable[..., torch.Tensor] | None = None,
+        use_model_loss: bool | None = None,
+        model_accepts_loss_kwargs: bool | None = None,
+        label_smoothing_factor: float = 0.0,
+        causal: bool | None = None,
         compute_metrics: Callable[..., Mapping[str, float]] | None = None,
         preprocess_logits_for_metrics: Callable[[torch.Tensor, torch.Tensor], Any] | None = None,
         eval_accumulation_steps: int | None = None,
         batch_eval_metrics: bool = False,
     ) -> None:
         super().__init__()
+        if not 0.0 <= label_smoothing_factor < 1.0:
+            raise ConfigError(f"module.label_smoothing_factor must be in [0, 1), got {label_smoothing_factor!r}")
+        if compute_loss_func is not None and not callable(compute_loss_func):
+            raise ConfigError(f"module.compute_loss_func must be callable, got {compute_loss_func!r}")
+        if compute_loss_func is not None and use_model_loss:
+            raise ConfigError("module.compute_loss_func and module.use_model_loss=true both define the loss; pick one")
+        if label_smoothing_factor and (compute_loss_func is not None or use_model_loss):
+            # HF ignores label smoothing silently in these cases; a silent no-op is a bug here
+            raise ConfigError(
+                "module.label_smoothing_factor applies to the built-in token loss only; it cannot be combined "
+                "with module.compute_loss_func or module.use_model_loss=true"
+            )
         self.model = model
         self.tokenizer = tokenizer
         self.optim = dict(optim or {})
         self.scheduler = dict(scheduler or {})
         self.average_tokens_across_devices = average_tokens_across_devices
+        self.compute_loss_func = compute_loss_func
+        self.label_smoothing_factor = float(label_smoothing_factor)
+        self.model_accepts_loss_kwargs = (
+            declares_num_items_support(model) if model_accepts_loss_kwargs is None else bool(model_accepts_loss_kwargs)
+        )
+        if use_model_loss is None:
+            use_model_loss = self.model_accepts_loss_kwargs and compute_loss_func is None and not label_smoothing_factor
+        self.use_model_loss = bool(use_model_loss)
+        self.causal = loss_shifts_labels(model) if causal is None else bool(causal)
         config = getattr(model, "config", None)
-        self.causal = not getattr(config, "is_encoder_decoder", False)
+        self._encoder_decoder = bool(getattr(config, "is_encoder_decoder", False))
         # inspected once: the forward signature decides whether use_cache can be turned off
         params = inspect.signature(model.forward).parameters
         self._forward_extra = {"use_cache": False} if "use_cache" in params else {}
+        self._loss_scaled, self._fallback_reason = self._resolve_loss_scaling()
         self._init_evaluation(compute_metrics, preprocess_logits_for_metrics, eval_accumulation_steps, batch_eval_metrics)
         self._window: tuple[int, int] | None = None
-        self._window_count: torch.Tensor | None = None
+        self._window_count: Count | None = None
         self._window_loss: torch.Tensor | None = None
         self._loss_since_log: list[torch.Tensor] = []
+        self._unchecked_counts: list[tuple[int, torch.Tensor]] = []
         self._last_lr: float | None = None
         self._last_grad_norm: torch.Tensor | None = None
         self._steps_seen = 0
         self.tokens_seen = torch.zeros((), dtype=torch.long)
         self._warned_unwrapped = False
 
+    @property
+    def loss_source(self) -> str:
+        """``"compute_loss"`` (a subclass override), ``"compute_loss_func"``, ``"model"`` or ``"token_cross_entropy"``."""
+        if type(self).compute_loss is not HFLightningModule.compute_loss:
+            return "compute_loss"
+        if self.compute_loss_func is not None:
+            return "compute_loss_func"
+        return "model" if self.use_model_loss else "token_cross_entropy"
+
+    def _resolve_loss_scaling(self) -> tuple[bool, str | None]:
+        """``(scaled, why not)``: does :meth:`compute_loss` return a share of the window loss?"""
+        source = self.loss_source
+        if self.loss_is_scaled_for_ga is not None:
+            scaled = bool(self.loss_is_scaled_for_ga)
+            return scaled, None if scaled else f"{type(self).__name__}.loss_is_scaled_for_ga is False"
+        if source == "compute_loss_func" and not accepts_num_items(self.compute_loss_func):
+            return False, "compute_loss_func has no num_items_in_batch parameter"
+        if source == "model" and not self.model_accepts_loss_kwargs:
+            return False, (
+                f"use_model_loss=True but {type(self.model).__name__} is not declared to honour "
+                "num_items_in_batch (model_accepts_loss_kwargs / accepts_loss_kwargs)"
+            )
+        return True, None
+
+    def on_fit_start(self) -> None:
+        if self._fallback_reason is not None and self.trainer.is_global_zero:
+            log.warning(
+                "%s: the loss is a mean over each micro-batch, so, as HF Trainer does, each micro-batch mean is "
+                "divided by the number of micro-batches in its accumulation window. This weights the targets of a "
+                "micro-batch with few targets more than those of a full one: the loss and gradient change with "
+                "the micro-batch size, accumulate_grad_batches and the number of ranks. For the exact token mean, "
+                "take num_items_in_batch and return sum / num_items_in_batch (or use the built-in token loss).",
+                self._fallback_reason,
+            )
+
     # ------------------------------------------------------------------------------------------ loss
     def count_loss_items(self, batch: Mapping[str, Any]) -> int:
         """Targets in one micro-batch (host side); the DataModule sums it over a window."""
         return count_loss_items(batch, causal=self.causal)
 
-    def forward(self, batch: Mapping[str, Any]) -> Any:
+    def _model_inputs(self, batch: Mapping[str, Any]) -> dict[str, Any]:
         inputs = {k: v for k, v in batch.items() if k not in NON_MODEL_KEYS}
-        return self.model(**inputs, **self._forward_extra)
+        if (
+            self._encoder_decoder
+            and "decoder_input_ids" not in inputs
+            and batch.get("labels") is not None
+            and hasattr(self.model, "prepare_decoder_input_ids_from_labels")
+        ):
+            # the decoder is fed the labels shifted right, as the model does itself when given labels
+            inputs["decoder_input_ids"] = self.model.prepare_decoder_input_ids_from_labels(labels=batch["labels"])
+        return inputs
 
-    def compute_loss(self, batch: Mapping[str, Any], num_items_in_batch: torch.Tensor) -> tuple[torch.Tensor, Any]:
-        """``(sum of token CE / num_items_in_batch, model outputs)`` for one micro-batch.
+    def forward(self, batch: Mapping[str, Any]) -> Any:
+        return self.model(**self._model_inputs(batch), **self._forward_extra)
 
-        Override to define another loss; it must be the micro-batch's share of the window loss (a sum over
-        its items divided by ``num_items_in_batch``) for the step to stay split-invariant.
+    def compute_loss(self, batch: Mapping[str, Any], num_items_in_batch: Count | None) -> tuple[torch.Tensor, Any]:
+        """``(loss, model outputs)`` for one micro-batch.
+
+        Args:
+            batch: the collated micro-batch (``labels`` ``(B, L)`` or ``(B,)``; the window keys of
+                :mod:`hf_lightning.data.windows` are never passed to the model).
+            num_items_in_batch: the window's target count (``int``, or a 0-dim int64 tensor when summed across
+                ranks), at least 1; ``None`` when the batches carry no count (HF: "not counted") or the loss is
+                HF's fallback (``loss_is_scaled_for_ga`` resolved to ``False``): the loss is then a mean over
+                this micro-batch, which ``training_step`` divides by the window length.
+
+        Returns:
+            The micro-batch's share of the window loss (a sum over its items divided by ``num_items_in_batch``)
+            as a 0-dim float tensor, and the model outputs. An override must return the same (or set
+            ``loss_is_scaled_for_ga = False`` and return a per-micro-batch mean) for the step to stay exact.
         """
+        if self.compute_loss_func is not None:
+            outputs = self(batch)
+            if not self._loss_scaled:
+                return self.compute_loss_func(outputs, batch.get("labels")), outputs
+            return self.compute_loss_func(outputs, batch.get("labels"), num_items_in_batch=num_items_in_batch), outputs
+        if self.use_model_loss:
+            return self._model_loss(batch, num_items_in_batch)
+        labels = batch["labels"]
+        if labels.is_floating_point():
+            raise ConfigError(
+                "labels are floating point (regression or multi-label): the built-in token cross-entropy needs "
+                "integer class ids; set module.use_model_loss=true or pass module.compute_loss_func"
+            )
         outputs = self(batch)
         loss_sum = token_cross_entropy_sum(
-            outputs.logits, batch["labels"], causal=self.causal, shift_labels=batch.get("shift_labels")
+            _logits(outputs), labels, causal=self.causal, shift_labels=batch.get("shift_labels"),
+            label_smoothing=self.label_smoothing_factor,
         )
-        return loss_sum / num_items_in_batch.clamp(min=1), outputs
+        if num_items_in_batch is None:
+            # HF's "not counted" path: this micro-batch's own targets, counted on the device (no sync)
+            targets = loss_targets(labels, self.causal, batch.get("shift_labels"))
+            num_items_in_batch = (targets != IGNORE_INDEX).sum().clamp(min=1)
+        return loss_sum / num_items_in_batch, outputs
 
-    def _global_window_count(self, batch: Mapping[str, Any], batch_idx: int) -> torch.Tensor:
-        """The window's target count, summed across ranks once per window (one collective per step)."""
-        k = self.trainer.accumulate_grad_batches
+    def _model_loss(self, batch: Mapping[str, Any], num_items_in_batch: Count | None) -> tuple[torch.Tensor, Any]:
+        inputs = self._model_inputs(batch)
+        inputs["labels"] = batch["labels"]
+        if self.model_accepts_loss_kwargs:
+            if "shift_labels" in batch:
+                inputs["shift_labels"] = batch["shift_labels"]
+            if num_items_in_batch is not None:
+                inputs["num_items_in_batch"] = num_items_in_batch
+        outputs = self.model(**inputs, **self._forward_extra)
+        loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs[0]
+        if loss is None or not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+            raise ModelError(
+                f"use_model_loss=True but {type(self.model).__name__}(labels=...) returned no scalar loss; "
+                "leave module.use_model_loss unset to use the built-in token loss"
+            )
+        return loss, outputs
+
+    def _global_window_count(self, batch: Mapping[str, Any], batch_idx: int) -> Count | None:
+        """The window's target count: a host ``int``, or a 0-dim tensor summed across ranks (one collective per
+        window). ``None`` when the batch carries no count (not an :class:`~hf_lightning.HFDataModule` loader)."""
         if NUM_ITEMS_KEY not in batch:
             if not self._warned_unwrapped:
                 log.warning(
                     "training batches carry no num_items_in_batch (the train dataloader is not an "
-                    "HFDataModule one): each micro-batch is normalised by its own count and divided by "
-                    "accumulate_grad_batches, HF's fallback, which weights targets unequally"
+                    "HFDataModule one, nor wrapped in hf_lightning.data.windows.AccumulationWindowLoader): each "
+                    "micro-batch is normalised by its own count and divided by the window length, HF's fallback, "
+                    "which weights targets unequally"
                 )
                 self._warned_unwrapped = True
-            count = torch.tensor(self.count_loss_items(batch) * k, device=self.device)
-            return self._reduce_count(count)
-        window = (self.current_epoch, batch_idx // k)
+            return None
+        window = (self.current_epoch, batch_idx // self.trainer.accumulate_grad_batches)
         if window != self._window:
             self._window = window
-            self._window_count = self._reduce_count(torch.tensor(batch[NUM_ITEMS_KEY], device=self.device))
+            local = int(batch[NUM_ITEMS_KEY])
+            world = self.trainer.world_size
+            if self.average_tokens_across_devices and world > 1:
+                count = self.trainer.strategy.reduce(torch.tensor(local, device=self.device), reduce_op="sum")
+                # checked for zero at the next log, where a sync happens anyway
+                self._unchecked_counts.append((self.global_step + 1, count))
+                self._window_count = count.clamp(min=1)
+            else:
+                if local == 0:
+                    self._warn_empty_window(self.global_step + 1, rank=self.global_rank if world > 1 else None)
+                self._window_count = max(local, 1)
         return self._window_count
 
-    def _reduce_count(self, count: torch.Tensor) -> torch.Tensor:
-        if self.average_tokens_across_devices and self.trainer.world_size > 1:
-            count = self.trainer.strategy.reduce(count, reduce_op="sum")
-        return count
+    def _warn_empty_window(self, step: int, rank: int | None = None) -> None:
+        where = "on any rank" if rank is None else f"on rank {rank}"
+        log.warning(
+            "optimizer step %d: its accumulation window has no label targets %s (every label is -100): its loss is "
+            "0 and its gradient zero (the optimizer still steps, so weight decay and momentum still move weights)",
+            step, where,
+        )
+
+    def _window_length(self, batch: Mapping[str, Any], batch_idx: int) -> int:
+        """Micro-batches in this batch's window: HF's ``current_gradient_accumulation_steps``."""
+        if WINDOW_LENGTH_KEY in batch:
+            return int(batch[WINDOW_LENGTH_KEY])
+        k = self.trainer.accumulate_grad_batches
+        total = self.trainer.num_training_batches
+        start = batch_idx // k * k
+        return k if not math.isfinite(total) else int(min(k, total - start))
 
     # -------------------------------------------------------------------------------------- training
     def training_step(self, batch: Mapping[str, Any], batch_idx: int) -> torch.Tensor:
         count = self._global_window_count(batch, batch_idx)
-        loss, _ = self.compute_loss(batch, count)
-        detached = loss.detach()
+        scaled = self._loss_scaled and count is not None
+        if not scaled and batch.get(MICRO_ITEMS_KEY) == 0:
+            # a mean over no targets is NaN (HF's fallback would poison the weights); this micro-batch adds 0
+            outputs = self(batch)
+            loss = _logits(outputs).sum() * 0.0
+        else:
+            loss, _ = self.compute_loss(batch, count if scaled else None)
+        k = self.trainer.accumulate_grad_batches
+        world = self.trainer.world_size
+        if scaled:
+            # the share was divided by the count of all ranks: undo DDP's mean over ranks, and log it the same
+            # way so that the mean over ranks at log time is the window loss (HF's compute_loss does the same)
+            rank_factor = world if self.average_tokens_across_devices else 1
+        else:
+            loss = loss / self._window_length(batch, batch_idx)
+            rank_factor = 1
+        detached = loss.detach() * rank_factor
         self._window_loss = detached if self._window_loss is None else self._window_loss + detached
         if "attention_mask" in batch:
             self.tokens_seen = self.tokens_seen.to(self.device) + batch["attention_mask"].sum()
-        scale = self.trainer.accumulate_grad_batches
-        if self.average_tokens_across_devices:
-            scale *= self.trainer.world_size
-        return loss * scale
+        # Lightning divides by k (always k, even for a shorter last window): cancel it
+        return loss * (k * rank_factor)
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         self._last_lr = optimizer.param_groups[0]["lr"]
@@ -178,6 +378,14 @@ class HFLightningModule(EvalStepsMixin, L.LightningModule):
         self._flush_train_logs(progress_bar=False)  # the steps since the last log boundary
 
     def _flush_train_logs(self, progress_bar: bool = True) -> None:
+        if self._unchecked_counts:
+            steps = [s for s, c in self._unchecked_counts]
+            counts = torch.stack([c for s, c in self._unchecked_counts]).tolist()
+            self._unchecked_counts = []
+            if self.trainer.is_global_zero:
+                for step, n in zip(steps, counts):
+                    if n == 0:
+                        self._warn_empty_window(step)
         if not self._loss_since_log:
             return
         loss = torch.stack(self._loss_since_log).mean()
@@ -212,3 +420,10 @@ class HFLightningModule(EvalStepsMixin, L.LightningModule):
         """Real (non-padding) input tokens seen by training on this process."""
         return int(self.tokens_seen)
 
+
+def _logits(outputs: Any) -> torch.Tensor:
+    """``outputs.logits`` of a ``ModelOutput``, a dict or a tuple (first element)."""
+    if isinstance(outputs, Mapping):
+        return outputs["logits"]
+    logits = getattr(outputs, "logits", None)
+    return logits if logits is not None else outputs[0]

@@ -1,15 +1,20 @@
-"""The token loss: one home for how a loss term is counted and summed.
+"""The token loss: one home for how a loss term is counted and summed, and for which loss a model gets.
 
 HF `Trainer` (transformers >= 4.46) normalises the loss of one optimizer step by ``num_items_in_batch``, the
 number of label positions that receive a loss term across every micro-batch of the gradient-accumulation
 window (``Trainer.get_batch_samples``), summed across data-parallel ranks when
 ``average_tokens_across_devices`` is true. The functions here compute the two halves of that quotient: the
-count (cheap, on the host, before the first forward of the step) and the sum of per-token cross-entropy.
+count (cheap, on the host, before the first forward of the step) and the sum of per-token cross-entropy
+(optionally label-smoothed exactly as HF's ``LabelSmoother``). They also hold the two decisions HF takes by
+inspecting the model: whether its loss shifts labels, and whether its ``forward`` honours
+``num_items_in_batch``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -25,11 +30,12 @@ def count_loss_items(batch: Mapping[str, torch.Tensor], causal: bool = True) -> 
             otherwise ``labels`` of shape ``(B, L)`` (int64, ``-100`` = ignored).
         causal: ``True`` for causal LMs, whose first label position is never a target (the loss compares
             ``logits[:, :-1]`` with ``labels[:, 1:]``); ``False`` counts every ``labels != -100``
-            (encoder-decoder, token classification). A 1-D ``labels`` (sequence classification) counts
-            one item per example.
+            (encoder-decoder, masked LM, token classification). A 1-D ``labels`` (sequence classification)
+            counts one item per example whose label is not ``-100`` (every example for float labels).
 
     Returns:
-        The count as a Python ``int`` (0 if the batch holds no labels).
+        The count as a Python ``int`` (0 if the batch holds no labels). It is a host computation: call it on
+        CPU tensors (the DataModule does, before the batch moves to the device).
 
     Example: rows ``[5, 6, 7, -100]`` and ``[-100, -100, 8, 9]`` hold 4 causal targets, not 5.
     """
@@ -39,14 +45,34 @@ def count_loss_items(batch: Mapping[str, torch.Tensor], causal: bool = True) -> 
     if labels is None:
         return 0
     if labels.dim() == 1:
-        return int(labels.numel())
+        return int(labels.numel()) if labels.is_floating_point() else int((labels != IGNORE_INDEX).sum())
     if causal:
         labels = labels[..., 1:]
     return int((labels != IGNORE_INDEX).sum())
 
 
+def loss_targets(
+    labels: torch.Tensor, causal: bool = True, shift_labels: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The target of every logit position: ``labels`` shifted left by one for causal LMs.
+
+    Shapes: ``labels`` ``(B, L)`` or ``(B,)`` int64 -> the same shape. A 1-D ``labels`` is never shifted.
+    The causal shift pads one ignored position at the end instead of slicing the logits (no copy of the
+    ``(B, L, V)`` logits), as ``transformers.loss.loss_utils.ForCausalLMLoss`` does.
+    """
+    if shift_labels is not None:
+        return shift_labels
+    if causal and labels.dim() > 1:
+        return F.pad(labels[..., 1:], (0, 1), value=IGNORE_INDEX)
+    return labels
+
+
 def token_cross_entropy_sum(
-    logits: torch.Tensor, labels: torch.Tensor, causal: bool = True, shift_labels: torch.Tensor | None = None
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    causal: bool = True,
+    shift_labels: torch.Tensor | None = None,
+    label_smoothing: float = 0.0,
 ) -> torch.Tensor:
     """Sum of per-token cross-entropy over the positions that get a loss term.
 
@@ -54,25 +80,67 @@ def token_cross_entropy_sum(
     predicts ``labels[t + 1]``; ``-100`` positions are skipped. Computed in float32 whatever the logits'
     dtype, as HF does.
 
+    With ``label_smoothing = eps > 0`` each term is ``(1 - eps) * nll + eps * mean_v(-log p_v)``, which is the
+    numerator of ``transformers.trainer_pt_utils.LabelSmoother``: dividing this sum by
+    ``num_items_in_batch`` gives exactly ``LabelSmoother(eps)(outputs, labels, shift_labels=causal,
+    num_items_in_batch=...)``. (``torch``'s ``label_smoothing`` uses the same formula.)
+
     Args:
-        logits: ``(B, L, V)`` float.
-        labels: ``(B, L)`` int64 with ``-100`` for ignored positions.
-        causal: shift by one position (causal LM) or not (encoder-decoder).
+        logits: ``(B, L, V)`` float (or ``(B, C)`` for sequence classification).
+        labels: ``(B, L)`` int64 with ``-100`` for ignored positions (or ``(B,)``).
+        causal: shift by one position (causal LM) or not (encoder-decoder, classification).
         shift_labels: ``(B, L)`` labels already shifted by the collator; if given, used as is.
+        label_smoothing: HF's ``label_smoothing_factor``, in ``[0, 1)``.
 
     Returns:
-        A 0-dim float32 tensor on the logits' device (0.0 when nothing is a target; never NaN).
+        A 0-dim float32 tensor on the logits' device (0.0 when nothing is a target, with a zero gradient;
+        never NaN).
     """
-    if shift_labels is not None:
-        targets = shift_labels
-    elif causal:
-        # pad one ignored position at the end instead of slicing the logits: no copy of the (B, L, V) tensor
-        targets = F.pad(labels[..., 1:], (0, 1), value=IGNORE_INDEX)
-    else:
-        targets = labels
+    targets = loss_targets(labels, causal, shift_labels)
     return F.cross_entropy(
         logits.float().reshape(-1, logits.size(-1)),
         targets.reshape(-1).to(logits.device),
         ignore_index=IGNORE_INDEX,
         reduction="sum",
+        label_smoothing=label_smoothing,
     )
+
+
+def loss_shifts_labels(model: Any) -> bool:
+    """Whether the model's labels are aligned for a causal LM (the loss compares logit ``t`` with label ``t+1``).
+
+    HF's rule (``Trainer.__init__``, ``_loss_shifts_labels``): the model's ``loss_type`` maps to
+    ``ForCausalLMLoss`` and the model is not encoder-decoder. A module that is not a ``PreTrainedModel``
+    (no ``loss_type``) counts as causal unless its config says ``is_encoder_decoder``: a ``forward`` that
+    returns ``(B, L, V)`` logits is a causal LM unless told otherwise (pass ``causal=False`` to
+    :class:`~hf_lightning.HFLightningModule` for a custom token classifier).
+    """
+    config = getattr(model, "config", None)
+    if getattr(config, "is_encoder_decoder", False):
+        return False
+    if not hasattr(model, "loss_type"):
+        return True
+    from transformers.loss.loss_utils import LOSS_MAPPING, ForCausalLMLoss
+
+    return LOSS_MAPPING.get(model.loss_type) is ForCausalLMLoss
+
+
+def declares_num_items_support(model: Any) -> bool:
+    """Whether ``model`` is *declared* to honour ``num_items_in_batch`` in its ``forward`` loss.
+
+    Only an explicit ``accepts_loss_kwargs = True`` attribute counts (HF's own declaration, which
+    ``transformers.Trainer`` reads first). Unlike HF we never infer it from a bare ``**kwargs`` in
+    ``forward``: a model that swallows the keyword and still averages per micro-batch would have its
+    gradients multiplied by ``accumulate_grad_batches x world_size`` (HF's known footgun).
+    """
+    return getattr(model, "accepts_loss_kwargs", None) is True
+
+
+def accepts_num_items(fn: Callable[..., Any]) -> bool:
+    """Whether a user loss callable has a parameter named ``num_items_in_batch`` (``**kwargs`` does not count)."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    param = params.get("num_items_in_batch")
+    return param is not None and param.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -24,8 +25,10 @@ def test_sft_batch_is_printed_with_marked_spans(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
     assert "format: messages" in out
-    assert "  input_ids           (4, " in out and "torch.int64" in out
-    assert "  num_items_in_batch  int = " in out
+    # keys are padded to the longest one (the window keys of hf_lightning.data.windows)
+    assert re.search(r"^  input_ids +\(4, \d+\)  torch.int64$", out, re.M)
+    for key in ("num_items_in_batch", "num_items_in_micro_batch", "num_batches_in_window"):
+        assert re.search(rf"^  {key} +int = \d+$", out, re.M), key
     assert "labels -100: " in out and "padding: " in out
     assert "dropped columns: {'train': ['messages'], 'validation': ['messages']}" in out
     # group_by_length puts the longest conversation first: truncated at max_length=256, inside a reply

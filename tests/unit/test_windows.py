@@ -25,6 +25,8 @@ def test_windows_attach_their_total_and_the_last_window_is_shorter():
     # per-batch counts: 2, 1, 2, 0, 2 ; windows of 2: (2+1), (2+0), (2)
     out = list(AccumulationWindowLoader(batches, 2, count_loss_items))
     assert [b["num_items_in_batch"] for b in out] == [3, 3, 2, 2, 2]
+    assert [b["num_items_in_micro_batch"] for b in out] == [2, 1, 2, 0, 2]
+    assert [b["num_batches_in_window"] for b in out] == [2, 2, 2, 2, 1]
     assert all(torch.equal(o["labels"], b["labels"]) for o, b in zip(out, batches))
 
 
