@@ -1,4 +1,4 @@
-"""Training runs in train mode (dropout on), as HF ``Trainer`` does, even for a model loaded in eval mode."""
+"""Models loaded from a folder train as HF Trainer trains them: in train mode, and GPT-2 with the causal shift."""
 
 from __future__ import annotations
 
@@ -39,3 +39,21 @@ def test_a_model_saved_and_loaded_in_eval_mode_trains_with_dropout(word_tokenize
     trainer.fit(HFLightningModule(model, word_tokenizer, optim={"name": "sgd", "lr": 0.1}), datamodule=data)
     assert modes.train_modes == [True, True, True]  # every module, including after the validation at step 2
     assert modes.val_modes and not any(modes.val_modes)  # evaluation still runs without dropout
+
+
+def test_gpt2_loss_is_shifted_like_its_own_loss():
+    """``GPT2LMHeadModel`` has no ``loss_type`` (its class name has no ``ForCausalLM``); its own loss still shifts."""
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=32, n_positions=32, n_embd=16, n_layer=1, n_head=2)).eval()
+    assert model.loss_type is None
+    module = HFLightningModule(model)
+    assert module.causal
+    batch = {
+        "input_ids": torch.tensor([[5, 6, 7, 8, 9], [10, 11, 12, 0, 0]]),
+        "attention_mask": torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]]),
+        "labels": torch.tensor([[5, 6, 7, 8, 9], [10, 11, 12, -100, -100]]),
+    }
+    n = module.count_loss_items(batch)
+    assert n == 4 + 2  # labels[:, 1:] != -100
+    ours, _ = module.compute_loss(batch, n)
+    torch.testing.assert_close(ours, model(**batch).loss, rtol=1e-6, atol=1e-6)  # HF's mean over its targets
