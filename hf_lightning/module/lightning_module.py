@@ -369,10 +369,12 @@ class HFLightningModule(EvalStepsMixin, L.LightningModule):
         if self.global_step % every == 0 or self.global_step >= self.trainer.max_steps > 0:
             self._flush_train_logs()
 
-    def on_train_start(self) -> None:
-        # HF Trainer calls model.train() before its loop. from_pretrained returns the model in eval mode and
-        # Lightning (>= 2.2) keeps each submodule's mode, so without this dropout would silently stay off
-        self.model.train()
+    def setup(self, stage: str) -> None:
+        if stage == "fit":
+            # HF Trainer calls model.train() before its loop. from_pretrained returns the model in eval mode and
+            # Lightning (>= 2.2) keeps each submodule's mode, so without this dropout would silently stay off.
+            # Here rather than in on_train_start, so that the model summary and Lightning's mode check agree
+            self.model.train()
 
     def on_train_end(self) -> None:
         self._flush_train_logs(progress_bar=False)  # the steps since the last log boundary
