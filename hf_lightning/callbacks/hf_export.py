@@ -4,17 +4,48 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import Any
 
 import lightning as L
 
 log = logging.getLogger(__name__)
 
 
-class HFExport(L.Callback):
-    """Write ``dirpath/`` with ``model.save_pretrained`` and ``tokenizer.save_pretrained`` (rank 0 only).
+def full_model_state_dict(trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any] | None:
+    """The HF model's complete state dict, gathered from every rank (a collective: call it on all ranks).
 
-    The folder loads with ``AutoModelForCausalLM.from_pretrained`` / ``AutoTokenizer.from_pretrained`` and
-    keeps the tokenizer's chat template.
+    - DDP / single device: the module's own weights (``None``: ``save_pretrained`` reads them itself).
+    - FSDP: ``strategy.lightning_module_state_dict()`` (full state dict on rank 0 with ``state_dict_type=full``;
+      with ``sharded`` a full one is gathered here all the same, since an HF folder holds whole tensors).
+    - DeepSpeed ZeRO-3: the engine's consolidated 16-bit weights (``stage3_gather_16bit_weights_on_model_save``,
+      which the derived DeepSpeed config sets), as HF ``Trainer`` exports them.
+
+    Keys are the HF model's (the LightningModule's ``model.`` prefix removed).
+    """
+    strategy = trainer.strategy
+    name = type(strategy).__name__
+    if "DeepSpeed" in name and getattr(strategy, "zero_stage_3", False):
+        state = strategy.deepspeed_engine._zero3_consolidated_16bit_state_dict()
+    elif "FSDP" in name:
+        from torch.distributed.fsdp import FullStateDictConfig, StateDictType
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+        config = FullStateDictConfig(offload_to_cpu=True, rank0_only=True)
+        with FSDP.state_dict_type(strategy.model, StateDictType.FULL_STATE_DICT, config):
+            state = strategy.model.state_dict()
+    else:
+        return None
+    if not trainer.is_global_zero:
+        return {}
+    return {k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}
+
+
+class HFExport(L.Callback):
+    """Write ``dirpath/`` with ``model.save_pretrained`` and ``tokenizer.save_pretrained`` (rank 0 writes).
+
+    The folder loads with the ``transformers`` Auto class of the model's task and keeps the tokenizer's chat
+    template. Under FSDP and DeepSpeed ZeRO-3 the weights are gathered from every rank first
+    (:func:`full_model_state_dict`), so the export is one consolidated folder.
 
     Args:
         dirpath: the export folder (created).
@@ -24,13 +55,14 @@ class HFExport(L.Callback):
         self.dirpath = dirpath
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        state = full_model_state_dict(trainer, pl_module)  # every rank takes part in the gather
         if not trainer.is_global_zero:
             return
         if getattr(pl_module, "preempted", False):
             log.warning("training was stopped by a signal: no hf_model/ export until the run finishes")
             return
         os.makedirs(self.dirpath, exist_ok=True)
-        pl_module.model.save_pretrained(self.dirpath)
+        pl_module.model.save_pretrained(self.dirpath, state_dict=state)
         tokenizer = getattr(pl_module, "tokenizer", None)
         if tokenizer is not None:
             tokenizer.save_pretrained(self.dirpath)

@@ -30,6 +30,11 @@ def _signature(trainer: L.Trainer) -> dict[str, Any]:
     }
 
 
+def _numpy_state() -> tuple:
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    return (str(name), torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached))
+
+
 class ResumeState(L.Callback):
     """Adds RNG states (python, numpy, torch, per rank) and the run's data signature to every checkpoint.
 
@@ -41,7 +46,8 @@ class ResumeState(L.Callback):
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
         rng = {
             "python": random.getstate(),
-            "numpy": np.random.get_state(),
+            # as plain values and a tensor: Lightning loads checkpoints with torch.load(weights_only=True)
+            "numpy": _numpy_state(),
             "torch": torch.get_rng_state(),
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
         }
@@ -56,13 +62,17 @@ class ResumeState(L.Callback):
         rngs = state["rng"]
         rng = rngs[trainer.global_rank] if trainer.global_rank < len(rngs) else rngs[0]
         random.setstate(rng["python"])
-        np.random.set_state(rng["numpy"])
+        name, keys, pos, has_gauss, cached = rng["numpy"]
+        np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
         torch.set_rng_state(rng["torch"])
         if rng.get("cuda") is not None and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(rng["cuda"])
         self._saved_signature = state["signature"]
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        for logger in trainer.loggers:  # rows logged after the checkpoint's step are logged again
+            if hasattr(logger, "truncate_after"):
+                logger.truncate_after(trainer.global_step)
         saved = getattr(self, "_saved_signature", None)
         if saved is None:
             return

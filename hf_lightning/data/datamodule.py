@@ -77,6 +77,8 @@ class HFDataModule(L.LightningDataModule):
         num_workers / pin_memory / persistent_workers / prefetch_factor / drop_last: ``DataLoader`` knobs.
         pad_to_multiple_of: round padded lengths up to this multiple.
         seed: seed of the order, of worker RNGs and of the validation hold-out.
+        rename_columns: ``{source column: new name}`` applied to every split before the format is read (a
+            banking77 CSV's ``category`` becomes the classification format's ``label``).
 
     Batches (causal formats): ``input_ids``, ``attention_mask``, ``labels``, int64 ``(B, L)``, labels -100 where
     nothing is trained on; padding-free: ``input_ids``, ``labels``, ``position_ids`` ``(1, T)``; packed:
@@ -118,6 +120,7 @@ class HFDataModule(L.LightningDataModule):
         drop_last: bool = False,
         pad_to_multiple_of: int | None = None,
         seed: int = 42,
+        rename_columns: dict[str, str] | None = None,
     ) -> None:
         super().__init__()
         for key, value in (
@@ -163,6 +166,7 @@ class HFDataModule(L.LightningDataModule):
         self.remove_unused_columns = remove_unused_columns
         self.model_input_names = list(model_input_names) if model_input_names is not None else None
         self.label_names = list(label_names) if label_names is not None else None
+        self.rename_columns = dict(rename_columns) if rename_columns else None
         self.num_workers = num_workers
         self.pin_memory = pin_memory
         self.persistent_workers = persistent_workers
@@ -211,7 +215,20 @@ class HFDataModule(L.LightningDataModule):
             val = load_source(validation_path, streaming=self.streaming)
             if isinstance(val, (datasets.DatasetDict, datasets.IterableDatasetDict)):
                 val = next(iter(val.values()))
+        if self.rename_columns:
+            train = self._renamed(train, path)
+            val = self._renamed(val, self.validation_path or path) if val is not None else None
         return path, train, val
+
+    def _renamed(self, ds: Any, path: Any) -> Any:
+        """``ds`` with ``data.rename_columns`` applied (datasets sources only)."""
+        if not hasattr(ds, "rename_columns"):
+            raise ConfigError(f"data.rename_columns needs a datasets source; data.path={path} is {type(ds).__name__}")
+        columns = self._columns(ds)
+        missing = [c for c in self.rename_columns if c not in columns]
+        if missing:
+            raise DataError(f"data.rename_columns: {missing} not in data.path={path} (columns: {columns})")
+        return ds.rename_columns(self.rename_columns)
 
     def _columns(self, ds: Any) -> list[str]:
         """The schema's column names; a source without a schema (torch data, some streams) shows its first row."""

@@ -393,7 +393,9 @@ class HFLightningModule(EvalStepsMixin, L.LightningModule):
         loss = torch.stack(self._loss_since_log).mean()
         self._loss_since_log = []
         if self.trainer.world_size > 1:
-            loss = self.trainer.strategy.reduce(loss, reduce_op="mean")
+            # with the count summed across ranks each rank holds its share of the global window loss: sum them
+            op = "sum" if self.average_tokens_across_devices else "mean"
+            loss = self.trainer.strategy.reduce(loss, reduce_op=op)
         metrics = {"train/loss": loss.item(), "lr": self._last_lr}
         if self._last_grad_norm is not None:
             metrics["grad_norm"] = self._last_grad_norm.item()
@@ -412,11 +414,37 @@ class HFLightningModule(EvalStepsMixin, L.LightningModule):
     # ----------------------------------------------------------------------------------- optimizers
     def configure_optimizers(self) -> dict[str, Any]:
         optimizer = build_optimizer(self.model, **self.optim)
-        total = self.trainer.estimated_stepping_batches
+        total = self.total_training_steps()
         if not math.isfinite(total):
             raise ValueError("the number of training steps is unknown: set trainer.max_steps")
         scheduler = build_scheduler(optimizer, int(total), **self.scheduler)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def total_training_steps(self) -> float:
+        """Optimizer steps of the whole run, for the LR schedule (``trainer.estimated_stepping_batches``'s formula).
+
+        Lightning's property builds the train loader through ``fit_loop.setup_data()`` while the optimizers are
+        configured, before a checkpoint's loop state is restored; the loader state of a mid-epoch resume is
+        then never loaded. Here the length comes from the DataModule's own loader, and Lightning's loader is
+        left to be built after the restore.
+        """
+        trainer = self.trainer
+        datamodule = trainer.datamodule
+        if datamodule is None or trainer.max_epochs == -1:
+            return trainer.estimated_stepping_batches
+        try:
+            batches: float = len(datamodule.train_dataloader())
+        except TypeError:  # a stream of unknown length
+            batches = float("inf")
+        limit = trainer.limit_train_batches
+        if isinstance(limit, int):
+            batches = min(batches, limit)
+        elif limit is not None and batches != float("inf"):
+            batches = int(batches * limit)
+        if batches == float("inf"):
+            return trainer.max_steps if trainer.max_steps != -1 else float("inf")
+        steps = math.ceil(batches / trainer.accumulate_grad_batches) * max(trainer.max_epochs or 1, 1)
+        return min(steps, trainer.max_steps) if trainer.max_steps != -1 else steps
 
     def trained_tokens(self) -> int:
         """Real (non-padding) input tokens seen by training on this process."""

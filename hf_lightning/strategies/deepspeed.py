@@ -1,0 +1,243 @@
+"""DeepSpeed ZeRO-2/3 with its batch, accumulation, clipping and precision fields derived from ours.
+
+DeepSpeed reads those numbers from its own JSON; HF ``Trainer`` fills ``"auto"`` entries from
+``TrainingArguments``. Here :func:`deepspeed_config` derives them from the Hydra config (the YAML passes them by
+interpolation), so the two can never disagree, and a user JSON that sets one of them to a different value is
+refused before anything is built.
+
+Loss scaling: Lightning divides the ``training_step`` loss by ``accumulate_grad_batches``, and
+``DeepSpeedEngine.backward`` divides it by ``gradient_accumulation_steps`` again unless it is called with
+``scale_wrt_gas=False`` (HF ``Trainer`` passes ``False`` too). :class:`HFDeepSpeedStrategy` passes ``False``, so the
+gradient that reaches the optimizer is the one the module's loss defines, as under DDP.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from lightning.pytorch.strategies import DeepSpeedStrategy
+
+from hf_lightning.errors import ConfigError
+
+STAGES = (2, 3)
+PRECISIONS = ("32", "32-true", "bf16-mixed", "bf16-true", "16-mixed", "16-true")
+# sections of a user JSON that would take over what our own config owns
+OWNED_SECTIONS = {"optimizer": "optim.*", "scheduler": "scheduler.*"}
+
+
+def world_size(devices: Any, num_nodes: int = 1) -> int | None:
+    """Processes in the job for ``trainer.devices`` x ``trainer.num_nodes``; ``None`` when ``devices`` is
+    ``"auto"`` / ``-1`` (only known once Lightning has looked at the machine)."""
+    if isinstance(devices, str):
+        devices = devices.strip()
+        if devices in ("auto", "-1"):
+            return None
+        parts = [p for p in devices.split(",") if p.strip()]
+        count = len(parts) if "," in devices else int(devices)
+    elif isinstance(devices, Sequence):
+        count = len(devices)
+    else:
+        if devices == -1:
+            return None
+        count = int(devices)
+    return count * int(num_nodes)
+
+
+def _precision_sections(precision: str) -> dict[str, dict[str, Any]]:
+    precision = str(precision)
+    if precision not in PRECISIONS:
+        raise ConfigError(f"trainer.precision={precision!r} with DeepSpeed; allowed values: {list(PRECISIONS)}")
+    return {
+        "bf16": {"enabled": precision.startswith("bf16")},
+        "fp16": {"enabled": precision.startswith("16")},
+    }
+
+
+def deepspeed_config(
+    stage: int,
+    micro_batch_size: int,
+    accumulate_grad_batches: int,
+    gradient_clip_val: float | None,
+    precision: str,
+    devices: Any = 1,
+    num_nodes: int = 1,
+    offload_optimizer: bool = False,
+    offload_parameters: bool = False,
+    user_config: str | Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The DeepSpeed config dict derived from ours, merged with an optional user JSON.
+
+    Derived fields (HF ``Trainer``'s ``"auto"`` fields): ``train_micro_batch_size_per_gpu`` =
+    ``data.per_device_train_batch_size``; ``gradient_accumulation_steps`` = ``trainer.accumulate_grad_batches``;
+    ``train_batch_size`` = micro-batch x accumulation x devices x nodes (omitted when the device count is
+    ``auto``); ``gradient_clipping`` = ``trainer.gradient_clip_val`` (``0`` = off); ``bf16.enabled`` /
+    ``fp16.enabled`` from ``trainer.precision``; ``zero_optimization.stage``. ZeRO-3 also sets
+    ``stage3_gather_16bit_weights_on_model_save`` so that the HF export can consolidate the weights.
+
+    A user JSON (path or mapping) may add any other field. A derived field it sets must equal ours or be
+    ``"auto"``; ``optimizer`` / ``scheduler`` sections are refused (``optim.*`` / ``scheduler.*`` own them).
+
+    Returns:
+        A new dict (the user's mapping is not modified).
+
+    Raises:
+        ConfigError: a bad stage, micro-batch, accumulation, precision, an unreadable JSON, or a conflicting
+            field (the message names both values and the key of ours that owns it).
+    """
+    if stage not in STAGES:
+        raise ConfigError(f"strategy.stage={stage!r}; allowed values: {list(STAGES)}")
+    for key, value in (
+        ("data.per_device_train_batch_size", micro_batch_size),
+        ("trainer.accumulate_grad_batches", accumulate_grad_batches),
+    ):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ConfigError(f"{key}={value!r}; allowed values: an integer >= 1")
+    clip = 0.0 if gradient_clip_val is None else float(gradient_clip_val)
+    if clip < 0:
+        raise ConfigError(f"trainer.gradient_clip_val={gradient_clip_val!r}; allowed values: null or a number >= 0")
+    world = world_size(devices, num_nodes)
+
+    zero: dict[str, Any] = {"stage": stage}
+    if offload_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    if offload_parameters:
+        if stage != 3:
+            raise ConfigError("strategy.offload_parameters=true needs ZeRO stage 3 (strategy=deepspeed_zero3)")
+        zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+    if stage == 3:
+        zero["stage3_gather_16bit_weights_on_model_save"] = True
+    derived: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": micro_batch_size,
+        "gradient_accumulation_steps": accumulate_grad_batches,
+        "gradient_clipping": clip,
+        **_precision_sections(precision),
+        "zero_optimization": zero,
+        # we build the torch optimizer ourselves (HF parameter groups); DeepSpeed wraps it
+        "zero_allow_untested_optimizer": True,
+    }
+    if world is not None:
+        derived["train_batch_size"] = micro_batch_size * accumulate_grad_batches * world
+    owners = {
+        "train_micro_batch_size_per_gpu": "data.per_device_train_batch_size",
+        "gradient_accumulation_steps": "trainer.accumulate_grad_batches",
+        "train_batch_size": "data.per_device_train_batch_size x trainer.accumulate_grad_batches x devices",
+        "gradient_clipping": "trainer.gradient_clip_val",
+        "bf16.enabled": "trainer.precision",
+        "fp16.enabled": "trainer.precision",
+        "zero_optimization.stage": "strategy (deepspeed_zero2 / deepspeed_zero3)",
+    }
+    if user_config is None:
+        return derived
+    user = _read_user_config(user_config)
+    where = user_config if isinstance(user_config, str) else "strategy.config"
+    for section, owner in OWNED_SECTIONS.items():
+        if section in user:
+            raise ConfigError(
+                f"{where}: the DeepSpeed JSON has an {section!r} section, but {owner} owns it here; remove the "
+                f"section and set {owner} instead"
+            )
+    merged = copy.deepcopy(user)
+    for dotted, owner in owners.items():
+        ours = _get(derived, dotted)
+        if ours is _MISSING:
+            # train_batch_size with devices=auto: a user value is checked by DeepSpeed itself at start-up
+            continue
+        theirs = _get(user, dotted)
+        if theirs is not _MISSING and theirs != "auto" and theirs != ours:
+            raise ConfigError(
+                f"{where}: {dotted}={theirs!r} conflicts with {owner} (which gives {ours!r}); set it through "
+                f"{owner}, or to \"auto\" or leave it out of the JSON"
+            )
+        _set(merged, dotted, ours)
+    # fields that only we derive and that the user did not mention (offload, 16-bit gather, ...)
+    for key, value in derived.items():
+        if key not in merged:
+            merged[key] = value
+    for key, value in derived["zero_optimization"].items():
+        merged["zero_optimization"].setdefault(key, value)
+    return merged
+
+
+_MISSING = object()
+
+
+def _get(d: Mapping[str, Any], dotted: str) -> Any:
+    node: Any = d
+    for part in dotted.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return _MISSING
+        node = node[part]
+    return node
+
+
+def _set(d: dict[str, Any], dotted: str, value: Any) -> None:
+    *parents, last = dotted.split(".")
+    node = d
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[last] = value
+
+
+def _read_user_config(user_config: str | Mapping[str, Any]) -> dict[str, Any]:
+    if isinstance(user_config, Mapping):
+        return dict(user_config)
+    if not os.path.isfile(user_config):
+        raise ConfigError(f"strategy.config={user_config}: no such file (expected a DeepSpeed JSON)")
+    try:
+        with open(user_config) as fh:
+            data = json.load(fh)
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"strategy.config={user_config}: not readable as JSON ({err})") from err
+    if not isinstance(data, dict):
+        raise ConfigError(f"strategy.config={user_config}: a DeepSpeed config must be a JSON object")
+    return data
+
+
+class HFDeepSpeedStrategy(DeepSpeedStrategy):
+    """Lightning's ``DeepSpeedStrategy`` with ``backward(..., scale_wrt_gas=False)`` (see the module docstring)."""
+
+    def backward(self, closure_loss: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+        kwargs.setdefault("scale_wrt_gas", False)
+        return super().backward(closure_loss, optimizer, *args, **kwargs)
+
+    def _format_batch_size_and_grad_accum_config(self) -> None:
+        # Lightning refuses a config that already holds gradient_accumulation_steps and sets it from the
+        # Trainer; ours was derived from that very value, so drop it and let Lightning put it back.
+        self.config.pop("gradient_accumulation_steps", None)
+        super()._format_batch_size_and_grad_accum_config()
+
+
+def deepspeed_strategy(
+    stage: int,
+    micro_batch_size: int,
+    accumulate_grad_batches: int,
+    gradient_clip_val: float | None,
+    precision: str,
+    devices: Any = 1,
+    num_nodes: int = 1,
+    offload_optimizer: bool = False,
+    offload_parameters: bool = False,
+    config: str | Mapping[str, Any] | None = None,
+) -> HFDeepSpeedStrategy:
+    """:class:`HFDeepSpeedStrategy` with the config of :func:`deepspeed_config` (same arguments; ``config`` is
+    the optional user JSON).
+
+    Raises:
+        ConfigError: see :func:`deepspeed_config`; or the ``deepspeed`` package is not installed.
+    """
+    derived = deepspeed_config(
+        stage, micro_batch_size, accumulate_grad_batches, gradient_clip_val, precision, devices, num_nodes,
+        offload_optimizer, offload_parameters, config,
+    )
+    from lightning.fabric.strategies.deepspeed import _DEEPSPEED_AVAILABLE
+
+    if not _DEEPSPEED_AVAILABLE:
+        raise ConfigError(
+            f"strategy=deepspeed_zero{stage} needs the deepspeed package (a CUDA machine): "
+            "pip install 'hf_lightning[deepspeed]'"
+        )
+    return HFDeepSpeedStrategy(config=derived)

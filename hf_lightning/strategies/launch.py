@@ -1,0 +1,43 @@
+"""Multirun x DDP: refuse the combination that Lightning's script launcher cannot survive.
+
+Lightning starts ranks 1..N-1 of a DDP/FSDP/DeepSpeed job by re-running the script's command line
+(``_SubprocessScriptLauncher``; with Hydra it appends ``hydra.run.dir=...``). Under ``-m`` that command line is
+the whole sweep: each child would start a sweep of its own, and the sweep's next job would find the first
+job's ``LOCAL_RANK`` in the environment and wait forever for ranks that never start. A sweep over
+multi-process jobs needs a launcher that starts the ranks itself: ``hydra/launcher=slurm`` (submitit, one SLURM
+task per device; Lightning's SLURM environment then launches nothing), or ``torchrun`` around single runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hf_lightning.errors import ConfigError
+
+
+def relaunches_command_line(trainer: Any) -> bool:
+    """Whether ``trainer.fit`` will re-execute ``sys.argv`` to start the other ranks."""
+    from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
+
+    strategy = trainer.strategy
+    launcher = getattr(strategy, "launcher", None)
+    if not isinstance(launcher, _SubprocessScriptLauncher):
+        return False
+    return not strategy.cluster_environment.creates_processes_externally
+
+
+def refuse_multirun_relaunch(trainer: Any, multirun: bool) -> None:
+    """Raise :class:`ConfigError` in a Hydra multirun whose job would relaunch the command line.
+
+    Raises:
+        ConfigError: the message names the launcher to use instead.
+    """
+    if not (multirun and relaunches_command_line(trainer)):
+        return
+    raise ConfigError(
+        f"multirun (-m) with a {trainer.world_size}-process strategy ({type(trainer.strategy).__name__}): "
+        "Lightning starts the other ranks by re-running the command line, -m and the sweep included. "
+        "Sweep multi-process jobs with hydra/launcher=slurm (submitit: one SLURM task per device, so Lightning "
+        "launches nothing), or run each setting as a single run "
+        "(python -m hf_lightning.train ... without -m); single-process jobs (trainer.devices=1) sweep fine"
+    )

@@ -1,0 +1,120 @@
+"""The schema pass stops a bad config with one message that names the key and the allowed values, before any
+model is built."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hf_lightning.config import validate_config
+from hf_lightning.errors import ConfigError
+
+
+def rejected(compose_cfg, *overrides) -> str:
+    cfg = compose_cfg("+experiment=sft", *overrides)
+    with pytest.raises(ConfigError) as info:
+        validate_config(cfg)
+    message = str(info.value)
+    assert "\n" not in message  # one line: the CLI prints it as is
+    return message
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["data.per_device_train_batch_size=-4"],
+         "data.per_device_train_batch_size=-4: allowed values: an integer >= 1"),
+        (["data.per_device_eval_batch_size=0"], "data.per_device_eval_batch_size=0: allowed values: an integer >= 1"),
+        (["trainer.accumulate_grad_batches=0"], "trainer.accumulate_grad_batches=0: allowed values: an integer >= 1"),
+        (["optim.name=adam"], "optim.name='adam': allowed values: adamw, sgd"),
+        (["scheduler.name=polynomial"],
+         "scheduler.name='polynomial': allowed values: constant, constant_with_warmup, linear, cosine"),
+        (["optim.lr=-0.1"], "optim.lr=-0.1: allowed values: a number >= 0"),
+        (["trainer.precision=8-mixed"], "trainer.precision='8-mixed': allowed values: 32, 32-true, bf16-mixed"),
+        (["trainer.precision=16-mixed"], "trainer.precision=16-mixed on trainer.accelerator=cpu"),
+        (["data.shuffle=maybe"], "data.shuffle='maybe': allowed values: bool"),
+        (["trainer.max_steps=0"], "trainer.max_steps=0: allowed values: -1 (no limit) or an integer >= 1"),
+        (["trainer.devices=0"], "trainer.devices=0: allowed values: an integer >= 1, -1, 'auto'"),
+        (["strategy=fsdp"], "FSDP and DeepSpeed run on GPUs here; allowed strategies on cpu: auto, ddp"),
+    ],
+    ids=lambda v: v[0] if isinstance(v, list) else None,
+)
+def test_bad_value_names_key_and_allowed_values(compose_cfg, overrides, expected):
+    assert expected in rejected(compose_cfg, *overrides)
+
+
+def test_unknown_keys_are_listed_with_the_allowed_keys(compose_cfg):
+    message = rejected(compose_cfg, "+data.batch_size=4", "+trainer.max_step=3", "+optim.momentun=0.9")
+    assert "unknown config key data.batch_size; allowed keys of data: path," in message
+    assert "per_device_train_batch_size" in message
+    assert "unknown config key trainer.max_step; allowed keys of trainer:" in message and "max_steps" in message
+    assert "unknown config key optim.momentun" in message and "momentum" in message
+
+
+def test_unknown_key_of_a_target_node(compose_cfg):
+    message = rejected(compose_cfg, "+callbacks.model_checkpoint.every_n_steps=5")
+    assert "unknown config key callbacks.model_checkpoint.every_n_steps" in message
+    assert "every_n_train_steps" in message
+
+
+def test_every_problem_in_one_message(compose_cfg):
+    message = rejected(compose_cfg, "data.per_device_train_batch_size=-1", "trainer.accumulate_grad_batches=0",
+                       "optim.name=lion")
+    assert message.count("; ") == 2
+    for key in ("data.per_device_train_batch_size=-1", "trainer.accumulate_grad_batches=0", "optim.name='lion'"):
+        assert key in message
+
+
+@pytest.mark.parametrize("packing", ["true", "bfd", "wrapped"])
+def test_packing_with_an_encoder_decoder_is_refused(compose_cfg, packing):
+    cfg = compose_cfg("+experiment=seq2seq", "data.path=pairs.jsonl", f"data.packing={packing}")
+    with pytest.raises(ConfigError, match=r"data\.packing=.* with an encoder-decoder model \(model\.task=seq2seq_lm\)"
+                       r".*allowed values: false"):
+        validate_config(cfg)
+
+
+def test_packing_with_an_encoder_decoder_folder_is_refused(compose_cfg, tmp_path):
+    """The model type is read from the folder's config.json, without loading the model."""
+    folder = tmp_path / "t5"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "t5", "is_encoder_decoder": True}))
+    cfg = compose_cfg("+experiment=clm", "data.path=x.jsonl", f"model.name_or_path={folder}", "data.packing=bfd")
+    with pytest.raises(ConfigError, match="with an encoder-decoder model"):
+        validate_config(cfg)
+
+
+def test_required_data_path_of_an_experiment(compose_cfg):
+    for experiment in ("clm", "classification", "seq2seq"):
+        with pytest.raises(ConfigError, match=r"data.path is required by this experiment \(set data.path="):
+            validate_config(compose_cfg(f"+experiment={experiment}"))
+    validate_config(compose_cfg("+experiment=clm", "data.path=corpus.jsonl"))
+
+
+def test_a_conflicting_deepspeed_json_is_refused_at_config_time(compose_cfg, tmp_path):
+    user = tmp_path / "ds.json"
+    user.write_text(json.dumps({"train_micro_batch_size_per_gpu": 16, "zero_optimization": {"stage": 2}}))
+    cfg = compose_cfg("+experiment=sft", "trainer=gpu", "trainer.accelerator=gpu", "strategy=deepspeed_zero2",
+                      f"trainer.strategy.config={user}")
+    with pytest.raises(ConfigError, match=r"train_micro_batch_size_per_gpu=16 conflicts with "
+                                          r"data.per_device_train_batch_size \(which gives 4\)"):
+        validate_config(cfg)
+
+
+def test_the_schema_runs_before_the_model_is_built(compose_cfg, tmp_path):
+    """A bad value and a model folder that does not exist: the value is reported, so nothing was loaded."""
+    from hf_lightning.train import train
+
+    cfg = compose_cfg("+experiment=sft", f"model.name_or_path={tmp_path / 'absent'}", "trainer.accumulate_grad_batches=0")
+    with pytest.raises(ConfigError, match="trainer.accumulate_grad_batches=0") as info:
+        train(cfg)
+    assert "absent" not in str(info.value)
+    assert not any(tmp_path.iterdir())  # no run folder content: not even a checkpoint directory
+
+
+def test_valid_configs_pass(compose_cfg):
+    validate_config(compose_cfg("+experiment=sft"))
+    validate_config(compose_cfg("+experiment=sft", "strategy=ddp", "trainer.devices=2", "trainer.precision=bf16-mixed",
+                                "optim=sgd", "scheduler=cosine", "logger=many", "trainer=debug"))
+    validate_config(compose_cfg("+experiment=sft", "trainer=gpu", "trainer.accelerator=gpu", "strategy=fsdp",
+                                "trainer.precision=16-mixed"))

@@ -1,0 +1,134 @@
+"""Resume is exact: a run killed mid-epoch and resumed with ``ckpt_path=last`` ends with the same weights.
+
+Each case runs the CLI three times: 12 optimizer steps straight; the same run killed with SIGKILL right after
+step 7 (checkpoints every 3 steps, so the newest is step 6); then resumed from ``last.ckpt``. The final weights
+must be bit-identical and the logged losses of steps 7-12 equal.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.slow
+
+SMALL_MODEL = [
+    "model.config.hidden_size=64", "model.config.intermediate_size=128", "model.config.num_hidden_layers=2",
+    "model.config.num_attention_heads=2", "model.config.num_key_value_heads=2",
+]
+
+
+@pytest.fixture(scope="module")
+def text_file(tmp_path_factory):
+    rng = random.Random(0)
+    words = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "seven", "tired", "cats", "watch"]
+    path = tmp_path_factory.mktemp("data") / "lines.jsonl"
+    with open(path, "w") as fh:
+        for _ in range(40):  # 20 micro-batches of 2 per epoch
+            fh.write(json.dumps({"text": " ".join(rng.choices(words, k=rng.randint(3, 30)))}) + "\n")
+    return path
+
+
+def cli(run_dir, data, *overrides, root):
+    args = [
+        sys.executable, "-m", "hf_lightning.train", "+experiment=clm", f"data.path={data}", f"hydra.run.dir={run_dir}",
+        "trainer.max_steps=12", "trainer.log_every_n_steps=1", "trainer.limit_val_batches=0",
+        "callbacks.model_checkpoint.every_n_train_steps=3", "data.per_device_train_batch_size=2",
+        "data.max_length=32", "data.validation_split=0", *SMALL_MODEL, *overrides,
+    ]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(root)}
+    return subprocess.run(args, capture_output=True, text=True, timeout=600, cwd=root, env=env)
+
+
+def losses(run_dir):
+    with open(run_dir / "metrics.csv") as fh:
+        return {int(r["step"]): r["train/loss"] for r in csv.DictReader(fh) if r.get("train/loss")}
+
+
+def weights(run_dir):
+    from safetensors.torch import load_file
+
+    return load_file(run_dir / "hf_model" / "model.safetensors")
+
+
+def assert_same_run(straight, resumed):
+    a, b = weights(straight), weights(resumed)
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k  # bit-identical
+    la, lb = losses(straight), losses(resumed)
+    assert sorted(lb) == list(range(1, 13))  # history kept: each step logged once
+    assert [la[s] for s in range(7, 13)] == [lb[s] for s in range(7, 13)]
+
+
+CASES = {
+    "shuffled": [],
+    "group_by_length": ["data.group_by_length=true"],
+    "accumulation_across_epochs": ["trainer.accumulate_grad_batches=2", "trainer.max_epochs=3"],
+    "streaming": ["data.streaming=true"],
+    "workers": ["data.num_workers=2"],
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_killed_and_resumed_equals_straight(case, text_file, tmp_path, request):
+    root = request.config.rootpath
+    extra = CASES[case]
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    proc = cli(straight, text_file, *extra, root=root)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    killed = cli(resumed, text_file, *extra, "+callbacks.kill._target_=tests.resume_support.SignalAtStep",
+                 "+callbacks.kill.step=7", root=root)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    assert torch.load(resumed / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 6
+    proc = cli(resumed, text_file, *extra, "ckpt_path=last", root=root)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert_same_run(straight, resumed)
+
+
+def test_kill_during_a_save_keeps_the_previous_checkpoint(text_file, tmp_path, request):
+    root = request.config.rootpath
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    assert cli(straight, text_file, root=root).returncode == 0
+    killed = cli(resumed, text_file, "+callbacks.kill._target_=tests.resume_support.KillDuringSave",
+                 "+callbacks.kill.step=6", root=root)
+    assert killed.returncode == -signal.SIGKILL
+    assert torch.load(resumed / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 3
+    proc = cli(resumed, text_file, "ckpt_path=last", root=root)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert_same_run(straight, resumed)
+
+
+def test_sigterm_saves_at_the_next_step_and_resumes(text_file, tmp_path, request):
+    root = request.config.rootpath
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    assert cli(straight, text_file, root=root).returncode == 0
+    stopped = cli(resumed, text_file, "+callbacks.kill._target_=tests.resume_support.SignalAtStep",
+                  "+callbacks.kill.step=7", "+callbacks.kill.signal=SIGTERM", root=root)
+    assert stopped.returncode == 0, stopped.stderr[-3000:]
+    assert "resume with ckpt_path=last" in stopped.stderr
+    assert torch.load(resumed / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 8
+    assert not (resumed / "hf_model").exists()
+    proc = cli(resumed, text_file, "ckpt_path=last", root=root)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert_same_run(straight, resumed)
+
+
+def test_corrupt_checkpoint_names_it_and_the_newest_valid_one(text_file, tmp_path, request):
+    root = request.config.rootpath
+    run = tmp_path / "run"
+    assert cli(run, text_file, "trainer.max_steps=6", root=root).returncode == 0
+    last = run / "checkpoints" / "last.ckpt"
+    last.write_bytes(last.read_bytes()[:1000])
+    proc = cli(run, text_file, "ckpt_path=last", root=root)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert f"cannot resume from {last}: truncated or corrupt" in proc.stderr
+    assert "the newest valid checkpoint there is" in proc.stderr and "step000006.ckpt" in proc.stderr
