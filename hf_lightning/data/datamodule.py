@@ -49,6 +49,10 @@ log = logging.getLogger(__name__)
 MEGA_BATCH_MULT = 50
 
 
+def _is_sequence_classifier(model: Any) -> bool:
+    return model is not None and type(model).__name__.endswith("ForSequenceClassification")
+
+
 class HFDataModule(L.LightningDataModule):
     """Data for HF-style models, usable with any LightningModule and ``lightning.Trainer``.
 
@@ -374,7 +378,8 @@ class HFDataModule(L.LightningDataModule):
 
     def _base_collator(self, fmt: str, model: Any) -> Any:
         pad = self.tokenizer.pad_token_id
-        if fmt == "classification":
+        # pre-tokenized rows for a sequence classifier carry one class per row, not token labels
+        if fmt == "classification" or (fmt == "tokenized" and _is_sequence_classifier(model)):
             return ClassificationCollator(pad, self.pad_to_multiple_of)
         if fmt == "seq2seq":
             return Seq2SeqCollator(pad, model=model, pad_to_multiple_of=self.pad_to_multiple_of)

@@ -164,7 +164,8 @@ def truncate_tokenized(batch: dict[str, list], tokenizer: Any, max_length: int) 
     out: dict[str, list] = {"input_ids": [x[:max_length] for x in ids], "truncated": [len(x) > max_length for x in ids]}
     for key in ("attention_mask", "labels", "position_ids"):
         if key in batch:
-            out[key] = [_flat(x)[:max_length] for x in batch[key]]
+            # a scalar label (sequence classification) is one class per row, not a token row
+            out[key] = [x if isinstance(x, int) else _flat(x)[:max_length] for x in batch[key]]
     return out
 
 

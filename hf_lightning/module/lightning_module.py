@@ -368,6 +368,9 @@ class HFLightningModule(EvalStepsMixin, L.LightningModule):
         if grads:
             self._last_grad_norm = torch.nn.utils.get_total_norm(grads)
 
+    def on_train_start(self) -> None:
+        self._steps_seen = self.global_step  # a resumed run starts at its checkpoint's step
+
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         if self.global_step == self._steps_seen:
             return  # still accumulating
@@ -403,9 +406,8 @@ class HFLightningModule(EvalStepsMixin, L.LightningModule):
         loss = torch.stack(self._loss_since_log).mean()
         self._loss_since_log = []
         if self.trainer.world_size > 1:
-            # with the count summed across ranks each rank holds its share of the global window loss: sum them
-            op = "sum" if self.average_tokens_across_devices else "mean"
-            loss = self.trainer.strategy.reduce(loss, reduce_op=op)
+            # training_step logs each rank's share times world size: the mean over ranks is the window loss
+            loss = self.trainer.strategy.reduce(loss, reduce_op="mean")
         metrics = {"train/loss": loss.item(), "lr": self._last_lr}
         if self._last_grad_norm is not None:
             metrics["grad_norm"] = self._last_grad_norm.item()
