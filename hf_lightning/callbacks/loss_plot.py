@@ -2,7 +2,7 @@
 
 The curves are read back from ``metrics.csv`` (the CSV logger's file) once training has finished, so the plot
 shows exactly the logged numbers, including the rows kept from before a resume. Drawing needs matplotlib
-(``pip install "hf_lightning[plot]"``); without it the run logs one note and writes no plot.
+(``pip install matplotlib``, or the ``plot`` extra); without it the run logs one note and writes no plot.
 """
 
 from __future__ import annotations
@@ -122,8 +122,8 @@ class LossPlot(L.Callback):
             import matplotlib  # noqa: F401
         except ImportError:
             self._available = False
-            log.info('matplotlib is not installed, so this run writes no %s (pip install "hf_lightning[plot]")',
-                     os.path.basename(self.path))
+            log.info("matplotlib is not installed, so this run writes no %s (pip install matplotlib, or the plot "
+                     "extra: pip install -e '.[plot]')", os.path.basename(self.path))
             return
         self._available = True
 
