@@ -138,6 +138,14 @@ class ClassificationCollator:
     ``attention_mask`` and ``token_type_ids`` with 0, ``labels`` a ``(B,)`` tensor, int64 for class ids and
     float32 for regression targets (as HF's ``default_data_collator``); multi-label rows give ``(B, C)``.
 
+    Args:
+        pad_token_id: id written into padded ``input_ids`` positions.
+        pad_to_multiple_of: round the padded length up to a multiple of this.
+
+    Returns:
+        ``{"input_ids": (B, L) int64, "attention_mask": (B, L) int64[, "token_type_ids": (B, L) int64],
+        "labels": (B,) int64 or float32}``; ``labels`` is absent when the examples carry none.
+
     Raises:
         DataError (a ``ValueError``): an empty list or an example without ``input_ids``.
     """
@@ -185,7 +193,11 @@ class Seq2SeqCollator:
         label_pad_token_id / pad_to_multiple_of: as HF.
 
     Returns:
-        ``{"input_ids": (B, S), "attention_mask": (B, S), "labels": (B, T)[, "decoder_input_ids": (B, T)]}``.
+        ``{"input_ids": (B, S), "attention_mask": (B, S), "labels": (B, T)[, "decoder_input_ids": (B, T)]}``,
+        all int64; ``S`` the longest source, ``T`` the longest target of the batch.
+
+    Raises:
+        ValueError: an empty list or an example without ``input_ids``.
     """
 
     def __init__(
@@ -204,6 +216,9 @@ class Seq2SeqCollator:
     def __call__(self, examples: Sequence[Mapping[str, Any]]) -> dict[str, torch.Tensor]:
         if not examples:
             raise DataError("Seq2SeqCollator: cannot collate an empty list of examples")
+        for i, ex in enumerate(examples):
+            if "input_ids" not in ex:
+                raise DataError(f"example {i} has no 'input_ids' (keys: {sorted(ex)})")
         ids = [as_row(ex["input_ids"]) for ex in examples]
         masks = [as_row(ex["attention_mask"]) if "attention_mask" in ex else torch.ones_like(r) for ex, r in zip(examples, ids)]
         length = round_up(max(r.numel() for r in ids), self.pad_to_multiple_of)

@@ -93,11 +93,27 @@ class HFDataModule(L.LightningDataModule):
         rename_columns: ``{source column: new name}`` applied to every split before the format is read (a
             banking77 CSV's ``category`` becomes the classification format's ``label``).
 
-    Batches (causal formats): ``input_ids``, ``attention_mask``, ``labels``, int64 ``(B, L)``, labels -100 where
-    nothing is trained on; padding-free: ``input_ids``, ``labels``, ``position_ids`` ``(1, T)``; packed:
-    ``input_ids``, ``labels``, ``position_ids`` ``(B, L)``. When the attached LightningModule defines
-    ``count_loss_items(batch) -> int`` (as :class:`HFLightningModule` does), training batches also carry
-    ``num_items_in_batch``, the label count of their whole gradient-accumulation window.
+    Batches (``B`` examples, ``L`` tokens after padding to the longest row, all tensors int64):
+
+    - causal formats: ``input_ids``, ``attention_mask``, ``labels`` ``(B, L)``; labels are -100 where nothing is
+      trained on (padding, prompts, user turns);
+    - padding-free: ``input_ids``, ``labels``, ``position_ids`` ``(1, T)``, ``T`` the batch's real tokens;
+      packed: ``input_ids``, ``labels``, ``position_ids`` ``(B, L)``, ``L`` at most ``max_length``;
+    - classification: ``input_ids``, ``attention_mask`` ``(B, L)``, ``labels`` ``(B,)`` (float32 for regression);
+    - seq2seq: ``input_ids``, ``attention_mask`` ``(B, S)``, ``labels`` (and ``decoder_input_ids``) ``(B, T)``.
+
+    When the attached LightningModule defines ``count_loss_items(batch) -> int`` (as :class:`HFLightningModule`
+    does), training batches also carry three Python ``int`` keys (see
+    :class:`~hf_lightning.data.windows.AccumulationWindowLoader`): ``num_items_in_batch``, the label count of
+    their whole gradient-accumulation window on this process; ``num_items_in_micro_batch``; and
+    ``num_batches_in_window``.
+
+    What it reproduces of HF ``Trainer``: ``_remove_unused_columns`` (``remove_unused_columns``, with the dropped
+    names logged), ``_get_train_sampler`` (a seeded random order, or ``LengthGroupedSampler``'s
+    ``get_length_grouped_indices`` with ``group_by_length``), ``get_train_dataloader`` (per-worker seeds) and
+    ``get_batch_samples`` (``num_items_in_batch`` counted before the window's first forward). The collators are
+    listed in :mod:`hf_lightning.data.collators`. It differs where HF's sampler repeats examples to even out
+    ranks: here every example is used exactly once per epoch across ranks and workers.
 
     Metrics check: when the attached module has a truthy ``compute_metrics`` or ``metrics`` attribute and no
     key of ``label_names`` appears in an evaluation batch, ``setup`` raises :class:`ConfigError`.
@@ -266,6 +282,16 @@ class HFDataModule(L.LightningDataModule):
         return list(first)
 
     def setup(self, stage: str | None = None) -> None:
+        """Load, format, tokenize, prune and pack both splits once (later calls return at once).
+
+        Fills ``train_dataset``, ``val_dataset`` (``None`` without validation data), ``data_format``,
+        ``id2label`` (classification), ``dropped_columns`` and the collators. Reads the attached
+        LightningModule's ``.model`` (when there is one) for pruning and for the packing checks.
+
+        Raises:
+            ConfigError: an option the data or the model cannot honour (named).
+            DataError: a source that is missing, unreadable, empty, or lacks the format's fields.
+        """
         if self.train_dataset is not None:
             return
         model = self._attached_model()
@@ -490,6 +516,14 @@ class HFDataModule(L.LightningDataModule):
         )
 
     def train_dataloader(self) -> Any:
+        """Micro-batches of ``per_device_train_batch_size`` examples, this rank's share of the epoch's order.
+
+        Wrapped in :class:`~hf_lightning.data.windows.AccumulationWindowLoader` when the attached module counts
+        loss items (the window keys above); a plain loader otherwise (standalone use).
+
+        Raises:
+            ConfigError: a stream of unknown length without ``trainer.max_steps``.
+        """
         if self.train_dataset is None:
             self.setup("fit")
         ds = self.train_dataset
@@ -508,6 +542,8 @@ class HFDataModule(L.LightningDataModule):
         )
 
     def val_dataloader(self) -> Any:
+        """Batches of ``per_device_eval_batch_size`` examples in dataset order, this rank's share without any
+        padding or repetition (ranks may differ by one example); ``[]`` without validation data."""
         if self.train_dataset is None:
             self.setup("validate")
         if self.val_dataset is None:

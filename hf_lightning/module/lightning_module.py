@@ -36,6 +36,13 @@ Count = int | torch.Tensor
 class HFLightningModule(EvalStepsMixin, L.LightningModule):
     """Train and evaluate any HF-style model (``forward(**batch)`` returning ``.logits``).
 
+    What it reproduces of HF ``Trainer``: ``training_step`` / ``compute_loss`` with the window count of
+    ``get_batch_samples`` (the loss below), ``create_optimizer`` (``get_decay_parameter_names`` groups) and
+    ``create_scheduler`` (``get_scheduler``) through :mod:`~hf_lightning.module.optim`, ``evaluation_loop`` /
+    ``prediction_step`` for ``compute_metrics``, and ``model.train()`` before training (a model loaded with
+    ``from_pretrained`` arrives in eval mode; dropout is on while training, off while evaluating). Losses are
+    in nats per target token.
+
     The loss of one optimizer step is HF's: the sum of the loss terms over every micro-batch of the
     gradient-accumulation window divided by ``num_items_in_batch``, the window's number of targets (summed
     across data-parallel ranks). It does not depend on how the window is split into micro-batches or ranks.
@@ -221,6 +228,9 @@ class HFLightningModule(EvalStepsMixin, L.LightningModule):
         return inputs
 
     def forward(self, batch: Mapping[str, Any]) -> Any:
+        """``model(**inputs)`` without the labels and the window keys, with ``use_cache=False`` when the model
+        takes it (no KV cache in training, which packed batches need); the model's output (``.logits``
+        ``(B, L, V)``, or ``(B, C)`` for classification)."""
         return self.model(**self._model_inputs(batch), **self._forward_extra)
 
     def compute_loss(self, batch: Mapping[str, Any], num_items_in_batch: Count | None) -> tuple[torch.Tensor, Any]:
@@ -371,6 +381,13 @@ class HFLightningModule(EvalStepsMixin, L.LightningModule):
         every = max(self.trainer.log_every_n_steps, 1)
         if self.global_step % every == 0 or self.global_step >= self.trainer.max_steps > 0:
             self._flush_train_logs()
+
+    def setup(self, stage: str) -> None:
+        if stage == "fit":
+            # HF Trainer calls model.train() before its loop. from_pretrained returns the model in eval mode and
+            # Lightning (>= 2.2) keeps each submodule's mode, so without this dropout would silently stay off.
+            # Here rather than in on_train_start, so that the model summary and Lightning's mode check agree
+            self.model.train()
 
     def on_train_end(self) -> None:
         self._flush_train_logs(progress_bar=False)  # the steps since the last log boundary
