@@ -8,6 +8,7 @@ announced once at WARNING and left out, never dropped silently.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -36,12 +37,43 @@ def round_up(length: int, multiple: int | None) -> int:
     return (length + multiple - 1) // multiple * multiple if multiple else length
 
 
+def _is_flat_int_list(value: Any) -> bool:
+    return type(value) is list and (not value or type(value[0]) is int)
+
+
+def flatten_rows(values: Sequence[Any]) -> tuple[torch.Tensor, list[int]]:
+    """Concatenate token rows into one 1-D int64 tensor; also return each row's length.
+
+    Rows are Python lists of ints (what ``datasets`` returns: one ``torch.tensor`` call for the whole batch,
+    no tensor per row) or anything :func:`as_row` takes.
+    """
+    if all(_is_flat_int_list(v) for v in values):
+        return torch.tensor(list(itertools.chain.from_iterable(values)), dtype=torch.long), [len(v) for v in values]
+    rows = [as_row(v) for v in values]
+    flat = torch.cat(rows) if rows else torch.zeros(0, dtype=torch.long)
+    return flat, [r.numel() for r in rows]
+
+
+def row_mask(lengths: Sequence[int], length: int) -> torch.Tensor:
+    """``(len(lengths), length)`` bool, ``True`` on the first ``lengths[i]`` positions of row ``i``."""
+    return torch.arange(length) < torch.tensor(lengths, dtype=torch.long).unsqueeze(1)
+
+
+def pad_flat(flat: torch.Tensor, mask: torch.Tensor, value: int) -> torch.Tensor:
+    """Scatter the concatenated rows ``flat`` into a ``mask``-shaped int64 tensor filled with ``value``.
+
+    Boolean-mask assignment fills row-major order, which is the concatenation order: one op per batch
+    instead of one slice assignment per row.
+    """
+    out = torch.full(mask.shape, value, dtype=torch.long)
+    out[mask] = flat
+    return out
+
+
 def pad_rows(rows: Sequence[torch.Tensor], length: int, value: int) -> torch.Tensor:
     """Right-pad 1-D rows into a ``(len(rows), length)`` int64 tensor filled with ``value``."""
-    out = torch.full((len(rows), length), value, dtype=torch.long)
-    for i, row in enumerate(rows):
-        out[i, : row.numel()] = row
-    return out
+    flat, lengths = flatten_rows(rows)
+    return pad_flat(flat, row_mask(lengths, length), value)
 
 
 class _ExtraKeys:
@@ -67,23 +99,38 @@ class _ExtraKeys:
                     )
 
 
-def _rows(examples: Sequence[Mapping[str, Any]], owner: str) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """``(input_ids, attention_mask, labels)`` per example; labels default to a copy of ``input_ids``."""
+def _checked_column(examples: Sequence[Mapping[str, Any]], key: str, lengths: Sequence[int]) -> torch.Tensor | None:
+    """The concatenated ``key`` rows, ``None`` when no example has the key; every row must match ``lengths``.
+
+    Raises:
+        ValueError: an example whose ``key`` row has a different length than its ``input_ids``.
+    """
+    values = [ex.get(key) for ex in examples]
+    if all(v is None for v in values):
+        return None
+    if any(v is None for v in values):
+        # some examples bring the column and some do not: fill the gaps as the per-example defaults would
+        default = (lambda ex: ex["input_ids"]) if key == "labels" else (lambda ex: [1] * len(as_row(ex["input_ids"])))
+        values = [v if v is not None else default(ex) for v, ex in zip(values, examples)]
+    flat, got = flatten_rows(values)
+    if got != list(lengths):
+        i = next(i for i, (a, b) in enumerate(zip(got, lengths)) if a != b)
+        raise DataError(f"example {i}: {key!r} has {got[i]} positions but 'input_ids' has {lengths[i]}")
+    return flat
+
+
+def _input_ids(examples: Sequence[Mapping[str, Any]], owner: str) -> tuple[torch.Tensor, list[int]]:
+    """The concatenated ``input_ids`` and the row lengths.
+
+    Raises:
+        ValueError: an empty list or an example without ``input_ids``.
+    """
     if not examples:
         raise DataError(f"{owner}: cannot collate an empty list of examples")
-    rows = []
     for i, ex in enumerate(examples):
         if "input_ids" not in ex:
             raise DataError(f"example {i} has no 'input_ids' (keys: {sorted(ex)})")
-        ids = as_row(ex["input_ids"])
-        labels = ex.get("labels")
-        labels = ids.clone() if labels is None else as_row(labels)
-        if labels.numel() != ids.numel():
-            raise DataError(f"example {i}: 'labels' has {labels.numel()} positions but 'input_ids' has {ids.numel()}")
-        mask = ex.get("attention_mask")
-        mask = torch.ones_like(ids) if mask is None else as_row(mask)
-        rows.append((ids, mask, labels))
-    return rows
+    return flatten_rows([ex["input_ids"] for ex in examples])
 
 
 class PaddingCollator:
@@ -107,8 +154,7 @@ class PaddingCollator:
         ``{"input_ids": (B, L) int64, "attention_mask": (B, L) int64, "labels": (B, L) int64, ...}``.
 
     Raises:
-        DataError (a ``ValueError``): an empty list, an example without ``input_ids``, ``labels`` of a different
-            length, or a token row that is not a list of integers.
+        ValueError: an empty list, an example without ``input_ids``, or ``labels`` of a different length.
     """
 
     def __init__(
@@ -120,12 +166,14 @@ class PaddingCollator:
         self._extra = _ExtraKeys(type(self).__name__)
 
     def __call__(self, examples: Sequence[Mapping[str, Any]]) -> dict[str, torch.Tensor]:
-        rows = _rows(examples, type(self).__name__)
-        length = round_up(max(r[0].numel() for r in rows), self.pad_to_multiple_of)
+        ids, lengths = _input_ids(examples, type(self).__name__)
+        labels = _checked_column(examples, "labels", lengths)
+        attention = _checked_column(examples, "attention_mask", lengths)
+        mask = row_mask(lengths, round_up(max(lengths), self.pad_to_multiple_of))
         batch = {
-            "input_ids": pad_rows([r[0] for r in rows], length, self.pad_token_id),
-            "attention_mask": pad_rows([r[1] for r in rows], length, 0),
-            "labels": pad_rows([r[2] for r in rows], length, self.label_pad_token_id),
+            "input_ids": pad_flat(ids, mask, self.pad_token_id),
+            "attention_mask": mask.long() if attention is None else pad_flat(attention, mask, 0),
+            "labels": pad_flat(ids if labels is None else labels, mask, self.label_pad_token_id),
         }
         self._extra.add(batch, examples, ())
         return batch
@@ -138,16 +186,8 @@ class ClassificationCollator:
     ``attention_mask`` and ``token_type_ids`` with 0, ``labels`` a ``(B,)`` tensor, int64 for class ids and
     float32 for regression targets (as HF's ``default_data_collator``); multi-label rows give ``(B, C)``.
 
-    Args:
-        pad_token_id: id written into padded ``input_ids`` positions.
-        pad_to_multiple_of: round the padded length up to a multiple of this.
-
-    Returns:
-        ``{"input_ids": (B, L) int64, "attention_mask": (B, L) int64[, "token_type_ids": (B, L) int64],
-        "labels": (B,) int64 or float32}``; ``labels`` is absent when the examples carry none.
-
     Raises:
-        DataError (a ``ValueError``): an empty list or an example without ``input_ids``.
+        ValueError: an empty list or an example without ``input_ids``.
     """
 
     def __init__(self, pad_token_id: int, pad_to_multiple_of: int | None = None) -> None:
@@ -193,11 +233,7 @@ class Seq2SeqCollator:
         label_pad_token_id / pad_to_multiple_of: as HF.
 
     Returns:
-        ``{"input_ids": (B, S), "attention_mask": (B, S), "labels": (B, T)[, "decoder_input_ids": (B, T)]}``,
-        all int64; ``S`` the longest source, ``T`` the longest target of the batch.
-
-    Raises:
-        ValueError: an empty list or an example without ``input_ids``.
+        ``{"input_ids": (B, S), "attention_mask": (B, S), "labels": (B, T)[, "decoder_input_ids": (B, T)]}``.
     """
 
     def __init__(
@@ -216,9 +252,6 @@ class Seq2SeqCollator:
     def __call__(self, examples: Sequence[Mapping[str, Any]]) -> dict[str, torch.Tensor]:
         if not examples:
             raise DataError("Seq2SeqCollator: cannot collate an empty list of examples")
-        for i, ex in enumerate(examples):
-            if "input_ids" not in ex:
-                raise DataError(f"example {i} has no 'input_ids' (keys: {sorted(ex)})")
         ids = [as_row(ex["input_ids"]) for ex in examples]
         masks = [as_row(ex["attention_mask"]) if "attention_mask" in ex else torch.ones_like(r) for ex, r in zip(examples, ids)]
         length = round_up(max(r.numel() for r in ids), self.pad_to_multiple_of)

@@ -20,13 +20,14 @@ first token of the next; with it the loss and the per-sequence logits equal the 
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
-from hf_lightning.data.collators import as_row
+from hf_lightning.data.collators import flatten_rows
 from hf_lightning.errors import DataError
 from hf_lightning.module.loss import IGNORE_INDEX
 
@@ -65,7 +66,7 @@ class PaddingFreeCollator:
         ``{"input_ids": (1, T), "labels": (1, T), "position_ids": (1, T)}`` int64, ``T`` = total tokens.
 
     Raises:
-        DataError (a ``ValueError``): an empty batch, an example without ``input_ids``, mismatched lengths, or an
+        ValueError: an empty batch, an example without ``input_ids``, mismatched lengths, or an
             ``attention_mask`` with zeros.
     """
 
@@ -74,39 +75,61 @@ class PaddingFreeCollator:
         self.return_flash_attn_kwargs = return_flash_attn_kwargs
         self._announced: set[str] = set()
 
+    @staticmethod
+    def _column(examples: Sequence[Mapping[str, Any]], key: str, lengths: list[int]) -> torch.Tensor | None:
+        """The concatenated ``key`` rows (``None`` if no example has it), lengths checked against ``input_ids``."""
+        values = [ex.get(key) for ex in examples]
+        if all(v is None for v in values):
+            return None
+        if any(v is None for v in values):
+            # mixed: missing labels copy input_ids, missing positions count 0..n-1, a missing mask is all ones
+            fill = {"labels": lambda ex, n: ex["input_ids"], "position_ids": lambda ex, n: list(range(n))}
+            default = fill.get(key, lambda ex, n: [1] * n)
+            values = [v if v is not None else default(ex, n) for v, ex, n in zip(values, examples, lengths)]
+        flat, got = flatten_rows(values)
+        if got != lengths:
+            i = next(i for i, (a, b) in enumerate(zip(got, lengths)) if a != b)
+            raise DataError(f"example {i}: input_ids, labels and position_ids differ in length ({key!r})")
+        return flat
+
     def __call__(self, examples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         if not examples:
             raise DataError("PaddingFreeCollator: cannot collate an empty list of examples")
-        ids, labels, positions = [], [], []
         for i, ex in enumerate(examples):
             if "input_ids" not in ex:
                 raise DataError(f"example {i} has no 'input_ids' (keys: {sorted(ex)})")
-            row = as_row(ex["input_ids"])
-            lab = as_row(ex["labels"]).clone() if ex.get("labels") is not None else row.clone()
-            pos = as_row(ex["position_ids"]) if ex.get("position_ids") is not None else torch.arange(row.numel())
-            if not lab.numel() == pos.numel() == row.numel():
-                raise DataError(f"example {i}: input_ids, labels and position_ids differ in length")
-            if pos.numel() and pos[0] != 0:
-                raise DataError(f"example {i}: position_ids must start at 0, got {pos[:4].tolist()}...")
-            mask = ex.get("attention_mask")
-            if mask is not None and not bool(as_row(mask).all()):
-                raise DataError(f"example {i}: attention_mask has zeros; padding-free batches take unpadded rows")
-            if row.numel() == 0:
-                continue
-            lab[pos == 0] = self.label_pad_token_id  # each sequence start (every document of a packed row)
-            ids.append(row)
-            labels.append(lab)
-            positions.append(pos)
-            for key in ex:
-                if key not in CARRIED and key not in self._announced:
-                    self._announced.add(key)
-                    log.warning("PaddingFreeCollator leaves key %r out of the flattened batch", key)
-        if not ids:
+        # whole-batch tensor ops on the concatenated rows (no per-example tensors)
+        ids, lengths = flatten_rows([ex["input_ids"] for ex in examples])
+        if not ids.numel():
             raise DataError("PaddingFreeCollator: every example of the batch is empty")
+        labels = self._column(examples, "labels", lengths)
+        labels = ids.clone() if labels is None else labels
+        positions = self._column(examples, "position_ids", lengths)
+        starts = torch.tensor([0, *itertools.accumulate(lengths)][:-1], dtype=torch.long)
+        sizes = torch.tensor(lengths, dtype=torch.long)
+        if positions is None:
+            positions = torch.arange(ids.numel()) - torch.repeat_interleave(starts, sizes)
+        else:
+            nonempty = sizes > 0
+            first = positions[starts[nonempty]]
+            if bool((first != 0).any()):
+                i = int(torch.nonzero(nonempty).reshape(-1)[int(torch.nonzero(first != 0)[0])])
+                row = positions[starts[i] : starts[i] + lengths[i]]
+                raise DataError(f"example {i}: position_ids must start at 0, got {row[:4].tolist()}...")
+        mask = self._column(examples, "attention_mask", lengths)
+        if mask is not None and not bool(mask.all()):
+            row_of = torch.repeat_interleave(torch.arange(len(lengths)), sizes)
+            i = int(row_of[int(torch.nonzero(mask == 0)[0])])
+            raise DataError(f"example {i}: attention_mask has zeros; padding-free batches take unpadded rows")
+        labels[positions == 0] = self.label_pad_token_id  # each sequence start (every document of a packed row)
+        extra = set().union(*examples) - set(CARRIED) - self._announced
+        for key in sorted(extra):
+            self._announced.add(key)
+            log.warning("PaddingFreeCollator leaves key %r out of the flattened batch", key)
         batch: dict[str, Any] = {
-            "input_ids": torch.cat(ids).unsqueeze(0),
-            "labels": torch.cat(labels).unsqueeze(0),
-            "position_ids": torch.cat(positions).unsqueeze(0),
+            "input_ids": ids.unsqueeze(0),
+            "labels": labels.unsqueeze(0),
+            "position_ids": positions.unsqueeze(0),
         }
         if self.return_flash_attn_kwargs:
             cu = sequence_boundaries(batch["position_ids"])

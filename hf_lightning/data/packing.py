@@ -35,7 +35,7 @@ from typing import Any
 import datasets
 import torch
 
-from hf_lightning.data.collators import as_row, pad_rows, round_up
+from hf_lightning.data.collators import flatten_rows, pad_flat, round_up, row_mask
 from hf_lightning.errors import ConfigError
 from hf_lightning.module.loss import IGNORE_INDEX
 
@@ -165,13 +165,16 @@ class PackedCollator:
         self.pad_to_multiple_of = pad_to_multiple_of
 
     def __call__(self, examples: Sequence[Mapping[str, Any]]) -> dict[str, torch.Tensor]:
-        ids = [as_row(ex["input_ids"]) for ex in examples]
-        labels = [as_row(ex["labels"]) for ex in examples]
-        pos = [as_row(ex["position_ids"]) for ex in examples]
-        length = round_up(max(r.numel() for r in ids), self.pad_to_multiple_of)
-        position_ids = torch.stack([torch.cat([p, torch.arange(length - p.numel())]) for p in pos])
+        ids, lengths = flatten_rows([ex["input_ids"] for ex in examples])
+        labels, _ = flatten_rows([ex["labels"] for ex in examples])
+        positions, _ = flatten_rows([ex["position_ids"] for ex in examples])
+        length = round_up(max(lengths), self.pad_to_multiple_of)
+        mask = row_mask(lengths, length)
+        # the padding tail counts 0, 1, ... from the end of each row's documents
+        tail = torch.arange(length) - torch.tensor(lengths, dtype=torch.long).unsqueeze(1)
+        position_ids = torch.where(mask, pad_flat(positions, mask, 0), tail)
         return {
-            "input_ids": pad_rows(ids, length, self.pad_token_id),
-            "labels": pad_rows(labels, length, IGNORE_INDEX),
+            "input_ids": pad_flat(ids, mask, self.pad_token_id),
+            "labels": pad_flat(labels, mask, IGNORE_INDEX),
             "position_ids": position_ids,
         }

@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import logging
 import math
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -27,6 +28,12 @@ from hf_lightning.module.loss import (
 from hf_lightning.module.optim import build_optimizer, build_scheduler
 
 log = logging.getLogger(__name__)
+
+# HFLightningModule overrides transfer_batch_to_device (a fast path for flat dict batches); Lightning then
+# warns on every fit with a DataModule that the module's implementation is used, which is the intent
+warnings.filterwarnings(
+    "ignore", message="You have overridden `transfer_batch_to_device` in `LightningModule` but have passed in a"
+)
 
 NON_MODEL_KEYS = ("labels", "shift_labels", *WINDOW_KEYS)
 
@@ -104,8 +111,9 @@ class HFLightningModule(EvalStepsMixin, L.LightningModule):
 
     Logged (x-axis ``step`` = optimizer steps done, as HF): ``train/loss`` (mean of the window losses since
     the last log, averaged over ranks: HF's ``loss``), ``lr`` (the rate used in that step), ``grad_norm``
-    (before clipping); ``val/loss`` (token-weighted mean over the whole validation set), ``val/perplexity``,
-    ``val/accuracy`` (see :class:`~hf_lightning.module.eval_steps.EvalStepsMixin`).
+    (before clipping; computed for the logged steps only, so a run stopped between two log steps, e.g. by early
+    stopping, has no ``grad_norm`` in its last row); ``val/loss`` (token-weighted mean over the whole validation
+    set), ``val/perplexity``, ``val/accuracy`` (see :class:`~hf_lightning.module.eval_steps.EvalStepsMixin`).
     """
 
     #: HF ``Trainer``'s attribute: whether :meth:`compute_loss` returns a share of the window loss (``True``)
@@ -171,6 +179,7 @@ class HFLightningModule(EvalStepsMixin, L.LightningModule):
         self._unchecked_counts: list[tuple[int, torch.Tensor]] = []
         self._last_lr: float | None = None
         self._last_grad_norm: torch.Tensor | None = None
+        self._extra_train_metrics: dict[str, float] = {}
         self._steps_seen = 0
         self.tokens_seen = torch.zeros((), dtype=torch.long)
         self._warned_unwrapped = False
@@ -362,11 +371,33 @@ class HFLightningModule(EvalStepsMixin, L.LightningModule):
         # Lightning divides by k (always k, even for a shorter last window): cancel it
         return loss * (k * rank_factor)
 
+    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
+        """A flat ``dict`` batch (every :class:`~hf_lightning.HFDataModule` batch) moves in one comprehension.
+
+        Lightning's default walks the batch with ``apply_to_collection``, whose fast path needs a dict of
+        tensors only; the window counts (``int``) send every batch down its slow path (ABC ``isinstance``
+        checks per value, per micro-batch). Any other batch type keeps Lightning's behaviour.
+        """
+        if type(batch) is not dict:
+            return super().transfer_batch_to_device(batch, device, dataloader_idx)
+        # as Lightning: non-blocking copies except to the CPU / MPS (blocking device types)
+        non_blocking = device.type not in ("cpu", "mps")
+        return {k: v.to(device, non_blocking=non_blocking) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+    def _is_log_step(self, step: int) -> bool:
+        """Whether the train logs are flushed after optimizer step ``step`` (1-based)."""
+        trainer = self.trainer
+        return step % max(trainer.log_every_n_steps, 1) == 0 or step >= trainer.max_steps > 0
+
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         self._last_lr = optimizer.param_groups[0]["lr"]
-        grads = [p.grad for p in self.parameters() if p.grad is not None]
-        if grads:
-            self._last_grad_norm = torch.nn.utils.get_total_norm(grads)
+        # the norm is read only by the log line of this step (or the final flush after the last step of an
+        # epoch): a pass over every gradient on the other steps would be wasted work
+        if self._is_log_step(self.global_step + 1) or self.trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
+            grads = [p.grad for p in self.parameters() if p.grad is not None]
+            self._last_grad_norm = torch.nn.utils.get_total_norm(grads) if grads else None
+        else:
+            self._last_grad_norm = None
 
     def on_train_start(self) -> None:
         self._steps_seen = self.global_step  # a resumed run starts at its checkpoint's step
@@ -378,8 +409,7 @@ class HFLightningModule(EvalStepsMixin, L.LightningModule):
         if self._window_loss is not None:
             self._loss_since_log.append(self._window_loss)
         self._window_loss = None
-        every = max(self.trainer.log_every_n_steps, 1)
-        if self.global_step % every == 0 or self.global_step >= self.trainer.max_steps > 0:
+        if self._is_log_step(self.global_step):
             self._flush_train_logs()
 
     def setup(self, stage: str) -> None:
@@ -412,9 +442,16 @@ class HFLightningModule(EvalStepsMixin, L.LightningModule):
         if self._last_grad_norm is not None:
             metrics["grad_norm"] = self._last_grad_norm.item()
         metrics["epoch"] = self.current_epoch
+        metrics.update(self._extra_train_metrics)
+        self._extra_train_metrics = {}
         if progress_bar:
             self.log("train/loss", metrics["train/loss"], prog_bar=True, logger=False, on_step=True, on_epoch=False)
         self._log_to_loggers(metrics)
+
+    def add_train_metrics(self, metrics: Mapping[str, float]) -> None:
+        """Add ``metrics`` (host floats) to the next train log row, so that a callback's figures for a step share
+        the row of ``train/loss`` (e.g. :class:`~hf_lightning.callbacks.Throughput`)."""
+        self._extra_train_metrics.update(metrics)
 
     def _log_to_loggers(self, metrics: dict[str, float | None]) -> None:
         """Write to every logger with ``step`` = optimizer steps done (HF's ``global_step``)."""
