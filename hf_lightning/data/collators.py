@@ -252,6 +252,9 @@ class Seq2SeqCollator:
     def __call__(self, examples: Sequence[Mapping[str, Any]]) -> dict[str, torch.Tensor]:
         if not examples:
             raise DataError("Seq2SeqCollator: cannot collate an empty list of examples")
+        for i, ex in enumerate(examples):
+            if "input_ids" not in ex:
+                raise DataError(f"example {i} has no 'input_ids' (keys: {sorted(ex)})")
         ids = [as_row(ex["input_ids"]) for ex in examples]
         masks = [as_row(ex["attention_mask"]) if "attention_mask" in ex else torch.ones_like(r) for ex, r in zip(examples, ids)]
         length = round_up(max(r.numel() for r in ids), self.pad_to_multiple_of)

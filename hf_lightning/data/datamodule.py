@@ -161,7 +161,7 @@ class HFDataModule(L.LightningDataModule):
             "num_workers": (num_workers, "int >= 0"),
             "prefetch_factor": (prefetch_factor, "positive int or null"),
             "pad_to_multiple_of": (pad_to_multiple_of, "positive int or null"),
-            "seed": (seed, "int"),
+            "seed": (seed, "int >= 0"),  # numpy and torch generators refuse negative seeds
             "model_input_names": (model_input_names, "names or null"),
             "label_names": (label_names, "names or null"),
             **{k: (v, "bool") for k, v in (

@@ -23,10 +23,17 @@ STAGES = ("val", "test")
 
 
 def sequence_classes(model: nn.Module) -> int | None:
-    """Number of classes of a ``*ForSequenceClassification`` model (``config.num_labels``), else ``None``."""
-    if type(model).__name__.endswith("ForSequenceClassification"):
-        return int(getattr(model.config, "num_labels", 0)) or None
-    return None
+    """Classes of a single-label ``*ForSequenceClassification`` model (``config.num_labels`` >= 2), else ``None``.
+
+    Regression (one label) and multi-label problems get no F1 here (a user ``compute_metrics`` can add theirs).
+    """
+    if not type(model).__name__.endswith("ForSequenceClassification"):
+        return None
+    config = model.config
+    num = int(getattr(config, "num_labels", 0) or 0)
+    if num < 2 or getattr(config, "problem_type", None) not in (None, "single_label_classification"):
+        return None
+    return num
 WARN_BYTES = 2**30  # warn when keeping every logit would take more than 1 GiB
 
 
