@@ -4,8 +4,10 @@ The library imports and runs without Hydra; only the entry points (``hf_lightnin
 """
 
 from hf_lightning.data import HFDataModule
-from hf_lightning.errors import ConfigError, DataError, HFLightningError, ModelError
+from hf_lightning.errors import ConfigError, DataError, HFLightningError, ModelError, TrainingError
 from hf_lightning.module import HFLightningModule
 
-__all__ = ["ConfigError", "DataError", "HFDataModule", "HFLightningError", "HFLightningModule", "ModelError"]
+__all__ = [
+    "ConfigError", "DataError", "HFDataModule", "HFLightningError", "HFLightningModule", "ModelError", "TrainingError",
+]
 __version__ = "0.1.0"

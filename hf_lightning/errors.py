@@ -20,3 +20,8 @@ class ConfigError(HFLightningError, ValueError):
 
 class ModelError(HFLightningError, ValueError):
     """A model or tokenizer folder is missing or incomplete."""
+
+
+class TrainingError(HFLightningError, RuntimeError):
+    """Training hit a fault it cannot continue through: a non-finite loss or gradient, out of memory, or a
+    checkpoint that cannot be written. The message says what was kept and what to change."""

@@ -34,6 +34,8 @@ def resolve_name_or_path(name_or_path: str | os.PathLike | None) -> str | None:
     """
     if name_or_path is None:
         return None
+    if not isinstance(name_or_path, (str, os.PathLike)):
+        raise ModelError(f"model.name_or_path={name_or_path!r}: expected a folder path (or null for the default model)")
     path = os.fspath(name_or_path)
     if not path.startswith(PACKAGE_PREFIX):
         return path
@@ -52,10 +54,44 @@ def is_encoder_decoder(task: str = "causal_lm", name_or_path: str | None = None)
     (``config.json`` of a folder, else the task)."""
     path = resolve_name_or_path(name_or_path) if name_or_path is not None else None
     if path is not None and os.path.isfile(os.path.join(path, "config.json")):
+        try:
+            check_config_json(path)
+        except ModelError:
+            return task == "seq2seq_lm"  # loading the folder reports the broken file
         with open(os.path.join(path, "config.json")) as fh:
             if json.load(fh).get("is_encoder_decoder"):
                 return True
     return task == "seq2seq_lm"
+
+
+def check_config_json(path: str) -> None:
+    """Raise :class:`ModelError` when ``path/config.json`` is not one JSON object (a truncated copy, a merge
+    conflict), naming the line and column, before the tokenizer or the model loader trip over it."""
+    file = os.path.join(path, "config.json")
+    try:
+        with open(file, encoding="utf-8") as fh:
+            value = json.load(fh)
+    except (ValueError, UnicodeDecodeError) as err:
+        raise ModelError(f"model.name_or_path={path}: config.json is not valid JSON ({err})") from err
+    if not isinstance(value, dict):
+        raise ModelError(f"model.name_or_path={path}: config.json holds a JSON {type(value).__name__}, not an object")
+
+
+def from_pretrained(auto_class: Any, path: str, **kwargs: Any) -> Any:
+    """``auto_class.from_pretrained(path, **kwargs)``; a folder whose files cannot be read becomes a ModelError.
+
+    Raises:
+        ModelError: weights that are truncated or corrupt, a config naming an unknown architecture, or weights
+            that do not fit the config (the loader's reason is kept).
+    """
+    try:
+        return auto_class.from_pretrained(path, **kwargs)
+    except Exception as err:  # json, safetensors, pickle and torch each raise their own types for a bad file
+        reason = " ".join(str(err).split())[:300]
+        raise ModelError(
+            f"model.name_or_path={path}: the model could not be loaded ({type(err).__name__}: {reason}); the folder "
+            "must hold a complete save_pretrained output (config.json and all weight files)"
+        ) from err
 
 
 def _check_folder(path: str, original: str) -> None:
@@ -63,6 +99,7 @@ def _check_folder(path: str, original: str) -> None:
         raise ModelError(f"model.name_or_path={original}: not a folder (expected a local HF model folder)")
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise ModelError(f"model.name_or_path={original}: no config.json, so not a model folder saved by save_pretrained")
+    check_config_json(path)
     if not any(os.path.exists(os.path.join(path, f)) for f in WEIGHT_FILES):
         raise ModelError(f"model.name_or_path={original}: no weights (looked for {', '.join(WEIGHT_FILES)})")
 
@@ -152,7 +189,7 @@ def build_model(
     else:
         path = resolve_name_or_path(name_or_path)
         _check_folder(path, os.fspath(name_or_path))
-        model = auto.from_pretrained(path, attn_implementation=attn_implementation, **head)
+        model = from_pretrained(auto, path, attn_implementation=attn_implementation, **head)
         if model.config.pad_token_id is None and tokenizer.pad_token_id is not None:
             model.config.pad_token_id = tokenizer.pad_token_id
 

@@ -69,12 +69,14 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
 
     from hf_lightning.checkpointing import AtomicCheckpointIO, find_resume_checkpoint
     from hf_lightning.config import validate_config
+    from hf_lightning.run_folder import check_run_folder
     from hf_lightning.strategies import refuse_multirun_relaunch
     from hf_lightning.strategies.precision import precision_plugin
 
     validate_config(cfg)
     weights_only = bool(cfg.get("resume_weights_only"))
     ckpt_path = find_resume_checkpoint(cfg.get("ckpt_path"), cfg.output_dir, weights_only=weights_only)
+    check_run_folder(cfg.output_dir, cfg.get("ckpt_path"))  # a fresh run never overwrites a previous one
     L.seed_everything(cfg.seed, workers=True, verbose=False)
 
     callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
@@ -131,6 +133,7 @@ def _fit(
 ) -> tuple[dict[str, float], dict[str, Any]]:
     """Tokenizer, data, model, module, ``fit``; the final metrics."""
     from hf_lightning.data import HFDataModule
+    from hf_lightning.faults import explain_faults
     from hf_lightning.models import build_model, load_tokenizer
     from hf_lightning.module import HFLightningModule
 
@@ -168,7 +171,8 @@ def _fit(
     n_params = sum(p.numel() for p in model.parameters())
     log.info("model: %s, %.2fM parameters", type(model).__name__, n_params / 1e6)
     start = time.perf_counter()
-    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+    with explain_faults(trainer, datamodule):  # out of memory -> TrainingError with the batch/accumulation trade
+        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
     wall = time.perf_counter() - start
 
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}

@@ -51,7 +51,11 @@ class ResumeState(L.Callback):
             "torch": torch.get_rng_state(),
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
         }
-        ranks = trainer.strategy.all_gather_object(rng) if trainer.world_size > 1 else [rng]
+        ranks = [rng]
+        if trainer.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
+            # Lightning's strategies have no object gather; every rank dumps the checkpoint, so all take part
+            ranks = [None] * trainer.world_size
+            torch.distributed.all_gather_object(ranks, rng)
         checkpoint[KEY] = {"rng": ranks, "signature": _signature(trainer)}
 
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:

@@ -280,7 +280,11 @@ def validate_config(cfg: DictConfig) -> None:
         value = _select_container(c, rule.key)
         if value is _ABSENT:
             continue
-        if not rule.check(value):
+        try:
+            ok = rule.check(value)
+        except TypeError:  # a list or mapping where a name is expected (unhashable, not comparable)
+            ok = False
+        if not ok:
             errors.append(f"{rule.key}={value!r}: allowed values: {rule.allowed}")
     bound = (
         ("data", HFDataModule.__init__, ("tokenizer",)),

@@ -33,6 +33,32 @@ def _check_messages(messages: Any) -> None:
             raise DataError(f"unknown message role {m['role']!r}; expected one of {ROLES}")
         if not isinstance(m["content"], str):
             raise DataError(f"message 'content' must be a string, got {type(m['content']).__name__}")
+    roles = [m["role"] for m in messages]
+    if "system" in roles[1:]:
+        raise DataError(
+            f"a 'system' message must come first, found one at position {roles.index('system', 1)} (roles: {roles})"
+        )
+
+
+def require_chat_template(tokenizer: Any) -> None:
+    """Raise :class:`DataError` when chat data meets a tokenizer without a chat template."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise DataError(
+            "chat data ('messages') needs a tokenizer with a chat template; this tokenizer has none. "
+            "Set tokenizer.chat_template (e.g. ChatML) and save it into the model folder."
+        )
+
+
+def _apply_template(tokenizer: Any, messages: list[dict[str, str]], **kwargs: Any) -> dict:
+    """``tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True, ...)``; a template that refuses
+    the conversation (``raise_exception``, e.g. roles that do not alternate) becomes a :class:`DataError`."""
+    from jinja2.exceptions import TemplateError
+
+    try:
+        return tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True, **kwargs)
+    except TemplateError as err:
+        roles = [m["role"] for m in messages]
+        raise DataError(f"the tokenizer's chat template refuses this conversation (roles: {roles}): {err}") from err
 
 
 def chat_labels(messages: list[dict[str, str]], tokenizer: Any) -> tuple[list[int], list[int]]:
@@ -46,23 +72,17 @@ def chat_labels(messages: list[dict[str, str]], tokenizer: Any) -> tuple[list[in
     prefix tokens to be a prefix of the longer rendering, which is checked.
 
     Raises:
-        DataError: the tokenizer has no chat template, or the template cannot be split by turn.
+        DataError: the tokenizer has no chat template, the template refuses the conversation, or it cannot be
+            split by turn.
     """
-    if not getattr(tokenizer, "chat_template", None):
-        raise DataError(
-            "chat data ('messages') needs a tokenizer with a chat template; this tokenizer has none. "
-            "Set tokenizer.chat_template (e.g. ChatML) and save it into the model folder."
-        )
+    require_chat_template(tokenizer)
     if GENERATION_BLOCK.search(tokenizer.chat_template):
-        out = tokenizer.apply_chat_template(
-            messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
-        )
+        out = _apply_template(tokenizer, messages, return_assistant_tokens_mask=True)
         ids = list(out["input_ids"])
         return ids, [t if m else IGNORE_INDEX for t, m in zip(ids, out["assistant_masks"])]
 
     def render(msgs, gen):
-        out = tokenizer.apply_chat_template(msgs, tokenize=True, add_generation_prompt=gen, return_dict=True)
-        return list(out["input_ids"])
+        return list(_apply_template(tokenizer, msgs, add_generation_prompt=gen)["input_ids"])
 
     ids = render(messages, False)
     labels = [IGNORE_INDEX] * len(ids)

@@ -15,14 +15,22 @@ from typing import Any
 
 import torch
 
+from hf_lightning.errors import DataError
 from hf_lightning.module.loss import IGNORE_INDEX
 
 log = logging.getLogger(__name__)
 
 
 def as_row(value: Any) -> torch.Tensor:
-    """A token row as a 1-D int64 tensor; ``(1, n)`` rows (a ``return_tensors`` leftover) become ``(n,)``."""
-    return torch.as_tensor(value, dtype=torch.long).reshape(-1)
+    """A token row as a 1-D int64 tensor; ``(1, n)`` rows (a ``return_tensors`` leftover) become ``(n,)``.
+
+    Raises:
+        DataError: a value that is not a (nested) list of integers, e.g. a string or a ragged list.
+    """
+    try:
+        return torch.as_tensor(value, dtype=torch.long).reshape(-1)
+    except (TypeError, ValueError, RuntimeError) as err:
+        raise DataError(f"a token row must be a list of integer ids, got {value!r:.80} ({err})") from err
 
 
 def round_up(length: int, multiple: int | None) -> int:
@@ -107,7 +115,7 @@ def _checked_column(examples: Sequence[Mapping[str, Any]], key: str, lengths: Se
     flat, got = flatten_rows(values)
     if got != list(lengths):
         i = next(i for i, (a, b) in enumerate(zip(got, lengths)) if a != b)
-        raise ValueError(f"example {i}: {key!r} has {got[i]} positions but 'input_ids' has {lengths[i]}")
+        raise DataError(f"example {i}: {key!r} has {got[i]} positions but 'input_ids' has {lengths[i]}")
     return flat
 
 
@@ -118,10 +126,10 @@ def _input_ids(examples: Sequence[Mapping[str, Any]], owner: str) -> tuple[torch
         ValueError: an empty list or an example without ``input_ids``.
     """
     if not examples:
-        raise ValueError(f"{owner}: cannot collate an empty list of examples")
+        raise DataError(f"{owner}: cannot collate an empty list of examples")
     for i, ex in enumerate(examples):
         if "input_ids" not in ex:
-            raise ValueError(f"example {i} has no 'input_ids' (keys: {sorted(ex)})")
+            raise DataError(f"example {i} has no 'input_ids' (keys: {sorted(ex)})")
     return flatten_rows([ex["input_ids"] for ex in examples])
 
 
@@ -189,10 +197,10 @@ class ClassificationCollator:
 
     def __call__(self, examples: Sequence[Mapping[str, Any]]) -> dict[str, torch.Tensor]:
         if not examples:
-            raise ValueError("ClassificationCollator: cannot collate an empty list of examples")
+            raise DataError("ClassificationCollator: cannot collate an empty list of examples")
         for i, ex in enumerate(examples):
             if "input_ids" not in ex:
-                raise ValueError(f"example {i} has no 'input_ids' (keys: {sorted(ex)})")
+                raise DataError(f"example {i} has no 'input_ids' (keys: {sorted(ex)})")
         ids = [as_row(ex["input_ids"]) for ex in examples]
         length = round_up(max(r.numel() for r in ids), self.pad_to_multiple_of)
         batch = {"input_ids": pad_rows(ids, length, self.pad_token_id)}
@@ -243,7 +251,10 @@ class Seq2SeqCollator:
 
     def __call__(self, examples: Sequence[Mapping[str, Any]]) -> dict[str, torch.Tensor]:
         if not examples:
-            raise ValueError("Seq2SeqCollator: cannot collate an empty list of examples")
+            raise DataError("Seq2SeqCollator: cannot collate an empty list of examples")
+        for i, ex in enumerate(examples):
+            if "input_ids" not in ex:
+                raise DataError(f"example {i} has no 'input_ids' (keys: {sorted(ex)})")
         ids = [as_row(ex["input_ids"]) for ex in examples]
         masks = [as_row(ex["attention_mask"]) if "attention_mask" in ex else torch.ones_like(r) for ex, r in zip(examples, ids)]
         length = round_up(max(r.numel() for r in ids), self.pad_to_multiple_of)

@@ -23,7 +23,16 @@ import datasets
 import lightning as L
 import torch
 
+from hf_lightning.data.chat import require_chat_template
+from hf_lightning.data.checks import (
+    check_arguments,
+    check_fits_one_batch,
+    check_label_range,
+    check_sequence_isolation,
+    check_token_ids,
+)
 from hf_lightning.data.collators import ClassificationCollator, PaddingCollator, Seq2SeqCollator
+from hf_lightning.data.file_errors import read_error
 from hf_lightning.data.flattening import PaddingFreeCollator
 from hf_lightning.data.formatting import CAUSAL_FORMATS, FORMATS, detect_format
 from hf_lightning.data.iterable import ShardedStream
@@ -47,6 +56,10 @@ log = logging.getLogger(__name__)
 
 # HF's mega-batch multiplier cap (``get_length_grouped_indices``); streams group within buffers this many batches long
 MEGA_BATCH_MULT = 50
+
+
+def _is_sequence_classifier(model: Any) -> bool:
+    return model is not None and type(model).__name__.endswith("ForSequenceClassification")
 
 
 class HFDataModule(L.LightningDataModule):
@@ -80,11 +93,27 @@ class HFDataModule(L.LightningDataModule):
         rename_columns: ``{source column: new name}`` applied to every split before the format is read (a
             banking77 CSV's ``category`` becomes the classification format's ``label``).
 
-    Batches (causal formats): ``input_ids``, ``attention_mask``, ``labels``, int64 ``(B, L)``, labels -100 where
-    nothing is trained on; padding-free: ``input_ids``, ``labels``, ``position_ids`` ``(1, T)``; packed:
-    ``input_ids``, ``labels``, ``position_ids`` ``(B, L)``. When the attached LightningModule defines
-    ``count_loss_items(batch) -> int`` (as :class:`HFLightningModule` does), training batches also carry
-    ``num_items_in_batch``, the label count of their whole gradient-accumulation window.
+    Batches (``B`` examples, ``L`` tokens after padding to the longest row, all tensors int64):
+
+    - causal formats: ``input_ids``, ``attention_mask``, ``labels`` ``(B, L)``; labels are -100 where nothing is
+      trained on (padding, prompts, user turns);
+    - padding-free: ``input_ids``, ``labels``, ``position_ids`` ``(1, T)``, ``T`` the batch's real tokens;
+      packed: ``input_ids``, ``labels``, ``position_ids`` ``(B, L)``, ``L`` at most ``max_length``;
+    - classification: ``input_ids``, ``attention_mask`` ``(B, L)``, ``labels`` ``(B,)`` (float32 for regression);
+    - seq2seq: ``input_ids``, ``attention_mask`` ``(B, S)``, ``labels`` (and ``decoder_input_ids``) ``(B, T)``.
+
+    When the attached LightningModule defines ``count_loss_items(batch) -> int`` (as :class:`HFLightningModule`
+    does), training batches also carry three Python ``int`` keys (see
+    :class:`~hf_lightning.data.windows.AccumulationWindowLoader`): ``num_items_in_batch``, the label count of
+    their whole gradient-accumulation window on this process; ``num_items_in_micro_batch``; and
+    ``num_batches_in_window``.
+
+    What it reproduces of HF ``Trainer``: ``_remove_unused_columns`` (``remove_unused_columns``, with the dropped
+    names logged), ``_get_train_sampler`` (a seeded random order, or ``LengthGroupedSampler``'s
+    ``get_length_grouped_indices`` with ``group_by_length``), ``get_train_dataloader`` (per-worker seeds) and
+    ``get_batch_samples`` (``num_items_in_batch`` counted before the window's first forward). The collators are
+    listed in :mod:`hf_lightning.data.collators`. It differs where HF's sampler repeats examples to even out
+    ranks: here every example is used exactly once per epoch across ranks and workers.
 
     Metrics check: when the attached module has a truthy ``compute_metrics`` or ``metrics`` attribute and no
     key of ``label_names`` appears in an evaluation batch, ``setup`` raises :class:`ConfigError`.
@@ -123,24 +152,30 @@ class HFDataModule(L.LightningDataModule):
         rename_columns: dict[str, str] | None = None,
     ) -> None:
         super().__init__()
-        for key, value in (
-            ("per_device_train_batch_size", per_device_train_batch_size),
-            ("per_device_eval_batch_size", per_device_eval_batch_size),
-            ("max_length", max_length),
-            ("shuffle_buffer_size", shuffle_buffer_size),
-        ):
-            if not isinstance(value, int) or value < 1:
-                raise ConfigError(f"data.{key} must be a positive integer, got {value!r}")
+        check_arguments("data", {
+            "per_device_train_batch_size": (per_device_train_batch_size, "positive int"),
+            "per_device_eval_batch_size": (per_device_eval_batch_size, "positive int"),
+            "max_length": (max_length, "positive int"),
+            "shuffle_buffer_size": (shuffle_buffer_size, "positive int"),
+            "validation_split": (validation_split, "fraction"),
+            "num_workers": (num_workers, "int >= 0"),
+            "prefetch_factor": (prefetch_factor, "positive int or null"),
+            "pad_to_multiple_of": (pad_to_multiple_of, "positive int or null"),
+            "seed": (seed, "int >= 0"),  # numpy and torch generators refuse negative seeds
+            "model_input_names": (model_input_names, "names or null"),
+            "label_names": (label_names, "names or null"),
+            **{k: (v, "bool") for k, v in (
+                ("shuffle", shuffle), ("group_by_length", group_by_length), ("padding_free", padding_free),
+                ("streaming", streaming), ("remove_unused_columns", remove_unused_columns),
+                ("pin_memory", pin_memory), ("persistent_workers", persistent_workers), ("drop_last", drop_last),
+            )},
+        })
         if format not in ("auto", *FORMATS):
             raise ConfigError(f"data.format={format!r}; expected one of {['auto', *FORMATS]}")
-        if not 0 <= validation_split < 1:
-            raise ConfigError(f"data.validation_split must be in [0, 1), got {validation_split!r}")
         if packing is True:
             packing = "bfd"
-        if packing not in (False, None, *STRATEGIES):
+        if packing is not False and packing is not None and packing not in STRATEGIES:
             raise ConfigError(f"data.packing={packing!r}; expected false, true (= bfd) or one of {list(STRATEGIES)}")
-        if not isinstance(num_workers, int) or num_workers < 0:
-            raise ConfigError(f"data.num_workers must be an integer >= 0, got {num_workers!r}")
         if num_workers == 0 and (persistent_workers or prefetch_factor is not None):
             key = "persistent_workers" if persistent_workers else "prefetch_factor"
             raise ConfigError(f"data.{key} applies to worker processes only; set data.num_workers > 0 or unset it")
@@ -235,13 +270,28 @@ class HFDataModule(L.LightningDataModule):
         names = getattr(ds, "column_names", None)
         if names:
             return list(names)
-        first = next(iter(ds)) if is_stream(ds) else ds[0]
+        try:
+            first = next(iter(ds)) if is_stream(ds) else ds[0]
+        except (DataError, StopIteration):
+            raise
+        except Exception as err:  # a stream reads its file only now: a broken line shows here first
+            raise read_error(self.path, "train", err) from err
         if not isinstance(first, dict):
             raise DataError(f"data.path={self.path}: examples must be mappings of column -> value, got {type(first).__name__}")
         log.info("the source has no schema; reading the column names from its first row: %s", sorted(first))
         return list(first)
 
     def setup(self, stage: str | None = None) -> None:
+        """Load, format, tokenize, prune and pack both splits once (later calls return at once).
+
+        Fills ``train_dataset``, ``val_dataset`` (``None`` without validation data), ``data_format``,
+        ``id2label`` (classification), ``dropped_columns`` and the collators. Reads the attached
+        LightningModule's ``.model`` (when there is one) for pruning and for the packing checks.
+
+        Raises:
+            ConfigError: an option the data or the model cannot honour (named).
+            DataError: a source that is missing, unreadable, empty, or lacks the format's fields.
+        """
         if self.train_dataset is not None:
             return
         model = self._attached_model()
@@ -263,6 +313,11 @@ class HFDataModule(L.LightningDataModule):
             if val is not None
             else None
         )
+        if model is not None:  # ids and classes the model has no row for fail here, not inside its forward
+            for split, ds, where in (("train", self.train_dataset, path), ("validation", self.val_dataset, self.validation_path or path)):
+                check_token_ids(ds, model, self.tokenizer.pad_token_id, where, split)
+                if fmt == "classification":
+                    check_label_range(ds, model, where, split)
         base = self._base_collator(fmt, model)
         self.train_collator = self._pruning_collator(base, self.train_dataset, keep, inputs, "train", inputs_from)
         self.eval_collator = self._pruning_collator(base, self.val_dataset, keep, inputs, "validation", inputs_from)
@@ -272,6 +327,8 @@ class HFDataModule(L.LightningDataModule):
 
     def _check_options(self, fmt: str, train: Any, model: Any) -> None:
         stream = is_stream(train)
+        if fmt in ("messages", "conversations"):
+            require_chat_template(self.tokenizer)
         if self.packing and fmt not in CAUSAL_FORMATS:
             raise ConfigError(f"data.packing={self.packing!r} packs causal-LM rows; the {fmt!r} format cannot be packed")
         if self.packing and stream:
@@ -290,6 +347,7 @@ class HFDataModule(L.LightningDataModule):
                     f"{type(model).__name__}.forward takes no position_ids, so packed or padding-free batches "
                     "cannot mark where sequences start; set data.packing=false and data.padding_free=false"
                 )
+            check_sequence_isolation(model, "data.packing" if self.packing else "data.padding_free")
             if getattr(getattr(model, "config", None), "use_cache", False):
                 log.warning(
                     "packed/padding-free batches: transformers only separates sequences by position_ids when "
@@ -348,7 +406,8 @@ class HFDataModule(L.LightningDataModule):
 
     def _base_collator(self, fmt: str, model: Any) -> Any:
         pad = self.tokenizer.pad_token_id
-        if fmt == "classification":
+        # pre-tokenized rows for a sequence classifier carry one class per row, not token labels
+        if fmt == "classification" or (fmt == "tokenized" and _is_sequence_classifier(model)):
             return ClassificationCollator(pad, self.pad_to_multiple_of)
         if fmt == "seq2seq":
             return Seq2SeqCollator(pad, model=model, pad_to_multiple_of=self.pad_to_multiple_of)
@@ -360,7 +419,8 @@ class HFDataModule(L.LightningDataModule):
 
     def _first_example(self, ds: Any, holdout_keep: bool | None) -> Any:
         if is_stream(ds):
-            stream = ShardedStream(ds, self._processor, holdout=self._holdout_spec(holdout_keep), split="validation")
+            name = (self.validation_path or self.path) if holdout_keep else self.path
+            stream = ShardedStream(ds, self._processor, holdout=self._holdout_spec(holdout_keep), split="validation", name=name)
             return next(iter(stream), None)
         return ds[0] if len(ds) else None
 
@@ -418,7 +478,10 @@ class HFDataModule(L.LightningDataModule):
             source, self._processor, rank=rank, world_size=world, shuffle=train and self.shuffle, seed=self.seed,
             buffer_size=self.shuffle_buffer_size, length_buffer=length_buffer, holdout=holdout,
             length=len(source) if sized else None, top_up=train, split="train" if train else "validation",
+            name=self.path if train else self.validation_path or self.path,
         )
+        if train and stream.length is not None:
+            check_fits_one_batch(stream.per_reader(self.num_workers), batch, self.drop_last)
         trainer = getattr(self, "trainer", None)
         if train and stream.length is None and trainer is not None and (trainer.max_steps is None or trainer.max_steps < 0):
             raise ConfigError(
@@ -444,6 +507,8 @@ class HFDataModule(L.LightningDataModule):
             drop_last=self.drop_last if train else False, lengths=lengths,
             group_batch_size=batch * self._accumulation(), top_up=train,
         )
+        if train:
+            check_fits_one_batch(len(sampler), batch, self.drop_last)
         return EpochDataLoader(
             TopUpDataset(ds) if sampler.needs_top_up else ds, seed=self.seed, rank=rank, sampler=sampler,
             batch_size=batch, collate_fn=self.train_collator if train else self.eval_collator,
@@ -451,6 +516,14 @@ class HFDataModule(L.LightningDataModule):
         )
 
     def train_dataloader(self) -> Any:
+        """Micro-batches of ``per_device_train_batch_size`` examples, this rank's share of the epoch's order.
+
+        Wrapped in :class:`~hf_lightning.data.windows.AccumulationWindowLoader` when the attached module counts
+        loss items (the window keys above); a plain loader otherwise (standalone use).
+
+        Raises:
+            ConfigError: a stream of unknown length without ``trainer.max_steps``.
+        """
         if self.train_dataset is None:
             self.setup("fit")
         ds = self.train_dataset
@@ -469,6 +542,8 @@ class HFDataModule(L.LightningDataModule):
         )
 
     def val_dataloader(self) -> Any:
+        """Batches of ``per_device_eval_batch_size`` examples in dataset order, this rank's share without any
+        padding or repetition (ranks may differ by one example); ``[]`` without validation data."""
         if self.train_dataset is None:
             self.setup("validate")
         if self.val_dataset is None:

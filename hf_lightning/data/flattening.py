@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from hf_lightning.data.collators import flatten_rows
+from hf_lightning.errors import DataError
 from hf_lightning.module.loss import IGNORE_INDEX
 
 log = logging.getLogger(__name__)
@@ -88,19 +89,19 @@ class PaddingFreeCollator:
         flat, got = flatten_rows(values)
         if got != lengths:
             i = next(i for i, (a, b) in enumerate(zip(got, lengths)) if a != b)
-            raise ValueError(f"example {i}: input_ids, labels and position_ids differ in length ({key!r})")
+            raise DataError(f"example {i}: input_ids, labels and position_ids differ in length ({key!r})")
         return flat
 
     def __call__(self, examples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         if not examples:
-            raise ValueError("PaddingFreeCollator: cannot collate an empty list of examples")
+            raise DataError("PaddingFreeCollator: cannot collate an empty list of examples")
         for i, ex in enumerate(examples):
             if "input_ids" not in ex:
-                raise ValueError(f"example {i} has no 'input_ids' (keys: {sorted(ex)})")
+                raise DataError(f"example {i} has no 'input_ids' (keys: {sorted(ex)})")
         # whole-batch tensor ops on the concatenated rows (no per-example tensors)
         ids, lengths = flatten_rows([ex["input_ids"] for ex in examples])
         if not ids.numel():
-            raise ValueError("PaddingFreeCollator: every example of the batch is empty")
+            raise DataError("PaddingFreeCollator: every example of the batch is empty")
         labels = self._column(examples, "labels", lengths)
         labels = ids.clone() if labels is None else labels
         positions = self._column(examples, "position_ids", lengths)
@@ -114,12 +115,12 @@ class PaddingFreeCollator:
             if bool((first != 0).any()):
                 i = int(torch.nonzero(nonempty).reshape(-1)[int(torch.nonzero(first != 0)[0])])
                 row = positions[starts[i] : starts[i] + lengths[i]]
-                raise ValueError(f"example {i}: position_ids must start at 0, got {row[:4].tolist()}...")
+                raise DataError(f"example {i}: position_ids must start at 0, got {row[:4].tolist()}...")
         mask = self._column(examples, "attention_mask", lengths)
         if mask is not None and not bool(mask.all()):
             row_of = torch.repeat_interleave(torch.arange(len(lengths)), sizes)
             i = int(row_of[int(torch.nonzero(mask == 0)[0])])
-            raise ValueError(f"example {i}: attention_mask has zeros; padding-free batches take unpadded rows")
+            raise DataError(f"example {i}: attention_mask has zeros; padding-free batches take unpadded rows")
         labels[positions == 0] = self.label_pad_token_id  # each sequence start (every document of a packed row)
         extra = set().union(*examples) - set(CARRIED) - self._announced
         for key in sorted(extra):

@@ -164,7 +164,15 @@ def truncate_tokenized(batch: dict[str, list], tokenizer: Any, max_length: int) 
     out: dict[str, list] = {"input_ids": [x[:max_length] for x in ids], "truncated": [len(x) > max_length for x in ids]}
     for key in ("attention_mask", "labels", "position_ids"):
         if key in batch:
-            out[key] = [_flat(x)[:max_length] for x in batch[key]]
+            # a scalar label (sequence classification) is one class per row, not a token row
+            rows = [x if x is None or isinstance(x, int) else _flat(x) for x in batch[key]]
+            for row, row_ids in zip(rows, ids):
+                if isinstance(row, list) and len(row) != len(row_ids):
+                    raise DataError(
+                        f"field {key!r} has {len(row)} positions but 'input_ids' has {len(row_ids)}; "
+                        "they must be the same length"
+                    )
+            out[key] = [row[:max_length] if isinstance(row, list) else row for row in rows]
     return out
 
 

@@ -25,6 +25,7 @@ import hashlib
 import json
 import logging
 import math
+import os
 import random
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
@@ -33,7 +34,9 @@ import datasets
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from hf_lightning.data.file_errors import is_json_lines, jsonl_line_of_row, read_error
 from hf_lightning.data.samplers import mask_example
+from hf_lightning.errors import DataError
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +104,7 @@ class ShardedStream(IterableDataset):
         top_up: end short readers with a masked copy (training); ``False`` for evaluation, where readers
             may differ by one example.
         split: name used in the log.
+        name: the source's ``data.path`` (for messages: a bad row is named by its file line when it can be).
 
     ``set_epoch(e)`` is stored in shared memory, so persistent workers see it too.
     """
@@ -119,6 +123,7 @@ class ShardedStream(IterableDataset):
         length: int | None = None,
         top_up: bool = True,
         split: str = "train",
+        name: Any = None,
     ) -> None:
         super().__init__()
         if not 0 <= rank < world_size:
@@ -135,6 +140,7 @@ class ShardedStream(IterableDataset):
         self.length = length
         self.top_up = top_up
         self.split = split
+        self.name = name
         self._epoch = torch.zeros((), dtype=torch.long).share_memory_()
 
     # ----------------------------------------------------------------------------------------- epoch
@@ -207,7 +213,7 @@ class ShardedStream(IterableDataset):
         """The rows of reader ``index`` of ``count`` for this epoch (tokenized, top-up included)."""
         total = mine = truncated = no_target = 0
         first = None
-        for j, row in enumerate(self._rows(self.epoch)):
+        for j, row in enumerate(self._read(self.epoch)):
             total += 1
             if first is None:
                 first = row
@@ -215,7 +221,10 @@ class ShardedStream(IterableDataset):
                 continue
             mine += 1
             if self.processor is not None:
-                row, cut, target = self.processor(row)
+                try:
+                    row, cut, target = self.processor(row)
+                except DataError as err:
+                    raise DataError(f"{self._where(j)}: {err}") from err
                 truncated += cut
                 if not target:
                     no_target += 1
@@ -231,6 +240,36 @@ class ShardedStream(IterableDataset):
                 "%s stream, reader %d of %d: %d of %d rows truncated, %d left without a target (kept with "
                 "zero weight so that ranks stay in step)", self.split, index, count, truncated, mine, no_target,
             )
+
+    def _read(self, epoch: int) -> Iterator[dict[str, Any]]:
+        """:meth:`_rows`, with a reader's error (a broken line, a byte that is not UTF-8) as a :class:`DataError`
+        that names the file line."""
+        rows = self._rows(epoch)
+        while True:
+            try:
+                row = next(rows)
+            except StopIteration:
+                return
+            except DataError:
+                raise
+            except Exception as err:  # pyarrow, json and codecs each raise their own types
+                raise read_error(self.name, self.split, err) from err
+            yield row
+
+    def _source(self) -> str:
+        return f"data.path={self.name}" if self.name is not None else "the stream"
+
+    def _where(self, j: int) -> str:
+        """Where row ``j`` of this epoch's order comes from: the file line when the order is the file's (no shuffle,
+        no hold-out), else the position."""
+        name = self.name
+        if isinstance(name, (str, os.PathLike)) and os.path.isfile(name) and not self.shuffle and self.holdout is None:
+            path = os.fspath(name)
+            line = jsonl_line_of_row(path, j) if is_json_lines(path) else None
+            if line is not None:
+                return f"data.path={path} line {line} ({self.split} stream row {j})"
+        order = ", in this epoch's shuffled order" if self.shuffle else ""
+        return f"{self._source()} ({self.split} stream row {j}{order})"
 
     @staticmethod
     def _grouped(rows: Iterator[dict[str, Any]], size: int) -> Iterator[dict[str, Any]]:

@@ -16,6 +16,7 @@ from typing import Any
 import datasets
 import torch
 
+from hf_lightning.data.file_errors import explain_load_error
 from hf_lightning.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -36,8 +37,8 @@ def _load_file(path: str, streaming: bool = False) -> datasets.Dataset | dataset
         raise DataError(f"data.path={path}: the file exists but cannot be read (permissions)")
     try:
         return datasets.load_dataset(builder, data_files=str(p), split="train", streaming=streaming)
-    except Exception as err:  # datasets wraps parser errors in several types; name the file in all of them
-        raise DataError(f"data.path={path}: could not be read as {builder}: {err}") from err
+    except Exception as err:  # datasets wraps parser errors in several types; name the file and the line
+        raise DataError(f"data.path={path}: {explain_load_error(str(p), builder, err)}") from err
 
 
 def _load_folder(path: str) -> datasets.Dataset | datasets.DatasetDict:

@@ -11,12 +11,14 @@ Two paths share the format functions of :mod:`hf_lightning.data.formatting`:
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping
 from typing import Any
 
 import datasets
 from torch.utils.data import Dataset
 
+from hf_lightning.data.file_errors import is_json_lines, jsonl_line_of_row, naming_non_utf8
 from hf_lightning.data.formatting import CAUSAL_FORMATS, TOKENIZERS, check_columns
 from hf_lightning.errors import DataError
 from hf_lightning.module.loss import IGNORE_INDEX
@@ -39,6 +41,65 @@ def has_target(labels: Any, causal: bool) -> bool:
 
 def _has_targets_batched(labels: list, causal: bool) -> list[bool]:
     return [has_target(x, causal) for x in labels]
+
+
+class RowError(DataError):
+    """A :class:`DataError` raised by one row of a batch; ``row`` is its index in the dataset being mapped."""
+
+    def __init__(self, row: int, message: str) -> None:
+        super().__init__(row, message)  # both in args, so the error pickles across map(num_proc=...) workers
+        self.row = row
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"row {self.row}: {self.message}"
+
+
+def tokenize_rows(batch: dict[str, list], indices: list[int], fmt: str, **kwargs: Any) -> dict[str, list]:
+    """``TOKENIZERS[fmt]`` for ``Dataset.map(batched=True, with_indices=True)``; a bad row is named.
+
+    The batch is tokenized in one call; only when that raises is it tokenized again row by row, to find the
+    first row that fails (no cost on the good path).
+
+    Raises:
+        RowError: the first failing row, by its index in the mapped dataset.
+    """
+    fn = TOKENIZERS[fmt]
+    try:
+        return fn(batch, **kwargs)
+    except DataError as err:
+        for k, index in enumerate(indices):
+            try:
+                fn({c: v[k : k + 1] for c, v in batch.items()}, **kwargs)
+            except DataError as row_err:
+                raise RowError(index, str(row_err)) from row_err
+        raise err
+
+
+def source_row(ds: Any, row: int) -> int:
+    """Row ``row`` of ``ds`` as a row of the table it was selected from (``train_test_split``/``select`` keep an
+    indices mapping over the loaded file's table); ``row`` itself when there is no mapping."""
+    indices = getattr(ds, "_indices", None)  # datasets' selection mapping; absent on an unselected dataset
+    if indices is None:
+        return row
+    try:
+        return int(indices.column(0)[row].as_py())
+    except Exception:  # a datasets version that stores the mapping differently: the split row is still right
+        return row
+
+
+def describe_row(ds: Any, row: int, path: Any, split: str) -> str:
+    """``data.path=FILE line 57 (train row 12)`` for a JSON Lines file we loaded, else ``... (train row 12)``."""
+    where = f"{split} row {row}"
+    if isinstance(path, (str, os.PathLike)) and os.path.isfile(path):
+        path = os.fspath(path)
+        src = source_row(ds, row)
+        if is_json_lines(path):
+            line = jsonl_line_of_row(path, src)
+            if line is not None:
+                return f"data.path={path} line {line} ({where})"
+        return f"data.path={path} row {src} of the file ({where})"
+    return f"data.path={path} ({where})"
 
 
 def fn_kwargs_for(fmt: str, tokenizer: Any, max_length: int, label2id: Mapping[str, int] | None) -> dict:
@@ -76,17 +137,18 @@ def tokenize_dataset(
         try:
             ds = ds.cast_column("label", datasets.ClassLabel(names=names))
         except ValueError as err:
-            raise DataError(f"data.path={path} ({split}): a label is not one of the training labels: {err}") from err
-    try:
-        out = ds.map(
-            TOKENIZERS[fmt],
-            batched=True,
-            fn_kwargs=fn_kwargs_for(fmt, tokenizer, max_length, label2id),
-            num_proc=num_proc,
-            desc=f"tokenizing {split} ({fmt})",
-        )
-    except DataError as err:
-        raise DataError(f"data.path={path} ({split}): {err}") from err
+            row, value = next((i, v) for i, v in enumerate(ds["label"]) if v not in label2id)
+            raise DataError(
+                f"{describe_row(ds, row, path, split)}: label {value!r} is not one of the {len(names)} training "
+                f"labels {names[:20]}{' ...' if len(names) > 20 else ''}"
+            ) from err
+    with naming_non_utf8(path, split):
+        try:
+            out = _map_rows(ds, fmt, tokenizer, max_length, split, label2id, num_proc)
+        except RowError as err:
+            raise DataError(f"{describe_row(ds, err.row, path, split)}: {err.message}") from err
+        except DataError as err:
+            raise DataError(f"data.path={path} ({split}): {err}") from err
     n_trunc = sum(out["truncated"])
     if n_trunc:
         log.warning(
@@ -106,9 +168,27 @@ def tokenize_dataset(
                 split, before - len(out), before,
             )
     if len(out) == 0:
-        raise DataError(f"data.path={path}: the {split} split is empty after tokenization")
+        raise DataError(
+            f"data.path={path}: the {split} split is empty after tokenization: {len(ds)} rows were read and "
+            f"every one lost all its targets (labels all -100), {n_trunc} of them by truncation to "
+            f"data.max_length={max_length}; raise data.max_length or check which fields hold the targets"
+        )
     log.info("%s: %d examples (%s format)", split, len(out), fmt)
     return out
+
+
+def _map_rows(
+    ds: datasets.Dataset, fmt: str, tokenizer: Any, max_length: int, split: str,
+    label2id: Mapping[str, int] | None, num_proc: int | None,
+) -> datasets.Dataset:
+    return ds.map(
+        tokenize_rows,
+        batched=True,
+        with_indices=True,
+        fn_kwargs={"fmt": fmt, **fn_kwargs_for(fmt, tokenizer, max_length, label2id)},
+        num_proc=num_proc,
+        desc=f"tokenizing {split} ({fmt})",
+    )
 
 
 def label_mapping(ds: Any, path: Any) -> dict[str, int] | None:
@@ -133,7 +213,8 @@ def label_mapping(ds: Any, path: Any) -> dict[str, int] | None:
             f"data.path={path}: string class labels in a stream cannot be mapped to ids without a scan; "
             "cast the column to datasets.ClassLabel (names in order) or use integer labels"
         )
-    names = sorted(set(ds["label"]))
+    with naming_non_utf8(path, "train"):
+        names = sorted(set(ds["label"]))
     return {name: i for i, name in enumerate(names)}
 
 
@@ -221,7 +302,11 @@ def scan_torch_dataset(
             split, n - len(keep), n,
         )
     if not keep:
-        raise DataError(f"data.path={path}: the {split} split is empty after tokenization")
+        raise DataError(
+            f"data.path={path}: the {split} split is empty after tokenization: {n} rows were read and every one "
+            f"lost all its targets (labels all -100), {truncated} of them by truncation; raise data.max_length "
+            "or check which fields hold the targets"
+        )
     return ProcessedDataset(base, processor, keep), lengths
 
 

@@ -25,6 +25,9 @@ log = logging.getLogger(__name__)
 
 # HF's default collator accepts labels under these names too (``Trainer._set_signature_columns_if_needed``)
 LABEL_COLUMNS = ("label", "label_ids")
+# inputs that only qualify another input: a batch of these alone (an image model's ``attention_mask`` kept
+# from text data) gives the model nothing to read
+AUXILIARY_INPUTS = ("attention_mask", "token_type_ids", "position_ids", "decoder_attention_mask", "head_mask")
 
 
 def unwrap_model(model: Any) -> Any:
@@ -61,7 +64,10 @@ def signature_columns(model_input_names: Iterable[str], label_names: Iterable[st
 def _check_inputs_survive(
     columns: Sequence[str], keep: Sequence[str], model_input_names: Sequence[str], where: str, inputs_from: str
 ) -> None:
-    inputs = [c for c in model_input_names if c in columns and c not in LABEL_COLUMNS and "label" not in c]
+    inputs = [
+        c for c in model_input_names
+        if c in columns and c not in LABEL_COLUMNS and "label" not in c and c not in AUXILIARY_INPUTS
+    ]
     if not inputs:
         raise DataError(
             f"{where}: no model input survives column pruning. Columns found: {sorted(columns)}; "

@@ -146,6 +146,12 @@ class ExactDistributedSampler(DistributedSampler):
 
     Yields:
         dataset indices, and ``~i`` for a masked top-up copy of ``i`` (read it through :class:`TopUpDataset`).
+
+    Reproduces ``torch.utils.data.DistributedSampler``'s seeding (``seed + epoch``) and, with ``lengths``, HF's
+    ``LengthGroupedSampler`` order; unlike both, no rank is padded with a *real* repeated example.
+
+    Raises:
+        ValueError: ``lengths`` of another size than the dataset.
     """
 
     def __init__(

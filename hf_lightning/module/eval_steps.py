@@ -9,6 +9,8 @@ from typing import Any
 
 import torch
 from torch import nn
+from torchmetrics import Metric
+from torchmetrics.classification import MulticlassF1Score
 
 from hf_lightning.errors import ConfigError
 from hf_lightning.module.evaluation import PredictionCollector, TokenAccuracy, estimate_logits_bytes
@@ -18,6 +20,20 @@ from hf_lightning.module.metrics import TokenMeanLoss
 log = logging.getLogger(__name__)
 
 STAGES = ("val", "test")
+
+
+def sequence_classes(model: nn.Module) -> int | None:
+    """Classes of a single-label ``*ForSequenceClassification`` model (``config.num_labels`` >= 2), else ``None``.
+
+    Regression (one label) and multi-label problems get no F1 here (a user ``compute_metrics`` can add theirs).
+    """
+    if not type(model).__name__.endswith("ForSequenceClassification"):
+        return None
+    config = model.config
+    num = int(getattr(config, "num_labels", 0) or 0)
+    if num < 2 or getattr(config, "problem_type", None) not in (None, "single_label_classification"):
+        return None
+    return num
 WARN_BYTES = 2**30  # warn when keeping every logit would take more than 1 GiB
 
 
@@ -27,7 +43,9 @@ class EvalStepsMixin:
     Per stage (``val``, ``test``): ``{stage}/loss`` is the token-weighted mean over the whole set and all
     ranks (sum of token CE / number of targets; HF's ``eval_loss`` is a sample-weighted mean of per-batch
     means and differs when batches hold different numbers of targets), ``{stage}/perplexity`` =
-    ``exp(loss)``, ``{stage}/accuracy`` the token accuracy with the causal shift. A user
+    ``exp(loss)``, ``{stage}/accuracy`` the token accuracy with the causal shift. For a
+    ``*ForSequenceClassification`` model: ``{stage}/loss`` (mean CE per example), ``{stage}/accuracy`` (per
+    example) and ``{stage}/f1`` (macro over ``config.num_labels`` classes) instead of perplexity. A user
     ``compute_metrics`` adds its keys under the same prefix.
     """
 
@@ -49,10 +67,16 @@ class EvalStepsMixin:
         self.compute_metrics = compute_metrics
         self.preprocess_logits_for_metrics = preprocess_logits_for_metrics
         self.batch_eval_metrics = batch_eval_metrics
-        self.eval_metrics = nn.ModuleDict(
-            {s: nn.ModuleDict({"loss": TokenMeanLoss(), "accuracy": TokenAccuracy(self.causal)}) for s in STAGES}
-        )
+        num_classes = sequence_classes(self.model)
+        self.eval_metrics = nn.ModuleDict({s: nn.ModuleDict(self._stage_metrics(num_classes)) for s in STAGES})
         self._collector = PredictionCollector(eval_accumulation_steps)
+
+    def _stage_metrics(self, num_classes: int | None) -> dict[str, Metric]:
+        metrics: dict[str, Metric] = {"loss": TokenMeanLoss(), "accuracy": TokenAccuracy(self.causal)}
+        if num_classes:
+            # classification: accuracy above is per example (labels (B,), no shift); add macro F1
+            metrics["f1"] = MulticlassF1Score(num_classes, average="macro", ignore_index=IGNORE_INDEX)
+        return metrics
 
     # ----------------------------------------------------------------------------------- the steps
     def _eval_step(self, batch: Mapping[str, Any], batch_idx: int, stage: str) -> None:
@@ -62,6 +86,8 @@ class EvalStepsMixin:
         loss_sum = token_cross_entropy_sum(logits, labels, causal=self.causal, shift_labels=batch.get("shift_labels"))
         metrics["loss"].update(loss_sum, self.count_loss_items(batch))
         metrics["accuracy"].update(logits, labels)
+        if "f1" in metrics:
+            metrics["f1"].update(logits.argmax(-1), labels)
         if self.compute_metrics is None:
             return
         preds = logits
@@ -123,11 +149,11 @@ class EvalStepsMixin:
     def _eval_epoch_end(self, stage: str) -> dict[str, float]:
         metrics = self.eval_metrics[stage]
         loss = metrics["loss"].compute()
-        values = {
-            f"{stage}/loss": loss,
-            f"{stage}/perplexity": torch.exp(loss),
-            f"{stage}/accuracy": metrics["accuracy"].compute(),
-        }
+        values = {f"{stage}/loss": loss, f"{stage}/accuracy": metrics["accuracy"].compute()}
+        if "f1" in metrics:
+            values[f"{stage}/f1"] = metrics["f1"].compute()
+        else:
+            values[f"{stage}/perplexity"] = torch.exp(loss)
         for m in metrics.values():
             m.reset()
         if self.compute_metrics is not None and not self.batch_eval_metrics:

@@ -43,6 +43,13 @@ Count = int | torch.Tensor
 class HFLightningModule(EvalStepsMixin, L.LightningModule):
     """Train and evaluate any HF-style model (``forward(**batch)`` returning ``.logits``).
 
+    What it reproduces of HF ``Trainer``: ``training_step`` / ``compute_loss`` with the window count of
+    ``get_batch_samples`` (the loss below), ``create_optimizer`` (``get_decay_parameter_names`` groups) and
+    ``create_scheduler`` (``get_scheduler``) through :mod:`~hf_lightning.module.optim`, ``evaluation_loop`` /
+    ``prediction_step`` for ``compute_metrics``, and ``model.train()`` before training (a model loaded with
+    ``from_pretrained`` arrives in eval mode; dropout is on while training, off while evaluating). Losses are
+    in nats per target token.
+
     The loss of one optimizer step is HF's: the sum of the loss terms over every micro-batch of the
     gradient-accumulation window divided by ``num_items_in_batch``, the window's number of targets (summed
     across data-parallel ranks). It does not depend on how the window is split into micro-batches or ranks.
@@ -230,6 +237,9 @@ class HFLightningModule(EvalStepsMixin, L.LightningModule):
         return inputs
 
     def forward(self, batch: Mapping[str, Any]) -> Any:
+        """``model(**inputs)`` without the labels and the window keys, with ``use_cache=False`` when the model
+        takes it (no KV cache in training, which packed batches need); the model's output (``.logits``
+        ``(B, L, V)``, or ``(B, C)`` for classification)."""
         return self.model(**self._model_inputs(batch), **self._forward_extra)
 
     def compute_loss(self, batch: Mapping[str, Any], num_items_in_batch: Count | None) -> tuple[torch.Tensor, Any]:
@@ -389,6 +399,9 @@ class HFLightningModule(EvalStepsMixin, L.LightningModule):
         else:
             self._last_grad_norm = None
 
+    def on_train_start(self) -> None:
+        self._steps_seen = self.global_step  # a resumed run starts at its checkpoint's step
+
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         if self.global_step == self._steps_seen:
             return  # still accumulating
@@ -398,6 +411,13 @@ class HFLightningModule(EvalStepsMixin, L.LightningModule):
         self._window_loss = None
         if self._is_log_step(self.global_step):
             self._flush_train_logs()
+
+    def setup(self, stage: str) -> None:
+        if stage == "fit":
+            # HF Trainer calls model.train() before its loop. from_pretrained returns the model in eval mode and
+            # Lightning (>= 2.2) keeps each submodule's mode, so without this dropout would silently stay off.
+            # Here rather than in on_train_start, so that the model summary and Lightning's mode check agree
+            self.model.train()
 
     def on_train_end(self) -> None:
         self._flush_train_logs(progress_bar=False)  # the steps since the last log boundary
@@ -416,9 +436,8 @@ class HFLightningModule(EvalStepsMixin, L.LightningModule):
         loss = torch.stack(self._loss_since_log).mean()
         self._loss_since_log = []
         if self.trainer.world_size > 1:
-            # with the count summed across ranks each rank holds its share of the global window loss: sum them
-            op = "sum" if self.average_tokens_across_devices else "mean"
-            loss = self.trainer.strategy.reduce(loss, reduce_op=op)
+            # training_step logs each rank's share times world size: the mean over ranks is the window loss
+            loss = self.trainer.strategy.reduce(loss, reduce_op="mean")
         metrics = {"train/loss": loss.item(), "lr": self._last_lr}
         if self._last_grad_norm is not None:
             metrics["grad_norm"] = self._last_grad_norm.item()

@@ -109,11 +109,15 @@ def token_cross_entropy_sum(
 def loss_shifts_labels(model: Any) -> bool:
     """Whether the model's labels are aligned for a causal LM (the loss compares logit ``t`` with label ``t+1``).
 
-    HF's rule (``Trainer.__init__``, ``_loss_shifts_labels``): the model's ``loss_type`` maps to
-    ``ForCausalLMLoss`` and the model is not encoder-decoder. A module that is not a ``PreTrainedModel``
-    (no ``loss_type``) counts as causal unless its config says ``is_encoder_decoder``: a ``forward`` that
-    returns ``(B, L, V)`` logits is a causal LM unless told otherwise (pass ``causal=False`` to
-    :class:`~hf_lightning.HFLightningModule` for a custom token classifier).
+    The loss the model itself would compute (``PreTrainedModel.loss_function``) is ``ForCausalLMLoss`` and the
+    model is not encoder-decoder. ``loss_function`` maps ``loss_type`` through ``LOSS_MAPPING`` and falls back
+    to ``ForCausalLMLoss`` when ``loss_type`` is unset or unknown: ``GPT2LMHeadModel`` (no ``ForCausalLM`` in its
+    class name, so ``loss_type is None``) shifts its labels. HF ``Trainer``'s ``_loss_shifts_labels`` skips that
+    fallback (transformers 5.24) and then counts ``num_items_in_batch`` without the shift, one extra target
+    per row, so its logged GPT-2 loss is lower than the token mean. A module that is not a
+    ``PreTrainedModel`` (no ``loss_type``) counts as causal unless its config says ``is_encoder_decoder``: a
+    ``forward`` that returns ``(B, L, V)`` logits is a causal LM unless told otherwise (pass ``causal=False``
+    to :class:`~hf_lightning.HFLightningModule` for a custom token classifier).
     """
     config = getattr(model, "config", None)
     if getattr(config, "is_encoder_decoder", False):
@@ -122,7 +126,7 @@ def loss_shifts_labels(model: Any) -> bool:
         return True
     from transformers.loss.loss_utils import LOSS_MAPPING, ForCausalLMLoss
 
-    return LOSS_MAPPING.get(model.loss_type) is ForCausalLMLoss
+    return LOSS_MAPPING.get(model.loss_type, ForCausalLMLoss) is ForCausalLMLoss
 
 
 def declares_num_items_support(model: Any) -> bool:

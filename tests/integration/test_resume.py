@@ -114,7 +114,7 @@ def test_sigterm_saves_at_the_next_step_and_resumes(text_file, tmp_path, request
     stopped = cli(resumed, text_file, "+callbacks.kill._target_=tests.resume_support.SignalAtStep",
                   "+callbacks.kill.step=7", "+callbacks.kill.signal=SIGTERM", root=root)
     assert stopped.returncode == 0, stopped.stderr[-3000:]
-    assert "resume with ckpt_path=last" in stopped.stderr
+    assert "resume with ckpt_path=last" in stopped.stdout + stopped.stderr  # Hydra logs to stdout
     assert torch.load(resumed / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 8
     assert not (resumed / "hf_model").exists()
     proc = cli(resumed, text_file, "ckpt_path=last", root=root)

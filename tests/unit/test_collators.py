@@ -156,3 +156,10 @@ def test_seq2seq_collator_matches_hf_with_decoder_inputs_from_a_real_t5():
     assert ours["decoder_input_ids"].tolist() == [[0, 7, 2, 0], [0, 9, 10, 11]]
     loss = model(**ours).loss
     assert torch.isfinite(loss)
+
+
+def test_seq2seq_collator_names_an_example_without_input_ids():
+    from hf_lightning.data.collators import Seq2SeqCollator
+
+    with pytest.raises(ValueError, match=r"example 1 has no 'input_ids' \(keys: \['labels'\]\)"):
+        Seq2SeqCollator(0)([{"input_ids": [5, 6], "labels": [7]}, {"labels": [8]}])

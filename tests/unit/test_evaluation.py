@@ -177,3 +177,29 @@ def test_collector_pads_ragged_batches_with_minus_100_and_restores_order():
 
 def test_logits_memory_estimate():
     assert estimate_logits_bytes(2000, 512, 32000, torch.float32) == 2000 * 512 * 32000 * 4  # ~131 GB
+
+
+def test_classification_reports_example_accuracy_and_macro_f1():
+    from transformers import LlamaConfig, LlamaForSequenceClassification
+
+    torch.manual_seed(0)
+    model = LlamaForSequenceClassification(LlamaConfig(
+        vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=2, num_labels=3, pad_token_id=0,
+    )).eval()
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(1, 32, (9, 5), generator=g).tolist()
+    rows = [{"input_ids": x, "labels": i % 3} for i, x in enumerate(ids)]
+    with torch.no_grad():
+        preds = [int(model(input_ids=torch.tensor([x])).logits.argmax(-1)) for x in ids]
+    labels = [r["labels"] for r in rows]
+    f1s = []
+    for c in range(3):
+        tp = sum(p == c and y == c for p, y in zip(preds, labels))
+        fp = sum(p == c and y != c for p, y in zip(preds, labels))
+        fn = sum(p != c and y == c for p, y in zip(preds, labels))
+        f1s.append(0.0 if tp == 0 else 2 * tp / (2 * tp + fp + fn))
+    metrics, _, _ = validate(HFLightningModule(model), rows, eval_batch=4, format="tokenized")
+    assert metrics["val/accuracy"] == pytest.approx(sum(p == y for p, y in zip(preds, labels)) / 9)
+    assert metrics["val/f1"] == pytest.approx(sum(f1s) / 3, abs=1e-6)
+    assert "val/perplexity" not in metrics

@@ -1,0 +1,213 @@
+"""Never apply a NaN: check the loss and the gradient norm before every optimizer step.
+
+HF ``Trainer`` applies whatever gradient the backward produced (``logging_nan_inf_filter`` only hides a NaN
+loss from the log); one NaN step makes every weight NaN, and the checkpoints saved after it are worthless.
+:class:`NonFiniteGuard` looks at the window before ``optimizer.step``:
+
+- every micro-batch loss of the gradient-accumulation window (``on_before_backward``, kept on the device: no
+  host sync per micro-batch), and the total gradient norm (``on_before_optimizer_step``, once per step);
+- non-finite → ``on_nonfinite="stop"`` raises :class:`~hf_lightning.errors.TrainingError` before the update
+  (the weights and the last checkpoint stay as they were), ``"skip"`` drops the window's gradients (every
+  ``p.grad = None``, so the optimizer leaves every parameter and its moments untouched, weight decay included),
+  counts the step in ``skipped_steps`` and goes on; ``max_consecutive_skips`` skipped steps in a row stop the run;
+- a finite norm above ``grad_norm_threshold``, or ``grad_norm_spike`` times the median of the recent norms, is
+  reported at WARNING (``exploding_steps`` counts them); the step itself runs (clipping, if set, bounds it).
+
+With a ``GradScaler`` (``precision=16-mixed``) an inf gradient is the scaler's normal overflow signal and it
+skips that step itself, so only the loss is checked. Under DDP the gradients are already all-reduced, and the
+loss verdict is all-reduced too, so every rank takes the same decision. DeepSpeed keeps gradients outside
+``p.grad``: there only the loss is checked and ``skip`` is refused.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+from collections import deque
+from typing import Any
+
+import lightning as L
+import torch
+
+from hf_lightning.errors import ConfigError, TrainingError
+
+log = logging.getLogger(__name__)
+
+ACTIONS = ("stop", "skip")
+
+
+class NonFiniteGuard(L.Callback):
+    """Stop or skip a step whose loss or gradient is NaN/inf; report exploding gradient norms.
+
+    Args:
+        on_nonfinite: ``"stop"`` (raise :class:`TrainingError` before the update) or ``"skip"`` (no update for
+            that step, counted).
+        max_consecutive_skips: with ``"skip"``, this many skipped steps in a row raise :class:`TrainingError`
+            (a run that has diverged would otherwise skip forever).
+        grad_norm_threshold: report a gradient norm above this value (``None``: no absolute threshold).
+        grad_norm_spike: report a norm above this multiple of the median of the last ``history`` norms (after
+            ``min_history`` steps); ``None`` disables it.
+        history / min_history: the window of recent finite norms for the spike test.
+
+    Attributes:
+        skipped_steps: steps whose update was dropped (saved in checkpoints, restored on resume).
+        exploding_steps: steps reported for their gradient norm.
+
+    Logged to every logger (``step`` = optimizer steps done): ``train/skipped_steps`` after each skip,
+    ``train/exploding_steps`` after each report.
+
+    Raises:
+        ConfigError: a bad argument (named).
+        TrainingError: ``"stop"`` and a non-finite loss/gradient; or too many consecutive skips.
+    """
+
+    def __init__(
+        self,
+        on_nonfinite: str = "stop",
+        max_consecutive_skips: int = 10,
+        grad_norm_threshold: float | None = None,
+        grad_norm_spike: float | None = 10.0,
+        history: int = 50,
+        min_history: int = 5,
+    ) -> None:
+        if on_nonfinite not in ACTIONS:
+            raise ConfigError(f"callbacks.nonfinite_guard.on_nonfinite={on_nonfinite!r}; expected one of {list(ACTIONS)}")
+        if not isinstance(max_consecutive_skips, int) or max_consecutive_skips < 1:
+            raise ConfigError(
+                f"callbacks.nonfinite_guard.max_consecutive_skips must be a positive integer, got {max_consecutive_skips!r}"
+            )
+        for key, value in (("grad_norm_threshold", grad_norm_threshold), ("grad_norm_spike", grad_norm_spike)):
+            if value is not None and not value > 0:
+                raise ConfigError(f"callbacks.nonfinite_guard.{key} must be > 0 or null, got {value!r}")
+        if history < 1 or not 1 <= min_history <= history:
+            raise ConfigError(
+                f"callbacks.nonfinite_guard: need history >= min_history >= 1, got history={history}, min_history={min_history}"
+            )
+        self.on_nonfinite = on_nonfinite
+        self.max_consecutive_skips = max_consecutive_skips
+        self.grad_norm_threshold = grad_norm_threshold
+        self.grad_norm_spike = grad_norm_spike
+        self.min_history = min_history
+        self.skipped_steps = 0
+        self.exploding_steps = 0
+        self._consecutive = 0
+        self._norms: deque[float] = deque(maxlen=history)
+        self._bad_loss: torch.Tensor | None = None  # device flag: a non-finite loss in this window
+        self._first_bad: torch.Tensor | None = None  # the first such loss value (for the message)
+
+    # ------------------------------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        return {"skipped_steps": self.skipped_steps, "exploding_steps": self.exploding_steps, "norms": list(self._norms)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.skipped_steps = int(state.get("skipped_steps", 0))
+        self.exploding_steps = int(state.get("exploding_steps", 0))
+        self._norms.extend(state.get("norms", []))
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.on_nonfinite == "skip" and _gradients_outside_params(trainer):
+            raise ConfigError(
+                "callbacks.nonfinite_guard.on_nonfinite=skip cannot drop a step under DeepSpeed (its gradients are "
+                "not in p.grad); use on_nonfinite=stop"
+            )
+
+    # ------------------------------------------------------------------------------------------ hooks
+    def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor) -> None:
+        bad = ~torch.isfinite(loss.detach()).all()
+        if self._bad_loss is None:
+            self._bad_loss, self._first_bad = bad, loss.detach().reshape(-1)[0]
+        else:
+            # keep the first bad value without a host sync: replace it only while no bad loss has been seen
+            self._first_bad = torch.where(self._bad_loss, self._first_bad, loss.detach().reshape(-1)[0])
+            self._bad_loss = self._bad_loss | bad
+
+    def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: Any) -> None:
+        bad_loss, first_bad = self._bad_loss, self._first_bad
+        self._bad_loss = self._first_bad = None
+        check_grads = getattr(trainer.precision_plugin, "scaler", None) is None and not _gradients_outside_params(trainer)
+        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        nan = torch.tensor(float("nan"))
+        norm_t = torch.nn.utils.get_total_norm(grads).float() if check_grads and grads else None
+        # one host sync per optimizer step: the loss verdict, the first bad loss and the norm together
+        values = [
+            bad_loss.float() if bad_loss is not None else torch.zeros(()),
+            first_bad.float() if first_bad is not None else nan,
+            norm_t if norm_t is not None else nan,
+        ]
+        device = next((v.device for v in values if v.device.type != "cpu"), torch.device("cpu"))
+        flag, loss_value, norm = torch.stack([v.to(device) for v in values]).tolist()
+        loss_bad = flag > 0
+        if trainer.world_size > 1:
+            loss_bad = bool(trainer.strategy.reduce_boolean_decision(loss_bad, all=False))
+        norm_bad = norm_t is not None and not math.isfinite(norm)
+        step = trainer.global_step + 1  # the step about to be taken, counted as HF counts optimizer steps
+        if loss_bad or norm_bad:
+            parts = []
+            if loss_bad:
+                parts.append(f"the loss is {loss_value}" if not math.isfinite(loss_value) else "a loss on another rank is not finite")
+            if norm_bad:
+                parts.append(f"the gradient norm is {norm}")
+            self._nonfinite(trainer, optimizer, step, " and ".join(parts))
+            return
+        self._consecutive = 0
+        if norm_t is not None:
+            self._check_norm(trainer, step, norm)
+            self._norms.append(norm)
+
+    # ------------------------------------------------------------------------------------------ actions
+    def _nonfinite(self, trainer: L.Trainer, optimizer: Any, step: int, what: str) -> None:
+        lr = optimizer.param_groups[0].get("lr")
+        where = f"optimizer step {step} (epoch {trainer.current_epoch})"
+        causes = (
+            f"usual causes: a learning rate too high (lr={lr:g} now), fp16 overflow (try trainer.precision=bf16-mixed), "
+            "or a broken batch"
+            if lr is not None
+            else "usual causes: a learning rate too high, fp16 overflow, or a broken batch"
+        )
+        if self.on_nonfinite == "stop":
+            raise TrainingError(
+                f"{where}: {what}, so the update was not applied and training stopped; the weights are those after "
+                f"step {step - 1} and every checkpoint already written is intact. {causes}. To skip such steps "
+                "instead, set callbacks.nonfinite_guard.on_nonfinite=skip"
+            )
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                p.grad = None  # torch optimizers skip parameters without a gradient: no update, no decay, no moments
+        self.skipped_steps += 1
+        self._consecutive += 1
+        log.warning("%s: %s; the update was skipped (%d skipped so far)", where, what, self.skipped_steps)
+        _log_metric(trainer, "train/skipped_steps", self.skipped_steps, step)
+        if self._consecutive >= self.max_consecutive_skips:
+            raise TrainingError(
+                f"{where}: {self._consecutive} optimizer steps in a row had a non-finite loss or gradient and were "
+                f"skipped (callbacks.nonfinite_guard.max_consecutive_skips={self.max_consecutive_skips}): the run "
+                f"has diverged. {causes}"
+            )
+
+    def _check_norm(self, trainer: L.Trainer, step: int, norm: float) -> None:
+        reasons = []
+        if self.grad_norm_threshold is not None and norm > self.grad_norm_threshold:
+            reasons.append(f"above grad_norm_threshold={self.grad_norm_threshold:g}")
+        if self.grad_norm_spike is not None and len(self._norms) >= self.min_history:
+            median = statistics.median(self._norms)
+            if norm > self.grad_norm_spike * median:
+                reasons.append(f"{norm / median:.1f}x the median {median:.3g} of the last {len(self._norms)} steps")
+        if not reasons:
+            return
+        self.exploding_steps += 1
+        clip = trainer.gradient_clip_val
+        after = f"clipped to trainer.gradient_clip_val={clip:g} before the update" if clip else (
+            "not clipped (set trainer.gradient_clip_val to bound such updates)"
+        )
+        log.warning("optimizer step %d: gradient norm %.4g is %s; %s", step, norm, " and ".join(reasons), after)
+        _log_metric(trainer, "train/exploding_steps", self.exploding_steps, step)
+
+
+def _gradients_outside_params(trainer: L.Trainer) -> bool:
+    return type(trainer.strategy).__name__.startswith("DeepSpeed")
+
+
+def _log_metric(trainer: L.Trainer, key: str, value: float, step: int) -> None:
+    for logger in trainer.loggers:
+        logger.log_metrics({key: float(value)}, step=step)

@@ -1,0 +1,242 @@
+"""Checks of the data against the model, run once at ``setup``, so that a mismatch stops with a message instead
+of an ``IndexError`` inside an embedding (on a GPU: a device-side assert that kills the process) or a silent
+mistake (zero training steps; packed sequences that attend to each other).
+
+Each check names the split, the row and the value, and says what to change.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import datasets
+import pyarrow as pa
+import pyarrow.compute as pc
+import torch
+
+from hf_lightning.errors import ConfigError, DataError
+from hf_lightning.module.loss import IGNORE_INDEX
+
+log = logging.getLogger(__name__)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+# kind -> (test, what the message says the value must be)
+KINDS = {
+    "positive int": (lambda v: _is_int(v) and v >= 1, "a positive integer"),
+    "positive int or null": (lambda v: v is None or (_is_int(v) and v >= 1), "a positive integer or null"),
+    "int >= 0": (lambda v: _is_int(v) and v >= 0, "an integer >= 0"),
+    "int": (_is_int, "an integer"),
+    "bool": (lambda v: isinstance(v, bool), "true or false"),
+    "fraction": (
+        lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < 1, "in [0, 1)"
+    ),
+    "names or null": (
+        lambda v: v is None or (isinstance(v, (list, tuple)) and all(isinstance(x, str) for x in v)),
+        "null or a list of names",
+    ),
+}
+
+
+def check_arguments(group: str, arguments: dict[str, tuple[Any, str]]) -> None:
+    """Check each ``name: (value, kind)`` against :data:`KINDS` (``bool`` is not an integer here).
+
+    Raises:
+        ConfigError: ``{group}.{name} must be {what}, got {value!r}`` for the first value of the wrong kind.
+    """
+    for name, (value, kind) in arguments.items():
+        test, what = KINDS[kind]
+        if not test(value):
+            raise ConfigError(f"{group}.{name} must be {what}, got {value!r}")
+
+
+def check_fits_one_batch(n_per_rank: int, batch_size: int, drop_last: bool, split: str = "train") -> None:
+    """A ``DataLoader`` with ``drop_last`` and fewer examples than one batch yields nothing: Lightning then
+    "trains" for zero steps and reports success. Refuse instead.
+
+    Raises:
+        DataError: ``drop_last`` and ``n_per_rank < batch_size``.
+    """
+    if drop_last and n_per_rank < batch_size:
+        raise DataError(
+            f"the {split} split gives each rank {n_per_rank} example{'s' if n_per_rank != 1 else ''}, fewer than "
+            f"one batch of data.per_device_train_batch_size={batch_size}, and data.drop_last=true drops that "
+            f"partial batch: no training step would run. Lower the batch size or set data.drop_last=false"
+        )
+
+
+def _flat_values(arr: pa.Array | pa.ChunkedArray) -> pa.Array:
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    while pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type):
+        arr = pc.list_flatten(arr)
+    return arr
+
+
+def _column_max(ds: datasets.Dataset, column: str, skip: int | None = None) -> int | None:
+    """Largest value of a (nested) integer list column, ``skip`` values excluded; ``None`` if the column is empty
+    or not numeric (a ``Json`` column of mixed values is checked row by row by the collator instead)."""
+    best = None
+    for table in ds.select_columns([column]).with_format("arrow").iter(batch_size=10_000):
+        values = _flat_values(table.column(column))
+        if not (pa.types.is_integer(values.type) or pa.types.is_floating(values.type)):
+            return None
+        if skip is not None:
+            values = pc.filter(values, pc.not_equal(values, skip))
+        value = pc.max(values).as_py()
+        if value is not None:
+            best = value if best is None else max(best, value)
+    return None if best is None else int(best)
+
+
+def _first_row_above(ds: datasets.Dataset, column: str, limit: int, skip: int | None = None) -> tuple[int, int]:
+    """``(row, value)`` of the first row of ``column`` holding a value ``>= limit`` (error path only)."""
+    for i, row in enumerate(ds[column]):
+        values = torch.as_tensor(row).reshape(-1)
+        if skip is not None:
+            values = values[values != skip]
+        if values.numel() and int(values.max()) >= limit:
+            return i, int(values.max())
+    raise AssertionError("no such row")  # only called after _column_max found one
+
+
+def _embedding_rows(model: Any) -> int | None:
+    get = getattr(model, "get_input_embeddings", None)
+    emb = get() if callable(get) else None
+    return getattr(emb, "num_embeddings", None)
+
+
+def _output_classes(model: Any) -> int | None:
+    get = getattr(model, "get_output_embeddings", None)
+    head = get() if callable(get) else None
+    return getattr(head, "out_features", None)
+
+
+def check_token_ids(ds: Any, model: Any, pad_token_id: int | None, path: Any, split: str) -> None:
+    """Every ``input_ids`` value (and the pad id) must have a row in the model's input embedding, and every token
+    label a column in its output layer.
+
+    Checked for a ``datasets.Dataset`` (one vectorised pass over Arrow); streams and plain torch datasets are
+    not scanned.
+
+    Raises:
+        DataError: a token id ``>=`` the embedding size (names the split row and the id); a pad id too large.
+    """
+    rows = _embedding_rows(model)
+    if rows is None or not isinstance(ds, datasets.Dataset):
+        return
+    name = type(model).__name__
+    if pad_token_id is not None and pad_token_id >= rows:
+        raise DataError(
+            f"the tokenizer's pad_token_id={pad_token_id} is outside {name}'s input embedding ({rows} rows); "
+            "the tokenizer does not belong to this model (or call model.resize_token_embeddings(len(tokenizer)))"
+        )
+    limits = [("input_ids", rows, None, "input embedding")]
+    classes = _output_classes(model)
+    if classes is not None and "labels" in ds.column_names:
+        limits.append(("labels", classes, IGNORE_INDEX, "output layer"))
+    for column, limit, skip, what in limits:
+        if column not in ds.column_names:
+            continue
+        top = _column_max(ds, column, skip)
+        if top is not None and top >= limit:
+            row, value = _first_row_above(ds, column, limit, skip)
+            raise DataError(
+                f"data.path={path} ({split} row {row}): {column} holds token id {value}, but {name}'s {what} has "
+                f"only {limit} entries (ids 0..{limit - 1}); the data was tokenized with a larger vocabulary than the "
+                "model's. Use the model's own tokenizer, or resize the model (model.resize_token_embeddings)"
+            )
+
+
+def check_label_range(ds: Any, model: Any, path: Any, split: str) -> None:
+    """Integer class labels must lie in ``[0, model.config.num_labels)`` (``-100`` is allowed: ignored).
+
+    Raises:
+        DataError: a label outside that range (names the split row, the value, and ``num_labels``).
+    """
+    num_labels = getattr(getattr(model, "config", None), "num_labels", None)
+    if not num_labels or not isinstance(ds, datasets.Dataset):
+        return
+    column = next((c for c in ("label", "labels", "label_ids") if c in ds.column_names), None)
+    if column is None:
+        return
+    values = ds[column]
+    for i, value in enumerate(values):
+        if isinstance(value, bool) or not isinstance(value, int) or value == IGNORE_INDEX:
+            continue
+        if not 0 <= value < num_labels:
+            raise DataError(
+                f"data.path={path} ({split} row {i}): class label {value} is outside the model's "
+                f"{num_labels} classes (config.num_labels={num_labels}, labels 0..{num_labels - 1}); "
+                "build the model with num_labels set to the number of classes in the data"
+            )
+
+
+def _probe_ids(vocab: int | None, n: int, offset: int) -> list[int]:
+    top = vocab if vocab else 100
+    return [(offset + 7 * k) % max(top - 1, 1) + 1 for k in range(n)]
+
+
+def packed_sequences_isolated(model: Any, atol: float = 1e-4) -> bool | None:
+    """Whether ``model`` keeps packed sequences apart, measured: two one-row batches that pack a different first
+    sequence before the same second one (``position_ids`` restarting at 0, no ``attention_mask``, no KV cache),
+    and the second sequence's logits compared. An attention backend that honours the boundaries gives the same
+    logits (up to ``atol`` relative to their scale); one that does not lets the first sequence leak in.
+
+    Returns:
+        ``True``/``False``, or ``None`` when the model cannot be probed here (parameters not materialised, e.g.
+        on the meta device or partitioned by DeepSpeed ZeRO-3).
+    """
+    params = list(model.parameters())
+    if not params or any(p.is_meta or p.numel() == 0 for p in params):
+        return None
+    device = params[0].device
+    vocab = _embedding_rows(model)
+    second = _probe_ids(vocab, 3, 11)
+    rows = [_probe_ids(vocab, 6, offset) + second for offset in (1, 4)]
+    position_ids = torch.tensor([list(range(6)) + list(range(3))], device=device)
+    extra = {"use_cache": False} if "use_cache" in _forward_params(model) else {}
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            logits = [
+                model(input_ids=torch.tensor([r], device=device), position_ids=position_ids, **extra).logits[0, 6:].float()
+                for r in rows
+            ]
+    finally:
+        model.train(was_training)
+    scale = max(float(logits[0].abs().max()), 1.0)
+    return bool((logits[0] - logits[1]).abs().max() <= atol * scale)
+
+
+def _forward_params(model: Any) -> Sequence[str]:
+    import inspect
+
+    return list(inspect.signature(model.forward).parameters)
+
+
+def check_sequence_isolation(model: Any, option: str) -> None:
+    """Refuse packing / padding-free batches for a model whose attention lets packed sequences see each other.
+
+    Raises:
+        ConfigError: the probe of :func:`packed_sequences_isolated` shows a leak (names the attention backend).
+    """
+    isolated = packed_sequences_isolated(model)
+    if isolated is None:
+        log.info("%s: the model's parameters are not materialised here; sequence isolation was not probed", option)
+        return
+    if not isolated:
+        backend = getattr(getattr(model, "config", None), "_attn_implementation", None)
+        raise ConfigError(
+            f"{option}: {type(model).__name__} with attention backend {backend!r} lets packed sequences attend to "
+            "each other (probed: the second sequence's logits change with the first one). transformers separates "
+            "packed sequences by position_ids only for the backends it builds masks for (sdpa, eager, "
+            "flash_attention_*, flex_attention). Use one of those (model.attn_implementation=sdpa), or set "
+            "data.packing=false and data.padding_free=false"
+        )

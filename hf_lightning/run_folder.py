@@ -1,0 +1,159 @@
+"""Refuse a run folder that cannot hold this run: unwritable, or already holding another run.
+
+A fresh run (``ckpt_path=null``) in a folder that already holds checkpoints would overwrite ``last.ckpt`` and
+mix two runs in ``metrics.csv``; ``ckpt_path=last`` in a folder whose run had another model, data or optimizer
+would silently continue a different experiment. Hydra writes ``.hydra/config.yaml`` into the folder before the
+task function runs, so the comparison with the previous run's config happens in a Hydra callback
+(:class:`RunFolderGuard`, ``on_run_start``), before anything is written; :func:`check_run_folder` is the part
+that ``train()`` repeats for callers that bypass Hydra.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import sys
+import tempfile
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from hf_lightning.errors import ConfigError
+
+# the settings that make a run what it is; anything else (max_steps, logging, loader workers, eval batch size,
+# callbacks) may change when a run is resumed
+IDENTITY = ("model", "data", "optim", "scheduler", "module", "seed", "trainer.accumulate_grad_batches")
+MAY_CHANGE = (
+    "data.num_workers", "data.pin_memory", "data.persistent_workers", "data.prefetch_factor",
+    "data.per_device_eval_batch_size",
+)
+
+
+def run_artifacts(run_dir: str) -> list[str]:
+    """What a previous run left in ``run_dir``: checkpoints, ``metrics.csv``, ``hf_model/`` (relative paths)."""
+    found = [os.path.relpath(p, run_dir) for p in sorted(glob.glob(os.path.join(run_dir, "checkpoints", "*.ckpt")))]
+    for name in ("metrics.csv", "hf_model"):
+        if os.path.exists(os.path.join(run_dir, name)):
+            found.append(name)
+    return found
+
+
+def check_writable(run_dir: str) -> None:
+    """Create ``run_dir`` if needed and write a probe file there.
+
+    Raises:
+        ConfigError: the folder cannot be created or written (names it and the OS reason).
+    """
+    try:
+        os.makedirs(run_dir, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=run_dir, prefix=".write-probe-"):
+            pass
+    except OSError as err:
+        raise ConfigError(
+            f"hydra.run.dir={run_dir} is not writable ({err.strerror or err}): checkpoints, metrics and the exported "
+            "model could not be saved; choose another hydra.run.dir"
+        ) from err
+
+
+def check_run_folder(run_dir: str, ckpt_path: str | None) -> None:
+    """A fresh run needs a folder without a previous run's checkpoints, metrics or export.
+
+    Raises:
+        ConfigError: ``ckpt_path`` is null and ``run_dir`` holds a previous run (lists what it holds).
+    """
+    found = run_artifacts(run_dir) if os.path.isdir(run_dir) else []
+    if ckpt_path is None and found:
+        shown = ", ".join(found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5 else "")
+        raise ConfigError(
+            f"hydra.run.dir={run_dir} already holds a run ({shown}); a fresh run there would overwrite it. Use a new "
+            "hydra.run.dir, or ckpt_path=last to resume that run"
+        )
+
+
+def _select(cfg: DictConfig, key: str) -> Any:
+    node = OmegaConf.select(cfg, key, default=None, throw_on_resolution_failure=False)
+    if isinstance(node, DictConfig):
+        try:
+            return OmegaConf.to_container(node, resolve=True)
+        except Exception:  # an interpolation that needs Hydra's runtime: compare as written
+            return OmegaConf.to_container(node, resolve=False)
+    return node
+
+
+def _flatten(value: Any, prefix: str) -> dict[str, Any]:
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            out.update(_flatten(v, f"{prefix}.{k}"))
+        return out
+    return {prefix: value}
+
+
+def config_differences(saved: DictConfig, current: DictConfig) -> list[str]:
+    """``key: saved -> current`` for every identity setting (:data:`IDENTITY`) that differs."""
+    diffs = []
+    for key in IDENTITY:
+        old, new = _flatten(_select(saved, key), key), _flatten(_select(current, key), key)
+        for k in sorted(set(old) | set(new)):
+            if k in MAY_CHANGE or old.get(k) == new.get(k):
+                continue
+            diffs.append(f"{k}: {old.get(k)!r} -> {new.get(k)!r}")
+    return diffs
+
+
+def check_same_run(run_dir: str, current: DictConfig) -> None:
+    """``ckpt_path=last`` must resume the run the folder holds: same model, data, optimizer, schedule, seed.
+
+    Raises:
+        ConfigError: the folder's ``.hydra/config.yaml`` differs in an identity setting (all differences listed).
+    """
+    saved_file = os.path.join(run_dir, ".hydra", "config.yaml")
+    if not os.path.isfile(saved_file):
+        return
+    diffs = config_differences(OmegaConf.load(saved_file), current)
+    if diffs:
+        raise ConfigError(
+            f"ckpt_path=last: hydra.run.dir={run_dir} holds a different run ({'; '.join(diffs)}). Resume it with its "
+            "own settings, or start a new run folder from its weights and state with "
+            f"ckpt_path={os.path.join(run_dir, 'checkpoints', 'last.ckpt')}"
+        )
+
+
+def _task_config(config: DictConfig) -> DictConfig:
+    task = OmegaConf.masked_copy(config, [k for k in config if k != "hydra"])
+    return task
+
+
+try:
+    from hydra.experimental.callback import Callback as _HydraCallback
+except ImportError:  # hydra is an entry-point dependency only
+    _HydraCallback = object  # type: ignore[assignment,misc]
+
+
+class RunFolderGuard(_HydraCallback):  # type: ignore[misc,valid-type]
+    """Hydra callback (``hydra.callbacks.run_folder``): check ``hydra.run.dir`` before Hydra writes into it.
+
+    Refuses, with ``hf_lightning: error: ...`` and exit status 2: an unwritable folder; a fresh run in a folder
+    holding a previous run; ``ckpt_path=last`` against a folder whose saved config differs in an identity setting.
+
+    Args:
+        enabled: ``False`` turns it off (``evaluate`` reads a training run's folder on purpose).
+    """
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        # a SystemExit, not an exception: Hydra turns exceptions raised by callbacks into warnings
+        if not self.enabled:
+            return
+        run_dir = str(config.hydra.run.dir)
+        ckpt_path = config.get("ckpt_path")
+        try:
+            check_run_folder(run_dir, ckpt_path)
+            if ckpt_path == "last":
+                check_same_run(run_dir, _task_config(config))
+            check_writable(run_dir)
+        except ConfigError as err:
+            print(f"hf_lightning: error: {err}", file=sys.stderr)
+            sys.exit(2)

@@ -1,0 +1,89 @@
+"""Helpers of the error-matrix tests: files with a planted fault, a one-step real fit, a tiny filesystem."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import pytest
+
+TEXT_ROWS = [{"text": f"{'abcdefghij'[i % 10]} b c d e"} for i in range(100)]
+CHAT_ROW = {"messages": [{"role": "user", "content": "a b"}, {"role": "assistant", "content": "c d"}]}
+
+
+def write_jsonl(path: Path, rows: Sequence[Any], raw: dict[int, str | bytes] | None = None) -> Path:
+    """One JSON object per line; ``raw`` replaces line ``i`` (0-based) by the given text or bytes as they are."""
+    lines: list[bytes] = []
+    for i, row in enumerate(rows):
+        value = (raw or {}).get(i)
+        if value is None:
+            lines.append(json.dumps(row).encode())
+        else:
+            lines.append(value if isinstance(value, bytes) else value.encode())
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    return path
+
+
+def trainer(tmp_path: Path, **kwargs: Any) -> L.Trainer:
+    """A real CPU ``lightning.Trainer`` that logs nothing and writes under ``tmp_path``."""
+    defaults = dict(
+        accelerator="cpu", devices=1, max_steps=1, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
+        default_root_dir=str(tmp_path),
+    )
+    return L.Trainer(**{**defaults, **kwargs})
+
+
+def fit(tmp_path: Path, model: Any, datamodule: Any, **trainer_kwargs: Any) -> L.Trainer:
+    """``HFLightningModule(model)`` fitted on ``datamodule`` by a real Trainer (the DataModule sees the model)."""
+    from hf_lightning import HFLightningModule
+
+    module = HFLightningModule(model, optim={"name": "sgd", "lr": 0.1}, scheduler={"name": "constant"})
+    t = trainer(tmp_path, **trainer_kwargs)
+    t.fit(module, datamodule=datamodule)
+    return t
+
+
+@contextlib.contextmanager
+def tiny_filesystem(folder: Path, size: str = "2m") -> Iterator[Path]:
+    """A real tmpfs of ``size`` mounted at ``folder`` (needs CAP_SYS_ADMIN; the test is skipped without it)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], capture_output=True, text=True
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({mounted.stderr.strip() or 'not permitted'})")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], capture_output=True)
+
+
+def remount_read_only(folder: Path) -> None:
+    subprocess.run(["mount", "-o", "remount,ro", str(folder)], check=True, capture_output=True)
+
+
+def run_train_cli(*overrides: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    """``python -m hf_lightning.train`` as a user runs it (the worktree's package first on the path)."""
+    repo = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": repo + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return subprocess.run(
+        [sys.executable, "-m", "hf_lightning.train", *overrides], capture_output=True, text=True, timeout=timeout,
+        env=env, cwd=repo,
+    )
+
+
+def one_line_error(proc: subprocess.CompletedProcess) -> str:
+    """The CLI contract: exit status 2, no traceback, one ``hf_lightning: error:`` line; returns that line."""
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("hf_lightning: error: ")]
+    assert len(lines) == 1, proc.stderr[-3000:]
+    return lines[0]
