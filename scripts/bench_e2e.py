@@ -11,7 +11,7 @@ shuffled order, each framework's default progress bar, a log line every 10 steps
 
 - HF: ``Trainer`` with ``DataCollatorForSeq2Seq(label_pad_token_id=-100)`` (pads given labels to the longest).
 - ours padded / grouped / packed / padding-free: ``HFDataModule(group_by_length=..., packing="bfd",
-  padding_free=...)`` + ``HFLightningModule`` + ``lightning.Trainer``.
+  padding_free=...)`` + ``HFLightningModule`` + ``lightning.Trainer``; packed rows are ``--max-length`` long.
 
 Real tokens are counted per batch by a wrapper around each side's collator (``padding_mask``: the non-padding
 input positions; one packed row holds several documents) and attributed to the optimizer steps by batch index;
@@ -98,7 +98,7 @@ def run_hf(tok, rows, steps: int, warmup: int) -> tuple[float, float]:
     return rate(stamps, collate.counts, warmup)
 
 
-def run_ours(tok, rows, steps: int, warmup: int, **layout) -> tuple[float, float]:
+def run_ours(tok, rows, steps: int, warmup: int, max_length: int, **layout) -> tuple[float, float]:
     import lightning as L
 
     from hf_lightning import HFDataModule, HFLightningModule
@@ -114,7 +114,7 @@ def run_ours(tok, rows, steps: int, warmup: int, **layout) -> tuple[float, float
                 stamps.append(clock())
 
     dm = HFDataModule(tok, path=rows, validation_split=0.0, per_device_train_batch_size=MICRO_BATCH,
-                      max_length=1024, seed=0, **layout)
+                      max_length=max_length, seed=0, **layout)
     dm.setup("fit")
     dm.train_collator = collate = Counting(dm.train_collator, tok.pad_token_id)
     module = HFLightningModule(model(len(tok)), tokenizer=tok, optim={"lr": LR}, scheduler={"name": "constant"})
@@ -158,7 +158,7 @@ def main() -> None:
     rows = datasets.Dataset.from_list(gsm8k_tokenized(tok, args.max_length, limit=args.rows))
     runs = {"HF Trainer padded": lambda: run_hf(tok, rows, args.steps, args.warmup)}
     for name, layout in LAYOUTS.items():
-        runs[name] = lambda layout=layout: run_ours(tok, rows, args.steps, args.warmup, **layout)
+        runs[name] = lambda layout=layout: run_ours(tok, rows, args.steps, args.warmup, args.max_length, **layout)
     with open(os.devnull, "w") as null, contextlib.redirect_stderr(null), contextlib.redirect_stdout(null):
         results = interleaved(runs, args.rounds)
     hf = results["HF Trainer padded"]
