@@ -9,6 +9,7 @@ import csv
 import json
 import math
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -152,7 +153,9 @@ def test_precision_and_fused_adamw_knobs(compose_cfg, tmp_path):
     _, fp32 = train(compose_cfg(*common))
     fp32_losses = _step_losses(tmp_path)
     assert not fp32["trainer"].optimizers[0].defaults["fused"]
+    # a second run in the same folder: clear the first one (Lightning's default checkpoint lands there too)
     (tmp_path / "metrics.csv").unlink()
+    shutil.rmtree(tmp_path / "checkpoints", ignore_errors=True)
 
     _, bf16 = train(compose_cfg(*common, "trainer.precision=bf16-mixed", "optim.fused=true"))
     bf16_losses = _step_losses(tmp_path)
