@@ -54,7 +54,8 @@ def test_unknown_key_lists_the_allowed_ones():
     ({"num_workers": -1}, "data.num_workers must be an integer >= 0, got -1"),
     ({"persistent_workers": True}, "data.persistent_workers applies to worker processes only; set data.num_workers > 0"),
     ({"label_names": "labels"}, "data.label_names must be null or a list of names, got 'labels'"),
-    ({"seed": None}, "data.seed must be an integer, got None"),
+    ({"seed": None}, "data.seed must be an integer >= 0, got None"),
+    ({"seed": -1}, "data.seed must be an integer >= 0, got -1"),
 ])
 def test_bad_data_values(kwargs, message):
     with pytest.raises(ConfigError, match=message):
