@@ -13,9 +13,9 @@ ratio ours / HF (goal >= 1.0):
   (the HF collator that pads given labels)
 - padding-free ``{input_ids, labels}``: ``PaddingFreeCollator`` vs ``DataCollatorWithFlattening``
 
-The outputs are checked equal before timing (HF's LM collator masks every pad-id position, ours by position
-only, so that pair is compared on rows without an inner EOS... GPT-2's pad is its EOS: the rows are taken
-without the trailing EOS for that pair).
+The outputs are checked equal before timing. GPT-2's pad id is its EOS and HF's LM collator masks every
+pad-id position in ``labels`` (ours masks padding by position only), so the causal-LM rows are taken without
+their trailing EOS, where the two agree.
 
 Then the real-token share at ``--batch-size`` for random batches, ``group_by_length`` (goal >= 0.97), BFD
 packing, BFD packing + padding-free and padding-free (goal 1.00), from ``padding_efficiency.measure``.

@@ -28,6 +28,10 @@ bars write to ``/dev/null``.
 Models: ``overhead`` (hidden 8, 1 layer, vocab 64, rows <= 16 tokens, B = 2: the framework's own work per step
 dominates) and ``compute`` (hidden 128, 2 layers, vocab 4096, rows <= 128 tokens, B = 4: the model dominates).
 
+``--device cuda`` runs every side on one GPU (fp32, same settings); a round's figure is then the mean wall time
+of the timed steps, the stamps of the first and last of them taken after ``torch.cuda.synchronize()`` (no other
+sync is added to any side, so each keeps the host syncs it has by itself).
+
 Also measured: the cost of the ``Throughput`` callback, as the CPU time spent inside its hooks over the step
 time of the "b lean" run it is added to (goal < 1%).
 """
@@ -54,6 +58,16 @@ MODELS = {
 ACCUMULATION = 4
 LR = 1e-4
 LOG_EVERY = 10
+DEVICE = "cpu"  # --device
+SYNC_AT: set[int] = set()  # optimizer steps whose stamp waits for the GPU (the first and last timed ones)
+
+
+def stamp(step: int) -> tuple[float, float]:
+    """:func:`clock` after optimizer step ``step``; on CUDA it first waits for the queued work at the steps of
+    ``SYNC_AT`` only, so that no side gets a host sync it does not have by itself."""
+    if DEVICE == "cuda" and step in SYNC_AT:
+        torch.cuda.synchronize()
+    return clock()
 
 
 class PadOnly:
@@ -77,16 +91,18 @@ def run_raw(spec: dict, rows, steps: int) -> list[tuple[float, float]]:
 
     from hf_lightning.data.collators import PaddingCollator
 
-    model = tiny_llama(spec["vocab"], spec["hidden"], spec["layers"], spec["heads"]).train()
+    model = tiny_llama(spec["vocab"], spec["hidden"], spec["layers"], spec["heads"]).train().to(DEVICE)
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
     loader = DataLoader(rows, batch_size=spec["batch"], shuffle=True, collate_fn=PaddingCollator(0),
                         generator=torch.Generator().manual_seed(0))
     it = iter(loader)
-    stamps = [clock()]
+    stamps = [stamp(0)]
     for step in range(steps):
-        window = [next(it) for _ in range(ACCUMULATION)]
-        count = sum(int((b["labels"][:, 1:] != -100).sum()) for b in window)  # host side, before any forward
-        total = torch.zeros(())
+        host = [next(it) for _ in range(ACCUMULATION)]
+        window = [{k: v.to(DEVICE, non_blocking=True) for k, v in b.items()} for b in host]
+        # counted before the batches move, on the host (no device sync), as HFDataModule's window loader does
+        count = sum(int((b["labels"][:, 1:] != -100).sum()) for b in host)
+        total = torch.zeros((), device=DEVICE)
         for b in window:
             logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], use_cache=False).logits
             targets = torch.nn.functional.pad(b["labels"][:, 1:], (0, 1), value=-100)
@@ -99,7 +115,7 @@ def run_raw(spec: dict, rows, steps: int) -> list[tuple[float, float]]:
         opt.zero_grad(set_to_none=True)
         if (step + 1) % LOG_EVERY == 0:
             print(f"step {step + 1} loss {total.item():.4f}", file=sys.stderr)
-        stamps.append(clock())
+        stamps.append(stamp(step + 1))
     return stamps
 
 
@@ -112,11 +128,11 @@ def run_ours(spec: dict, rows, steps: int, quiet: bool = False, meter=None) -> l
 
     class Stamp(L.Callback):
         def on_train_start(self, trainer, pl_module):
-            stamps.append(clock())
+            stamps.append(stamp(0))
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
             if trainer.global_step > len(stamps) - 1:
-                stamps.append(clock())
+                stamps.append(stamp(trainer.global_step))
 
     model = tiny_llama(spec["vocab"], spec["hidden"], spec["layers"], spec["heads"])
     module = HFLightningModule(model, optim={"name": "adamw", "lr": LR, "weight_decay": 0.0},
@@ -126,7 +142,7 @@ def run_ours(spec: dict, rows, steps: int, quiet: bool = False, meter=None) -> l
     with tempfile.TemporaryDirectory() as tmp:
         extra = {"enable_progress_bar": False, "logger": False, "enable_model_summary": False} if quiet else {}
         callbacks = [Stamp()] + ([meter] if meter is not None else [])
-        trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=steps, accumulate_grad_batches=ACCUMULATION,
+        trainer = L.Trainer(accelerator="gpu" if DEVICE == "cuda" else "cpu", devices=1, max_steps=steps, accumulate_grad_batches=ACCUMULATION,
                             gradient_clip_val=1.0, log_every_n_steps=LOG_EVERY, default_root_dir=tmp,
                             num_sanity_val_steps=0, limit_val_batches=0, callbacks=callbacks, **extra)
         trainer.fit(module, datamodule=dm)
@@ -142,17 +158,17 @@ def run_hf(spec: dict, rows, steps: int) -> list[tuple[float, float]]:
 
     class Stamp(TrainerCallback):
         def on_train_begin(self, args, state, control, **kw):
-            stamps.append(clock())
+            stamps.append(stamp(0))
 
         def on_step_end(self, args, state, control, **kw):
-            stamps.append(clock())
+            stamps.append(stamp(state.global_step))
 
     model = tiny_llama(spec["vocab"], spec["hidden"], spec["layers"], spec["heads"])
     with tempfile.TemporaryDirectory() as tmp:
         args = TrainingArguments(
             output_dir=tmp, per_device_train_batch_size=spec["batch"], gradient_accumulation_steps=ACCUMULATION,
             max_steps=steps, learning_rate=LR, weight_decay=0.0, lr_scheduler_type="constant", optim="adamw_torch",
-            max_grad_norm=1.0, logging_steps=LOG_EVERY, save_strategy="no", report_to="none", use_cpu=True, seed=0,
+            max_grad_norm=1.0, logging_steps=LOG_EVERY, save_strategy="no", report_to="none", use_cpu=DEVICE == "cpu", seed=0,
             dataloader_pin_memory=False,
         )
         trainer = Trainer(model=model, args=args, train_dataset=rows,
@@ -184,15 +200,22 @@ class TimedThroughput:
         return Timed(pad_token_id=0)
 
 
-SIDES = ("a_raw", "b_ours", "b_lean", "c_hf")
+def round_time(stamps, warmup: int, which: int) -> float:
+    """One round's step time: the median step on the CPU; on CUDA the mean over the timed steps, whose first
+    and last stamps waited for the device (the others only say when the host queued the step)."""
+    if DEVICE == "cuda":
+        return (stamps[-1][which] - stamps[warmup][which]) / (len(stamps) - 1 - warmup)
+    return median(step_times(stamps, warmup, which))
 
 
-def run_model(name: str, rounds: int, steps: int | None) -> tuple[dict[str, list], list[float]]:
+def run_model(name: str, rounds: int, steps: int | None, warmup: int) -> tuple[dict[str, list], list[float]]:
     """Per side, the step-end stamps of every round; and the meter's share of the step time per round."""
     import datasets
 
     spec = MODELS[name]
     steps = steps or spec["steps"]
+    SYNC_AT.clear()
+    SYNC_AT.update({warmup, steps})
     rows = datasets.Dataset.from_list(make_rows(spec, steps * ACCUMULATION * spec["batch"] + spec["batch"]))
     meter_share: list[float] = []
 
@@ -221,7 +244,14 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (see bench_support)")
     parser.add_argument("--json", help="write every step time here")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="cuda: every side on one GPU (fp32); per round, the mean wall time of the timed steps")
     args = parser.parse_args()
+    global DEVICE
+    DEVICE = args.device
+    if DEVICE == "cuda" and not torch.cuda.is_available():
+        print("bench_loop: FAILED: --device cuda but torch.cuda.is_available() is False", file=sys.stderr)
+        sys.exit(1)
     set_threads(args.threads)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     warnings.filterwarnings("ignore")
@@ -235,12 +265,14 @@ def main() -> None:
     tables: dict[str, list] = {"cpu": [], "wall": []}
     meters, report = [], {}
     for model_name in args.models:
-        stamps, meter_share = run_model(model_name, args.rounds, args.steps)
+        stamps, meter_share = run_model(model_name, args.rounds, args.steps, args.warmup)
         report[model_name] = stamps
         spec = MODELS[model_name]
         params = sum(p.numel() for p in tiny_llama(spec["vocab"], spec["hidden"], spec["layers"], spec["heads"]).parameters())
         for which, clock_name in ((1, "cpu"), (0, "wall")):
-            per_round = {k: [median(step_times(s, args.warmup, which)) for s in v] for k, v in stamps.items()}
+            if DEVICE == "cuda" and which == 1:
+                continue  # the CPU time of a GPU run counts the host's waits for the device
+            per_round = {k: [round_time(s, args.warmup, which) for s in v] for k, v in stamps.items()}
             med = {k: 1e3 * median(v) for k, v in per_round.items()}
 
             def ratio(x, y, pr=per_round):
@@ -255,6 +287,8 @@ def main() -> None:
     header = ["model", "params", "a raw ms", "b ours ms", "b lean ms", "c HF ms", "b/a", "b/c", "lean/a", "lean/c",
               "c/a"]
     for clock_name, rows in tables.items():
+        if not rows:
+            continue
         print(f"\nmedian optimizer-step {clock_name.upper()} time, micro-batch x {ACCUMULATION} accumulation, "
               f"{args.rounds} interleaved rounds; ratios: median of per-round ratios")
         print(table(header, rows))

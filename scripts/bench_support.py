@@ -110,7 +110,12 @@ def step_times(stamps: Sequence[tuple[float, float]], warmup: int, which: int = 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     """A Markdown table (pastes into ``docs/benchmarks.md`` as is)."""
-    cells = [[str(c) for c in header]] + [[f"{c:.3g}" if isinstance(c, float) else str(c) for c in r] for r in rows]
+    def cell(c: Any) -> str:
+        if isinstance(c, float):
+            return f"{c:.0f}" if abs(c) >= 100 else f"{c:.3g}"
+        return str(c)
+
+    cells = [[str(c) for c in header]] + [[cell(c) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
     lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |" for r in cells]
     lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")

@@ -18,7 +18,8 @@ Definitions, per log interval (all ranks summed):
   dtype. Model FLOPs are the PaLM estimate (Chowdhery et al. 2022, appendix B), counted on real tokens:
   ``6 N`` per token (``N``: parameters except the input embedding, whose lookup does no matmul) plus
   ``12 n_layers d_model T`` per token of a sequence of length ``T`` for attention (``12 n_layers d_model sum T_i^2``
-  over a batch's sequences). Padding counts as no useful work, so MFU falls with the padding share.
+  over a batch's sequences). Padding counts as no useful work, so MFU falls with the padding share. The estimate
+  is the decoder-only one: for an encoder-decoder model it counts the encoder's input tokens only.
 """
 
 from __future__ import annotations
@@ -41,8 +42,7 @@ log = logging.getLogger(__name__)
 # match "NVIDIA H200", hence this one.
 DENSE_BF16_PEAK = (
     ("h200 nvl", 835e12),
-    ("h200", 989e12),
-    ("gh200", 989e12),
+    ("h200", 989e12),  # also GH200
     ("h100 nvl", 835e12),
     ("h100 pcie", 756e12),
     ("h100", 989e12),  # SXM / HBM3
@@ -81,8 +81,17 @@ def batch_counts(batch: dict[str, Any], pad_token_id: int | None, squares: bool)
     ``slots`` is a host ``int`` (from the shape), and so is the sequence count of a batch without
     ``position_ids`` (one sequence per row); the others are 0-dim device tensors. The last is ``None`` unless
     ``squares``. Never syncs with the device.
+
+    Raises:
+        ConfigError: the batch is not a dict with ``input_ids``.
     """
-    ids = batch["input_ids"]
+    ids = batch.get("input_ids") if isinstance(batch, dict) else None
+    if ids is None:
+        keys = sorted(batch) if isinstance(batch, dict) else type(batch).__name__
+        raise ConfigError(
+            f"callbacks.throughput counts tokens in input_ids, and a training batch has none ({keys}); "
+            "remove the throughput callback for this model"
+        )
     slots = ids.numel()
     positions = batch.get("position_ids")
     mask = batch.get("attention_mask")

@@ -76,6 +76,11 @@ def test_bad_peak_is_refused():
         Throughput(peak_flops=0)
 
 
+def test_a_batch_without_input_ids_is_named():
+    with pytest.raises(ConfigError, match=r"input_ids.*\['inputs_embeds'\]"):
+        batch_counts({"inputs_embeds": torch.zeros(1, 2, 3)}, pad_token_id=0, squares=False)
+
+
 class _Batches(L.Callback):
     """Keeps every training batch as the module sees it (independent count)."""
 
