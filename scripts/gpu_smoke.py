@@ -1,8 +1,10 @@
 """GPU smoke test: a few optimizer steps each of bf16 single-GPU, FSDP and DeepSpeed ZeRO-2 (one GPU is enough),
-with their per-step train/loss compared to the fp32 CPU run of the same data and init, within bf16 tolerance;
-each run's HF export must load. Exits 1 on any failure, and at once without CUDA.
+with their per-step train/loss compared to the fp32 CPU run of the same data and init, within bf16 tolerance,
+and their pre-clip ``grad_norm`` too (norm clipping at 1.0 is on, as HF's ``max_grad_norm``: under FSDP the norm
+comes from the root module's ``clip_grad_norm_`` over all shards); each run's HF export must load. Exits 1 on any
+failure, and at once without CUDA.
 
-    python scripts/gpu_smoke.py [--steps 4] [--rtol 0.03] [--out gpu_smoke] [--skip deepspeed_zero2]
+    python scripts/gpu_smoke.py [--steps 4] [--rtol 0.03] [--norm-rtol 0.1] [--out gpu_smoke] [--skip deepspeed_zero2]
 """
 
 from __future__ import annotations
@@ -30,15 +32,16 @@ RUNS = {
 }
 
 
-def losses(run_dir: Path) -> dict[int, float]:
+def logged(run_dir: Path, column: str) -> dict[int, float]:
     with open(run_dir / "metrics.csv") as fh:
-        return {int(r["step"]): float(r["train/loss"]) for r in csv.DictReader(fh) if r.get("train/loss")}
+        return {int(r["step"]): float(r[column]) for r in csv.DictReader(fh) if r.get(column)}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--rtol", type=float, default=0.03, help="bf16 vs fp32 relative tolerance per step")
+    parser.add_argument("--norm-rtol", type=float, default=0.1, help="bf16 vs fp32 relative grad_norm tolerance")
     parser.add_argument("--out", default="gpu_smoke")
     parser.add_argument("--skip", nargs="*", default=[], choices=list(RUNS)[1:])
     args = parser.parse_args()
@@ -48,7 +51,7 @@ def main() -> int:
         return 1
     print(f"gpu_smoke: {torch.cuda.get_device_name(0)}, torch {torch.__version__}, {args.steps} steps per run")
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    results, failures = {}, []
+    results, norms, failures = {}, {}, []
     for name, overrides in RUNS.items():
         if name in args.skip:
             continue
@@ -59,7 +62,8 @@ def main() -> int:
         if proc.returncode != 0:
             failures.append(f"{name}: exit {proc.returncode}: {proc.stderr.strip().splitlines()[-1:]}")
             continue
-        results[name] = losses(run_dir)
+        results[name] = logged(run_dir, "train/loss")
+        norms[name] = logged(run_dir, "grad_norm")
         from transformers import AutoModelForCausalLM
 
         exported = AutoModelForCausalLM.from_pretrained(run_dir / "hf_model")
@@ -80,6 +84,16 @@ def main() -> int:
             print(f"{name}: max relative difference to fp32 CPU {worst:.2e} (tolerance {args.rtol:g})")
             if worst > args.rtol:
                 failures.append(f"{name}: relative loss difference {worst:.2e} > {args.rtol:g}")
+            ref_norms, got_norms = norms["cpu_fp32"], norms[name]
+            if name.startswith("deepspeed"):
+                continue  # the engine keeps its gradients outside p.grad: no grad_norm column
+            if sorted(got_norms) != sorted(ref_norms) or not ref_norms:
+                failures.append(f"{name}: grad_norm logged at {sorted(got_norms)}, fp32 CPU at {sorted(ref_norms)}")
+                continue
+            worst = max(abs(got_norms[s] - ref_norms[s]) / abs(ref_norms[s]) for s in ref_norms)
+            print(f"{name}: max relative grad_norm difference to fp32 CPU {worst:.2e} (tolerance {args.norm_rtol:g})")
+            if worst > args.norm_rtol:
+                failures.append(f"{name}: relative grad_norm difference {worst:.2e} > {args.norm_rtol:g}")
     for failure in failures:
         print(f"gpu_smoke: FAILED: {failure}", file=sys.stderr)
     print("gpu_smoke: OK" if not failures else f"gpu_smoke: {len(failures)} failure(s)")

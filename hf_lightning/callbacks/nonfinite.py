@@ -5,7 +5,8 @@ loss from the log); one NaN step makes every weight NaN, and the checkpoints sav
 :class:`NonFiniteGuard` looks at the window before ``optimizer.step``:
 
 - every micro-batch loss of the gradient-accumulation window (``on_before_backward``, kept on the device: no
-  host sync per micro-batch), and the total gradient norm (``on_before_optimizer_step``, once per step);
+  host sync per micro-batch), and the total gradient norm (``on_before_optimizer_step``, once per step; with
+  :class:`~hf_lightning.HFLightningModule` it is the same norm pass as the clipping's and the log line's);
 - non-finite → ``on_nonfinite="stop"`` raises :class:`~hf_lightning.errors.TrainingError` before the update
   (the weights and the last checkpoint stay as they were), ``"skip"`` drops the window's gradients (every
   ``p.grad = None``, so the optimizer leaves every parameter and its moments untouched, weight decay included),
@@ -126,9 +127,9 @@ class NonFiniteGuard(L.Callback):
         bad_loss, first_bad = self._bad_loss, self._first_bad
         self._bad_loss = self._first_bad = None
         check_grads = getattr(trainer.precision_plugin, "scaler", None) is None and not _gradients_outside_params(trainer)
-        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
         nan = torch.tensor(float("nan"))
-        norm_t = torch.nn.utils.get_total_norm(grads).float() if check_grads and grads else None
+        norm_t = _step_norm(pl_module, optimizer) if check_grads else None
+        norm_t = norm_t.float() if norm_t is not None else None
         # one host sync per optimizer step: the loss verdict, the first bad loss and the norm together
         values = [
             bad_loss.float() if bad_loss is not None else torch.zeros(()),
@@ -202,6 +203,16 @@ class NonFiniteGuard(L.Callback):
         )
         log.warning("optimizer step %d: gradient norm %.4g is %s; %s", step, norm, " and ".join(reasons), after)
         _log_metric(trainer, "train/exploding_steps", self.exploding_steps, step)
+
+
+def _step_norm(pl_module: L.LightningModule, optimizer: Any) -> torch.Tensor | None:
+    """The step's total gradient norm: shared with the log line and the clipping when the module offers it
+    (:meth:`HFLightningModule.step_gradient_norm`, one pass per step), else computed here."""
+    shared = getattr(pl_module, "step_gradient_norm", None)
+    if shared is not None:
+        return shared(optimizer)
+    grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+    return torch.nn.utils.get_total_norm(grads) if grads else None
 
 
 def _gradients_outside_params(trainer: L.Trainer) -> bool:

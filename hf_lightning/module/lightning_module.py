@@ -16,6 +16,7 @@ from torch import nn
 from hf_lightning.data.windows import MICRO_ITEMS_KEY, NUM_ITEMS_KEY, WINDOW_KEYS, WINDOW_LENGTH_KEY
 from hf_lightning.errors import ConfigError, ModelError
 from hf_lightning.module.eval_steps import EvalStepsMixin
+from hf_lightning.module.grad_norm import StepGradNorm
 from hf_lightning.module.loss import (
     IGNORE_INDEX,
     accepts_num_items,
@@ -179,6 +180,7 @@ class HFLightningModule(EvalStepsMixin, L.LightningModule):
         self._unchecked_counts: list[tuple[int, torch.Tensor]] = []
         self._last_lr: float | None = None
         self._last_grad_norm: torch.Tensor | None = None
+        self._grad_norm = StepGradNorm()
         self._extra_train_metrics: dict[str, float] = {}
         self._steps_seen = 0
         self.tokens_seen = torch.zeros((), dtype=torch.long)
@@ -394,18 +396,38 @@ class HFLightningModule(EvalStepsMixin, L.LightningModule):
         # the norm is read only by the log line of this step (or the final flush after the last step of an
         # epoch): a pass over every gradient on the other steps would be wasted work
         if self._is_log_step(self.global_step + 1) or self.trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
-            grads = [p.grad for p in self.parameters() if p.grad is not None]
-            self._last_grad_norm = torch.nn.utils.get_total_norm(grads) if grads else None
+            self._last_grad_norm = self.step_gradient_norm(optimizer)
         else:
             self._last_grad_norm = None
 
+    def step_gradient_norm(self, optimizer: torch.optim.Optimizer) -> torch.Tensor | None:
+        """The total gradient 2-norm of the optimizer step being taken (before clipping; 0-dim float tensor on
+        the gradients' device, no host sync), computed once per step and shared by the ``grad_norm`` log column,
+        norm clipping and :class:`~hf_lightning.callbacks.NonFiniteGuard` (:mod:`hf_lightning.module.grad_norm`).
+        ``None`` without gradients or under DeepSpeed. Valid between ``backward`` and ``optimizer.step``."""
+        return self._grad_norm.get(self.trainer, optimizer)
+
+    def configure_gradient_clipping(
+        self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: str | None = None,
+    ) -> None:
+        """Norm clipping with the step's shared norm (``clip_grad_norm_``'s result, one pass fewer); under FSDP
+        through the root module's ``clip_grad_norm_``. Value clipping and the cases the shared norm cannot serve
+        keep Lightning's ``clip_gradients``."""
+        by_norm = gradient_clip_algorithm is None or gradient_clip_algorithm == "norm"
+        if gradient_clip_val and by_norm and self._grad_norm.clip(self.trainer, optimizer, float(gradient_clip_val)):
+            return
+        super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
+
     def on_train_start(self) -> None:
         self._steps_seen = self.global_step  # a resumed run starts at its checkpoint's step
+        self._grad_norm.reset()
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         if self.global_step == self._steps_seen:
             return  # still accumulating
         self._steps_seen = self.global_step
+        self._grad_norm.reset()
         if self._window_loss is not None:
             self._loss_since_log.append(self._window_loss)
         self._window_loss = None

@@ -1,0 +1,93 @@
+"""One gradient-norm pass per optimizer step, shared by the log line, the clipping and the non-finite guard.
+
+Three readers want the total gradient 2-norm of a step: the ``grad_norm`` log column (HF logs the value
+``clip_grad_norm_`` returns: the norm before clipping), Lightning's norm clipping (``torch.nn.utils.clip_grad_norm_``
+on every step when ``trainer.gradient_clip_val`` is set, HF's ``max_grad_norm=1.0`` default) and
+:class:`~hf_lightning.callbacks.NonFiniteGuard`. Each computing its own is up to three passes over every gradient
+per step (and, on a GPU, one reduction kernel chain each). :class:`StepGradNorm` computes it once, on the first
+request of the step, and clips with that value (``torch.nn.utils.clip_grads_with_norm_``: the second half of
+``clip_grad_norm_``, so the result is identical).
+
+Under FSDP the gradients are shards: the norm is FSDP's own ``clip_grad_norm_`` of the root module (all-reduced
+over ranks; Lightning's FSDP precision plugin refuses norm clipping and its docs point to that method), which
+clips in the same call. Under DeepSpeed the gradients are not in ``p.grad`` (the engine clips itself): no norm.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.plugins.precision import Precision
+from lightning.pytorch.strategies import FSDPStrategy
+
+
+def _params_with_grad(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    return [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+
+
+def _is_deepspeed(trainer: L.Trainer) -> bool:
+    return type(trainer.strategy).__name__.startswith("DeepSpeed")
+
+
+class StepGradNorm:
+    """The total gradient 2-norm of the current optimizer step, computed at most once.
+
+    Call :meth:`reset` when a step has been taken; :meth:`get` between ``backward`` and ``optimizer.step`` (in
+    ``on_before_optimizer_step`` or the clipping hook); :meth:`clip` from ``configure_gradient_clipping``.
+    """
+
+    def __init__(self) -> None:
+        self._norm: torch.Tensor | None = None
+        self._done = False  # computed for this step (the value may be None: no gradients)
+        self._clipped = False  # FSDP's clip_grad_norm_ clipped while computing it
+
+    def reset(self) -> None:
+        self._norm, self._done, self._clipped = None, False, False
+
+    def get(self, trainer: L.Trainer, optimizer: torch.optim.Optimizer) -> torch.Tensor | None:
+        """The step's total 2-norm over the optimizer's gradients: a 0-dim float tensor on their device, or
+        ``None`` when there is none to read (no gradient, or DeepSpeed). No host sync."""
+        if not self._done:
+            self._done = True
+            if _is_deepspeed(trainer):
+                self._norm = None
+            elif isinstance(trainer.strategy, FSDPStrategy):
+                # FSDP computes the global norm only while clipping: clip to the configured norm (or to inf,
+                # which multiplies by 1) so that the gradients are in their final state once the norm exists
+                max_norm = _norm_clip_value(trainer) or math.inf
+                self._norm = trainer.strategy.model.clip_grad_norm_(max_norm)
+                self._clipped = True
+            else:
+                grads = [p.grad for p in _params_with_grad(optimizer)]
+                self._norm = torch.nn.utils.get_total_norm(grads) if grads else None
+        return self._norm
+
+    def clip(self, trainer: L.Trainer, optimizer: torch.optim.Optimizer, max_norm: float) -> bool:
+        """Clip the gradients to total norm ``max_norm`` with the shared norm, exactly as
+        ``torch.nn.utils.clip_grad_norm_(params, max_norm)``. Returns ``False`` (nothing done) where the shared
+        norm cannot stand in for the precision plugin's own clipping (DeepSpeed; a plugin with its own
+        ``clip_grad_by_norm``, except FSDP's; an optimizer that unscales AMP gradients itself, which Lightning
+        refuses to clip): the caller then defers to Lightning."""
+        plugin = trainer.precision_plugin
+        fsdp = isinstance(trainer.strategy, FSDPStrategy)
+        if _is_deepspeed(trainer) or (not fsdp and type(plugin).clip_grad_by_norm is not Precision.clip_grad_by_norm):
+            return False
+        if getattr(plugin, "scaler", None) is not None and getattr(optimizer, "_step_supports_amp_scaling", False):
+            return False
+        norm = self.get(trainer, optimizer)
+        params = _params_with_grad(optimizer)  # none left when NonFiniteGuard dropped this step's gradients
+        if norm is not None and params and not self._clipped:
+            torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
+        return True
+
+
+def _norm_clip_value(trainer: L.Trainer) -> float | None:
+    """``trainer.gradient_clip_val`` when it clips by norm, else ``None``."""
+    value: Any = trainer.gradient_clip_val
+    algorithm = trainer.gradient_clip_algorithm
+    if not value or (algorithm is not None and algorithm != "norm"):  # a str enum: compares by value
+        return None
+    return float(value)
