@@ -23,6 +23,25 @@ def last_checkpoint_path(trainer: L.Trainer) -> str:
     return os.path.join(folder, "last.ckpt")
 
 
+def save_last(trainer: L.Trainer) -> str:
+    """Write ``last.ckpt`` now; returns its path.
+
+    Through the ``save_last`` ModelCheckpoint(s) when there are any, so that their bookkeeping knows the file:
+    a ``trainer.save_checkpoint`` behind their back made Lightning (>= 2.6, whose ModelCheckpoint also saves
+    ``last`` at train end when it has not saved yet) find an unknown ``last.ckpt`` and write ``last-v1.ckpt``
+    beside it. Without one, ``trainer.save_checkpoint`` to :func:`last_checkpoint_path`.
+    """
+    owners = [c for c in trainer.checkpoint_callbacks if isinstance(c, ModelCheckpoint) and c.save_last]
+    for callback in owners:
+        # Lightning's own "save last now" (the path its on_train_end and on_validation_end take)
+        callback._save_last_checkpoint(trainer, callback._monitor_candidates(trainer))
+    if owners:
+        return owners[0].last_model_path
+    path = last_checkpoint_path(trainer)
+    trainer.save_checkpoint(path)
+    return path
+
+
 class Preemption(L.Callback):
     """Turn a cluster preemption (SIGTERM) or Ctrl-C (SIGINT) into a checkpoint at the next step boundary.
 
@@ -71,8 +90,7 @@ class Preemption(L.Callback):
             received = bool(trainer.strategy.reduce_boolean_decision(received, all=False))
         if not received:
             return
-        path = last_checkpoint_path(trainer)
-        trainer.save_checkpoint(path)
+        path = save_last(trainer)
         trainer.should_stop = True
         pl_module.preempted = True
         log.warning("saved %s at step %d after a stop signal; resume with ckpt_path=last in the same run folder",
@@ -85,7 +103,7 @@ class Preemption(L.Callback):
         saved = max((getattr(c, "_last_global_step_saved", -1) for c in trainer.callbacks
                      if isinstance(c, ModelCheckpoint)), default=-1)
         if trainer.global_step > 0 and saved != trainer.global_step:
-            trainer.save_checkpoint(last_checkpoint_path(trainer))
+            save_last(trainer)
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         self._restore()

@@ -360,6 +360,20 @@ def test_ctrl_c_saves_at_the_step_boundary_then_stops(tmp_path, word_tokenizer, 
     assert t.global_step == 2 and module.preempted
     last = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=False)
     assert last["global_step"] == 2
+    assert sorted(os.listdir(tmp_path / "run" / "checkpoints")) == ["last.ckpt"]  # no second "last-v1.ckpt"
     assert f"received {signal.Signals(signum).name}: saving a checkpoint at the end of the current optimizer step" in caplog.text
     assert "resume with ckpt_path=last in the same run folder" in caplog.text
     assert signal.getsignal(signum) == before
+
+
+def test_a_run_ending_before_any_checkpoint_leaves_one_last_ckpt(tmp_path, word_tokenizer):
+    """3 steps, no validation, so ModelCheckpoint has saved nothing when training ends: ``Preemption`` writes
+    ``last.ckpt`` at the final step, and Lightning's ModelCheckpoint (which also saves ``last`` at train end when
+    it has not saved yet) must not add a ``last-v1.ckpt`` copy beside it."""
+    folder = tmp_path / "run" / "checkpoints"
+    ckpt = ModelCheckpoint(dirpath=folder, save_last=True, save_top_k=0)
+    t, module, dm = run(tmp_path, word_tokenizer, [ckpt, Preemption()], max_steps=3, rows=ROWS[:4] * 3,
+                        plugins=[AtomicCheckpointIO()], enable_checkpointing=True)
+    t.fit(module, datamodule=dm)
+    assert sorted(os.listdir(folder)) == ["last.ckpt"]
+    assert torch.load(folder / "last.ckpt", weights_only=False)["global_step"] == 3
