@@ -38,7 +38,7 @@ def save_last(trainer: L.Trainer) -> str:
     if owners:
         return owners[0].last_model_path
     path = last_checkpoint_path(trainer)
-    trainer.save_checkpoint(path)
+    trainer.save_checkpoint(path, weights_only=False)  # explicit: Lightning logs its default otherwise
     return path
 
 
