@@ -35,6 +35,9 @@ log = logging.getLogger(__name__)
 warnings.filterwarnings(
     "ignore", message="You have overridden `transfer_batch_to_device` in `LightningModule` but have passed in a"
 )
+# Lightning's own batch flattening calls a torch pytree API deprecated in newer torch, once per fit: nothing a
+# user can act on (Lightning's to fix)
+warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
 
 NON_MODEL_KEYS = ("labels", "shift_labels", *WINDOW_KEYS)
 
