@@ -58,7 +58,7 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
     """Run one training job described by ``cfg``.
 
     Returns:
-        ``(metrics, objects)``: the final callback metrics as floats (also written to
+        ``(metrics, objects)``: the newest value of every logged metric as floats (also written to
         ``<output_dir>/final_metrics.json`` on rank 0), and the built ``trainer``, ``module``, ``datamodule``.
 
     Raises:
@@ -176,6 +176,9 @@ def _fit(
     wall = time.perf_counter() - start
 
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    # the rows written last win: the final flush of train/loss after the last log step never reaches
+    # callback_metrics (Lightning allows no self.log in on_train_end)
+    metrics.update(module.last_logged)
     tokens = module.trained_tokens()
     metrics.update({
         "global_step": float(trainer.global_step), "parameters": float(n_params), "wall_time_s": wall,

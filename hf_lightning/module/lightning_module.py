@@ -185,6 +185,8 @@ class HFLightningModule(EvalStepsMixin, L.LightningModule):
         self._last_grad_norm: torch.Tensor | None = None
         self._grad_norm = StepGradNorm()
         self._extra_train_metrics: dict[str, float] = {}
+        #: the newest value of every metric written to the loggers (``final_metrics.json`` is built from it)
+        self.last_logged: dict[str, float] = {}
         self._steps_seen = 0
         self.tokens_seen = torch.zeros((), dtype=torch.long)
         self._warned_unwrapped = False
@@ -481,6 +483,7 @@ class HFLightningModule(EvalStepsMixin, L.LightningModule):
     def _log_to_loggers(self, metrics: dict[str, float | None]) -> None:
         """Write to every logger with ``step`` = optimizer steps done (HF's ``global_step``)."""
         clean = {k: float(v) for k, v in metrics.items() if v is not None}
+        self.last_logged.update(clean)
         for logger in self.loggers:
             logger.log_metrics(clean, step=self.global_step)
             logger.save()

@@ -1,0 +1,32 @@
+"""``final_metrics.json`` holds the newest value of every logged metric, including the final flush of
+``train/loss`` after the last log step (which never reaches Lightning's ``callback_metrics``)."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+
+def test_final_metrics_are_the_last_rows_written(compose_cfg, tmp_path):
+    from hf_lightning.train import train
+
+    # log every 2 steps, 3 steps: train/loss rows at step 2 and at step 3 (the flush at the end of training)
+    cfg = compose_cfg("+experiment=sft", "trainer.max_steps=3", "trainer.log_every_n_steps=2")
+    metrics, _ = train(cfg)
+
+    with open(tmp_path / "metrics.csv") as fh:
+        rows = list(csv.DictReader(fh))
+    last = {}
+    for row in rows:  # the newest non-empty value of each column, as a reader of metrics.csv finds it
+        last.update({k: float(v) for k, v in row.items() if v not in ("", None) and k != "step"})
+    train_rows = {int(r["step"]): float(r["train/loss"]) for r in rows if r.get("train/loss")}
+    assert sorted(train_rows) == [2, 3] and train_rows[3] != train_rows[2]
+
+    saved = json.loads((tmp_path / "final_metrics.json").read_text())
+    assert saved["train/loss"] == pytest.approx(train_rows[3], rel=1e-6)
+    for key in ("train/loss", "val/loss", "lr", "grad_norm"):
+        assert saved[key] == pytest.approx(last[key], rel=1e-6), key
+        assert metrics[key] == saved[key]
+    assert saved["global_step"] == 3
