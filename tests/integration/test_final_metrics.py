@@ -12,8 +12,10 @@ import pytest
 def test_final_metrics_are_the_last_rows_written(compose_cfg, tmp_path):
     from hf_lightning.train import train
 
-    # log every 2 steps, 3 steps: train/loss rows at step 2 and at step 3 (the flush at the end of training)
-    cfg = compose_cfg("+experiment=sft", "trainer.max_steps=3", "trainer.log_every_n_steps=2")
+    # an epoch of 3 steps, a log every 2: train/loss rows at step 2 and at step 3, the flush when the epoch (and
+    # the run, by max_epochs as a full run ends) is over
+    cfg = compose_cfg("+experiment=sft", "trainer.max_steps=-1", "trainer.max_epochs=1", "trainer.limit_train_batches=3",
+                      "trainer.log_every_n_steps=2")
     metrics, _ = train(cfg)
 
     with open(tmp_path / "metrics.csv") as fh:
