@@ -34,7 +34,7 @@ from hf_lightning.data.checks import (
 from hf_lightning.data.collators import ClassificationCollator, PaddingCollator, Seq2SeqCollator
 from hf_lightning.data.file_errors import read_error
 from hf_lightning.data.flattening import PaddingFreeCollator
-from hf_lightning.data.formatting import CAUSAL_FORMATS, FORMATS, detect_format
+from hf_lightning.data.formatting import CAUSAL_FORMATS, FORMATS, SOURCE_COLUMNS, detect_format
 from hf_lightning.data.iterable import ShardedStream
 from hf_lightning.data.loader import EpochDataLoader
 from hf_lightning.data.loading import is_stream, load_source, split_train_validation
@@ -180,10 +180,13 @@ class HFDataModule(L.LightningDataModule):
             key = "persistent_workers" if persistent_workers else "prefetch_factor"
             raise ConfigError(f"data.{key} applies to worker processes only; set data.num_workers > 0 or unset it")
         if getattr(tokenizer, "pad_token_id", None) is None:
-            raise ConfigError(
-                "the tokenizer has no pad token; set tokenizer.pad_token (for example to its eos_token) "
-                "and save it into the model folder"
-            )
+            if getattr(tokenizer, "eos_token", None) is not None:
+                hint = "set tokenizer.pad_token (for example to its eos_token)"
+            else:
+                # nothing to fall back on: the model folder's tokenizer needs a token named for padding
+                hint = ("it has no eos_token either: set tokenizer.pad_token and tokenizer.eos_token (for example "
+                        "both to its end-of-text token, such as '<|endoftext|>' for GPT-2)")
+            raise ConfigError(f"the tokenizer has no pad token; {hint} and save it into the model folder")
         self.tokenizer = tokenizer
         self.path = path
         self.validation_path = validation_path
@@ -376,7 +379,7 @@ class HFDataModule(L.LightningDataModule):
         else:
             out = tokenize_dataset(ds, fmt, self.tokenizer, self.max_length, split, path, label2id)
             if self.remove_unused_columns:
-                out, dropped = prune_dataset(out, keep, inputs, split, inputs_from)
+                out, dropped = prune_dataset(out, keep, inputs, split, inputs_from, consumed=SOURCE_COLUMNS.get(fmt, ()))
                 self.dropped_columns[split] = dropped
         if self.packing:
             out = pack_dataset(out, self.packing, self.max_length, self.tokenizer.eos_token_id, split)

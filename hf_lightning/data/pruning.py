@@ -82,8 +82,12 @@ def prune_dataset(
     model_input_names: Sequence[str],
     split: str,
     inputs_from: str = "the model inputs",
+    consumed: Sequence[str] = (),
 ) -> tuple[datasets.Dataset, list[str]]:
     """Drop the columns of ``ds`` not in ``keep``; log them once at WARNING.
+
+    ``consumed``: the source columns the data format has just tokenized (``text``, ``messages``, ...). Their drop
+    is expected, so it is logged at INFO; any other dropped column is a WARNING (HF drops both silently).
 
     Returns:
         ``(pruned dataset, dropped column names)``.
@@ -94,10 +98,15 @@ def prune_dataset(
     dropped = [c for c in ds.column_names if c not in keep]
     _check_inputs_survive(ds.column_names, keep, model_input_names, f"{split} split", inputs_from)
     if dropped:
-        log.warning(
-            "%s: columns %s are not in %s and are dropped (remove_unused_columns=true)",
-            split, dropped, inputs_from,
-        )
+        tokenized = [c for c in dropped if c in consumed]
+        others = [c for c in dropped if c not in consumed]
+        if tokenized:
+            log.info("%s: source columns %s were tokenized and are dropped", split, tokenized)
+        if others:
+            log.warning(
+                "%s: columns %s are not in %s and are dropped (remove_unused_columns=true)",
+                split, others, inputs_from,
+            )
         ds = ds.remove_columns(dropped)
     return ds, dropped
 

@@ -38,6 +38,9 @@ warnings.filterwarnings(
 # Lightning's own batch flattening calls a torch pytree API deprecated in newer torch, once per fit: nothing a
 # user can act on (Lightning's to fix)
 warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
+# Lightning counts log_every_n_steps within an epoch; HFLightningModule logs every n optimizer steps across
+# epochs (HF's logging_steps), so Lightning's warning that short epochs log nothing is wrong here
+warnings.filterwarnings("ignore", message=r"The number of training batches \(\d+\) is smaller than the logging interval")
 
 NON_MODEL_KEYS = ("labels", "shift_labels", *WINDOW_KEYS)
 

@@ -226,5 +226,10 @@ def test_folder_tokenizer_without_pad_or_eos_stops(tmp_path):
     tok.eos_token = None
     tok.save_pretrained(folder)
     _, loaded = load_model_and_tokenizer(str(folder))
-    with pytest.raises(ConfigError, match="the tokenizer has no pad token; set tokenizer.pad_token"):
+    with pytest.raises(ConfigError) as err:
         HFDataModule(tokenizer=loaded, path=datasets.Dataset.from_list(TEXT_ROWS))
+    assert str(err.value) == (
+        "the tokenizer has no pad token; it has no eos_token either: set tokenizer.pad_token and tokenizer.eos_token "
+        "(for example both to its end-of-text token, such as '<|endoftext|>' for GPT-2) and save it into the model "
+        "folder"
+    )
