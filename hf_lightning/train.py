@@ -174,6 +174,7 @@ def _fit(
     with explain_faults(trainer, datamodule):  # out of memory -> TrainingError with the batch/accumulation trade
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
     wall = time.perf_counter() - start
+    _validate_final_weights(trainer, module, datamodule)
 
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     # the rows written last win: the final flush of train/loss after the last log step never reaches
@@ -194,6 +195,29 @@ def _fit(
         ", ".join(f"{k}={v:.4f}" for k, v in metrics.items() if "/" in k),
     )
     return metrics, {"trainer": trainer, "module": module, "datamodule": datamodule}
+
+
+def _validate_final_weights(trainer: Any, module: Any, datamodule: Any) -> None:
+    """One more validation when the newest one measured earlier weights than the exported ones.
+
+    A run's validations fall where ``val_check_interval`` puts them, which need not be its last step (``0.5`` of a
+    121-batch epoch validates after batches 60 and 120, never after 121), so the last ``val/loss`` would describe
+    an earlier model than ``hf_model/``. HF ``Trainer`` users call ``trainer.evaluate()`` after ``train()`` for
+    this; here it is done, logged at the final step, so ``final_metrics.json`` describes the exported weights.
+    Skipped when validation is off (``trainer.limit_val_batches=0`` or no validation data) or the run stopped on
+    a signal.
+    """
+    if not trainer.global_step or getattr(module, "preempted", False) or trainer.interrupted:
+        return
+    if not trainer.limit_val_batches or datamodule.val_dataset is None:
+        return
+    if module.last_validated_step == trainer.global_step:
+        return
+    log.info(
+        "validating the final weights (step %d): the last validation was at %s", trainer.global_step,
+        "no step" if module.last_validated_step is None else f"step {module.last_validated_step}",
+    )
+    trainer.validate(module, datamodule=datamodule, verbose=False)
 
 
 def _close_wandb() -> None:

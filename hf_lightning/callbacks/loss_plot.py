@@ -97,7 +97,8 @@ def _csv_logger_file(trainer: L.Trainer) -> str | None:
 
 
 class LossPlot(L.Callback):
-    """At the end of a finished ``fit``, write ``path`` (``loss.png``) from the run's ``metrics.csv`` (rank 0).
+    """At the end of a finished ``fit`` (and of a ``validate`` after it), write ``path`` (``loss.png``) from the run's
+    ``metrics.csv`` (rank 0).
 
     Args:
         path: the PNG to write (the config puts it at ``${output_dir}/loss.png``).
@@ -128,7 +129,8 @@ class LossPlot(L.Callback):
         self._available = True
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if stage != "fit" or not trainer.is_global_zero or not self._available:
+        # "validate": the final validation train() runs after fit adds a val/loss point: draw again
+        if stage not in ("fit", "validate") or not trainer.is_global_zero or not self._available:
             return
         source = self.metrics_csv or _csv_logger_file(trainer)
         if source is None or not os.path.isfile(source):

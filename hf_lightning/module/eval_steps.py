@@ -56,6 +56,8 @@ class EvalStepsMixin:
         eval_accumulation_steps: int | None,
         batch_eval_metrics: bool,
     ) -> None:
+        #: the optimizer step whose weights the newest validation measured (``None``: not validated yet)
+        self.last_validated_step: int | None = None
         takes_result = compute_metrics is not None and "compute_result" in inspect.signature(compute_metrics).parameters
         if batch_eval_metrics and compute_metrics is not None and not takes_result:
             raise ConfigError(
@@ -171,6 +173,8 @@ class EvalStepsMixin:
         floats = {k: float(v) for k, v in values.items()}
         if not self.trainer.sanity_checking:
             self._log_to_loggers(floats)
+            if stage == "val":
+                self.last_validated_step = self.global_step
         return floats
 
     def _all_gather_object(self, obj: Any) -> list[Any]:

@@ -1,5 +1,7 @@
 """``final_metrics.json`` holds the newest value of every logged metric, including the final flush of
-``train/loss`` after the last log step (which never reaches Lightning's ``callback_metrics``)."""
+``train/loss`` after the last log step (which never reaches Lightning's ``callback_metrics``), and its ``val/*``
+describe the final (exported) weights: a run whose last validation came before its last step is validated once
+more at that step. (A run whose last step is a validation step gets no extra one: tests/integration/test_cli.py.)"""
 
 from __future__ import annotations
 
@@ -25,9 +27,13 @@ def test_final_metrics_are_the_last_rows_written(compose_cfg, tmp_path):
         last.update({k: float(v) for k, v in row.items() if v not in ("", None) and k != "step"})
     train_rows = {int(r["step"]): float(r["train/loss"]) for r in rows if r.get("train/loss")}
     assert sorted(train_rows) == [2, 3] and train_rows[3] != train_rows[2]
+    # validation every 2 steps (tests' SHRINK): at step 2, then the final weights at step 3
+    val_rows = {int(r["step"]): float(r["val/loss"]) for r in rows if r.get("val/loss")}
+    assert sorted(val_rows) == [2, 3] and val_rows[3] != val_rows[2]
 
     saved = json.loads((tmp_path / "final_metrics.json").read_text())
     assert saved["train/loss"] == pytest.approx(train_rows[3], rel=1e-6)
+    assert saved["val/loss"] == pytest.approx(val_rows[3], rel=1e-6)
     for key in ("train/loss", "val/loss", "lr", "grad_norm"):
         assert saved[key] == pytest.approx(last[key], rel=1e-6), key
         assert metrics[key] == saved[key]
