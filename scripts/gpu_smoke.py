@@ -37,6 +37,15 @@ def logged(run_dir: Path, column: str) -> dict[int, float]:
         return {int(r["step"]): float(r[column]) for r in csv.DictReader(fh) if r.get(column)}
 
 
+def compare(name: str, column: str, got: dict[int, float], reference: dict[int, float], rtol: float) -> list[str]:
+    """The failures of one run's ``column`` against the fp32 CPU run's, step by step (printed as it goes)."""
+    if not reference or sorted(got) != sorted(reference):
+        return [f"{name}: {column} logged at steps {sorted(got)}, fp32 CPU at {sorted(reference)}"]
+    worst = max(abs(got[s] - reference[s]) / abs(reference[s]) for s in reference)
+    print(f"{name}: max relative {column} difference to fp32 CPU {worst:.2e} (tolerance {rtol:g})")
+    return [f"{name}: relative {column} difference {worst:.2e} > {rtol:g}"] if worst > rtol else []
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=4)
@@ -77,23 +86,9 @@ def main() -> int:
         for step in sorted(reference):
             print(f"{step:>4} " + " ".join(f"{results[n].get(step, float('nan')):>16.6f}" for n in results))
         for name, got in results.items():
-            if sorted(got) != sorted(reference):
-                failures.append(f"{name}: logged steps {sorted(got)} != {sorted(reference)}")
-                continue
-            worst = max(abs(got[s] - reference[s]) / abs(reference[s]) for s in reference)
-            print(f"{name}: max relative difference to fp32 CPU {worst:.2e} (tolerance {args.rtol:g})")
-            if worst > args.rtol:
-                failures.append(f"{name}: relative loss difference {worst:.2e} > {args.rtol:g}")
-            ref_norms, got_norms = norms["cpu_fp32"], norms[name]
-            if name.startswith("deepspeed"):
-                continue  # the engine keeps its gradients outside p.grad: no grad_norm column
-            if sorted(got_norms) != sorted(ref_norms) or not ref_norms:
-                failures.append(f"{name}: grad_norm logged at {sorted(got_norms)}, fp32 CPU at {sorted(ref_norms)}")
-                continue
-            worst = max(abs(got_norms[s] - ref_norms[s]) / abs(ref_norms[s]) for s in ref_norms)
-            print(f"{name}: max relative grad_norm difference to fp32 CPU {worst:.2e} (tolerance {args.norm_rtol:g})")
-            if worst > args.norm_rtol:
-                failures.append(f"{name}: relative grad_norm difference {worst:.2e} > {args.norm_rtol:g}")
+            failures += compare(name, "train/loss", got, reference, args.rtol)
+            if not name.startswith("deepspeed"):  # the engine keeps its gradients outside p.grad: no grad_norm
+                failures += compare(name, "grad_norm", norms[name], norms["cpu_fp32"], args.norm_rtol)
     for failure in failures:
         print(f"gpu_smoke: FAILED: {failure}", file=sys.stderr)
     print("gpu_smoke: OK" if not failures else f"gpu_smoke: {len(failures)} failure(s)")
