@@ -174,7 +174,14 @@ def _fit(
     with explain_faults(trainer, datamodule):  # out of memory -> TrainingError with the batch/accumulation trade
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
     wall = time.perf_counter() - start
-    _validate_final_weights(trainer, module, datamodule)
+    if module.fit_start_step in (None, trainer.global_step) and ckpt_path is not None:
+        log.warning(
+            "nothing was trained: %s is at optimizer step %d, where this run's limits (trainer.max_steps=%s, "
+            "trainer.max_epochs=%s) already end it; raise one of them to continue", ckpt_path, trainer.global_step,
+            trainer.max_steps, trainer.max_epochs,
+        )
+    else:
+        _validate_final_weights(trainer, module, datamodule)
 
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     # the rows written last win: the final flush of train/loss after the last log step never reaches

@@ -191,6 +191,9 @@ class HFLightningModule(EvalStepsMixin, L.LightningModule):
         #: the newest value of every metric written to the loggers (``final_metrics.json`` is built from it)
         self.last_logged: dict[str, float] = {}
         self._steps_seen = 0
+        #: the optimizer step this process's fit started from (``None``: training never started, e.g. a resume
+        #: of a run that had already reached its end)
+        self.fit_start_step: int | None = None
         self.tokens_seen = torch.zeros((), dtype=torch.long)
         self._warned_unwrapped = False
 
@@ -429,6 +432,7 @@ class HFLightningModule(EvalStepsMixin, L.LightningModule):
 
     def on_train_start(self) -> None:
         self._steps_seen = self.global_step  # a resumed run starts at its checkpoint's step
+        self.fit_start_step = self.global_step
         self._grad_norm.reset()
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:

@@ -38,3 +38,17 @@ def test_final_metrics_are_the_last_rows_written(compose_cfg, tmp_path):
         assert saved[key] == pytest.approx(last[key], rel=1e-6), key
         assert metrics[key] == saved[key]
     assert saved["global_step"] == 3
+
+
+def test_resuming_a_finished_run_says_so_and_adds_nothing(compose_cfg, tmp_path, caplog):
+    import logging
+
+    from hf_lightning.train import train
+
+    overrides = ("+experiment=sft", "trainer.max_steps=3")
+    train(compose_cfg(*overrides))
+    before = (tmp_path / "metrics.csv").read_text()
+    with caplog.at_level(logging.WARNING, logger="hf_lightning.train"):
+        train(compose_cfg(*overrides, "ckpt_path=last"))
+    assert "nothing was trained: " in caplog.text and "is at optimizer step 3, where this run's limits" in caplog.text
+    assert (tmp_path / "metrics.csv").read_text() == before  # no second final validation, no rows at all
