@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import sys
 import time
 from typing import Any
@@ -196,6 +197,14 @@ def _fit(
         os.makedirs(cfg.output_dir, exist_ok=True)
         with open(os.path.join(cfg.output_dir, METRICS_FILE), "w") as fh:
             json.dump(metrics, fh, indent=1, sort_keys=True)
+    stopped = getattr(module, "preempted", None)
+    if stopped:
+        log.warning(
+            "stopped by %s at optimizer step %d: %s/checkpoints/last.ckpt holds it, no hf_model/ yet. Continue with "
+            "the same overrides plus ckpt_path=last hydra.run.dir=%s (the overrides are in .hydra/overrides.yaml)",
+            signal.Signals(stopped).name, trainer.global_step, cfg.output_dir, cfg.output_dir,
+        )
+        return metrics, {"trainer": trainer, "module": module, "datamodule": datamodule}
     log.info(
         "done: %d optimizer steps, %.1f s, %.0f real tokens/s (this process), final %s",
         trainer.global_step, wall, tokens / wall,
@@ -257,7 +266,10 @@ def optimized_value(metrics: dict[str, float], name: str | None, required: bool)
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> float | None:
     try:
-        metrics, _ = train(cfg)
+        metrics, objects = train(cfg)
+        stopped = getattr(objects["module"], "preempted", None)
+        if stopped:
+            sys.exit(128 + int(stopped))  # a stopped run is not a finished one: say so to scripts and schedulers
         return optimized_value(metrics, cfg.get("optimized_metric"), required=_in_multirun())
     except HFLightningError as err:
         log.error("%s", err)

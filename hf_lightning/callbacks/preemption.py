@@ -48,7 +48,9 @@ class Preemption(L.Callback):
     Lightning's own SIGTERM handling raises at the end of the current micro-batch, which can be in the middle
     of a gradient-accumulation window; a checkpoint there cannot resume exactly. This callback replaces the
     handlers while training runs, waits for the optimizer step that closes the window, writes
-    ``last.ckpt``, and sets ``trainer.should_stop`` (exit status 0; the log says how to resume). A second
+    ``last.ckpt``, and sets ``trainer.should_stop``; ``python -m hf_lightning.train`` then exits with status
+    128 + the signal number (130 for Ctrl-C, 143 for SIGTERM: a script can tell a stopped run from a finished
+    one) after a log line that says how to resume. A second
     signal of the same kind restores the default behaviour (kill at once).
 
     It also writes ``last.ckpt`` at the end of training when the final optimizer step came after the last
@@ -92,7 +94,8 @@ class Preemption(L.Callback):
             return
         path = save_last(trainer)
         trainer.should_stop = True
-        pl_module.preempted = True
+        # the signal number (truthy): the command exits with 128 + it, as a shell reports a killed command
+        pl_module.preempted = self.received or signal.SIGTERM  # a rank that only heard of it from another
         log.warning("saved %s at step %d after a stop signal; resume with ckpt_path=last in the same run folder",
                     path, trainer.global_step)
 

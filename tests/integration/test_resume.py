@@ -113,7 +113,7 @@ def test_sigterm_saves_at_the_next_step_and_resumes(text_file, tmp_path, request
     assert cli(straight, text_file, root=root).returncode == 0
     stopped = cli(resumed, text_file, "+callbacks.kill._target_=tests.resume_support.SignalAtStep",
                   "+callbacks.kill.step=7", "+callbacks.kill.signal=SIGTERM", root=root)
-    assert stopped.returncode == 0, stopped.stderr[-3000:]
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]  # stopped, not finished
     assert "resume with ckpt_path=last" in stopped.stdout + stopped.stderr  # Hydra logs to stdout
     assert torch.load(resumed / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 8
     assert not (resumed / "hf_model").exists()
@@ -136,7 +136,7 @@ def test_sigterm_mid_epoch_with_epoch_end_validation_resumes_exactly(text_file, 
     assert cli(straight, text_file, *with_validation, root=root).returncode == 0
     stopped = cli(resumed, text_file, *with_validation, "+callbacks.kill._target_=tests.resume_support.SignalAtStep",
                   "+callbacks.kill.step=7", "+callbacks.kill.signal=SIGTERM", root=root)
-    assert stopped.returncode == 0, stopped.stderr[-3000:]
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]  # stopped, not finished
     assert torch.load(resumed / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 8
     proc = cli(resumed, text_file, *with_validation, "ckpt_path=last", root=root)
     assert proc.returncode == 0, proc.stderr[-3000:]
