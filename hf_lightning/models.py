@@ -96,7 +96,12 @@ def from_pretrained(auto_class: Any, path: str, **kwargs: Any) -> Any:
 
 def _check_folder(path: str, original: str) -> None:
     if not os.path.isdir(path):
-        raise ModelError(f"model.name_or_path={original}: not a folder (expected a local HF model folder)")
+        hint = ""
+        if str(original).endswith(".ckpt"):
+            # a Lightning checkpoint: its weights are read with ckpt_path, by evaluate or by a resume
+            hint = ("; a .ckpt is read with ckpt_path: python -m hf_lightning.evaluate ckpt_path=" + str(original) +
+                    " (with the run's overrides), or train ... ckpt_path=" + str(original) + " to continue from it")
+        raise ModelError(f"model.name_or_path={original}: not a folder (expected a local HF model folder){hint}")
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise ModelError(f"model.name_or_path={original}: no config.json, so not a model folder saved by save_pretrained")
     check_config_json(path)

@@ -168,6 +168,18 @@ def test_model_path_that_is_not_a_folder(tmp_path):
         load_model_and_tokenizer(str(tmp_path / "absent"))
 
 
+def test_a_checkpoint_given_as_model_path_points_to_ckpt_path(tmp_path):
+    ckpt = tmp_path / "last.ckpt"
+    ckpt.write_bytes(b"not a folder")
+    with pytest.raises(ModelError) as err:
+        load_model_and_tokenizer(str(ckpt))
+    assert str(err.value) == (
+        f"model.name_or_path={ckpt}: not a folder (expected a local HF model folder); a .ckpt is read with ckpt_path: "
+        f"python -m hf_lightning.evaluate ckpt_path={ckpt} (with the run's overrides), or train ... ckpt_path={ckpt} "
+        "to continue from it"
+    )
+
+
 def test_model_folder_without_config(model_folder):
     (model_folder / "config.json").unlink()
     with pytest.raises(ModelError, match="no config.json, so not a model folder saved by save_pretrained"):
