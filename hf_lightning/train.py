@@ -81,6 +81,11 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
     L.seed_everything(cfg.seed, workers=True, verbose=False)
 
     callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
+    if not cfg.trainer.get("enable_progress_bar", True):
+        from lightning.pytorch.callbacks import ProgressBar
+
+        # Lightning refuses a progress-bar callback when the bar is off; off wins
+        callbacks = [c for c in callbacks if not isinstance(c, ProgressBar)]
     callbacks = with_best_model(cfg, callbacks)
     loggers = [instantiate(c) for c in (cfg.get("logger") or {}).values() if c is not None]
     trainer_cfg = OmegaConf.to_container(cfg.trainer, resolve=True)
@@ -230,8 +235,9 @@ def _validate_final_weights(trainer: Any, module: Any, datamodule: Any) -> None:
     if module.last_validated_step == trainer.global_step:
         return
     log.info(
-        "validating the final weights (step %d): the last validation was at %s", trainer.global_step,
-        "no step" if module.last_validated_step is None else f"step {module.last_validated_step}",
+        "validating the final weights (step %d): %s", trainer.global_step,
+        "no validation had run" if module.last_validated_step is None
+        else f"the last validation was at step {module.last_validated_step}",
     )
     trainer.validate(module, datamodule=datamodule, verbose=False)
 

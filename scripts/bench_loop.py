@@ -11,10 +11,12 @@ same collator (``PaddingCollator``) and a loss log line (a host read) every 10 o
 
 (a) raw: ``DataLoader``; per window the label targets are counted on the host, each micro-batch adds
     ``sum(token CE) / count`` and calls ``backward``; then clip, step, zero_grad.
-(b) hf_lightning: ``HFLightningModule`` + ``HFDataModule`` + ``lightning.Trainer`` in process, with Lightning's
-    defaults as a user gets them (with ``rich`` installed: ``RichProgressBar`` and ``RichModelSummary``; the
-    TensorBoard logger; checkpointing), ``log_every_n_steps=10``.
+(b) hf_lightning: ``HFLightningModule`` + ``HFDataModule`` + ``lightning.Trainer`` in process, with what a user of
+    ``python -m hf_lightning.train`` sees: the progress bar of ``conf/callbacks/default.yaml`` (tqdm, redrawn once
+    per optimizer step), Lightning's model summary, the TensorBoard logger and checkpointing; ``log_every_n_steps=10``.
     "b lean": the same without progress bar, logger and model summary.
+    "b rich": (b) with Lightning's own default bar instead (with ``rich`` installed: ``RichProgressBar``, redrawn
+    every micro-batch), what a plain ``lightning.Trainer`` user gets.
 (c) HF ``Trainer``: ``TrainingArguments(optim="adamw_torch", logging_steps=10, lr_scheduler_type="constant",
     save_strategy="no", report_to="none")`` and its defaults (tqdm bar); its model loss takes ``num_items_in_batch``.
 
@@ -119,7 +121,7 @@ def run_raw(spec: dict, rows, steps: int) -> list[tuple[float, float]]:
     return stamps
 
 
-def run_ours(spec: dict, rows, steps: int, quiet: bool = False, meter=None) -> list[tuple[float, float]]:
+def run_ours(spec: dict, rows, steps: int, quiet: bool = False, meter=None, bar: str = "cli") -> list[tuple[float, float]]:
     import lightning as L
 
     from hf_lightning import HFDataModule, HFLightningModule
@@ -142,6 +144,10 @@ def run_ours(spec: dict, rows, steps: int, quiet: bool = False, meter=None) -> l
     with tempfile.TemporaryDirectory() as tmp:
         extra = {"enable_progress_bar": False, "logger": False, "enable_model_summary": False} if quiet else {}
         callbacks = [Stamp()] + ([meter] if meter is not None else [])
+        if not quiet and bar == "cli":
+            from lightning.pytorch.callbacks import TQDMProgressBar
+
+            callbacks.append(TQDMProgressBar(refresh_rate=ACCUMULATION))  # as conf/callbacks/default.yaml sets it
         trainer = L.Trainer(accelerator="gpu" if DEVICE == "cuda" else "cpu", devices=1, max_steps=steps, accumulate_grad_batches=ACCUMULATION,
                             gradient_clip_val=1.0, log_every_n_steps=LOG_EVERY, default_root_dir=tmp,
                             num_sanity_val_steps=0, limit_val_batches=0, callbacks=callbacks, **extra)
@@ -229,6 +235,7 @@ def run_model(name: str, rounds: int, steps: int | None, warmup: int) -> tuple[d
         "a_raw": lambda: run_raw(spec, rows, steps),
         "b_ours": lambda: run_ours(spec, rows, steps),
         "b_lean": lambda: run_ours(spec, rows, steps, quiet=True),
+        "b_rich": lambda: run_ours(spec, rows, steps, bar="lightning"),
         "b_meter": lean_with_meter,
         "c_hf": lambda: run_hf(spec, rows, steps),
     }
@@ -279,13 +286,13 @@ def main() -> None:
                 return median([a / b for a, b in zip(pr[x], pr[y])])
 
             tables[clock_name].append([
-                model_name, params, med["a_raw"], med["b_ours"], med["b_lean"], med["c_hf"],
+                model_name, params, med["a_raw"], med["b_ours"], med["b_lean"], med["b_rich"], med["c_hf"],
                 ratio("b_ours", "a_raw"), ratio("b_ours", "c_hf"), ratio("b_lean", "a_raw"), ratio("b_lean", "c_hf"),
-                ratio("c_hf", "a_raw"),
+                ratio("b_rich", "a_raw"), ratio("c_hf", "a_raw"),
             ])
         meters.append([model_name, f"{100 * median(meter_share):.2f}%", f"{100 * max(meter_share):.2f}%"])
-    header = ["model", "params", "a raw ms", "b ours ms", "b lean ms", "c HF ms", "b/a", "b/c", "lean/a", "lean/c",
-              "c/a"]
+    header = ["model", "params", "a raw ms", "b ours ms", "b lean ms", "b rich ms", "c HF ms", "b/a", "b/c", "lean/a",
+              "lean/c", "rich/a", "c/a"]
     for clock_name, rows in tables.items():
         if not rows:
             continue
