@@ -191,6 +191,7 @@ class HFLightningModule(EvalStepsMixin, L.LightningModule):
         #: the newest value of every metric written to the loggers (``final_metrics.json`` is built from it)
         self.last_logged: dict[str, float] = {}
         self._steps_seen = 0
+        self._step_epoch: int | None = None
         #: the optimizer step this process's fit started from (``None``: training never started, e.g. a resume
         #: of a run that had already reached its end)
         self.fit_start_step: int | None = None
@@ -439,6 +440,9 @@ class HFLightningModule(EvalStepsMixin, L.LightningModule):
         if self.global_step == self._steps_seen:
             return  # still accumulating
         self._steps_seen = self.global_step
+        # the epoch of the step's batches: by the final flush (on_train_end) Lightning has already counted the
+        # epoch a stop or the last batch ended, and the row would show the next one
+        self._step_epoch = self.current_epoch
         self._grad_norm.reset()
         if self._window_loss is not None:
             self._loss_since_log.append(self._window_loss)
@@ -475,7 +479,7 @@ class HFLightningModule(EvalStepsMixin, L.LightningModule):
         metrics = {"train/loss": loss.item(), "lr": self._last_lr}
         if self._last_grad_norm is not None:
             metrics["grad_norm"] = self._last_grad_norm.item()
-        metrics["epoch"] = self.current_epoch
+        metrics["epoch"] = self._step_epoch if self._step_epoch is not None else self.current_epoch
         metrics.update(self._extra_train_metrics)
         self._extra_train_metrics = {}
         if progress_bar:

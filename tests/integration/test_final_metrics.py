@@ -27,6 +27,8 @@ def test_final_metrics_are_the_last_rows_written(compose_cfg, tmp_path):
         last.update({k: float(v) for k, v in row.items() if v not in ("", None) and k != "step"})
     train_rows = {int(r["step"]): float(r["train/loss"]) for r in rows if r.get("train/loss")}
     assert sorted(train_rows) == [2, 3] and train_rows[3] != train_rows[2]
+    # both rows belong to the one epoch trained (0), also the flush after Lightning has counted it as done
+    assert [float(r["epoch"]) for r in rows if r.get("train/loss")] == [0.0, 0.0]
     # validation every 2 steps (tests' SHRINK): at step 2, then the final weights at step 3
     val_rows = {int(r["step"]): float(r["val/loss"]) for r in rows if r.get("val/loss")}
     assert sorted(val_rows) == [2, 3] and val_rows[3] != val_rows[2]
