@@ -43,14 +43,15 @@ def generate_replies(module: Any, dataset: Any, max_new_tokens: int) -> list[str
 def evaluate(cfg: DictConfig) -> dict[str, float]:
     """Validate and predict; returns the metrics. Raises :class:`HFLightningError` on bad input."""
     import lightning as L
-    import torch
 
+    from hf_lightning.checkpointing.weights import load_model_weights
     from hf_lightning.data import HFDataModule
     from hf_lightning.models import load_model_and_tokenizer
     from hf_lightning.module import HFLightningModule
 
     out_dir = cfg.output_dir
-    model, tokenizer = load_model_and_tokenizer(**OmegaConf.to_container(cfg.model, resolve=True))
+    model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
+    model, tokenizer = load_model_and_tokenizer(**model_cfg)
     data_kwargs = OmegaConf.to_container(cfg.data, resolve=True)
     if data_kwargs.get("path") == "???":
         raise ConfigError("data.path is required by this experiment: the file to evaluate on")
@@ -62,10 +63,8 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     if cfg.ckpt_path:
         if not os.path.isfile(cfg.ckpt_path):
             raise ConfigError(f"ckpt_path={cfg.ckpt_path}: no such file")
-        state = torch.load(cfg.ckpt_path, map_location="cpu", weights_only=False)
-        if "state_dict" not in state:
-            raise ConfigError(f"ckpt_path={cfg.ckpt_path}: not a Lightning checkpoint (no state_dict)")
-        module.load_state_dict(state["state_dict"], strict=False)
+        step = load_model_weights(module, cfg.ckpt_path, model_cfg.get("name_or_path"))
+        log.info("evaluating the weights of %s (optimizer step %d)", cfg.ckpt_path, step)
     trainer = L.Trainer(
         accelerator=cfg.trainer.accelerator, devices=1, logger=False, enable_checkpointing=False,
         limit_val_batches=cfg.trainer.get("limit_val_batches"), limit_predict_batches=cfg.trainer.get("limit_val_batches"),

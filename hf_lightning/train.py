@@ -125,12 +125,11 @@ def with_best_model(cfg: DictConfig, callbacks: list[Any]) -> list[Any]:
     )]
 
 
-def _load_weights(module: Any, path: str) -> None:
-    """``resume_weights_only``: the model weights of a checkpoint, nothing else."""
-    import torch
+def _load_weights(module: Any, path: str, model_path: Any) -> None:
+    """``resume_weights_only``: the model weights of a checkpoint, nothing else (refused when they do not fit)."""
+    from hf_lightning.checkpointing.weights import load_model_weights
 
-    state = torch.load(path, map_location="cpu", weights_only=False)
-    module.load_state_dict(state["state_dict"], strict=False)
+    load_model_weights(module, path, model_path)
     log.warning("loaded only the weights of %s: optimizer, scheduler and step start fresh", path)
 
 
@@ -138,7 +137,9 @@ def _fit(
     cfg: DictConfig, trainer: Any, ckpt_path: str | None, weights_path: str | None = None
 ) -> tuple[dict[str, float], dict[str, Any]]:
     """Tokenizer, data, model, module, ``fit``; the final metrics."""
+    from hf_lightning.checkpointing.weights import summarize_load_error, weights_mismatch_message
     from hf_lightning.data import HFDataModule
+    from hf_lightning.errors import ModelError
     from hf_lightning.faults import explain_faults
     from hf_lightning.models import build_model, load_tokenizer
     from hf_lightning.module import HFLightningModule
@@ -173,21 +174,34 @@ def _fit(
     )
 
     if weights_path is not None:
-        _load_weights(module, weights_path)
+        _load_weights(module, weights_path, model_cfg.get("name_or_path"))
     n_params = sum(p.numel() for p in model.parameters())
     log.info("model: %s, %.2fM parameters", type(model).__name__, n_params / 1e6)
     start = time.perf_counter()
     with explain_faults(trainer, datamodule):  # out of memory -> TrainingError with the batch/accumulation trade
-        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+        try:
+            trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+        except RuntimeError as err:
+            # Lightning's strict restore of a checkpoint written by another architecture
+            if ckpt_path is None or not str(err).startswith("Error(s) in loading state_dict"):
+                raise
+            details = summarize_load_error(err)
+            raise ModelError(weights_mismatch_message(ckpt_path, model_cfg.get("name_or_path"), details)) from None
     wall = time.perf_counter() - start
+    objects = {"trainer": trainer, "module": module, "datamodule": datamodule}
     if module.fit_start_step in (None, trainer.global_step) and ckpt_path is not None:
         log.warning(
             "nothing was trained: %s is at optimizer step %d, where this run's limits (trainer.max_steps=%s, "
-            "trainer.max_epochs=%s) already end it; raise one of them to continue", ckpt_path, trainer.global_step,
-            trainer.max_steps, trainer.max_epochs,
+            "trainer.max_epochs=%s) already end it; raise one of them to continue. The run folder is unchanged",
+            ckpt_path, trainer.global_step, cfg.trainer.get("max_steps"), cfg.trainer.get("max_epochs"),
         )
-    else:
-        _validate_final_weights(trainer, module, datamodule)
+        # the finished run's own final metrics stay (and are what a sweep reads)
+        previous = os.path.join(cfg.output_dir, METRICS_FILE)
+        if os.path.isfile(previous):
+            with open(previous) as fh:
+                return json.load(fh), objects
+        return {"global_step": float(trainer.global_step)}, objects
+    _validate_final_weights(trainer, module, datamodule)
 
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     # the rows written last win: the final flush of train/loss after the last log step never reaches
@@ -209,13 +223,13 @@ def _fit(
             "the same overrides plus ckpt_path=last hydra.run.dir=%s (the overrides are in .hydra/overrides.yaml)",
             signal.Signals(stopped).name, trainer.global_step, cfg.output_dir, cfg.output_dir,
         )
-        return metrics, {"trainer": trainer, "module": module, "datamodule": datamodule}
+        return metrics, objects
     log.info(
         "done: %d optimizer steps, %.1f s, %.0f real tokens/s (this process), final %s",
         trainer.global_step, wall, tokens / wall,
         ", ".join(f"{k}={v:.4f}" for k, v in metrics.items() if "/" in k),
     )
-    return metrics, {"trainer": trainer, "module": module, "datamodule": datamodule}
+    return metrics, objects
 
 
 def _validate_final_weights(trainer: Any, module: Any, datamodule: Any) -> None:

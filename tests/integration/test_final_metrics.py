@@ -48,9 +48,11 @@ def test_resuming_a_finished_run_says_so_and_adds_nothing(compose_cfg, tmp_path,
     from hf_lightning.train import train
 
     overrides = ("+experiment=sft", "trainer.max_steps=3")
-    train(compose_cfg(*overrides))
-    before = (tmp_path / "metrics.csv").read_text()
+    first, _ = train(compose_cfg(*overrides))
+    before = {name: (tmp_path / name).read_text() for name in ("metrics.csv", "final_metrics.json")}
     with caplog.at_level(logging.WARNING, logger="hf_lightning.train"):
-        train(compose_cfg(*overrides, "ckpt_path=last"))
+        again, _ = train(compose_cfg(*overrides, "ckpt_path=last"))
     assert "nothing was trained: " in caplog.text and "is at optimizer step 3, where this run's limits" in caplog.text
-    assert (tmp_path / "metrics.csv").read_text() == before  # no second final validation, no rows at all
+    # no second final validation, no rows, and the finished run's final metrics kept (and returned, for sweeps)
+    assert {name: (tmp_path / name).read_text() for name in before} == before
+    assert again["val/loss"] == first["val/loss"] and again["train/loss"] == first["train/loss"]

@@ -1,0 +1,76 @@
+"""Model weights from a Lightning checkpoint into a built model, refused when they do not fit.
+
+``load_state_dict(strict=False)`` alone would leave every missing layer at its random init and say nothing (a
+checkpoint of a 2-layer run evaluated with a 3-layer model folder scored as if it were that run's model); a
+shape mismatch would end in a raw ``RuntimeError``. Both become one :class:`~hf_lightning.errors.ModelError`
+naming the checkpoint, the model folder and the first keys at fault.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from hf_lightning.errors import ConfigError, ModelError
+
+MODEL_PREFIX = "model."  # HFLightningModule keeps the HF model under .model
+
+
+def weights_mismatch_message(ckpt_path: str, model_path: Any, details: str) -> str:
+    """The one-line refusal for a checkpoint whose weights do not fit the model built from ``model_path``."""
+    return (
+        f"ckpt_path={ckpt_path}: its weights do not fit the model of model.name_or_path={model_path} ({details}); "
+        "use the model.name_or_path (and model.* overrides) of the run that wrote the checkpoint"
+    )
+
+
+def summarize_load_error(err: BaseException) -> str:
+    """``load_state_dict``'s RuntimeError in a few words: per kind of problem, the count and the first keys."""
+    parts = []
+    for line in str(err).splitlines()[1:]:
+        line = line.strip().rstrip(".")
+        if not line:
+            continue
+        kind, sep, rest = line.partition(": ")
+        keys = [k.strip().strip('"') for k in rest.split(", ")] if sep and kind.endswith("in state_dict") else []
+        if keys:
+            parts.append(f"{kind}: {len(keys)}, e.g. {keys[:3]}")
+        elif len(parts) < 3:
+            parts.append(line[:200])  # "size mismatch for KEY: ... shape ... shape ..."
+    return "; ".join(parts) or str(err).splitlines()[0][:200]
+
+
+def load_model_weights(module: torch.nn.Module, ckpt_path: str, model_path: Any) -> int:
+    """Load the ``model.*`` weights of the Lightning checkpoint ``ckpt_path`` into ``module``.
+
+    Keys outside ``model.`` (metric states, extra state) may be absent or extra; every model weight must be present,
+    known and of the same shape.
+
+    Returns:
+        The checkpoint's ``global_step`` (``-1`` when it has none).
+
+    Raises:
+        ConfigError: not a file, or not a Lightning checkpoint (no ``state_dict``).
+        ModelError: model weights missing, unexpected or of another shape (names the first few).
+    """
+    try:
+        state = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+    except FileNotFoundError:
+        raise ConfigError(f"ckpt_path={ckpt_path}: no such file") from None
+    if not isinstance(state, dict) or "state_dict" not in state:
+        raise ConfigError(f"ckpt_path={ckpt_path}: not a Lightning checkpoint (no state_dict)")
+    try:
+        result = module.load_state_dict(state["state_dict"], strict=False)
+    except RuntimeError as err:  # shapes differ: torch lists them after its first line
+        raise ModelError(weights_mismatch_message(ckpt_path, model_path, summarize_load_error(err))) from None
+    missing = [k for k in result.missing_keys if k.startswith(MODEL_PREFIX)]
+    unexpected = [k for k in result.unexpected_keys if k.startswith(MODEL_PREFIX)]
+    if missing or unexpected:
+        parts = []
+        if missing:
+            parts.append(f"{len(missing)} weights missing from the checkpoint, e.g. {missing[:3]}")
+        if unexpected:
+            parts.append(f"{len(unexpected)} checkpoint weights the model has no place for, e.g. {unexpected[:3]}")
+        raise ModelError(weights_mismatch_message(ckpt_path, model_path, "; ".join(parts)))
+    return int(state.get("global_step", -1))
