@@ -101,8 +101,40 @@ def config_differences(saved: DictConfig, current: DictConfig) -> list[str]:
     return diffs
 
 
+# the run length: it may change on resume, but the learning-rate schedule is rebuilt for the new length
+LENGTH = ("trainer.max_steps", "trainer.max_epochs")
+
+
+def length_changes(saved: DictConfig, current: DictConfig) -> list[str]:
+    """``key: saved -> current`` for the run-length settings (:data:`LENGTH`) that differ."""
+    return [
+        f"{key}: {_select(saved, key)!r} -> {_select(current, key)!r}"
+        for key in LENGTH if _select(saved, key) != _select(current, key)
+    ]
+
+
+def keep_previous_settings(run_dir: str) -> str | None:
+    """Copy the folder's ``.hydra/*.yaml`` into ``.hydra/previous-N/`` (N = 1, 2, ...) before a resume rewrites
+    them, so the command line of every segment of the run stays in the folder. Returns the copy's path."""
+    src = os.path.join(run_dir, ".hydra")
+    files = sorted(glob.glob(os.path.join(src, "*.yaml")))
+    if not files:
+        return None
+    n = 1
+    while os.path.exists(os.path.join(src, f"previous-{n}")):
+        n += 1
+    dst = os.path.join(src, f"previous-{n}")
+    os.makedirs(dst)
+    for path in files:
+        with open(path, "rb") as fh_in, open(os.path.join(dst, os.path.basename(path)), "wb") as fh_out:
+            fh_out.write(fh_in.read())
+    return dst
+
+
 def check_same_run(run_dir: str, current: DictConfig) -> None:
     """``ckpt_path=last`` must resume the run the folder holds: same model, data, optimizer, schedule, seed.
+    A changed run length is allowed and reported on stderr (the schedule follows the new length, as in HF
+    ``Trainer``, which rebuilds its scheduler for the new ``max_steps`` and then loads its step count).
 
     Raises:
         ConfigError: the folder's ``.hydra/config.yaml`` differs in an identity setting (all differences listed).
@@ -110,7 +142,14 @@ def check_same_run(run_dir: str, current: DictConfig) -> None:
     saved_file = os.path.join(run_dir, ".hydra", "config.yaml")
     if not os.path.isfile(saved_file):
         return
-    diffs = config_differences(OmegaConf.load(saved_file), current)
+    saved = OmegaConf.load(saved_file)
+    diffs = config_differences(saved, current)
+    changed = length_changes(saved, current)
+    if changed and not diffs:
+        print(
+            f"hf_lightning: note: resuming with a new run length ({'; '.join(changed)}): the learning-rate "
+            "schedule is rebuilt for it from the checkpoint's step on", file=sys.stderr,
+        )
     if diffs:
         raise ConfigError(
             f"ckpt_path=last: hydra.run.dir={run_dir} holds a different run ({'; '.join(diffs)}). Resume it with its "
@@ -154,6 +193,10 @@ class RunFolderGuard(_HydraCallback):  # type: ignore[misc,valid-type]
             if ckpt_path == "last":
                 check_same_run(run_dir, _task_config(config))
             check_writable(run_dir)
+            if ckpt_path == "last":
+                kept = keep_previous_settings(run_dir)  # Hydra is about to rewrite .hydra/ with this command line
+                if kept:
+                    print(f"hf_lightning: note: the previous settings of this run are kept in {kept}", file=sys.stderr)
         except ConfigError as err:
             print(f"hf_lightning: error: {err}", file=sys.stderr)
             sys.exit(2)

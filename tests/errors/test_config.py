@@ -186,11 +186,30 @@ def test_resume_into_a_folder_holding_a_different_run(tmp_path, capsys):
     )
 
 
-def test_resume_with_the_same_run_and_a_longer_schedule_is_allowed(tmp_path):
+def test_resume_with_the_same_run_and_a_longer_schedule_is_allowed(tmp_path, capsys):
+    """Allowed, and said: the schedule follows the new length; the previous settings are kept, since Hydra is about
+    to rewrite .hydra/ with this command line (a user trial found the first segment's overrides lost)."""
     run_dir = tmp_path / "run"
     plant_run(run_dir, "trainer.max_steps=10")
+    saved = (run_dir / ".hydra" / "config.yaml").read_text()
     RunFolderGuard().on_run_start(compose_train(f"hydra.run.dir={run_dir}", "ckpt_path=last", "trainer.max_steps=20",
                                                 "data.num_workers=1"))
+    err = capsys.readouterr().err
+    assert "hf_lightning: note: resuming with a new run length (trainer.max_steps: 10 -> 20): the learning-rate " \
+        "schedule is rebuilt for it from the checkpoint's step on" in err
+    assert f"hf_lightning: note: the previous settings of this run are kept in {run_dir}/.hydra/previous-1" in err
+    assert (run_dir / ".hydra" / "previous-1" / "config.yaml").read_text() == saved
+    # a second resume keeps the first copy and adds the next one
+    RunFolderGuard().on_run_start(compose_train(f"hydra.run.dir={run_dir}", "ckpt_path=last", "trainer.max_steps=10"))
+    assert (run_dir / ".hydra" / "previous-1" / "config.yaml").read_text() == saved
+    assert (run_dir / ".hydra" / "previous-2" / "config.yaml").is_file()
+
+
+def test_resume_with_the_same_length_says_nothing_about_it(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    plant_run(run_dir, "trainer.max_steps=10")
+    RunFolderGuard().on_run_start(compose_train(f"hydra.run.dir={run_dir}", "ckpt_path=last", "trainer.max_steps=10"))
+    assert "new run length" not in capsys.readouterr().err
 
 
 def test_unwritable_run_folder(tmp_path, capsys):
