@@ -13,6 +13,7 @@ import lightning as L
 import torch
 from torch import nn
 
+from hf_lightning.data.describe import padding_mask
 from hf_lightning.data.windows import MICRO_ITEMS_KEY, NUM_ITEMS_KEY, WINDOW_KEYS, WINDOW_LENGTH_KEY
 from hf_lightning.errors import ConfigError, ModelError
 from hf_lightning.module.eval_steps import EvalStepsMixin
@@ -380,8 +381,11 @@ class HFLightningModule(EvalStepsMixin, L.LightningModule):
             rank_factor = 1
         detached = loss.detach() * rank_factor
         self._window_loss = detached if self._window_loss is None else self._window_loss + detached
-        if "attention_mask" in batch:
-            self.tokens_seen = self.tokens_seen.to(self.device) + batch["attention_mask"].sum()
+        if "input_ids" in batch:
+            # real tokens as the throughput figures define them (data.describe.padding_mask): padded batches by
+            # their attention_mask, packed and padding-free rows (which carry none) by their trailing pad run
+            real = (~padding_mask(batch, getattr(self.tokenizer, "pad_token_id", None))).sum()
+            self.tokens_seen = self.tokens_seen.to(self.device) + real
         # Lightning divides by k (always k, even for a shorter last window): cancel it
         return loss * (k * rank_factor)
 
