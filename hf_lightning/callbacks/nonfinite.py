@@ -32,6 +32,7 @@ import lightning as L
 import torch
 
 from hf_lightning.errors import ConfigError, TrainingError
+from hf_lightning.module.grad_norm import gradients_outside_params, params_with_grad
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +108,7 @@ class NonFiniteGuard(L.Callback):
         self._norms.extend(state.get("norms", []))
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self.on_nonfinite == "skip" and _gradients_outside_params(trainer):
+        if self.on_nonfinite == "skip" and gradients_outside_params(trainer):
             raise ConfigError(
                 "callbacks.nonfinite_guard.on_nonfinite=skip cannot drop a step under DeepSpeed (its gradients are "
                 "not in p.grad); use on_nonfinite=stop"
@@ -126,7 +127,7 @@ class NonFiniteGuard(L.Callback):
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: Any) -> None:
         bad_loss, first_bad = self._bad_loss, self._first_bad
         self._bad_loss = self._first_bad = None
-        check_grads = getattr(trainer.precision_plugin, "scaler", None) is None and not _gradients_outside_params(trainer)
+        check_grads = getattr(trainer.precision_plugin, "scaler", None) is None and not gradients_outside_params(trainer)
         nan = torch.tensor(float("nan"))
         norm_t = _step_norm(pl_module, optimizer) if check_grads else None
         norm_t = norm_t.float() if norm_t is not None else None
@@ -211,12 +212,10 @@ def _step_norm(pl_module: L.LightningModule, optimizer: Any) -> torch.Tensor | N
     shared = getattr(pl_module, "step_gradient_norm", None)
     if shared is not None:
         return shared(optimizer)
-    grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+    grads = [p.grad for p in params_with_grad(optimizer)]
     return torch.nn.utils.get_total_norm(grads) if grads else None
 
 
-def _gradients_outside_params(trainer: L.Trainer) -> bool:
-    return type(trainer.strategy).__name__.startswith("DeepSpeed")
 
 
 def _log_metric(trainer: L.Trainer, key: str, value: float, step: int) -> None:

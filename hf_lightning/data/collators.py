@@ -99,19 +99,22 @@ class _ExtraKeys:
                     )
 
 
-def _checked_column(examples: Sequence[Mapping[str, Any]], key: str, lengths: Sequence[int]) -> torch.Tensor | None:
+def checked_column(examples: Sequence[Mapping[str, Any]], key: str, lengths: Sequence[int]) -> torch.Tensor | None:
     """The concatenated ``key`` rows, ``None`` when no example has the key; every row must match ``lengths``.
 
+    Examples without the key get what it would default to: ``labels`` a copy of ``input_ids``, ``position_ids``
+    ``0..n-1``, anything else (``attention_mask``) all ones.
+
     Raises:
-        ValueError: an example whose ``key`` row has a different length than its ``input_ids``.
+        DataError: an example whose ``key`` row has a different length than its ``input_ids``.
     """
     values = [ex.get(key) for ex in examples]
     if all(v is None for v in values):
         return None
     if any(v is None for v in values):
-        # some examples bring the column and some do not: fill the gaps as the per-example defaults would
-        default = (lambda ex: ex["input_ids"]) if key == "labels" else (lambda ex: [1] * len(as_row(ex["input_ids"])))
-        values = [v if v is not None else default(ex) for v, ex in zip(values, examples)]
+        fill = {"labels": lambda ex, n: ex["input_ids"], "position_ids": lambda ex, n: list(range(n))}
+        default = fill.get(key, lambda ex, n: [1] * n)
+        values = [v if v is not None else default(ex, n) for v, ex, n in zip(values, examples, lengths)]
     flat, got = flatten_rows(values)
     if got != list(lengths):
         i = next(i for i, (a, b) in enumerate(zip(got, lengths)) if a != b)
@@ -167,8 +170,8 @@ class PaddingCollator:
 
     def __call__(self, examples: Sequence[Mapping[str, Any]]) -> dict[str, torch.Tensor]:
         ids, lengths = _input_ids(examples, type(self).__name__)
-        labels = _checked_column(examples, "labels", lengths)
-        attention = _checked_column(examples, "attention_mask", lengths)
+        labels = checked_column(examples, "labels", lengths)
+        attention = checked_column(examples, "attention_mask", lengths)
         mask = row_mask(lengths, round_up(max(lengths), self.pad_to_multiple_of))
         batch = {
             "input_ids": pad_flat(ids, mask, self.pad_token_id),

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from hf_lightning.data.collators import flatten_rows
+from hf_lightning.data.collators import checked_column, flatten_rows
 from hf_lightning.errors import DataError
 from hf_lightning.module.loss import IGNORE_INDEX
 
@@ -75,23 +75,6 @@ class PaddingFreeCollator:
         self.return_flash_attn_kwargs = return_flash_attn_kwargs
         self._announced: set[str] = set()
 
-    @staticmethod
-    def _column(examples: Sequence[Mapping[str, Any]], key: str, lengths: list[int]) -> torch.Tensor | None:
-        """The concatenated ``key`` rows (``None`` if no example has it), lengths checked against ``input_ids``."""
-        values = [ex.get(key) for ex in examples]
-        if all(v is None for v in values):
-            return None
-        if any(v is None for v in values):
-            # mixed: missing labels copy input_ids, missing positions count 0..n-1, a missing mask is all ones
-            fill = {"labels": lambda ex, n: ex["input_ids"], "position_ids": lambda ex, n: list(range(n))}
-            default = fill.get(key, lambda ex, n: [1] * n)
-            values = [v if v is not None else default(ex, n) for v, ex, n in zip(values, examples, lengths)]
-        flat, got = flatten_rows(values)
-        if got != lengths:
-            i = next(i for i, (a, b) in enumerate(zip(got, lengths)) if a != b)
-            raise DataError(f"example {i}: input_ids, labels and position_ids differ in length ({key!r})")
-        return flat
-
     def __call__(self, examples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         if not examples:
             raise DataError("PaddingFreeCollator: cannot collate an empty list of examples")
@@ -102,9 +85,9 @@ class PaddingFreeCollator:
         ids, lengths = flatten_rows([ex["input_ids"] for ex in examples])
         if not ids.numel():
             raise DataError("PaddingFreeCollator: every example of the batch is empty")
-        labels = self._column(examples, "labels", lengths)
+        labels = checked_column(examples, "labels", lengths)
         labels = ids.clone() if labels is None else labels
-        positions = self._column(examples, "position_ids", lengths)
+        positions = checked_column(examples, "position_ids", lengths)
         starts = torch.tensor([0, *itertools.accumulate(lengths)][:-1], dtype=torch.long)
         sizes = torch.tensor(lengths, dtype=torch.long)
         if positions is None:
@@ -116,7 +99,7 @@ class PaddingFreeCollator:
                 i = int(torch.nonzero(nonempty).reshape(-1)[int(torch.nonzero(first != 0)[0])])
                 row = positions[starts[i] : starts[i] + lengths[i]]
                 raise DataError(f"example {i}: position_ids must start at 0, got {row[:4].tolist()}...")
-        mask = self._column(examples, "attention_mask", lengths)
+        mask = checked_column(examples, "attention_mask", lengths)
         if mask is not None and not bool(mask.all()):
             row_of = torch.repeat_interleave(torch.arange(len(lengths)), sizes)
             i = int(row_of[int(torch.nonzero(mask == 0)[0])])

@@ -24,11 +24,13 @@ from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import FSDPStrategy
 
 
-def _params_with_grad(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+def params_with_grad(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """The optimizer's parameters that hold a gradient."""
     return [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
 
 
-def _is_deepspeed(trainer: L.Trainer) -> bool:
+def gradients_outside_params(trainer: L.Trainer) -> bool:
+    """DeepSpeed keeps gradients in its engine, not in ``p.grad``."""
     return type(trainer.strategy).__name__.startswith("DeepSpeed")
 
 
@@ -52,7 +54,7 @@ class StepGradNorm:
         ``None`` when there is none to read (no gradient, or DeepSpeed). No host sync."""
         if not self._done:
             self._done = True
-            if _is_deepspeed(trainer):
+            if gradients_outside_params(trainer):
                 self._norm = None
             elif isinstance(trainer.strategy, FSDPStrategy):
                 # FSDP computes the global norm only while clipping: clip to the configured norm (or to inf,
@@ -61,7 +63,7 @@ class StepGradNorm:
                 self._norm = trainer.strategy.model.clip_grad_norm_(max_norm)
                 self._clipped = True
             else:
-                grads = [p.grad for p in _params_with_grad(optimizer)]
+                grads = [p.grad for p in params_with_grad(optimizer)]
                 self._norm = torch.nn.utils.get_total_norm(grads) if grads else None
         return self._norm
 
@@ -73,12 +75,12 @@ class StepGradNorm:
         refuses to clip): the caller then defers to Lightning."""
         plugin = trainer.precision_plugin
         fsdp = isinstance(trainer.strategy, FSDPStrategy)
-        if _is_deepspeed(trainer) or (not fsdp and type(plugin).clip_grad_by_norm is not Precision.clip_grad_by_norm):
+        if gradients_outside_params(trainer) or (not fsdp and type(plugin).clip_grad_by_norm is not Precision.clip_grad_by_norm):
             return False
         if getattr(plugin, "scaler", None) is not None and getattr(optimizer, "_step_supports_amp_scaling", False):
             return False
         norm = self.get(trainer, optimizer)
-        params = _params_with_grad(optimizer)  # none left when NonFiniteGuard dropped this step's gradients
+        params = params_with_grad(optimizer)  # none left when NonFiniteGuard dropped this step's gradients
         if norm is not None and params and not self._clipped:
             torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
         return True
