@@ -27,10 +27,21 @@ def as_row(value: Any) -> torch.Tensor:
     Raises:
         DataError: a value that is not a (nested) list of integers, e.g. a string or a ragged list.
     """
+    # torch would read "" as an empty sequence ([""] an empty row) and size [[], [0]] by its first row ((2, 0),
+    # dropping the 0): both would lose or invent tokens silently
+    if _holds_text(value):
+        raise DataError(f"a token row must be a list of integer ids, got {value!r:.80} (text)")
+    nested = isinstance(value, (list, tuple)) and value and all(isinstance(v, (list, tuple)) for v in value)
+    if nested and len({len(v) for v in value}) > 1:
+        raise DataError(f"a token row must be a list of integer ids, got {value!r:.80} (ragged nested lists)")
     try:
         return torch.as_tensor(value, dtype=torch.long).reshape(-1)
     except (TypeError, ValueError, RuntimeError) as err:
         raise DataError(f"a token row must be a list of integer ids, got {value!r:.80} ({err})") from err
+
+
+def _holds_text(value: Any) -> bool:
+    return isinstance(value, str) or (isinstance(value, (list, tuple)) and any(_holds_text(v) for v in value))
 
 
 def round_up(length: int, multiple: int | None) -> int:
