@@ -48,9 +48,10 @@ def cli(run_dir, data, *overrides, root):
     return subprocess.run(args, capture_output=True, text=True, timeout=600, cwd=root, env=env)
 
 
-def losses(run_dir):
+def train_rows(run_dir):
+    """``(step, train/loss)`` of every train row of ``metrics.csv``, in file order (duplicates kept)."""
     with open(run_dir / "metrics.csv") as fh:
-        return {int(r["step"]): r["train/loss"] for r in csv.DictReader(fh) if r.get("train/loss")}
+        return [(int(r["step"]), r["train/loss"]) for r in csv.DictReader(fh) if r.get("train/loss")]
 
 
 def weights(run_dir):
@@ -64,9 +65,35 @@ def assert_same_run(straight, resumed):
     assert a.keys() == b.keys()
     for k in a:
         assert torch.equal(a[k], b[k]), k  # bit-identical
-    la, lb = losses(straight), losses(resumed)
-    assert sorted(lb) == list(range(1, 13))  # history kept: each step logged once
+    rows = train_rows(resumed)
+    assert sorted(step for step, _ in rows) == list(range(1, 13))  # history kept: each step logged once
+    la, lb = dict(train_rows(straight)), dict(rows)
     assert [la[s] for s in range(7, 13)] == [lb[s] for s in range(7, 13)]
+
+
+@pytest.fixture(scope="module")
+def straight(text_file, tmp_path_factory, request):
+    """The default 12-step run, uninterrupted: the reference of every kill/stop test without extra overrides."""
+    run = tmp_path_factory.mktemp("straight") / "run"
+    proc = cli(run, text_file, root=request.config.rootpath)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return run
+
+
+def stop_and_resume(resumed, text_file, root, extra, kill, returncode, saved_step):
+    """Run with the ``kill`` callback overrides (it must end with ``returncode``, ``last.ckpt`` at
+    ``saved_step``), then resume that folder with ``ckpt_path=last``; returns the stopped run's process."""
+    stopped = cli(resumed, text_file, *extra, *kill, root=root)
+    assert stopped.returncode == returncode, stopped.stderr[-3000:]
+    assert torch.load(resumed / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == saved_step
+    assert not (resumed / "hf_model").exists()  # no export from a run that did not finish
+    proc = cli(resumed, text_file, *extra, "ckpt_path=last", root=root)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return stopped
+
+
+SIGTERM_AT_7 = ("+callbacks.kill._target_=tests.resume_support.SignalAtStep", "+callbacks.kill.step=7",
+                "+callbacks.kill.signal=SIGTERM")
 
 
 CASES = {
@@ -79,46 +106,29 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_killed_and_resumed_equals_straight(case, text_file, tmp_path, request):
+def test_killed_and_resumed_equals_straight(case, text_file, tmp_path, request, straight):
     root = request.config.rootpath
     extra = CASES[case]
-    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    proc = cli(straight, text_file, *extra, root=root)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    killed = cli(resumed, text_file, *extra, "+callbacks.kill._target_=tests.resume_support.SignalAtStep",
-                 "+callbacks.kill.step=7", root=root)
-    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
-    assert torch.load(resumed / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 6
-    proc = cli(resumed, text_file, *extra, "ckpt_path=last", root=root)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert_same_run(straight, resumed)
+    if extra:  # the default run is the module's `straight`; other overrides need their own reference
+        straight = tmp_path / "straight"
+        proc = cli(straight, text_file, *extra, root=root)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    kill = ("+callbacks.kill._target_=tests.resume_support.SignalAtStep", "+callbacks.kill.step=7")
+    stop_and_resume(tmp_path / "resumed", text_file, root, extra, kill, -signal.SIGKILL, 6)
+    assert_same_run(straight, tmp_path / "resumed")
 
 
-def test_kill_during_a_save_keeps_the_previous_checkpoint(text_file, tmp_path, request):
-    root = request.config.rootpath
-    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    assert cli(straight, text_file, root=root).returncode == 0
-    killed = cli(resumed, text_file, "+callbacks.kill._target_=tests.resume_support.KillDuringSave",
-                 "+callbacks.kill.step=6", root=root)
-    assert killed.returncode == -signal.SIGKILL
-    assert torch.load(resumed / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 3
-    proc = cli(resumed, text_file, "ckpt_path=last", root=root)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert_same_run(straight, resumed)
+def test_kill_during_a_save_keeps_the_previous_checkpoint(text_file, tmp_path, request, straight):
+    kill = ("+callbacks.kill._target_=tests.resume_support.KillDuringSave", "+callbacks.kill.step=6")
+    stop_and_resume(tmp_path / "resumed", text_file, request.config.rootpath, (), kill, -signal.SIGKILL, 3)
+    assert_same_run(straight, tmp_path / "resumed")
 
 
-def test_sigterm_saves_at_the_next_step_and_resumes(text_file, tmp_path, request):
-    root = request.config.rootpath
-    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    assert cli(straight, text_file, root=root).returncode == 0
-    stopped = cli(resumed, text_file, "+callbacks.kill._target_=tests.resume_support.SignalAtStep",
-                  "+callbacks.kill.step=7", "+callbacks.kill.signal=SIGTERM", root=root)
-    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]  # stopped, not finished
+def test_sigterm_saves_at_the_next_step_and_resumes(text_file, tmp_path, request, straight):
+    resumed = tmp_path / "resumed"
+    # 128 + SIGTERM: stopped, not finished
+    stopped = stop_and_resume(resumed, text_file, request.config.rootpath, (), SIGTERM_AT_7, 128 + signal.SIGTERM, 8)
     assert "resume with ckpt_path=last" in stopped.stdout + stopped.stderr  # Hydra logs to stdout
-    assert torch.load(resumed / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 8
-    assert not (resumed / "hf_model").exists()
-    proc = cli(resumed, text_file, "ckpt_path=last", root=root)
-    assert proc.returncode == 0, proc.stderr[-3000:]
     assert_same_run(straight, resumed)
 
 
@@ -133,13 +143,9 @@ def test_sigterm_mid_epoch_with_epoch_end_validation_resumes_exactly(text_file, 
     with_validation = ("data.validation_split=0.1", "trainer.limit_val_batches=2", "data.per_device_train_batch_size=8",
                        "trainer.max_epochs=null", "callbacks.model_checkpoint.every_n_train_steps=null")
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    assert cli(straight, text_file, *with_validation, root=root).returncode == 0
-    stopped = cli(resumed, text_file, *with_validation, "+callbacks.kill._target_=tests.resume_support.SignalAtStep",
-                  "+callbacks.kill.step=7", "+callbacks.kill.signal=SIGTERM", root=root)
-    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]  # stopped, not finished
-    assert torch.load(resumed / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 8
-    proc = cli(resumed, text_file, *with_validation, "ckpt_path=last", root=root)
+    proc = cli(straight, text_file, *with_validation, root=root)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    stop_and_resume(resumed, text_file, root, with_validation, SIGTERM_AT_7, 128 + signal.SIGTERM, 8)
     assert_same_run(straight, resumed)
 
 

@@ -94,3 +94,18 @@ def test_training_step_never_reads_a_tensor_on_the_host(tmp_path, label_smoothin
     )
     rows = fit(module, table_datamodule(ROWS, 1), 2, tmp_path)
     assert len(rows) == 2 and module.host_reads == []
+
+
+class ReadsOnce(NoHostReads):
+    """The control: a training step that does read its loss on the host (once per micro-batch)."""
+
+    def compute_loss(self, batch, num_items_in_batch):
+        loss, outputs = super().compute_loss(batch, num_items_in_batch)
+        loss.item()
+        return loss, outputs
+
+
+def test_the_host_read_spy_sees_a_read(tmp_path):
+    module = ReadsOnce(TableLM(), optim={"name": "sgd", "lr": 0.0}, scheduler={"name": "constant"})
+    fit(module, table_datamodule(ROWS, 1), 2, tmp_path)
+    assert module.host_reads.count("item") == len(ROWS)  # one per micro-batch: batches of one row

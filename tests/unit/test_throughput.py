@@ -140,10 +140,15 @@ def test_logged_row_matches_the_batches(tmp_path, packing):
     elapsed = real / row["throughput/tokens_per_s"]
     assert row["throughput/padded_tokens_per_s"] * elapsed == pytest.approx(slots, rel=1e-9)
     assert row["throughput/samples_per_s"] * elapsed == pytest.approx(sequences, rel=1e-9)
-    n, layers, width = model_flop_constants(module.model)
+    # the PaLM constants from the model itself: every parameter but the input embedding (untied here)
+    model = module.model
+    assert not model.config.tie_word_embeddings
+    n = sum(p.numel() for p in model.parameters()) - model.model.embed_tokens.weight.numel()
+    layers, width = model.config.num_hidden_layers, model.config.hidden_size
     assert row["throughput/mfu"] * elapsed * 1e12 == pytest.approx(6 * n * real + 12 * layers * width * squares, rel=1e-9)
     if packing:
         assert real < slots  # packed rows of one batch are padded to the longest
+    # consistency: what the callback exposes is what it logged
     assert meter.last_metrics["throughput/tokens_per_s"] == pytest.approx(row["throughput/tokens_per_s"])
 
 
