@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import csv
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.errors.support import run_train_cli
 
 pytestmark = pytest.mark.slow
 
@@ -23,15 +23,12 @@ DATA = SHARED / "alpaca-tiny" / "alpaca_tiny.json"
 
 
 def run(run_dir: Path, micro_batch: int, accumulation: int) -> list[dict]:
-    proc = subprocess.run(
-        [
-            sys.executable, "-m", "hf_lightning.train", "+experiment=clm", f"data.path={DATA}",
-            f"hydra.run.dir={run_dir}", "data.shuffle=false", "data.max_length=160",
-            f"data.per_device_train_batch_size={micro_batch}", f"trainer.accumulate_grad_batches={accumulation}",
-            "trainer.max_steps=4", "scheduler=constant", "optim.lr=1e-3", "trainer.log_every_n_steps=1", "trainer.limit_val_batches=0",
-            "trainer.enable_progress_bar=false", "callbacks.hf_export=null",
-        ],
-        capture_output=True, text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    proc = run_train_cli(
+        "+experiment=clm", f"data.path={DATA}",
+        f"hydra.run.dir={run_dir}", "data.shuffle=false", "data.max_length=160",
+        f"data.per_device_train_batch_size={micro_batch}", f"trainer.accumulate_grad_batches={accumulation}",
+        "trainer.max_steps=4", "scheduler=constant", "optim.lr=1e-3", "trainer.log_every_n_steps=1", "trainer.limit_val_batches=0",
+        "trainer.enable_progress_bar=false", "callbacks.hf_export=null",
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     with open(run_dir / "metrics.csv") as fh:

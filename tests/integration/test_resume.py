@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import random
 import signal
-import subprocess
-import sys
 
 import pytest
 import torch
+
+from tests.errors.support import run_train_cli
 
 pytestmark = pytest.mark.slow
 
@@ -37,15 +36,13 @@ def text_file(tmp_path_factory):
     return path
 
 
-def cli(run_dir, data, *overrides, root):
-    args = [
-        sys.executable, "-m", "hf_lightning.train", "+experiment=clm", f"data.path={data}", f"hydra.run.dir={run_dir}",
+def cli(run_dir, data, *overrides):
+    return run_train_cli(
+        "+experiment=clm", f"data.path={data}", f"hydra.run.dir={run_dir}",
         "trainer.max_steps=12", "trainer.log_every_n_steps=1", "trainer.limit_val_batches=0",
         "callbacks.model_checkpoint.every_n_train_steps=3", "data.per_device_train_batch_size=2",
         "data.max_length=32", "data.validation_split=0", *SMALL_MODEL, *overrides,
-    ]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(root)}
-    return subprocess.run(args, capture_output=True, text=True, timeout=600, cwd=root, env=env)
+    )
 
 
 def train_rows(run_dir):
@@ -72,22 +69,22 @@ def assert_same_run(straight, resumed):
 
 
 @pytest.fixture(scope="module")
-def straight(text_file, tmp_path_factory, request):
+def straight(text_file, tmp_path_factory):
     """The default 12-step run, uninterrupted: the reference of every kill/stop test without extra overrides."""
     run = tmp_path_factory.mktemp("straight") / "run"
-    proc = cli(run, text_file, root=request.config.rootpath)
+    proc = cli(run, text_file)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return run
 
 
-def stop_and_resume(resumed, text_file, root, extra, kill, returncode, saved_step):
+def stop_and_resume(resumed, text_file, extra, kill, returncode, saved_step):
     """Run with the ``kill`` callback overrides (it must end with ``returncode``, ``last.ckpt`` at
     ``saved_step``), then resume that folder with ``ckpt_path=last``; returns the stopped run's process."""
-    stopped = cli(resumed, text_file, *extra, *kill, root=root)
+    stopped = cli(resumed, text_file, *extra, *kill)
     assert stopped.returncode == returncode, stopped.stderr[-3000:]
     assert torch.load(resumed / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == saved_step
     assert not (resumed / "hf_model").exists()  # no export from a run that did not finish
-    proc = cli(resumed, text_file, *extra, "ckpt_path=last", root=root)
+    proc = cli(resumed, text_file, *extra, "ckpt_path=last")
     assert proc.returncode == 0, proc.stderr[-3000:]
     return stopped
 
@@ -106,56 +103,53 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_killed_and_resumed_equals_straight(case, text_file, tmp_path, request, straight):
-    root = request.config.rootpath
+def test_killed_and_resumed_equals_straight(case, text_file, tmp_path, straight):
     extra = CASES[case]
     if extra:  # the default run is the module's `straight`; other overrides need their own reference
         straight = tmp_path / "straight"
-        proc = cli(straight, text_file, *extra, root=root)
+        proc = cli(straight, text_file, *extra)
         assert proc.returncode == 0, proc.stderr[-3000:]
     kill = ("+callbacks.kill._target_=tests.resume_support.SignalAtStep", "+callbacks.kill.step=7")
-    stop_and_resume(tmp_path / "resumed", text_file, root, extra, kill, -signal.SIGKILL, 6)
+    stop_and_resume(tmp_path / "resumed", text_file, extra, kill, -signal.SIGKILL, 6)
     assert_same_run(straight, tmp_path / "resumed")
 
 
-def test_kill_during_a_save_keeps_the_previous_checkpoint(text_file, tmp_path, request, straight):
+def test_kill_during_a_save_keeps_the_previous_checkpoint(text_file, tmp_path, straight):
     kill = ("+callbacks.kill._target_=tests.resume_support.KillDuringSave", "+callbacks.kill.step=6")
-    stop_and_resume(tmp_path / "resumed", text_file, request.config.rootpath, (), kill, -signal.SIGKILL, 3)
+    stop_and_resume(tmp_path / "resumed", text_file, (), kill, -signal.SIGKILL, 3)
     assert_same_run(straight, tmp_path / "resumed")
 
 
-def test_sigterm_saves_at_the_next_step_and_resumes(text_file, tmp_path, request, straight):
+def test_sigterm_saves_at_the_next_step_and_resumes(text_file, tmp_path, straight):
     resumed = tmp_path / "resumed"
     # 128 + SIGTERM: stopped, not finished
-    stopped = stop_and_resume(resumed, text_file, request.config.rootpath, (), SIGTERM_AT_7, 128 + signal.SIGTERM, 8)
+    stopped = stop_and_resume(resumed, text_file, (), SIGTERM_AT_7, 128 + signal.SIGTERM, 8)
     assert "resume with ckpt_path=last" in stopped.stdout + stopped.stderr  # Hydra logs to stdout
     assert_same_run(straight, resumed)
 
 
-def test_sigterm_mid_epoch_with_epoch_end_validation_resumes_exactly(text_file, tmp_path, request):
+def test_sigterm_mid_epoch_with_epoch_end_validation_resumes_exactly(text_file, tmp_path):
     """With validation on, a stop makes Lightning validate at once (``should_stop`` triggers it) and its
     ModelCheckpoint used to save again at that validation's end, over the stop's ``last.ckpt``: a checkpoint
     whose loop state does not resume exactly (found by a user trial: the weights drifted after the resume). 36
     training rows in batches of 8: 5 micro-batches per epoch (the last of 4 rows), validation at each epoch end;
     the stop comes at step 7, mid-epoch 2."""
-    root = request.config.rootpath
     # the default checkpointing (at validation ends, not every n steps), as a user's run has it
     with_validation = ("data.validation_split=0.1", "trainer.limit_val_batches=2", "data.per_device_train_batch_size=8",
                        "trainer.max_epochs=null", "callbacks.model_checkpoint.every_n_train_steps=null")
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    proc = cli(straight, text_file, *with_validation, root=root)
+    proc = cli(straight, text_file, *with_validation)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    stop_and_resume(resumed, text_file, root, with_validation, SIGTERM_AT_7, 128 + signal.SIGTERM, 8)
+    stop_and_resume(resumed, text_file, with_validation, SIGTERM_AT_7, 128 + signal.SIGTERM, 8)
     assert_same_run(straight, resumed)
 
 
-def test_corrupt_checkpoint_names_it_and_the_newest_valid_one(text_file, tmp_path, request):
-    root = request.config.rootpath
+def test_corrupt_checkpoint_names_it_and_the_newest_valid_one(text_file, tmp_path):
     run = tmp_path / "run"
-    assert cli(run, text_file, "trainer.max_steps=6", root=root).returncode == 0
+    assert cli(run, text_file, "trainer.max_steps=6").returncode == 0
     last = run / "checkpoints" / "last.ckpt"
     last.write_bytes(last.read_bytes()[:1000])
-    proc = cli(run, text_file, "ckpt_path=last", root=root)
+    proc = cli(run, text_file, "ckpt_path=last")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert f"cannot resume from {last}: truncated or corrupt" in proc.stderr
     assert "the newest valid checkpoint there is" in proc.stderr and "step000006.ckpt" in proc.stderr
