@@ -31,13 +31,13 @@ def test_bfd_rows_restart_positions_and_mask_each_document_start():
     ]
 
 
-def test_wrapped_concatenates_with_eos_and_cuts():
+def test_wrapped_concatenates_the_documents_as_given_and_cuts():
     docs = {"input_ids": [[1, 2, 3], [4, 5, 2], [6]]}
-    rows = pack_wrapped(datasets.Dataset.from_dict(docs), max_length=4, eos_token_id=2).to_list()
-    # [1 2 3 +eos] [4 5 2] [6 +eos] -> 1 2 3 2 | 4 5 2 6 | 2
-    assert [r["input_ids"] for r in rows] == [[1, 2, 3, 2], [4, 5, 2, 6], [2]]
-    assert [r["labels"] for r in rows] == [[1, 2, 3, 2], [4, 5, 2, 6], [2]]
-    assert [r["position_ids"] for r in rows] == [[0, 1, 2, 3], [0, 1, 2, 3], [0]]
+    rows = pack_wrapped(datasets.Dataset.from_dict(docs), max_length=4).to_list()
+    # the documents bring their own ends (text rows get an EOS before packing): nothing is added here
+    assert [r["input_ids"] for r in rows] == [[1, 2, 3, 4], [5, 2, 6]]
+    assert [r["labels"] for r in rows] == [[1, 2, 3, 4], [5, 2, 6]]
+    assert [r["position_ids"] for r in rows] == [[0, 1, 2, 3], [0, 1, 2]]
 
 
 def test_packed_collator_pads_rows_with_a_separate_position_segment():
@@ -52,18 +52,83 @@ def test_packed_collator_pads_rows_with_a_separate_position_segment():
 
 
 def test_datamodule_packs_and_logs_the_efficiency(word_tokenizer, caplog):
-    texts = ["a b c", "d e f g h i j", "k l", "m"]  # 3 + 7 + 2 + 1 = 13 tokens
+    texts = ["a b c", "d e f g h i j", "k l", "m"]  # 3 + 7 + 2 + 1 = 13 tokens, + 4 EOS
     ds = datasets.Dataset.from_dict({"text": texts})
     with caplog.at_level(logging.INFO, logger="hf_lightning"):
         dm = HFDataModule(word_tokenizer, path=ds, validation_split=0.0, packing="bfd", max_length=8, shuffle=False,
                           per_device_train_batch_size=2)
         dm.setup()
-    # bins: [7 +1] [3 +2] -> 2 rows of 8 slots, 13 real tokens
-    assert "packed 4 documents into 2 rows of 8 (bfd): efficiency 81.2% (13 real tokens / 16 slots)" in caplog.text
+    # documents with their EOS: 4, 8, 3, 2 tokens; bins: [8] [4 + 3] [2] -> 3 rows of 8 slots, 17 real tokens
+    assert "packed 4 documents into 3 rows of 8 (bfd): efficiency 70.8% (17 real tokens / 24 slots)" in caplog.text
     batch = next(iter(dm.train_dataloader()))
-    assert batch["input_ids"].tolist() == [[7, 8, 9, 10, 11, 12, 13, 16], [4, 5, 6, 14, 15, 0, 0, 0]]
-    assert batch["position_ids"].tolist() == [[0, 1, 2, 3, 4, 5, 6, 0], [0, 1, 2, 0, 1, 0, 1, 2]]
-    assert batch["labels"].tolist() == [[IGNORE, 8, 9, 10, 11, 12, 13, IGNORE], [IGNORE, 5, 6, IGNORE, 15] + [IGNORE] * 3]
+    assert batch["input_ids"].tolist() == [[7, 8, 9, 10, 11, 12, 13, 2], [4, 5, 6, 2, 14, 15, 2, 0]]
+    assert batch["position_ids"].tolist() == [[0, 1, 2, 3, 4, 5, 6, 7], [0, 1, 2, 3, 0, 1, 2, 0]]
+    assert batch["labels"].tolist() == [
+        [IGNORE, 8, 9, 10, 11, 12, 13, 2], [IGNORE, 5, 6, 2, IGNORE, 15, 2, IGNORE]
+    ]
+
+
+def test_wrapped_keeps_every_token_and_ends_only_real_documents(word_tokenizer, caplog):
+    """Before: each document was cut to ``max_length`` before concatenating (``a..g`` lost ``e f g``) and an EOS
+    followed the cut; the log counted one truncated row though wrapping cuts nothing off. Expected by hand: every
+    token of ``tokenizer(text)`` plus one EOS per document, cut every 4 tokens (HF ``run_clm``'s ``group_texts``
+    and TRL's ``wrapped`` keep them all too)."""
+    texts = ["a b c d e f g", "h i", "j k l m n"]
+    with caplog.at_level(logging.INFO, logger="hf_lightning"):
+        dm = HFDataModule(word_tokenizer, path=datasets.Dataset.from_dict({"text": texts}), validation_split=0.0,
+                          packing="wrapped", max_length=4, shuffle=False)
+        dm.setup()
+    flat = [4, 5, 6, 7, 8, 9, 10, 2, 11, 12, 2, 13, 14, 15, 16, 17, 2]
+    assert dm.train_dataset["input_ids"] == [flat[i : i + 4] for i in range(0, 17, 4)]
+    assert dm.train_dataset["labels"] == dm.train_dataset["input_ids"]
+    assert "truncated" not in caplog.text
+    assert "packed 3 documents into 5 rows of 4 (wrapped): efficiency 85.0% (17 real tokens / 20 slots)" in caplog.text
+    assert "2 documents continue from one row into the next (nothing is cut off)" in caplog.text
+
+
+def test_packed_text_documents_end_with_one_eos_said_once(word_tokenizer, caplog):
+    """TRL appends ``eos_token`` to each text before packing; before, no packed document ended with one. A document
+    that already ends with EOS gets no second one; the log says it once (not once per split)."""
+    texts = ["a b", "c <eos>", "d e f", "g", "h i j k"] * 4
+    with caplog.at_level(logging.INFO, logger="hf_lightning"):
+        dm = HFDataModule(word_tokenizer, path=datasets.Dataset.from_dict({"text": texts}), validation_split=0.25,
+                          packing="bfd", max_length=16)
+        dm.setup()
+    ends = 0
+    for ids, pos in zip(dm.train_dataset["input_ids"], dm.train_dataset["position_ids"]):
+        starts = [i for i, p in enumerate(pos) if p == 0] + [len(pos)]
+        docs = [ids[a:b] for a, b in zip(starts, starts[1:])]
+        assert all(d[-1] == 2 and 2 not in d[:-1] for d in docs)
+        ends += len(docs)
+    assert ends == 15
+    assert caplog.text.count("each text document ends with the EOS token '<eos>' (id 2)") == 1
+
+
+def test_bfd_truncates_a_document_longer_than_a_row_and_counts_the_cut_tokens(word_tokenizer, caplog):
+    """bfd keeps a document whole in one row (as TRL's ``bfd``, which cuts the overflow silently): a longer one is
+    truncated like an unpacked row, its EOS included in what is cut. By hand: 9 + EOS = 10 tokens into 8 (2 cut);
+    8 + EOS = 9 into 8 (the EOS cut)."""
+    texts = ["a b c d e f g h i", "a b c d e f g h", "j k"]
+    with caplog.at_level(logging.WARNING, logger="hf_lightning"):
+        dm = HFDataModule(word_tokenizer, path=datasets.Dataset.from_dict({"text": texts}), validation_split=0.0,
+                          packing="bfd", max_length=8, shuffle=False)
+        dm.setup()
+    assert sorted(dm.train_dataset["input_ids"]) == [[4, 5, 6, 7, 8, 9, 10, 11]] * 2 + [[13, 14, 2]]
+    assert "train: 2 of 3 rows were longer than data.max_length=8 and were truncated (3 tokens cut off)" in caplog.text
+
+
+def test_unpacked_and_padding_free_text_are_exactly_the_tokenizers_rows(gpt2_tokenizer, shared_data):
+    """No EOS is added without packing: each row stays ``tokenizer(text, truncation=True, max_length=...)``, so the
+    padded and padding-free losses stay equal."""
+    import json
+
+    texts = [json.loads(line)["text"] for line in open(f"{shared_data}/c4-demo/c4_demo.jsonl")][:20]
+    expected = [gpt2_tokenizer(t, truncation=True, max_length=64)["input_ids"] for t in texts]
+    for padding_free in (False, True):
+        dm = HFDataModule(gpt2_tokenizer, path=datasets.Dataset.from_dict({"text": texts}), validation_split=0.0,
+                          max_length=64, shuffle=False, padding_free=padding_free)
+        dm.setup()
+        assert dm.train_dataset["input_ids"] == expected
 
 
 def test_packing_with_padding_free_flattens_packed_rows(word_tokenizer):
@@ -72,10 +137,10 @@ def test_packing_with_padding_free_flattens_packed_rows(word_tokenizer):
                       shuffle=False, per_device_train_batch_size=2)
     dm.setup()
     batch = next(iter(dm.train_dataloader()))
-    # bins: [a b c | f] [d e]
-    assert batch["input_ids"].tolist() == [[4, 5, 6, 9, 7, 8]]
-    assert batch["position_ids"].tolist() == [[0, 1, 2, 0, 0, 1]]
-    assert batch["labels"].tolist() == [[IGNORE, 5, 6, IGNORE, IGNORE, 8]]
+    # with EOS: a b c eos (4), d e eos (3), f eos (2); bins: [a b c eos] [d e eos] [f eos]
+    assert batch["input_ids"].tolist() == [[4, 5, 6, 2, 7, 8, 2]]
+    assert batch["position_ids"].tolist() == [[0, 1, 2, 3, 0, 1, 2]]
+    assert batch["labels"].tolist() == [[IGNORE, 5, 6, 2, IGNORE, 8, 2]]
     assert batch["labels"].dtype == torch.long
 
 
