@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from hf_lightning.data.row_report import EMPTY, NO_ASSISTANT, NO_ASSISTANT_TOKEN, target_cause
 from hf_lightning.errors import DataError
 from hf_lightning.module.loss import IGNORE_INDEX
 
@@ -105,17 +106,27 @@ def chat_labels(messages: list[dict[str, str]], tokenizer: Any) -> tuple[list[in
     return ids, labels
 
 
-def tokenize_chat(batch: dict[str, list], tokenizer: Any, max_length: int) -> dict[str, list]:
-    """``datasets.map(batched=True)`` function for the ``messages`` format (assistant-only labels)."""
-    out: dict[str, list] = {"input_ids": [], "attention_mask": [], "labels": [], "truncated": []}
+def tokenize_chat(batch: dict[str, list], tokenizer: Any, max_length: int | None) -> dict[str, list]:
+    """``datasets.map(batched=True)`` function for the ``messages`` format (assistant-only labels).
+
+    A conversation without an assistant turn has no target (``untrainable`` names it); ``max_length=None`` keeps
+    every token (``wrapped`` packing).
+    """
+    out: dict[str, list] = {"input_ids": [], "attention_mask": [], "labels": [], "truncated": [], "untrainable": []}
     for messages in batch["messages"]:
         _check_messages(messages)
         ids, labels = chat_labels(messages, tokenizer)
-        out["truncated"].append(len(ids) > max_length)
-        ids, labels = ids[:max_length], labels[:max_length]
+        keep = len(ids) if max_length is None else max_length
+        out["truncated"].append(max(len(ids) - keep, 0))
+        if not any(m["role"] == "assistant" for m in messages):
+            cause = NO_ASSISTANT
+        else:
+            cause = target_cause(labels[:keep], labels, NO_ASSISTANT_TOKEN) if ids else EMPTY
+        ids, labels = ids[:keep], labels[:keep]
         out["input_ids"].append(ids)
         out["attention_mask"].append([1] * len(ids))
         out["labels"].append(labels)
+        out["untrainable"].append(cause)
     return out
 
 
@@ -142,7 +153,7 @@ def sharegpt_to_messages(conversation: Any) -> list[dict[str, str]]:
     return out
 
 
-def tokenize_sharegpt(batch: dict[str, list], tokenizer: Any, max_length: int) -> dict[str, list]:
+def tokenize_sharegpt(batch: dict[str, list], tokenizer: Any, max_length: int | None) -> dict[str, list]:
     """``datasets.map(batched=True)`` function for ShareGPT ``conversations`` (assistant-only labels)."""
     messages = [sharegpt_to_messages(c) for c in batch["conversations"]]
     return tokenize_chat({"messages": messages}, tokenizer, max_length)

@@ -38,7 +38,7 @@ from hf_lightning.data.formatting import CAUSAL_FORMATS, FORMATS, SOURCE_COLUMNS
 from hf_lightning.data.iterable import ShardedStream
 from hf_lightning.data.loader import EpochDataLoader
 from hf_lightning.data.loading import is_stream, load_source, split_train_validation
-from hf_lightning.data.packing import STRATEGIES, PackedCollator, pack_dataset
+from hf_lightning.data.packing import STRATEGIES, PackedCollator, announce_document_ends, pack_dataset
 from hf_lightning.data.preprocess import ExampleProcessor, label_mapping, scan_torch_dataset, tokenize_dataset
 from hf_lightning.data.pruning import (
     PruneColumnsCollator,
@@ -74,11 +74,13 @@ class HFDataModule(L.LightningDataModule):
         format: ``"auto"`` (from the schema, see :mod:`~hf_lightning.data.formatting`) or one of
             ``text, prompt_completion, messages, conversations, classification, seq2seq, tokenized``.
         validation_split: share of rows held out for validation when the source has no validation split.
-        max_length: tokens per example after truncation (truncated and dropped rows are counted in the log).
+        max_length: tokens per example after truncation (truncated and dropped rows are counted in the log); with
+            ``packing`` the row length (``wrapped`` truncates no document, ``bfd`` truncates longer ones).
         per_device_train_batch_size / per_device_eval_batch_size: examples (packed rows) per micro-batch.
         shuffle: random training order (seeded by ``seed + epoch``, the same on every rank).
         group_by_length: HF's mega-batch length grouping (map-style), a bounded sort buffer (streams).
-        packing: ``False``, ``"bfd"`` (``True`` means ``"bfd"``) or ``"wrapped"`` (causal formats, map-style).
+        packing: ``False``, ``"bfd"`` (``True`` means ``"bfd"``) or ``"wrapped"`` (causal formats, map-style); packed
+            ``text`` documents end with EOS (see :mod:`~hf_lightning.data.packing`).
         padding_free: flatten each batch into one row with restarting ``position_ids`` (no padding).
         streaming: read files lazily as a stream (sharded per rank and per worker).
         shuffle_buffer_size: buffer of the stream shuffle.
@@ -308,7 +310,8 @@ class HFDataModule(L.LightningDataModule):
         inputs, inputs_from = resolve_model_inputs(model, self.model_input_names, self.tokenizer)
         self.resolved_label_names = self.label_names or (find_label_names(model) if model is not None else ["labels"])
         keep = signature_columns(inputs, self.resolved_label_names)
-        self._processor = ExampleProcessor(fmt, self.tokenizer, self.max_length, label2id)
+        self._processor = ExampleProcessor(fmt, self.tokenizer, self.max_length, label2id, self.packing, self.padding_free)
+        announce_document_ends(self.tokenizer, fmt, self.packing)
 
         self.train_dataset = self._prepare(train, fmt, "train", path, label2id, keep, inputs, inputs_from)
         self.val_dataset = (
@@ -382,12 +385,15 @@ class HFDataModule(L.LightningDataModule):
                 "labels": [list(r.get("labels") or r["input_ids"]) for r in rows],
             })
         else:
-            out = tokenize_dataset(ds, fmt, self.tokenizer, self.max_length, split, path, label2id)
+            out = tokenize_dataset(
+                ds, fmt, self.tokenizer, self.max_length, split, path, label2id,
+                packing=self.packing, padding_free=self.padding_free,
+            )
             if self.remove_unused_columns:
                 out, dropped = prune_dataset(out, keep, inputs, split, inputs_from, consumed=SOURCE_COLUMNS.get(fmt, ()))
                 self.dropped_columns[split] = dropped
         if self.packing:
-            out = pack_dataset(out, self.packing, self.max_length, self.tokenizer.eos_token_id, split)
+            out = pack_dataset(out, self.packing, self.max_length, split)
         return out
 
     def _pruning_collator(self, base: Any, ds: Any, keep: list[str], inputs: list[str], split: str, inputs_from: str) -> Any:

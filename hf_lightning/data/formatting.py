@@ -15,8 +15,11 @@ columns                       format                targets
 ============================  ====================  =========================================================
 
 Every function here has the ``datasets.map(batched=True)`` shape: a dict of columns in, a dict of columns
-out, plus a boolean ``truncated`` column that the caller counts and removes. Columns a format does not read
-are left untouched (column pruning decides what reaches the model).
+out, plus the report columns of :mod:`~hf_lightning.data.row_report` (``truncated``: tokens cut off per row;
+``untrainable``: why a row has no target, ``""`` if it has one) that the caller counts and removes. Columns a
+format does not read are left untouched (column pruning decides what reaches the model).
+
+``max_length=None`` tokenizes whole documents (``wrapped`` packing cuts the concatenation itself).
 """
 
 from __future__ import annotations
@@ -25,6 +28,18 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hf_lightning.data.chat import chat_labels, tokenize_chat, tokenize_sharegpt
+from hf_lightning.data.row_report import (
+    ALL_PADDING,
+    CLASS_IGNORED,
+    CUT,
+    EMPTY,
+    GIVEN,
+    NO_COMPLETION,
+    ONE_TOKEN,
+    has_content,
+    has_target,
+    target_cause,
+)
 from hf_lightning.errors import DataError
 from hf_lightning.module.loss import IGNORE_INDEX
 
@@ -39,28 +54,49 @@ def _strings(batch: Mapping[str, list], field: str) -> list[str]:
     return list(values)
 
 
-def _encode_counted(tokenizer: Any, texts: list[str], max_length: int, **kwargs: Any) -> tuple[dict, list[bool]]:
-    """``tokenizer(texts, truncation=True, max_length=max_length)`` plus which rows were truncated.
+def _encode_counted(
+    tokenizer: Any, texts: list[str], max_length: int | None, add_eos: bool = False, **kwargs: Any
+) -> tuple[dict, list[int], list[bool]]:
+    """``tokenizer(texts, truncation=True, max_length=max_length)``, the tokens cut off per row, and which rows hold
+    no token but the special ones the tokenizer adds (an empty or blank text).
 
-    One untruncated pass counts truncations; only the rows that overflow are encoded again with truncation,
-    so each row equals ``tokenizer(text, truncation=True, max_length=max_length)`` exactly (special tokens
-    a post-processor appends survive truncation; plain slicing would cut them).
+    One untruncated pass measures every row; only the rows that overflow are encoded again with truncation, so each
+    row equals ``tokenizer(text, truncation=True, max_length=max_length)`` exactly (special tokens a post-processor
+    appends survive truncation; plain slicing would cut them). ``add_eos`` (packed text) ends each non-empty row
+    with the EOS token unless the tokenizer already did; a row that does not fit with it is the truncated
+    encoding, so what truncation cuts includes that EOS (as TRL, which appends ``eos_token`` before tokenizing).
     """
-    enc = {k: list(v) for k, v in tokenizer(texts, **kwargs).items()}
-    truncated = [len(x) > max_length for x in enc["input_ids"]]
-    long_rows = [i for i, t in enumerate(truncated) if t]
+    enc = {k: [list(x) for x in v] for k, v in tokenizer(texts, **kwargs).items()}
+    special = set(getattr(tokenizer, "all_special_ids", ()) or ())
+    empty = [not has_content(ids, special) for ids in enc["input_ids"]]
+    eos = getattr(tokenizer, "eos_token_id", None) if add_eos else None
+    if eos is not None:
+        for i, ids in enumerate(enc["input_ids"]):
+            if not empty[i] and ids[-1] != eos:
+                for key, rows in enc.items():
+                    rows[i].append(eos if key == "input_ids" else 1 if key == "attention_mask" else rows[i][-1])
+    full = [len(x) for x in enc["input_ids"]]
+    long_rows = [i for i, n in enumerate(full) if max_length is not None and n > max_length]
     if long_rows:
         cut = tokenizer([texts[i] for i in long_rows], truncation=True, max_length=max_length, **kwargs)
         for key in enc:
             for j, i in enumerate(long_rows):
-                enc[key][i] = cut[key][j]
-    return enc, truncated
+                enc[key][i] = list(cut[key][j])
+    return enc, [n - len(x) for n, x in zip(full, enc["input_ids"])], empty
 
 
-def tokenize_text(batch: dict[str, list], tokenizer: Any, max_length: int) -> dict[str, list]:
-    """``text``: causal LM on every token, each row exactly ``tokenizer(text, truncation=True, max_length=...)``."""
-    enc, truncated = _encode_counted(tokenizer, _strings(batch, "text"), max_length)
-    return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"], "truncated": truncated}
+def tokenize_text(batch: dict[str, list], tokenizer: Any, max_length: int | None, add_eos: bool = False) -> dict[str, list]:
+    """``text``: causal LM on every token, each row exactly ``tokenizer(text, truncation=True, max_length=...)``.
+
+    ``add_eos`` (set for packed rows only): each document ends with the EOS token, as TRL appends ``eos_token`` to
+    text before packing; without it packed documents would run into each other with no trained end.
+    """
+    enc, cut, empty = _encode_counted(tokenizer, _strings(batch, "text"), max_length, add_eos=add_eos)
+    causes = [
+        EMPTY if e else "" if len(ids) > 1 else CUT if c else ONE_TOKEN
+        for e, c, ids in zip(empty, cut, enc["input_ids"])
+    ]
+    return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"], "truncated": cut, "untrainable": causes}
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -85,19 +121,23 @@ def tokenize_prompt_completion(batch: dict[str, list], tokenizer: Any, max_lengt
     """
     prompts, completions = _strings(batch, "prompt"), _strings(batch, "completion")
     eos = getattr(tokenizer, "eos_token_id", None)
+    special = set(getattr(tokenizer, "all_special_ids", ()) or ())
     full = tokenizer([p + c for p, c in zip(prompts, completions)])["input_ids"]
     heads = tokenizer(prompts)["input_ids"]
-    out: dict[str, list] = {"input_ids": [], "attention_mask": [], "labels": [], "truncated": []}
+    out: dict[str, list] = {"input_ids": [], "attention_mask": [], "labels": [], "truncated": [], "untrainable": []}
     for ids, head in zip(full, heads):
         ids = list(ids)
+        empty = not has_content(ids, special)
         if eos is not None and (not ids or ids[-1] != eos):
             ids.append(eos)
         n_prompt = _common_prefix(head, ids)
         labels = [IGNORE_INDEX] * n_prompt + ids[n_prompt:]
-        out["truncated"].append(len(ids) > max_length)
-        out["input_ids"].append(ids[:max_length])
-        out["attention_mask"].append([1] * min(len(ids), max_length))
-        out["labels"].append(labels[:max_length])
+        keep = len(ids) if max_length is None else max_length
+        out["truncated"].append(max(len(ids) - keep, 0))
+        out["input_ids"].append(ids[:keep])
+        out["attention_mask"].append([1] * min(len(ids), keep))
+        out["labels"].append(labels[:keep])
+        out["untrainable"].append(EMPTY if empty else target_cause(labels[:keep], labels, NO_COMPLETION))
     return out
 
 
@@ -112,7 +152,7 @@ def tokenize_classification(
     Raises:
         DataError: a string label missing from ``label2id`` (named), or a label that is neither.
     """
-    enc, truncated = _encode_counted(tokenizer, _strings(batch, "text"), max_length)
+    enc, truncated, _ = _encode_counted(tokenizer, _strings(batch, "text"), max_length)
     labels = []
     for value in batch["label"]:
         if isinstance(value, str):
@@ -123,7 +163,7 @@ def tokenize_classification(
         elif not isinstance(value, (int, float)) or isinstance(value, bool):
             raise DataError(f"field 'label' must be a class name, an int or a float, got {value!r:.60}")
         labels.append(value)
-    return {**enc, "label": labels, "truncated": truncated}
+    return {**enc, "label": labels, "truncated": truncated, "untrainable": [""] * len(labels)}
 
 
 def tokenize_seq2seq(batch: dict[str, list], tokenizer: Any, max_length: int) -> dict[str, list]:
@@ -131,11 +171,11 @@ def tokenize_seq2seq(batch: dict[str, list], tokenizer: Any, max_length: int) ->
 
     Both sides are truncated to ``max_length``; a row counts as truncated when either side was.
     """
-    enc, cut_src = _encode_counted(tokenizer, _strings(batch, "source"), max_length)
+    enc, cut_src, _ = _encode_counted(tokenizer, _strings(batch, "source"), max_length)
     targets = _strings(batch, "target")
-    tgt = [list(x) for x in tokenizer(text_target=targets)["input_ids"]]
-    cut_tgt = [len(x) > max_length for x in tgt]
-    long_rows = [i for i, t in enumerate(cut_tgt) if t]
+    full = [list(x) for x in tokenizer(text_target=targets)["input_ids"]]
+    tgt = list(full)
+    long_rows = [i for i, x in enumerate(full) if len(x) > max_length]
     if long_rows:
         cut = tokenizer(text_target=[targets[i] for i in long_rows], truncation=True, max_length=max_length)
         for j, i in enumerate(long_rows):
@@ -144,7 +184,8 @@ def tokenize_seq2seq(batch: dict[str, list], tokenizer: Any, max_length: int) ->
         "input_ids": enc["input_ids"],
         "attention_mask": enc["attention_mask"],
         "labels": tgt,
-        "truncated": [a or b for a, b in zip(cut_src, cut_tgt)],
+        "truncated": [a + len(f) - len(t) for a, f, t in zip(cut_src, full, tgt)],
+        "untrainable": [target_cause(t, f, EMPTY, causal=False) for t, f in zip(tgt, full)],
     }
 
 
@@ -158,22 +199,86 @@ def _flat(x: Any) -> list:
     return x
 
 
-def truncate_tokenized(batch: dict[str, list], tokenizer: Any, max_length: int) -> dict[str, list]:
-    """``tokenized``: rows that already hold ``input_ids`` (optional ``attention_mask``/``labels``): truncate."""
+def _token_row(x: Any) -> Any:
+    # a scalar label (sequence classification) is one class per row, not a token row
+    return x if x is None or isinstance(x, int) else _flat(x)
+
+
+def truncate_tokenized(
+    batch: dict[str, list], tokenizer: Any, max_length: int | None, drop_padding: bool = False
+) -> dict[str, list]:
+    """``tokenized``: rows that already hold ``input_ids`` (optional ``attention_mask``/``labels``/``position_ids``).
+
+    Padding (``attention_mask`` 0) is never a target: without given labels, labels are ``input_ids`` with -100 where
+    the mask is 0 (what ``DataCollatorForLanguageModeling(mlm=False)`` gives when the pad id marks only padding; it
+    compares ids with the pad id, so with ``pad = eos`` it also masks real EOS tokens, which we keep); given labels on
+    padding are set to -100 and counted (``padding_masked``). ``drop_padding`` (packed and padding-free rows, which
+    cannot hold padding) removes the padding positions from every token column first (``padding_removed``). Then
+    each row is truncated to ``max_length`` tokens.
+
+    Example: ``input_ids [4, 5, 0]``, ``attention_mask [1, 1, 0]`` give ``labels [4, 5, -100]``; with
+    ``drop_padding``, ``input_ids [4, 5]``, ``labels [4, 5]``.
+
+    Raises:
+        DataError: an ``attention_mask``, ``labels`` or ``position_ids`` row of another length than ``input_ids``.
+    """
     ids = [_flat(x) for x in batch["input_ids"]]
-    out: dict[str, list] = {"input_ids": [x[:max_length] for x in ids], "truncated": [len(x) > max_length for x in ids]}
-    for key in ("attention_mask", "labels", "position_ids"):
-        if key in batch:
-            # a scalar label (sequence classification) is one class per row, not a token row
-            rows = [x if x is None or isinstance(x, int) else _flat(x) for x in batch[key]]
-            for row, row_ids in zip(rows, ids):
-                if isinstance(row, list) and len(row) != len(row_ids):
-                    raise DataError(
-                        f"field {key!r} has {len(row)} positions but 'input_ids' has {len(row_ids)}; "
-                        "they must be the same length"
-                    )
-            out[key] = [row[:max_length] if isinstance(row, list) else row for row in rows]
+    columns = {key: [_token_row(x) for x in batch[key]] for key in ("attention_mask", "labels", "position_ids") if key in batch}
+    for key, rows in columns.items():
+        for row, row_ids in zip(rows, ids):
+            if isinstance(row, list) and len(row) != len(row_ids):
+                raise DataError(
+                    f"field {key!r} has {len(row)} positions but 'input_ids' has {len(row_ids)}; "
+                    "they must be the same length"
+                )
+    masks = columns.get("attention_mask")
+    class_label = next((k for k in ("label", "label_ids") if k in batch), None)
+    if masks is not None and "labels" not in columns and class_label is None:
+        columns["labels"] = [[t if m else IGNORE_INDEX for t, m in zip(row, mask)] for row, mask in zip(ids, masks)]
+    out: dict[str, list] = {"input_ids": [], **{k: [] for k in columns}, "truncated": [], "untrainable": []}
+    if masks is not None and "labels" in batch:
+        out["padding_masked"] = []
+    if masks is not None and drop_padding:
+        out["padding_removed"] = []
+    for i, row_ids in enumerate(ids):
+        row = {"input_ids": row_ids, **{k: rows[i] for k, rows in columns.items()}}
+        mask = row.get("attention_mask")
+        labels = row.get("labels")
+        padded = isinstance(mask, list) and 0 in mask
+        if "padding_masked" in out:
+            on_pad = [m == 0 and t != IGNORE_INDEX for t, m in zip(labels, mask)] if padded and isinstance(labels, list) else []
+            out["padding_masked"].append(sum(on_pad))
+            if any(on_pad):
+                row["labels"] = [IGNORE_INDEX if p else t for t, p in zip(labels, on_pad)]
+        if "padding_removed" in out:
+            out["padding_removed"].append(mask.count(0) if padded else 0)
+            if padded:
+                row = {k: [x for x, m in zip(v, mask) if m] if isinstance(v, list) else v for k, v in row.items()}
+        full = row
+        if max_length is not None:
+            row = {k: v[:max_length] if isinstance(v, list) else v for k, v in row.items()}
+        for key, value in row.items():
+            out[key].append(value)
+        out["truncated"].append(len(full["input_ids"]) - len(row["input_ids"]))
+        out["untrainable"].append(_tokenized_cause(row_ids, mask, row, full, batch, class_label, i))
     return out
+
+
+def _tokenized_cause(raw_ids: list, mask: Any, row: dict, full: dict, batch: dict, class_label: Any, i: int) -> str:
+    if not raw_ids:
+        return EMPTY
+    if isinstance(mask, list) and not any(mask):
+        return ALL_PADDING
+    labels = row.get("labels")
+    if class_label is not None or isinstance(labels, int):
+        value = batch[class_label][i] if class_label is not None else labels
+        return "" if has_target(value, causal=False) else CLASS_IGNORED
+    given = "labels" in batch
+    return target_cause(
+        row["input_ids"] if labels is None else labels,
+        full["input_ids"] if labels is None else full["labels"],
+        GIVEN if given else ONE_TOKEN,
+    )
 
 
 TOKENIZERS = {

@@ -9,8 +9,9 @@ The price: each of the ``S`` readers decodes every row (tokenization runs only o
 
 The tail: when the stream ends, readers that got one example fewer than the others yield a *masked copy*
 (all labels ``-100``) so that all readers, hence all ranks, produce the same number of batches; it adds
-nothing to the loss or to ``num_items_in_batch``. For the same reason a row left without a target after
-truncation is not dropped (that would unbalance the ranks): it is counted, logged, and kept with zero weight.
+nothing to the loss or to ``num_items_in_batch``. For the same reason a row without a target (empty, no assistant
+turn, all labels -100 after truncation, ...) is not dropped (that would unbalance the ranks): it is counted per
+cause, logged, and kept with zero weight (a row with no real token as one pad token, so no batch is empty).
 
 Order: with ``shuffle``, a ``datasets`` stream uses its own shuffle buffer (``IterableDataset.shuffle(seed,
 buffer_size)``; ``set_epoch`` shifts the seed and the file order), a torch stream a buffer of the same kind
@@ -35,6 +36,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from hf_lightning.data.file_errors import is_json_lines, jsonl_line_of_row, read_error
+from hf_lightning.data.row_report import RowReport, row_numbers
 from hf_lightning.data.samplers import mask_example
 from hf_lightning.errors import DataError
 
@@ -93,8 +95,8 @@ class ShardedStream(IterableDataset):
     Args:
         source: a ``datasets.IterableDataset`` or a torch ``IterableDataset`` (yielding mappings). A torch
             stream must yield the full stream in every process: this class does the sharding.
-        processor: ``example -> (example, truncated, has_target)`` (an
-            :class:`~hf_lightning.data.preprocess.ExampleProcessor`) or ``None`` to yield rows as they are.
+        processor: ``example -> (example, report)`` (an :class:`~hf_lightning.data.preprocess.ExampleProcessor`,
+            which returns a zero-weight stand-in for a row without a target) or ``None`` to yield rows as they are.
         rank / world_size: this process and the number of processes.
         shuffle / seed / buffer_size: buffered shuffling, seeded by ``seed + epoch``.
         length_buffer: group by length: sort within consecutive buffers of this many examples (longest
@@ -211,8 +213,9 @@ class ShardedStream(IterableDataset):
 
     def read_shard(self, index: int, count: int) -> Iterator[dict[str, Any]]:
         """The rows of reader ``index`` of ``count`` for this epoch (tokenized, top-up included)."""
-        total = mine = truncated = no_target = 0
+        total = mine = 0
         first = None
+        report = RowReport(f"{self.split} stream", lambda rows: row_numbers(f"{self.split} stream row", rows))
         for j, row in enumerate(self._read(self.epoch)):
             total += 1
             if first is None:
@@ -222,24 +225,18 @@ class ShardedStream(IterableDataset):
             mine += 1
             if self.processor is not None:
                 try:
-                    row, cut, target = self.processor(row)
+                    row, info = self.processor(row)
                 except DataError as err:
                     raise DataError(f"{self._where(j)}: {err}") from err
-                truncated += cut
-                if not target:
-                    no_target += 1
-                    row = mask_example(row)
+                report.add(j, info)
             yield row
         share = math.ceil(total / count) if total else 0
         if self.top_up and mine < share and first is not None:
             row = self.processor(first)[0] if self.processor is not None else first
             yield mask_example(row)  # tail top-up: same step count on every rank, no loss term
-        if truncated or no_target:
-            log.log(
-                logging.WARNING if self.epoch == 0 else logging.INFO,
-                "%s stream, reader %d of %d: %d of %d rows truncated, %d left without a target (kept with "
-                "zero weight so that ranks stay in step)", self.split, index, count, truncated, mine, no_target,
-            )
+        max_length = getattr(self.processor, "kwargs", {}).get("max_length")
+        report.log(max_length, logging.WARNING if self.epoch == 0 else logging.INFO, f"reader {index} of {count}: ",
+                   kept=True)
 
     def _read(self, epoch: int) -> Iterator[dict[str, Any]]:
         """:meth:`_rows`, with a reader's error (a broken line, a byte that is not UTF-8) as a :class:`DataError`

@@ -1,9 +1,14 @@
 """Packing: several tokenized documents per ``max_length`` row, so that almost no slot is padding.
 
 ``bfd`` (best-fit decreasing, TRL's ``packing_strategy="bfd"``): documents sorted longest first, each put
-into the open row with the least room that still fits it (ties: the row opened first), else a new row.
+into the open row with the least room that still fits it (ties: the row that came to have that room first, as
+TRL), else a new row.
 Documents stay whole and isolated: each restarts its ``position_ids`` at 0 and its first token is not a
-target. A row of three documents of lengths 3, 2 and 2 with ``max_length`` 8::
+target. So a document longer than ``max_length`` cannot be packed whole: it is truncated at tokenization, like an
+unpacked row, and the rows and tokens cut are counted in the log. TRL's ``bfd`` cuts the same overflow without a
+word (its ``bfd_split`` spreads it over rows as separate documents, which breaks a conversation apart); to keep
+every token of long documents use ``wrapped``. A row of three documents of lengths 3, 2 and 2 with ``max_length``
+8::
 
     input_ids     a0   a1   a2 | b0   b1 | c0   c1 | pad
     position_ids   0    1    2 |  0    1 |  0    1 |   0
@@ -18,9 +23,13 @@ target. A row of three documents of lengths 3, 2 and 2 with ``max_length`` 8::
         c0           1
         c1           1 1
 
-``wrapped`` (TRL's ``"wrapped"``, HF ``run_clm``'s ``group_texts``): all documents concatenated, each ended
-with EOS if the tokenizer did not end it with one, then cut every ``max_length`` tokens (the last row may be
-shorter). Documents in a row attend to each other, as in classic pre-training.
+``wrapped`` (TRL's ``"wrapped"``, HF ``run_clm``'s ``group_texts``): all documents, tokenized whole (no
+truncation), concatenated and cut every ``max_length`` tokens: every token is kept, the last row may be shorter
+(``group_texts`` drops that remainder). Documents in a row attend to each other, as in classic pre-training.
+
+Where one document ends is marked by the documents themselves, never after a cut: ``text`` documents end with EOS
+when packed (TRL appends ``eos_token`` to each text; ``group_texts`` adds nothing), prompt/completion rows always
+end with EOS, chat rows with the template's end of turn, and pre-tokenized rows are packed as given.
 
 The packing efficiency, real tokens / (rows x ``max_length``), is logged at INFO.
 """
@@ -29,6 +38,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -47,27 +57,38 @@ STRATEGIES = ("bfd", "wrapped")
 def best_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int]]:
     """Bins of example indices, each summing to at most ``capacity`` (best-fit decreasing).
 
-    Example: lengths ``[3, 7, 2, 5, 1]`` with capacity 8 give ``[[1, 4], [3, 0], [2]]`` (7+1, 5+3, 2).
+    Examples go longest first (ties in dataset order), each into the bin with the least room that still fits it;
+    among bins with that room, the one that came to have it first (TRL's ``_pack_bfd`` rule, so the rows are TRL's
+    row for row). Example: lengths ``[3, 7, 2, 5, 1]`` with capacity 8 give ``[[1, 4], [3, 0], [2]]`` (7+1, 5+3, 2).
 
     Raises:
         ValueError: an example longer than ``capacity``.
     """
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])  # stable: ties keep dataset order
     bins: list[list[int]] = []
-    free: list[tuple[int, int]] = []  # sorted (room left, bin id) of bins that can still take a token
+    rooms: list[int] = []  # sorted rooms (> 0) that some bin has left
+    waiting: dict[int, deque[int]] = {}  # room -> bins with that room, in the order they came to have it
     for i in order:
         n = lengths[i]
         if n > capacity:
             raise ValueError(f"example {i} has {n} tokens, more than the bin capacity {capacity}")
-        k = bisect.bisect_left(free, (n, -1))
-        if k < len(free):
-            room, b = free.pop(k)
+        k = bisect.bisect_left(rooms, n)
+        if k < len(rooms):
+            room = rooms[k]
+            b = waiting[room].popleft()
+            if not waiting[room]:
+                del waiting[room]
+                rooms.pop(k)
         else:
             room, b = capacity, len(bins)
             bins.append([])
         bins[b].append(i)
-        if room - n > 0:
-            bisect.insort(free, (room - n, b))
+        left = room - n
+        if left > 0:
+            if left not in waiting:
+                bisect.insort(rooms, left)
+                waiting[left] = deque()
+            waiting[left].append(b)
     return bins
 
 
@@ -81,7 +102,11 @@ def pack_bfd(ds: datasets.Dataset, max_length: int) -> datasets.Dataset:
     """Pack documents whole with :func:`best_fit_decreasing`; per-document positions, first tokens masked.
 
     Returns:
-        a dataset with ``input_ids``, ``labels`` and ``position_ids`` columns (one row per bin).
+        a dataset with ``input_ids``, ``labels`` and ``position_ids`` columns (one row per bin), each row's three
+        the same length.
+
+    Raises:
+        ValueError: a document longer than ``max_length`` (tokenization truncates them first).
     """
     ids, labels = _columns(ds)
     rows: dict[str, list] = {"input_ids": [], "labels": [], "position_ids": []}
@@ -89,7 +114,7 @@ def pack_bfd(ds: datasets.Dataset, max_length: int) -> datasets.Dataset:
         row_ids, row_labels, row_pos = [], [], []
         for i in b:
             row_ids += ids[i]
-            row_labels += [IGNORE_INDEX] + labels[i][1:]
+            row_labels += [IGNORE_INDEX] * min(len(ids[i]), 1) + labels[i][1:]
             row_pos += list(range(len(ids[i])))
         rows["input_ids"].append(row_ids)
         rows["labels"].append(row_labels)
@@ -97,21 +122,18 @@ def pack_bfd(ds: datasets.Dataset, max_length: int) -> datasets.Dataset:
     return datasets.Dataset.from_dict(rows)
 
 
-def pack_wrapped(ds: datasets.Dataset, max_length: int, eos_token_id: int | None) -> datasets.Dataset:
-    """Concatenate every document (EOS-terminated) and cut into ``max_length`` rows.
+def pack_wrapped(ds: datasets.Dataset, max_length: int) -> datasets.Dataset:
+    """Concatenate every document as it is (no separator added) and cut into ``max_length`` rows.
+
+    Example: documents ``[1, 2, 3]``, ``[4, 5, 2]``, ``[6]`` with ``max_length`` 4 give rows ``[1, 2, 3, 4]`` and
+    ``[5, 2, 6]``.
 
     Returns:
         a dataset with ``input_ids``, ``labels`` and ``position_ids`` (``0..n-1``) columns.
     """
     ids, labels = _columns(ds)
-    flat_ids: list[int] = []
-    flat_labels: list[int] = []
-    for row_ids, row_labels in zip(ids, labels):
-        flat_ids += row_ids
-        flat_labels += row_labels
-        if eos_token_id is not None and (not row_ids or row_ids[-1] != eos_token_id):
-            flat_ids.append(eos_token_id)
-            flat_labels.append(eos_token_id)
+    flat_ids = [t for row in ids for t in row]
+    flat_labels = [t for row in labels for t in row]
     rows: dict[str, list] = {"input_ids": [], "labels": [], "position_ids": []}
     for start in range(0, len(flat_ids), max_length):
         chunk = flat_ids[start : start + max_length]
@@ -121,9 +143,31 @@ def pack_wrapped(ds: datasets.Dataset, max_length: int, eos_token_id: int | None
     return datasets.Dataset.from_dict(rows)
 
 
-def pack_dataset(
-    ds: datasets.Dataset, strategy: str, max_length: int, eos_token_id: int | None = None, split: str = "train"
-) -> datasets.Dataset:
+def documents_across_rows(lengths: Sequence[int], max_length: int) -> int:
+    """How many documents of ``lengths``, concatenated and cut every ``max_length`` tokens, span two rows or more."""
+    n, start = 0, 0
+    for length in lengths:
+        n += length > 0 and start // max_length != (start + length - 1) // max_length
+        start += length
+    return n
+
+
+def announce_document_ends(tokenizer: Any, fmt: str, packing: str | None) -> None:
+    """Say once (at INFO) that packed ``text`` documents end with EOS, or warn when the tokenizer has none."""
+    if fmt != "text" or not packing:
+        return
+    eos = getattr(tokenizer, "eos_token_id", None)
+    if eos is None:
+        log.warning("data.packing=%s: the tokenizer has no EOS token, so packed text documents have no end marker", packing)
+        return
+    log.info(
+        "data.packing=%s: each text document ends with the EOS token %r (id %d) unless the tokenizer ended it with "
+        "one, as TRL does; unpacked and padding-free rows stay exactly tokenizer(text, truncation=True, max_length=...)",
+        packing, tokenizer.eos_token, eos,
+    )
+
+
+def pack_dataset(ds: datasets.Dataset, strategy: str, max_length: int, split: str = "train") -> datasets.Dataset:
     """Pack a tokenized dataset with ``strategy`` (``"bfd"`` or ``"wrapped"``) and log the efficiency.
 
     Columns other than ``input_ids``, ``attention_mask``, ``labels`` cannot follow documents into shared rows;
@@ -138,13 +182,16 @@ def pack_dataset(
     if left:
         log.warning("%s: packing leaves the columns %s out (they cannot follow documents into shared rows)", split, left)
     n_docs = len(ds)
-    packed = pack_bfd(ds, max_length) if strategy == "bfd" else pack_wrapped(ds, max_length, eos_token_id)
+    packed = pack_bfd(ds, max_length) if strategy == "bfd" else pack_wrapped(ds, max_length)
     tokens = sum(len(x) for x in packed["input_ids"])
     slots = len(packed) * max_length
     log.info(
         "%s: packed %d documents into %d rows of %d (%s): efficiency %.1f%% (%d real tokens / %d slots)",
         split, n_docs, len(packed), max_length, strategy, 100.0 * tokens / slots, tokens, slots,
     )
+    if strategy == "wrapped":
+        across = documents_across_rows([len(x) for x in ds["input_ids"]], max_length)
+        log.info("%s: %d documents continue from one row into the next (nothing is cut off)", split, across)
     return packed
 
 

@@ -3,9 +3,13 @@
 Two paths share the format functions of :mod:`hf_lightning.data.formatting`:
 
 - :func:`tokenize_dataset` for a ``datasets.Dataset``: ``Dataset.map`` (cached by ``datasets`` under the
-  fingerprint of the data, the function and the tokenizer), then rows with no target are dropped; both
-  counts are logged at WARNING.
+  fingerprint of the data, the function and the tokenizer), then rows with no target are dropped; truncations
+  and drops (per cause, see :mod:`~hf_lightning.data.row_report`) are logged at WARNING.
 - :class:`ExampleProcessor` for streams and plain torch datasets: one example at a time, on the fly.
+
+Both tokenize whole documents for ``wrapped`` packing (it cuts the concatenation, so nothing is truncated), end
+packed ``text`` documents with EOS, and take padding out of pre-tokenized rows bound for packed or padding-free
+batches (:func:`fn_kwargs_for`).
 """
 
 from __future__ import annotations
@@ -19,28 +23,14 @@ import datasets
 from torch.utils.data import Dataset
 
 from hf_lightning.data.file_errors import is_json_lines, jsonl_line_of_row, naming_non_utf8
-from hf_lightning.data.formatting import CAUSAL_FORMATS, TOKENIZERS, check_columns
+from hf_lightning.data.formatting import TOKENIZERS, check_columns
+from hf_lightning.data.row_report import ALL_PADDING, EMPTY, REPORT_COLUMNS, RowReport, has_target, row_names
+from hf_lightning.data.samplers import mask_example
 from hf_lightning.errors import DataError
-from hf_lightning.module.loss import IGNORE_INDEX
+
+__all__ = ["ExampleProcessor", "has_target", "scan_torch_dataset", "tokenize_dataset"]
 
 log = logging.getLogger(__name__)
-
-
-def has_target(labels: Any, causal: bool) -> bool:
-    """Whether a label row holds at least one position that gets a loss term.
-
-    A causal LM never trains on position 0 (it has no preceding token), so it is skipped when ``causal``.
-    """
-    if labels is None:
-        return True
-    if isinstance(labels, (int, float)):
-        return labels != IGNORE_INDEX
-    start = 1 if causal else 0
-    return any(t != IGNORE_INDEX for t in list(labels)[start:])
-
-
-def _has_targets_batched(labels: list, causal: bool) -> list[bool]:
-    return [has_target(x, causal) for x in labels]
 
 
 class RowError(DataError):
@@ -102,10 +92,23 @@ def describe_row(ds: Any, row: int, path: Any, split: str) -> str:
     return f"data.path={path} ({where})"
 
 
-def fn_kwargs_for(fmt: str, tokenizer: Any, max_length: int, label2id: Mapping[str, int] | None) -> dict:
-    kwargs: dict[str, Any] = {"tokenizer": tokenizer, "max_length": max_length}
+def fn_kwargs_for(
+    fmt: str, tokenizer: Any, max_length: int, label2id: Mapping[str, int] | None,
+    packing: str | None = None, padding_free: bool = False,
+) -> dict:
+    """The keyword arguments of format ``fmt``'s function.
+
+    ``wrapped`` packing tokenizes whole documents (``max_length=None``: the concatenation is cut, no document is
+    truncated; HF ``run_clm``'s ``group_texts`` and TRL's ``wrapped`` keep every token too); packed ``text`` ends
+    each document with EOS; packed and padding-free pre-tokenized rows lose their padding.
+    """
+    kwargs: dict[str, Any] = {"tokenizer": tokenizer, "max_length": None if packing == "wrapped" else max_length}
     if fmt == "classification":
         kwargs["label2id"] = dict(label2id) if label2id else None
+    if fmt == "text":
+        kwargs["add_eos"] = bool(packing)
+    if fmt == "tokenized":
+        kwargs["drop_padding"] = bool(packing or padding_free)
     return kwargs
 
 
@@ -118,10 +121,13 @@ def tokenize_dataset(
     path: Any = None,
     label2id: Mapping[str, int] | None = None,
     num_proc: int | None = None,
+    packing: str | None = None,
+    padding_free: bool = False,
 ) -> datasets.Dataset:
     """Tokenize ``ds`` in format ``fmt`` with ``Dataset.map`` (cached) and drop rows with no target.
 
     Columns the format does not read are kept (pruning against the model's ``forward`` is a separate step).
+    ``packing`` / ``padding_free``: what the rows are for (see :func:`fn_kwargs_for`).
 
     Returns:
         the tokenized dataset: ``input_ids`` (and ``attention_mask``, ``labels`` or ``label`` per format).
@@ -144,48 +150,34 @@ def tokenize_dataset(
             ) from err
     with naming_non_utf8(path, split):
         try:
-            out = _map_rows(ds, fmt, tokenizer, max_length, split, label2id, num_proc)
+            out = _map_rows(ds, fmt, fn_kwargs_for(fmt, tokenizer, max_length, label2id, packing, padding_free), split, num_proc)
         except RowError as err:
             raise DataError(f"{describe_row(ds, err.row, path, split)}: {err.message}") from err
         except DataError as err:
             raise DataError(f"data.path={path} ({split}): {err}") from err
-    n_trunc = sum(out["truncated"])
-    if n_trunc:
-        log.warning(
-            "%s: %d of %d rows were longer than data.max_length=%d and were truncated",
-            split, n_trunc, len(out), max_length,
-        )
-    out = out.remove_columns("truncated")
-    if "labels" in out.column_names:
-        before = len(out)
-        out = out.filter(
-            _has_targets_batched, batched=True, input_columns="labels",
-            fn_kwargs={"causal": fmt in CAUSAL_FORMATS}, desc=f"dropping {split} rows without targets",
-        )
-        if len(out) < before:
-            log.warning(
-                "%s: dropped %d of %d rows with no trained-on token (all labels -100 after truncation)",
-                split, before - len(out), before,
-            )
-    if len(out) == 0:
+    report = RowReport(split, row_names(ds, path, split))
+    columns = [c for c in REPORT_COLUMNS if c in out.column_names]
+    keep = report.add_columns(out.select_columns(columns).to_dict())
+    report.log(max_length)
+    out = out.remove_columns(columns)
+    if not keep:
         raise DataError(
-            f"data.path={path}: the {split} split is empty after tokenization: {len(ds)} rows were read and "
-            f"every one lost all its targets (labels all -100), {n_trunc} of them by truncation to "
-            f"data.max_length={max_length}; raise data.max_length or check which fields hold the targets"
+            f"data.path={path}: the {split} split is empty after tokenization: {len(ds)} rows were read and none has "
+            f"a trained-on token [{report.describe_causes()}]; raise data.max_length (now {max_length}) or check "
+            "which fields hold the targets"
         )
+    if len(keep) < len(out):
+        out = out.select(keep)
     log.info("%s: %d examples (%s format)", split, len(out), fmt)
     return out
 
 
-def _map_rows(
-    ds: datasets.Dataset, fmt: str, tokenizer: Any, max_length: int, split: str,
-    label2id: Mapping[str, int] | None, num_proc: int | None,
-) -> datasets.Dataset:
+def _map_rows(ds: datasets.Dataset, fmt: str, kwargs: dict, split: str, num_proc: int | None) -> datasets.Dataset:
     return ds.map(
         tokenize_rows,
         batched=True,
         with_indices=True,
-        fn_kwargs={"fmt": fmt, **fn_kwargs_for(fmt, tokenizer, max_length, label2id)},
+        fn_kwargs={"fmt": fmt, **kwargs},
         num_proc=num_proc,
         desc=f"tokenizing {split} ({fmt})",
     )
@@ -223,10 +215,13 @@ class ExampleProcessor:
 
     Args:
         fmt: a format name of :mod:`~hf_lightning.data.formatting`.
-        tokenizer / max_length / label2id: as for :func:`tokenize_dataset`.
+        tokenizer / max_length / label2id / packing / padding_free: as for :func:`tokenize_dataset`.
 
-    Calling it with one example mapping returns ``(example, truncated, has_target)``; the example keeps the
-    columns the format does not read. Picklable, so it runs inside ``DataLoader`` workers.
+    Calling it with one example mapping returns ``(example, report)``: the example keeps the columns the format does
+    not read; ``report`` holds its report columns (:mod:`~hf_lightning.data.row_report`). A row without a target
+    comes back as a zero-weight stand-in (labels all -100; one pad token when it has no real token, so that no
+    ``(B, 0)`` batch can reach a model), for streams that cannot drop it. Picklable (runs inside ``DataLoader``
+    workers).
 
     Raises:
         DataError: a missing field or a bad value (from the format function).
@@ -234,22 +229,32 @@ class ExampleProcessor:
     """
 
     def __init__(
-        self, fmt: str, tokenizer: Any, max_length: int, label2id: Mapping[str, int] | None = None
+        self, fmt: str, tokenizer: Any, max_length: int, label2id: Mapping[str, int] | None = None,
+        packing: str | None = None, padding_free: bool = False,
     ) -> None:
         self.fmt = fmt
         self.fn = TOKENIZERS[fmt]
-        self.kwargs = fn_kwargs_for(fmt, tokenizer, max_length, label2id)
-        self.causal = fmt in CAUSAL_FORMATS
+        self.kwargs = fn_kwargs_for(fmt, tokenizer, max_length, label2id, packing, padding_free)
+        self.pad_token_id = getattr(tokenizer, "pad_token_id", None) or 0
 
-    def __call__(self, example: Mapping[str, Any]) -> tuple[dict[str, Any], bool, bool]:
+    def __call__(self, example: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         if not isinstance(example, Mapping):
             raise TypeError(f"examples must be mappings of column -> value, got {type(example).__name__}")
         check_columns(list(example), self.fmt, "<stream>", "streamed")
         out = self.fn({k: [v] for k, v in example.items()}, **self.kwargs)
         row = {k: v[0] for k, v in out.items()}
+        report = {k: row.pop(k) for k in REPORT_COLUMNS if k in row}
         row = {**{k: v for k, v in example.items() if k not in row}, **row}
-        truncated = bool(row.pop("truncated"))
-        return row, truncated, has_target(row.get("labels"), self.causal)
+        if report.get("untrainable"):
+            row = self.stand_in(row, report["untrainable"])
+        return row, report
+
+    def stand_in(self, row: dict[str, Any], cause: str) -> dict[str, Any]:
+        """``row`` with no loss term; a row with no real token becomes one pad token (attended, label -100)."""
+        if cause in (EMPTY, ALL_PADDING):
+            token = {"input_ids": [self.pad_token_id], "attention_mask": [1], "position_ids": [0]}
+            row = {**row, **{k: v for k, v in token.items() if k == "input_ids" or k in row}}
+        return mask_example(row)
 
 
 class ProcessedDataset(Dataset):
@@ -276,36 +281,29 @@ def scan_torch_dataset(
 ) -> tuple[ProcessedDataset, list[int]]:
     """One pass over a torch map-style dataset: ``(view without target-less rows, token length of each kept row)``.
 
-    Truncated and dropped rows are counted and logged at WARNING, as :func:`tokenize_dataset` does.
+    Truncated and dropped rows are counted and logged at WARNING (per cause), as :func:`tokenize_dataset` does.
 
     Raises:
         DataError: a bad row (named by index) or nothing left.
     """
     keep: list[int] = []
     lengths: list[int] = []
-    truncated = 0
+    report = RowReport(split)
     n = len(base)
     for i in range(n):
         try:
-            row, cut, target = processor(base[i])
+            row, info = processor(base[i])
         except (DataError, TypeError) as err:
             raise DataError(f"data.path={path} ({split}), row {i}: {err}") from err
-        truncated += cut
-        if target:
+        if not report.add(i, info):
             keep.append(i)
             lengths.append(len(_flat_ids(row["input_ids"])))
-    if truncated:
-        log.warning("%s: %d of %d rows were longer than data.max_length and were truncated", split, truncated, n)
-    if len(keep) < n:
-        log.warning(
-            "%s: dropped %d of %d rows with no trained-on token (all labels -100 after truncation)",
-            split, n - len(keep), n,
-        )
+    report.log(processor.kwargs["max_length"])
     if not keep:
         raise DataError(
-            f"data.path={path}: the {split} split is empty after tokenization: {n} rows were read and every one "
-            f"lost all its targets (labels all -100), {truncated} of them by truncation; raise data.max_length "
-            "or check which fields hold the targets"
+            f"data.path={path}: the {split} split is empty after tokenization: {n} rows were read and none has a "
+            f"trained-on token [{report.describe_causes()}]; raise data.max_length (now "
+            f"{processor.kwargs['max_length']}) or check which fields hold the targets"
         )
     return ProcessedDataset(base, processor, keep), lengths
 

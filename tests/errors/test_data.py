@@ -226,9 +226,9 @@ def test_every_row_loses_its_targets_to_truncation(word_tokenizer, tmp_path):
     with pytest.raises(DataError) as err:
         setup_dm(word_tokenizer, path, max_length=4)
     assert str(err.value) == (
-        f"data.path={path}: the train split is empty after tokenization: 5 rows were read and every one lost all "
-        "its targets (labels all -100), 5 of them by truncation to data.max_length=4; raise data.max_length or "
-        "check which fields hold the targets"
+        f"data.path={path}: the train split is empty after tokenization: 5 rows were read and none has a "
+        f"trained-on token [all labels -100 after truncation to data.max_length: 5 (data.path={path} lines 1, 2, 3, "
+        "4, 5)]; raise data.max_length (now 4) or check which fields hold the targets"
     )
 
 
@@ -238,7 +238,10 @@ def test_rows_without_targets_are_dropped_and_counted(word_tokenizer, tmp_path, 
     with caplog.at_level(logging.WARNING, logger="hf_lightning"):
         dm = setup_dm(word_tokenizer, path, max_length=4)
     assert len(dm.train_dataset) == 2
-    assert "train: dropped 3 of 5 rows with no trained-on token (all labels -100 after truncation)" in caplog.text
+    assert (
+        "train: dropped 3 of 5 rows with no trained-on token: all labels -100 after truncation to data.max_length: 3 "
+        f"(data.path={path} lines 1, 2, 3)"
+    ) in caplog.text
 
 
 def test_sequences_longer_than_max_length_are_counted(word_tokenizer, tmp_path, caplog):
@@ -246,7 +249,8 @@ def test_sequences_longer_than_max_length_are_counted(word_tokenizer, tmp_path, 
     path = write_jsonl(tmp_path / "long.jsonl", rows)
     with caplog.at_level(logging.WARNING, logger="hf_lightning"):
         dm = setup_dm(word_tokenizer, path, max_length=5)
-    assert "train: 3 of 7 rows were longer than data.max_length=5 and were truncated" in caplog.text
+    # 3 rows x (8 - 5) tokens
+    assert "train: 3 of 7 rows were longer than data.max_length=5 and were truncated (9 tokens cut off)" in caplog.text
     assert max(len(x) for x in dm.train_dataset["input_ids"]) == 5
 
 

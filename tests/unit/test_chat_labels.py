@@ -77,6 +77,6 @@ def test_truncation_cuts_ids_and_labels_together(default_tokenizer):
     batch = {"messages": [CASES["multi_turn"]]}
     full = tokenize_chat(batch, default_tokenizer, max_length=10_000)
     cut = tokenize_chat(batch, default_tokenizer, max_length=12)
-    assert full["truncated"] == [False] and cut["truncated"] == [True]
+    assert full["truncated"] == [0] and cut["truncated"] == [len(full["input_ids"][0]) - 12]
     assert cut["input_ids"][0] == full["input_ids"][0][:12]
     assert cut["labels"][0] == full["labels"][0][:12]

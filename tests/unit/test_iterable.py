@@ -39,7 +39,7 @@ class SizedRows(Rows):
 def _source(kind: str, n: int, shards: int = 1):
     if kind == "torch":
         return Rows(n)
-    ds = datasets.Dataset.from_dict({"idx": list(range(n)), "input_ids": [[1] * (i % 7 + 1) for i in range(n)]})
+    ds = datasets.Dataset.from_dict({"idx": list(range(n)), "input_ids": [[1] * (i % 7 + 2) for i in range(n)]})  # >= 2 tokens: a 1-token row has no causal target
     return ds.to_iterable_dataset(num_shards=min(shards, max(n, 1)))
 
 

@@ -10,8 +10,8 @@ import torch
 
 from hf_lightning import DataError, HFDataModule
 
-TEXTS = ["a b c", "d e", "f g h i", "j"]
-IDS = [[4, 5, 6], [7, 8], [9, 10, 11, 12], [13]]
+TEXTS = ["a b c", "d e", "f g h i", "j k"]
+IDS = [[4, 5, 6], [7, 8], [9, 10, 11, 12], [13, 14]]
 
 
 def _write(tmp_path, kind):

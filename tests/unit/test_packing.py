@@ -22,6 +22,12 @@ def test_best_fit_decreasing_bins():
         best_fit_decreasing([9], 8)
 
 
+def test_bfd_ties_go_to_the_bin_that_came_to_that_room_first():
+    """TRL's rule (before: the bin opened first). Capacity 10: 7 -> bin 0 (room 3), 5 -> bin 1 (room 5), 4 -> bin 1
+    (room 1), 2 -> bin 0 (room 1): bin 1 came to room 1 first, so the 1 goes there."""
+    assert best_fit_decreasing([7, 5, 4, 2, 1], 10) == [[0, 3], [1, 2, 4]]
+
+
 def test_bfd_rows_restart_positions_and_mask_each_document_start():
     docs = {"input_ids": [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11, 12]], "labels": [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [-100, 12]]}
     rows = pack_bfd(datasets.Dataset.from_dict(docs), max_length=8).to_list()
@@ -121,8 +127,10 @@ def test_unpacked_and_padding_free_text_are_exactly_the_tokenizers_rows(gpt2_tok
     """No EOS is added without packing: each row stays ``tokenizer(text, truncation=True, max_length=...)``, so the
     padded and padding-free losses stay equal."""
     import json
+    from pathlib import Path
 
-    texts = [json.loads(line)["text"] for line in open(f"{shared_data}/c4-demo/c4_demo.jsonl")][:20]
+    lines = Path(shared_data, "c4-demo", "c4_demo.jsonl").read_text().splitlines()
+    texts = [json.loads(line)["text"] for line in lines][:20]
     expected = [gpt2_tokenizer(t, truncation=True, max_length=64)["input_ids"] for t in texts]
     for padding_free in (False, True):
         dm = HFDataModule(gpt2_tokenizer, path=datasets.Dataset.from_dict({"text": texts}), validation_split=0.0,
@@ -170,4 +178,4 @@ def test_a_plain_torch_dataset_packs_like_a_datasets_dataset(word_tokenizer):
         dm = HFDataModule(word_tokenizer, path=source, validation_split=0.0, packing="bfd", max_length=8)
         dm.setup()
         rows.append(dm.train_dataset.to_list())
-    assert rows[0] == rows[1] and len(rows[0]) == 2
+    assert rows[0] == rows[1] and len(rows[0]) == 3  # with their EOS: 4, 8, 3, 2 tokens -> [8] [4 + 3] [2]

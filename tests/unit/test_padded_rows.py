@@ -30,8 +30,11 @@ def _dm(tok, rows, **kw):
 def _c4_padded(tok, n=8, length=64):
     """The first ``n`` c4-demo documents tokenized as transformers' own gradient-accumulation test feeds them:
     ``padding="max_length"``; the two shortest first, so the first batch holds padding."""
-    texts = [json.loads(line)["text"] for line in open(shared_data() / "c4-demo" / "c4_demo.jsonl")]
-    texts = sorted(texts[:40], key=lambda t: len(tok(t)["input_ids"]))[:2] + texts[:n - 2]
+    texts = [
+        json.loads(line)["text"]
+        for line in (shared_data() / "c4-demo" / "c4_demo.jsonl").read_text().splitlines()
+    ]
+    texts = sorted(texts[:40], key=lambda t: len(tok(t)["input_ids"]))[:2] + texts[: n - 2]
     enc = tok(texts, truncation=True, max_length=length, padding="max_length")
     return {k: [list(x) for x in v] for k, v in enc.items()}
 
@@ -42,9 +45,9 @@ def test_padded_rows_without_labels_match_hf_language_modeling_collator(gpt2_tok
 
     rows = _c4_padded(gpt2_tokenizer)
     assert any(0 in m for m in rows["attention_mask"][:4])
-    hf = DataCollatorForLanguageModeling(gpt2_tokenizer, mlm=False)([
-        {k: rows[k][i] for k in rows} for i in range(4)
-    ])
+    hf = DataCollatorForLanguageModeling(gpt2_tokenizer, mlm=False)(
+        [{k: rows[k][i] for k in rows} for i in range(4)]
+    )
     ours = next(iter(_dm(gpt2_tokenizer, rows, max_length=64).train_dataloader()))
     for key in ("input_ids", "attention_mask", "labels"):
         assert torch.equal(ours[key], hf[key]), key
@@ -69,7 +72,10 @@ def test_a_real_eos_stays_a_target_where_hf_masks_it(word_tokenizer):
 
 
 def test_an_all_padding_row_is_dropped_and_counted(word_tokenizer, caplog):
-    rows = {"input_ids": [[4, 5, 0], [0, 0, 0], [6, 7, 8]], "attention_mask": [[1, 1, 0], [0, 0, 0], [1, 1, 1]]}
+    rows = {
+        "input_ids": [[4, 5, 0], [0, 0, 0], [6, 7, 8]],
+        "attention_mask": [[1, 1, 0], [0, 0, 0], [1, 1, 1]],
+    }
     with caplog.at_level(logging.WARNING, logger="hf_lightning"):
         dm = _dm(word_tokenizer, rows)
     assert dm.train_dataset["input_ids"] == [[4, 5, 0], [6, 7, 8]]
@@ -90,16 +96,26 @@ def test_given_labels_on_padding_are_masked_and_counted(word_tokenizer, caplog):
     }
     with caplog.at_level(logging.WARNING, logger="hf_lightning"):
         dm = _dm(word_tokenizer, rows)
-    assert dm.train_dataset["labels"] == [[4, 5, IGNORE, IGNORE], [IGNORE, 7, 8, IGNORE], [IGNORE, IGNORE, 11, 12]]
-    assert "train: 3 label positions in 2 rows lie on padding (attention_mask 0) and were set to -100" in caplog.text
+    assert dm.train_dataset["labels"] == [
+        [4, 5, IGNORE, IGNORE],
+        [IGNORE, 7, 8, IGNORE],
+        [IGNORE, IGNORE, 11, 12],
+    ]
+    assert (
+        "train: 3 label positions in 2 rows lie on padding (attention_mask 0) and were set to -100"
+        in caplog.text
+    )
 
 
 @pytest.mark.parametrize("option", [{"packing": "bfd"}, {"packing": "wrapped"}, {"padding_free": True}])
 def test_padding_is_not_packed_or_flattened_as_content(word_tokenizer, caplog, option):
     """Before: packing took the pad tokens in as content (and trained on them); padding-free batches refused the
     rows. Expected by hand: the pad positions leave, the real tokens stay in order."""
-    rows = {"input_ids": [[4, 5, 6, 0, 0], [0, 7, 8, 9, 10]], "attention_mask": [[1, 1, 1, 0, 0], [0, 1, 1, 1, 1]]}
-    with caplog.at_level(logging.WARNING, logger="hf_lightning"):
+    rows = {
+        "input_ids": [[4, 5, 6, 0, 0], [0, 7, 8, 9, 10]],
+        "attention_mask": [[1, 1, 1, 0, 0], [0, 1, 1, 1, 1]],
+    }
+    with caplog.at_level(logging.INFO, logger="hf_lightning"):
         dm = _dm(word_tokenizer, rows, max_length=8, **option)
     batch = next(iter(dm.train_dataloader()))
     assert sorted(t for t in batch["input_ids"].reshape(-1).tolist() if t != 0) == [4, 5, 6, 7, 8, 9, 10]

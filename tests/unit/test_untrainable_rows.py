@@ -69,8 +69,9 @@ def test_a_torch_dataset_drops_and_counts_them_the_same_way(word_tokenizer, capl
     with caplog.at_level(logging.WARNING, logger="hf_lightning"):
         dm = _dm(word_tokenizer, _Rows([{"text": t} for t in TEXTS]))
     assert [dm.train_dataset[i]["input_ids"] for i in range(len(dm.train_dataset))] == [[4, 5, 6], [7, 8]]
-    assert "train: dropped 3 of 5 rows with no trained-on token: empty after tokenization: 2 (train rows 1, 3)" in (
-        caplog.text
+    assert (
+        "train: dropped 3 of 5 rows with no trained-on token: empty after tokenization: 2 (train rows 1, 3)"
+        in (caplog.text)
     )
 
 
@@ -84,16 +85,28 @@ def test_a_stream_gives_them_zero_weight_and_no_empty_batch(word_tokenizer, capl
         dm = _dm(word_tokenizer, source, streaming=True)
         batches = list(dm.train_dataloader())
     assert [b["input_ids"].tolist() for b in batches] == [[[4, 5, 6]], [[0]], [[7, 8]], [[0]], [[9]]]
-    assert [b["labels"].tolist() for b in batches] == [[[4, 5, 6]], [[IGNORE]], [[7, 8]], [[IGNORE]], [[IGNORE]]]
+    assert [b["labels"].tolist() for b in batches] == [
+        [[4, 5, 6]],
+        [[IGNORE]],
+        [[7, 8]],
+        [[IGNORE]],
+        [[IGNORE]],
+    ]
     assert (
-        "3 rows without a target, kept with zero weight so that ranks stay in step: empty after tokenization: 2 "
+        "3 of 5 rows have no trained-on token, kept with zero weight so that ranks stay in step: "
+        "empty after tokenization: 2 "
         "(train stream rows 1, 3); a single token (nothing after it to predict): 1 (train stream row 4)"
     ) in caplog.text
 
 
 def test_bfd_packs_no_label_without_its_token(word_tokenizer):
     """Before: an empty document added one label and no token to its packed row."""
-    dm = _dm(word_tokenizer, datasets.Dataset.from_dict({"text": ["a b c", "", "d e"]}), packing="bfd", max_length=16)
+    dm = _dm(
+        word_tokenizer,
+        datasets.Dataset.from_dict({"text": ["a b c", "", "d e"]}),
+        packing="bfd",
+        max_length=16,
+    )
     for row in dm.train_dataset:
         assert len(row["labels"]) == len(row["input_ids"]) == len(row["position_ids"])
 
@@ -103,7 +116,10 @@ def test_pretokenized_rows_with_empty_input_ids_are_dropped(word_tokenizer, capl
     with caplog.at_level(logging.WARNING, logger="hf_lightning"):
         dm = _dm(word_tokenizer, ds)
     assert dm.train_dataset["input_ids"] == [[4, 5], [6, 7, 8]]
-    assert "dropped 1 of 3 rows with no trained-on token: empty after tokenization: 1 (train row 1)" in caplog.text
+    assert (
+        "dropped 1 of 3 rows with no trained-on token: empty after tokenization: 1 (train row 1)"
+        in caplog.text
+    )
 
 
 def test_chat_rows_name_the_missing_assistant_turn(word_tokenizer, caplog):
@@ -126,12 +142,19 @@ def test_chat_rows_name_the_missing_assistant_turn(word_tokenizer, caplog):
 def test_prompt_completion_rows(word_tokenizer, caplog):
     """An empty completion still trains on the EOS appended to it (the model learns to stop: TRL appends the EOS
     too); a row whose prompt and completion are both empty has nothing and is dropped."""
-    rows = [{"prompt": "a", "completion": " b"}, {"prompt": "c", "completion": ""}, {"prompt": "", "completion": ""}]
+    rows = [
+        {"prompt": "a", "completion": " b"},
+        {"prompt": "c", "completion": ""},
+        {"prompt": "", "completion": ""},
+    ]
     with caplog.at_level(logging.WARNING, logger="hf_lightning"):
         dm = _dm(word_tokenizer, datasets.Dataset.from_list(rows))
     assert dm.train_dataset["input_ids"] == [[4, 5, 2], [6, 2]]
     assert dm.train_dataset["labels"] == [[IGNORE, 5, 2], [IGNORE, 2]]
-    assert "dropped 1 of 3 rows with no trained-on token: empty after tokenization: 1 (train row 2)" in caplog.text
+    assert (
+        "dropped 1 of 3 rows with no trained-on token: empty after tokenization: 1 (train row 2)"
+        in caplog.text
+    )
 
 
 def test_a_split_with_nothing_to_train_on_names_the_causes(word_tokenizer):
@@ -139,8 +162,8 @@ def test_a_split_with_nothing_to_train_on_names_the_causes(word_tokenizer):
         _dm(word_tokenizer, datasets.Dataset.from_dict({"text": ["", " ", "a"]}))
     assert str(err.value).endswith(
         "the train split is empty after tokenization: 3 rows were read and none has a trained-on token "
-        "(empty after tokenization: 2 (train rows 0, 1); a single token (nothing after it to predict): 1 "
-        "(train row 2)); raise data.max_length or check which fields hold the targets"
+        "[empty after tokenization: 2 (train rows 0, 1); a single token (nothing after it to predict): 1 "
+        "(train row 2)]; raise data.max_length (now 512) or check which fields hold the targets"
     )
 
 
@@ -153,11 +176,24 @@ def test_the_cli_trains_past_an_empty_text_row_with_batch_size_one(tmp_path):
     texts = ["the quick brown fox", "", "jumps over the lazy dog", "   ", "and runs away"] * 2
     data.write_text("\n".join(json.dumps({"text": t}) for t in texts) + "\n")
     proc = run_train_cli(
-        "+experiment=clm", f"data.path={data}", f"hydra.run.dir={tmp_path / 'run'}", "data.validation_split=0",
-        "data.per_device_train_batch_size=1", "data.shuffle=false", "trainer.max_steps=6", "data.max_length=32",
-        "model.config.hidden_size=32", "model.config.intermediate_size=64", "model.config.num_hidden_layers=1",
-        "trainer.enable_progress_bar=false", "trainer.enable_model_summary=false",
+        "+experiment=clm",
+        f"data.path={data}",
+        f"hydra.run.dir={tmp_path / 'run'}",
+        "data.validation_split=0",
+        "data.per_device_train_batch_size=1",
+        "data.shuffle=false",
+        "trainer.max_steps=6",
+        "data.max_length=32",
+        "model.config.hidden_size=32",
+        "model.config.intermediate_size=64",
+        "model.config.num_hidden_layers=1",
+        "trainer.enable_progress_bar=false",
+        "trainer.enable_model_summary=false",
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     log = (tmp_path / "run" / "train.log").read_text()
-    assert f"dropped 2 of 10 rows with no trained-on token: empty after tokenization: 2 (data.path={data} lines" in log
+    # the run's BPE reads "   " as one token: a row with nothing after its first token to predict
+    assert (
+        f"dropped 4 of 10 rows with no trained-on token: empty after tokenization: 2 (data.path={data} lines 2, 7); "
+        f"a single token (nothing after it to predict): 2 (data.path={data} lines 4, 9)"
+    ) in log
