@@ -67,7 +67,7 @@ def test_no_model_input_left_is_an_error_listing_columns_and_parameters():
 
 
 def test_torch_dataset_is_pruned_per_example_by_the_collator(word_tokenizer, caplog):
-    rows = [{"input_ids": torch.tensor([4, 5]), "source": "web", "idx": 3}, {"input_ids": torch.tensor([6]), "source": "x", "idx": 4}]
+    rows = [{"input_ids": torch.tensor([4, 5]), "source": "web", "idx": 3}, {"input_ids": torch.tensor([6, 7]), "source": "x", "idx": 4}]
 
     class Plain(torch.utils.data.Dataset):
         def __len__(self):
@@ -83,7 +83,7 @@ def test_torch_dataset_is_pruned_per_example_by_the_collator(word_tokenizer, cap
     assert dm.data_format == "tokenized"
     assert isinstance(dm.train_collator, PruneColumnsCollator)
     assert set(batches[0]) == {"input_ids", "attention_mask", "labels"}
-    assert batches[0]["input_ids"].tolist() == [[4, 5], [6, 0]]
+    assert batches[0]["input_ids"].tolist() == [[4, 5], [6, 7]]
     assert dm.dropped_columns["train"] == ["source", "idx"]
     assert caplog.text.count("keys ['source', 'idx'] are not in data.model_input_names") == 1
 

@@ -123,20 +123,21 @@ def test_lengths_count_elements_so_a_1_by_n_row_has_length_n():
 def test_datamodule_groups_by_length_with_accumulation_and_measures_lengths_once(word_tokenizer):
     import lightning as L
 
-    texts = [" ".join("abcdefghijklmnopqrstuvwxyz"[: (i * 7) % 13 + 1]) for i in range(40)]
+    # 2 to 14 tokens (a 1-token row has no causal target and would be dropped)
+    texts = [" ".join("abcdefghijklmnopqrstuvwxyz"[: (i * 7) % 13 + 2]) for i in range(40)]
     dm = HFDataModule(word_tokenizer, path=datasets.Dataset.from_dict({"text": texts}), validation_split=0.0,
                       group_by_length=True, per_device_train_batch_size=2, seed=5)
     trainer = L.Trainer(accelerator="cpu", accumulate_grad_batches=3, logger=False)
     dm.trainer = trainer
     dm.setup()
     lengths = dm._train_lengths
-    assert lengths == [(i * 7) % 13 + 1 for i in range(40)]
+    assert lengths == [(i * 7) % 13 + 2 for i in range(40)]
     loader = dm.train_dataloader()
     assert dm._train_lengths is lengths  # measured once, reused
     expected = get_length_grouped_indices(lengths, 2 * 3, generator=_gen(5))
     assert list(loader.sampler) == expected
     first = next(iter(loader))
-    assert first["input_ids"].shape[1] == 13  # the longest item is in the first batch
+    assert first["input_ids"].shape[1] == 14  # the longest item is in the first batch
 
 
 @pytest.mark.parametrize("workers", [0, 2])

@@ -15,8 +15,9 @@ TEXTS = ["a b c d e", "b c d", "c d e f g h", "d e", "e f g h", "a c e g"]
 
 @pytest.mark.parametrize("layout", [{}, {"padding_free": True}, {"packing": "bfd"}])
 def test_trained_tokens_are_the_tokenized_lengths(tmp_path, word_tokenizer, layout):
-    # independent count: the tokenizer's own lengths (BFD packing adds no token; padding adds only pads)
-    expected = sum(len(word_tokenizer(t)["input_ids"]) for t in TEXTS)
+    # independent count: the tokenizer's own lengths, plus the EOS that packing ends each text document with
+    # (padding adds only pads)
+    expected = sum(len(word_tokenizer(t)["input_ids"]) for t in TEXTS) + (len(TEXTS) if "packing" in layout else 0)
     module = HFLightningModule(tiny_llama(vocab_size=32), tokenizer=word_tokenizer,
                                optim={"name": "sgd", "lr": 0.0}, scheduler={"name": "constant"})
     dm = HFDataModule(tokenizer=word_tokenizer, path=datasets.Dataset.from_list([{"text": t} for t in TEXTS]),
