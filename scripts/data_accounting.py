@@ -32,7 +32,12 @@ C4 = str(DATA / "c4-demo" / "c4_demo.jsonl")
 
 def datamodule(tok, path, **kw):
     dm = HFDataModule(
-        tok, path=path, validation_split=0.0, shuffle=False, model_input_names=["input_ids", "attention_mask"], **kw
+        tok,
+        path=path,
+        validation_split=0.0,
+        shuffle=False,
+        model_input_names=["input_ids", "attention_mask"],
+        **kw,
     )
     dm.setup()
     return dm
