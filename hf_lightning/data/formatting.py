@@ -38,6 +38,7 @@ from hf_lightning.data.row_report import (
     ONE_TOKEN,
     has_content,
     has_target,
+    special_ids,
     target_cause,
 )
 from hf_lightning.errors import DataError
@@ -67,7 +68,7 @@ def _encode_counted(
     encoding, so what truncation cuts includes that EOS (as TRL, which appends ``eos_token`` before tokenizing).
     """
     enc = {k: [list(x) for x in v] for k, v in tokenizer(texts, **kwargs).items()}
-    special = set(getattr(tokenizer, "all_special_ids", ()) or ())
+    special = special_ids(tokenizer)
     empty = [not has_content(ids, special) for ids in enc["input_ids"]]
     eos = getattr(tokenizer, "eos_token_id", None) if add_eos else None
     if eos is not None:
@@ -121,7 +122,7 @@ def tokenize_prompt_completion(batch: dict[str, list], tokenizer: Any, max_lengt
     """
     prompts, completions = _strings(batch, "prompt"), _strings(batch, "completion")
     eos = getattr(tokenizer, "eos_token_id", None)
-    special = set(getattr(tokenizer, "all_special_ids", ()) or ())
+    special = special_ids(tokenizer)
     full = tokenizer([p + c for p, c in zip(prompts, completions)])["input_ids"]
     heads = tokenizer(prompts)["input_ids"]
     out: dict[str, list] = {"input_ids": [], "attention_mask": [], "labels": [], "truncated": [], "untrainable": []}

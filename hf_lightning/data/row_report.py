@@ -64,9 +64,16 @@ def target_cause(
     return CUT if has_target(full_labels, causal) else otherwise
 
 
-def has_content(ids: Sequence[int], special_ids: set[int]) -> bool:
-    """Whether a tokenized row holds a token other than the special tokens a tokenizer adds (BOS, EOS, ...)."""
-    return any(t not in special_ids for t in ids)
+def special_ids(tokenizer: Any) -> set[int]:
+    """The ids of the special tokens a tokenizer may add around text (BOS, EOS, CLS, ...); not ``unk``, which stands
+    for real text the vocabulary lacks."""
+    ids = set(getattr(tokenizer, "all_special_ids", ()) or ())
+    return ids - {getattr(tokenizer, "unk_token_id", None)}
+
+
+def has_content(ids: Sequence[int], special: set[int]) -> bool:
+    """Whether a tokenized row holds a token other than ``special`` ones (see :func:`special_ids`)."""
+    return any(t not in special for t in ids)
 
 
 def row_names(ds: Any, path: Any, split: str) -> Callable[[list[int]], str]:

@@ -19,6 +19,12 @@ IGNORE = -100
 TEXTS = ["a b c", "", "d e", "   ", "f"]  # rows 1 and 3 tokenize to nothing, row 4 to a single token
 
 
+def test_unknown_words_are_content_not_empty(word_tokenizer):
+    """``<unk>`` is a special token of the tokenizer but stands for real text: such a row is kept."""
+    dm = _dm(word_tokenizer, datasets.Dataset.from_dict({"text": ["Hello World", "a b"]}))
+    assert dm.train_dataset["input_ids"] == [[1, 1], [4, 5]]
+
+
 def _dm(tok, source, **kw):
     kw = {"validation_split": 0.0, "shuffle": False, "per_device_train_batch_size": 1, **kw}
     dm = HFDataModule(tok, path=source, **kw)
