@@ -30,7 +30,9 @@ import torch
 
 
 class EmulatedEngine(torch.nn.Module):
-    def __init__(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer, lr_scheduler: Any, config: dict):
+    def __init__(
+        self, module: torch.nn.Module, optimizer: torch.optim.Optimizer, lr_scheduler: Any, config: dict
+    ):
         super().__init__()
         self.module = module
         self.optimizer = optimizer
@@ -93,7 +95,9 @@ def fake_deepspeed() -> types.ModuleType:
     ds.initialize = initialize
     ds.init_distributed = lambda *args, **kwargs: None
     ds.zero = types.SimpleNamespace(Init=lambda **kwargs: contextlib.nullcontext())
-    ds.utils = types.SimpleNamespace(logging=types.SimpleNamespace(logger=logging.getLogger("deepspeed.emulated")))
+    ds.utils = types.SimpleNamespace(
+        logging=types.SimpleNamespace(logger=logging.getLogger("deepspeed.emulated"))
+    )
     return ds
 
 

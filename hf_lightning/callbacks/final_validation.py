@@ -55,6 +55,7 @@ class FinalValidation(L.Callback):
             return
         last = getattr(pl_module, "last_validated_step", None)
         log.info(
-            "validating the final weights (step %d): %s", trainer.global_step,
+            "validating the final weights (step %d): %s",
+            trainer.global_step,
             "no validation had run" if last is None else f"the last validation was at step {last}",
         )

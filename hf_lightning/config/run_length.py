@@ -53,6 +53,11 @@ def apply_max_steps_precedence(cfg: DictConfig, overrides: Iterable[str] | None)
     log.info(
         "%s=%s (given) overrides %s=%s (not given): the run ends at step %s, as HF's max_steps overrides "
         "num_train_epochs (give %s too to stop at whichever comes first)",
-        MAX_STEPS, steps, MAX_EPOCHS, epochs, steps, MAX_EPOCHS,
+        MAX_STEPS,
+        steps,
+        MAX_EPOCHS,
+        epochs,
+        steps,
+        MAX_EPOCHS,
     )
     return True

@@ -74,12 +74,19 @@ def report(plan: RunPlan, max_epochs: int | None) -> None:
         log.warning(
             "trainer.max_epochs=%s ends this run after %d optimizer steps, before trainer.max_steps=%d (Lightning "
             "stops at the first limit reached); set trainer.max_epochs=null to run %d steps",
-            max_epochs, plan.epoch_steps, plan.max_steps, plan.max_steps,
+            max_epochs,
+            plan.epoch_steps,
+            plan.max_steps,
+            plan.max_steps,
         )
     if plan.short_steps:
         log.warning(
             "gradient-accumulation windows: trainer.accumulate_grad_batches=%d, but an epoch has %d micro-batches "
             "on this process, so its last window holds %d: %d of this run's %d optimizer steps are short (each "
             "normalised by its own target count, as HF Trainer does)",
-            plan.accumulation, plan.batches_per_epoch, plan.short_window, plan.short_steps, plan.total_steps,
+            plan.accumulation,
+            plan.batches_per_epoch,
+            plan.short_window,
+            plan.short_steps,
+            plan.total_steps,
         )

@@ -59,7 +59,10 @@ CONTINUED = {
     # the issue's command: checkpoints at the epoch end Lightning runs when max_steps stops it
     "max_epochs_null": ("trainer.max_epochs=null",),
     # checkpoints every 3 steps: step 7's last.ckpt is written when training ends
-    "max_epochs_null_ckpt_every_3": ("trainer.max_epochs=null", "callbacks.model_checkpoint.every_n_train_steps=3"),
+    "max_epochs_null_ckpt_every_3": (
+        "trainer.max_epochs=null",
+        "callbacks.model_checkpoint.every_n_train_steps=3",
+    ),
     # the clm experiment's max_epochs=1: the command line's max_steps wins over it (item 6)
     "clm_default_max_epochs": (),
 }
@@ -106,7 +109,9 @@ def test_given_max_steps_wins_over_the_experiments_epoch_count(text_file, straig
 def test_both_given_and_the_epochs_end_first_warns_once(text_file, tmp_path):  # noqa: F811
     folder = tmp_path / "run"
     proc = run(folder, text_file, "trainer.max_epochs=1")
-    assert sorted(step for step, _ in train_rows(folder)) == list(range(1, 11))  # the epoch ends it, at step 10
+    assert sorted(step for step, _ in train_rows(folder)) == list(
+        range(1, 11)
+    )  # the epoch ends it, at step 10
     log = (folder / "train.log").read_text()
     warnings = [line for line in log.splitlines() if "[WARNING]" in line and "trainer.max_epochs=1" in line]
     assert len(warnings) == 1, log

@@ -18,7 +18,21 @@ import torch
 
 pytestmark = pytest.mark.slow
 
-WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "seven", "tired", "cats"]
+WORDS = [
+    "the",
+    "quick",
+    "brown",
+    "fox",
+    "jumps",
+    "over",
+    "a",
+    "lazy",
+    "dog",
+    "while",
+    "seven",
+    "tired",
+    "cats",
+]
 LR, STEPS, EVAL_EVERY = 3e-3, 13, 10
 
 
@@ -36,8 +50,14 @@ def job(tmp_path, default_tokenizer):
 
     torch.manual_seed(0)
     config = LlamaConfig(
-        vocab_size=len(default_tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False,
+        vocab_size=len(default_tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
         pad_token_id=default_tokenizer.pad_token_id,
     )
     folder = tmp_path / "model"
@@ -65,14 +85,33 @@ def run_hf(folder, train_file, val_file, out):
         return ds.map(lambda r: tokenizer(r["text"], truncation=True, max_length=64), remove_columns=["text"])
 
     args = TrainingArguments(
-        output_dir=str(out), max_steps=STEPS, per_device_train_batch_size=2, per_device_eval_batch_size=8,
-        learning_rate=LR, weight_decay=0.0, lr_scheduler_type="linear", warmup_steps=0, max_grad_norm=1.0,
-        optim="adamw_torch", eval_strategy="steps", eval_steps=EVAL_EVERY, save_strategy="steps",
-        save_steps=EVAL_EVERY, metric_for_best_model="eval_loss", train_sampling_strategy="sequential",
-        report_to="none", use_cpu=True, seed=42, disable_tqdm=True, logging_steps=1,
+        output_dir=str(out),
+        max_steps=STEPS,
+        per_device_train_batch_size=2,
+        per_device_eval_batch_size=8,
+        learning_rate=LR,
+        weight_decay=0.0,
+        lr_scheduler_type="linear",
+        warmup_steps=0,
+        max_grad_norm=1.0,
+        optim="adamw_torch",
+        eval_strategy="steps",
+        eval_steps=EVAL_EVERY,
+        save_strategy="steps",
+        save_steps=EVAL_EVERY,
+        metric_for_best_model="eval_loss",
+        train_sampling_strategy="sequential",
+        report_to="none",
+        use_cpu=True,
+        seed=42,
+        disable_tqdm=True,
+        logging_steps=1,
     )
     trainer = Trainer(
-        model=model, args=args, train_dataset=load(train_file), eval_dataset=load(val_file),
+        model=model,
+        args=args,
+        train_dataset=load(train_file),
+        eval_dataset=load(val_file),
         data_collator=DataCollatorForLanguageModeling(tokenizer, mlm=False),
     )
     trainer.train()
@@ -89,12 +128,25 @@ def test_final_validation_competes_for_best_like_hf_trainer(job, compose_cfg, tm
     assert hf_best == STEPS and hf_evals[STEPS] < hf_evals[EVAL_EVERY]  # and kept them as its best
 
     cfg = compose_cfg(
-        "+experiment=clm", f"model.name_or_path={folder}", f"data.path={train_file}", f"data.validation_path={val_file}",
-        "data.shuffle=false", "data.max_length=64", "data.per_device_train_batch_size=2",
-        "data.per_device_eval_batch_size=8", f"trainer.max_steps={STEPS}", "trainer.max_epochs=null",
-        f"trainer.val_check_interval={EVAL_EVERY}", "trainer.check_val_every_n_epoch=null",
-        "trainer.limit_val_batches=null", "trainer.gradient_clip_val=1.0", f"optim.lr={LR}", "optim.weight_decay=0.0",
-        "scheduler.name=linear", "scheduler.warmup_steps=0", "metric_for_best_model=eval_loss",
+        "+experiment=clm",
+        f"model.name_or_path={folder}",
+        f"data.path={train_file}",
+        f"data.validation_path={val_file}",
+        "data.shuffle=false",
+        "data.max_length=64",
+        "data.per_device_train_batch_size=2",
+        "data.per_device_eval_batch_size=8",
+        f"trainer.max_steps={STEPS}",
+        "trainer.max_epochs=null",
+        f"trainer.val_check_interval={EVAL_EVERY}",
+        "trainer.check_val_every_n_epoch=null",
+        "trainer.limit_val_batches=null",
+        "trainer.gradient_clip_val=1.0",
+        f"optim.lr={LR}",
+        "optim.weight_decay=0.0",
+        "scheduler.name=linear",
+        "scheduler.warmup_steps=0",
+        "metric_for_best_model=eval_loss",
     )
     train(cfg)
     with open(tmp_path / "metrics.csv") as fh:

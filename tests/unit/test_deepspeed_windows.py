@@ -38,16 +38,33 @@ class Windows(L.Callback):
 def fit(strategy, state):
     model = make_model()
     model.load_state_dict(state)
-    module = HFLightningModule(model, optim={"name": "adamw", "lr": LR}, scheduler={"name": "linear", "warmup_steps": 0})
+    module = HFLightningModule(
+        model, optim={"name": "adamw", "lr": LR}, scheduler={"name": "linear", "warmup_steps": 0}
+    )
     data = HFDataModule(
-        PadOnly(), path=datasets.Dataset.from_list(make_rows(ROWS)), format="tokenized", validation_split=0.0,
-        per_device_train_batch_size=MICRO_BATCH, max_length=64, seed=0,
+        PadOnly(),
+        path=datasets.Dataset.from_list(make_rows(ROWS)),
+        format="tokenized",
+        validation_split=0.0,
+        per_device_train_batch_size=MICRO_BATCH,
+        max_length=64,
+        seed=0,
     )
     windows = Windows()
     trainer = L.Trainer(
-        accelerator="cpu", devices=1, strategy=strategy, max_epochs=EPOCHS, accumulate_grad_batches=ACCUMULATION,
-        gradient_clip_val=1.0, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0, use_distributed_sampler=False,
+        accelerator="cpu",
+        devices=1,
+        strategy=strategy,
+        max_epochs=EPOCHS,
+        accumulate_grad_batches=ACCUMULATION,
+        gradient_clip_val=1.0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        use_distributed_sampler=False,
         callbacks=[windows],
     )
     trainer.fit(module, datamodule=data)
@@ -71,8 +88,12 @@ def test_the_engine_steps_at_our_windows_with_the_schedule_of_their_count(monkey
 
     ds = deepspeed_emulation.install(monkeypatch)
     strategy = deepspeed_strategy(
-        stage=2, micro_batch_size=MICRO_BATCH, accumulate_grad_batches=ACCUMULATION, gradient_clip_val=1.0,
-        precision="32-true", devices=1,
+        stage=2,
+        micro_batch_size=MICRO_BATCH,
+        accumulate_grad_batches=ACCUMULATION,
+        gradient_clip_val=1.0,
+        precision="32-true",
+        devices=1,
     )
     trainer, module, windows = fit(strategy, state)
     (engine,) = ds.engines
@@ -84,7 +105,9 @@ def test_the_engine_steps_at_our_windows_with_the_schedule_of_their_count(monkey
     assert [lr for _, lr in engine.updates] == pytest.approx([LR * (1 - i / 6) for i in range(6)], rel=1e-6)
     # the same updates as the run without DeepSpeed, bit for bit
     assert plain.global_step == 6
-    for (name, ours), theirs in zip(module.model.state_dict().items(), plain_module.model.state_dict().values()):
+    for (name, ours), theirs in zip(
+        module.model.state_dict().items(), plain_module.model.state_dict().values()
+    ):
         assert torch.equal(ours, theirs), name
 
 
@@ -96,7 +119,15 @@ def test_our_deepspeed_strategy_counts_as_deepspeed(monkeypatch):
     from hf_lightning.strategies.deepspeed import deepspeed_strategy
 
     deepspeed_emulation.install(monkeypatch)
-    strategy = deepspeed_strategy(stage=2, micro_batch_size=2, accumulate_grad_batches=2, gradient_clip_val=1.0,
-                                  precision="32-true", devices=1)
-    trainer = L.Trainer(accelerator="cpu", devices=1, strategy=strategy, logger=False, enable_checkpointing=False)
+    strategy = deepspeed_strategy(
+        stage=2,
+        micro_batch_size=2,
+        accumulate_grad_batches=2,
+        gradient_clip_val=1.0,
+        precision="32-true",
+        devices=1,
+    )
+    trainer = L.Trainer(
+        accelerator="cpu", devices=1, strategy=strategy, logger=False, enable_checkpointing=False
+    )
     assert gradients_outside_params(trainer)

@@ -51,13 +51,24 @@ class WindowLengths(L.Callback):
 def fit(tmp_path, rows: int, accumulation: int, **limits):
     """Rows of 4 tokens in micro-batches of 2 (``rows / 2`` micro-batches per epoch); the window lengths seen."""
     source = datasets.Dataset.from_list([{"input_ids": [4 + i % 20, 5, 6, 7]} for i in range(rows)])
-    data = HFDataModule(PadOnly(), path=source, format="tokenized", validation_split=0.0, per_device_train_batch_size=2)
+    data = HFDataModule(
+        PadOnly(), path=source, format="tokenized", validation_split=0.0, per_device_train_batch_size=2
+    )
     seen = WindowLengths()
     trainer = L.Trainer(
-        accelerator="cpu", accumulate_grad_batches=accumulation, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, callbacks=[seen], default_root_dir=tmp_path, **limits,
+        accelerator="cpu",
+        accumulate_grad_batches=accumulation,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[seen],
+        default_root_dir=tmp_path,
+        **limits,
     )
-    module = HFLightningModule(tiny_llama().train(), optim={"name": "sgd", "lr": 0.01}, scheduler={"name": "constant"})
+    module = HFLightningModule(
+        tiny_llama().train(), optim={"name": "sgd", "lr": 0.01}, scheduler={"name": "constant"}
+    )
     trainer.fit(module, datamodule=data)
     windows, i = [], 0  # the window lengths as the loader cut them
     while i < len(seen.lengths):
@@ -95,16 +106,24 @@ def test_epochs_ending_before_max_steps_warn_once(tmp_path, caplog):
         trainer, _ = fit(tmp_path, 12, 2, max_epochs=1, max_steps=5)
     assert trainer.global_step == 3  # 6 micro-batches, windows of 2: the epoch ends it
     lines = warnings_of(caplog, "trainer.max_epochs=1")
-    assert lines == ["trainer.max_epochs=1 ends this run after 3 optimizer steps, before trainer.max_steps=5 "
-                     "(Lightning stops at the first limit reached); set trainer.max_epochs=null to run 5 steps"]
+    assert lines == [
+        "trainer.max_epochs=1 ends this run after 3 optimizer steps, before trainer.max_steps=5 "
+        "(Lightning stops at the first limit reached); set trainer.max_epochs=null to run 5 steps"
+    ]
 
 
 @pytest.mark.parametrize(
     "overrides,max_epochs",
     [
-        (["+experiment=clm", "data.path=x.jsonl", "trainer.max_steps=12"], None),  # given steps, epochs from clm
+        (
+            ["+experiment=clm", "data.path=x.jsonl", "trainer.max_steps=12"],
+            None,
+        ),  # given steps, epochs from clm
         (["+experiment=sft", "++trainer.max_steps=12"], None),
-        (["+experiment=clm", "data.path=x.jsonl", "trainer.max_steps=12", "trainer.max_epochs=1"], 1),  # both given
+        (
+            ["+experiment=clm", "data.path=x.jsonl", "trainer.max_steps=12", "trainer.max_epochs=1"],
+            1,
+        ),  # both given
         (["+experiment=sft", "trainer.max_steps=-1"], 4),  # -1 is no limit
         (["+experiment=sft", "trainer=debug"], 4),  # a group's file, not the command line, set max_steps=4
     ],
