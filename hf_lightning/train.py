@@ -68,13 +68,16 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
     import lightning as L
     from hydra.utils import instantiate
 
+    from hf_lightning.callbacks.final_validation import FinalValidation
     from hf_lightning.checkpointing import AtomicCheckpointIO, find_resume_checkpoint
     from hf_lightning.config import validate_config
+    from hf_lightning.config.run_length import apply_max_steps_precedence, command_line_overrides
     from hf_lightning.run_folder import check_run_folder
     from hf_lightning.strategies import refuse_multirun_relaunch
     from hf_lightning.strategies.precision import precision_plugin
 
     validate_config(cfg)
+    apply_max_steps_precedence(cfg, command_line_overrides())  # HF: a given max_steps overrides the epochs
     weights_only = bool(cfg.get("resume_weights_only"))
     ckpt_path = find_resume_checkpoint(cfg.get("ckpt_path"), cfg.output_dir, weights_only=weights_only)
     check_run_folder(cfg.output_dir, cfg.get("ckpt_path"))  # a fresh run never overwrites a previous one
@@ -87,6 +90,7 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
         # Lightning refuses a progress-bar callback when the bar is off; off wins
         callbacks = [c for c in callbacks if not isinstance(c, ProgressBar)]
     callbacks = with_best_model(cfg, callbacks)
+    callbacks.append(FinalValidation())  # the final weights' validation competes for best.ckpt like any other
     loggers = [instantiate(c) for c in (cfg.get("logger") or {}).values() if c is not None]
     trainer_cfg = OmegaConf.to_container(cfg.trainer, resolve=True)
     plugin = precision_plugin(trainer_cfg.get("precision"), trainer_cfg.get("accelerator"), trainer_cfg.get("strategy"))
@@ -237,10 +241,11 @@ def _validate_final_weights(trainer: Any, module: Any, datamodule: Any) -> None:
 
     A run's validations fall where ``val_check_interval`` puts them, which need not be its last step (``0.5`` of a
     121-batch epoch validates after batches 60 and 120, never after 121), so the last ``val/loss`` would describe
-    an earlier model than ``hf_model/``. HF ``Trainer`` users call ``trainer.evaluate()`` after ``train()`` for
-    this; here it is done, logged at the final step, so ``final_metrics.json`` describes the exported weights.
-    Skipped when validation is off (``trainer.limit_val_batches=0`` or no validation data) or the run stopped on
-    a signal.
+    an earlier model than ``hf_model/``. :class:`~hf_lightning.callbacks.final_validation.FinalValidation` runs
+    that validation inside ``fit`` (where it competes for ``best.ckpt``); this is the fallback for an epoch in
+    which Lightning allows none (``check_val_every_n_epoch`` > 1), logged at the final step after ``fit``, so
+    ``final_metrics.json`` describes the exported weights. Skipped when validation is off
+    (``trainer.limit_val_batches=0`` or no validation data) or the run stopped on a signal.
     """
     if not trainer.global_step or getattr(module, "preempted", False) or trainer.interrupted:
         return
@@ -248,10 +253,13 @@ def _validate_final_weights(trainer: Any, module: Any, datamodule: Any) -> None:
         return
     if module.last_validated_step == trainer.global_step:
         return
+    best = [cb for cb in trainer.checkpoint_callbacks if getattr(cb, "monitor", None) not in (None, "step")]
     log.info(
-        "validating the final weights (step %d): %s", trainer.global_step,
+        "validating the final weights (step %d) after training: %s%s", trainer.global_step,
         "no validation had run" if module.last_validated_step is None
         else f"the last validation was at step {module.last_validated_step}",
+        " (no validation was allowed in the last epoch, e.g. by trainer.check_val_every_n_epoch; after fit this one "
+        "does not compete for the best checkpoint)" if best else "",
     )
     trainer.validate(module, datamodule=datamodule, verbose=False)
 

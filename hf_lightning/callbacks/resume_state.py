@@ -10,6 +10,7 @@ import lightning as L
 import numpy as np
 import torch
 
+from hf_lightning.checkpointing.loop_state import reopen_stopped_epoch
 from hf_lightning.checkpointing.resume import describe_differences
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,10 @@ class ResumeState(L.Callback):
     On load the RNG states of this rank are restored, and a warning names every setting that changed
     since the checkpoint (batch size, accumulation, world size, max length, seed, dataset fingerprint):
     any of them makes the resumed data order or loss differ from the uninterrupted run.
+
+    A checkpoint written after ``trainer.max_steps`` (or a stop) ended training in the middle of an epoch records
+    that epoch as unfinished (:func:`~hf_lightning.checkpointing.loop_state.reopen_stopped_epoch`): a run
+    continued from it with a larger ``max_steps`` trains the rest of the epoch, as the uninterrupted run does.
     """
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
@@ -57,6 +62,7 @@ class ResumeState(L.Callback):
             ranks = [None] * trainer.world_size
             torch.distributed.all_gather_object(ranks, rng)
         checkpoint[KEY] = {"rng": ranks, "signature": _signature(trainer)}
+        reopen_stopped_epoch(checkpoint, trainer)
 
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
         state = checkpoint.get(KEY)

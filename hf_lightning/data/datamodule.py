@@ -552,7 +552,12 @@ class HFDataModule(L.LightningDataModule):
             trainer.accumulate_grad_batches,
             count,
             max_batches=lambda: trainer.num_training_batches,
-            progress=lambda: (trainer.current_epoch, trainer.fit_loop.epoch_loop.batch_progress.current.processed),
+            # the epoch being trained: current_epoch counts it as done already when a checkpoint is written after
+            # training stopped in its middle (at on_train_end), epochs started minus one does not
+            progress=lambda: (
+                trainer.fit_loop.epoch_progress.current.started - 1,
+                trainer.fit_loop.epoch_loop.batch_progress.current.processed,
+            ),
         )
 
     def val_dataloader(self) -> Any:

@@ -21,7 +21,7 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.plugins.precision import Precision
-from lightning.pytorch.strategies import FSDPStrategy
+from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy
 
 
 def params_with_grad(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
@@ -30,8 +30,8 @@ def params_with_grad(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
 
 
 def gradients_outside_params(trainer: L.Trainer) -> bool:
-    """DeepSpeed keeps gradients in its engine, not in ``p.grad``."""
-    return type(trainer.strategy).__name__.startswith("DeepSpeed")
+    """DeepSpeed keeps gradients in its engine, not in ``p.grad`` (any ``DeepSpeedStrategy``, ours included)."""
+    return isinstance(trainer.strategy, DeepSpeedStrategy)
 
 
 class StepGradNorm:

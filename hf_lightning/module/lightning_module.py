@@ -28,6 +28,8 @@ from hf_lightning.module.loss import (
     token_cross_entropy_sum,
 )
 from hf_lightning.module.optim import build_optimizer, build_scheduler
+from hf_lightning.module.run_plan import plan_run
+from hf_lightning.module.run_plan import report as report_plan
 
 log = logging.getLogger(__name__)
 
@@ -513,7 +515,9 @@ class HFLightningModule(EvalStepsMixin, L.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def total_training_steps(self) -> float:
-        """Optimizer steps of the whole run, for the LR schedule (``trainer.estimated_stepping_batches``'s formula).
+        """Optimizer steps of the whole run, for the LR schedule (:func:`~hf_lightning.module.run_plan.plan_run`:
+        ``trainer.estimated_stepping_batches``'s formula). Logs one WARNING when ``max_epochs`` ends the run before
+        ``max_steps``, and one when windows are shorter than ``accumulate_grad_batches`` (how many steps).
 
         Lightning's property builds the train loader through ``fit_loop.setup_data()`` while the optimizers are
         configured, before a checkpoint's loop state is restored; the loader state of a mid-epoch resume is
@@ -522,7 +526,7 @@ class HFLightningModule(EvalStepsMixin, L.LightningModule):
         """
         trainer = self.trainer
         datamodule = trainer.datamodule
-        if datamodule is None or trainer.max_epochs == -1:
+        if datamodule is None:
             return trainer.estimated_stepping_batches
         try:
             batches: float = len(datamodule.train_dataloader())
@@ -533,10 +537,10 @@ class HFLightningModule(EvalStepsMixin, L.LightningModule):
             batches = min(batches, limit)
         elif limit is not None and batches != float("inf"):
             batches = int(batches * limit)
-        if batches == float("inf"):
-            return trainer.max_steps if trainer.max_steps != -1 else float("inf")
-        steps = math.ceil(batches / trainer.accumulate_grad_batches) * max(trainer.max_epochs or 1, 1)
-        return min(steps, trainer.max_steps) if trainer.max_steps != -1 else steps
+        plan = plan_run(batches, trainer.accumulate_grad_batches, trainer.max_epochs, trainer.max_steps)
+        if trainer.is_global_zero:
+            report_plan(plan, trainer.max_epochs)
+        return plan.total_steps
 
     def trained_tokens(self) -> int:
         """Real (non-padding) input tokens seen by training on this process."""

@@ -9,6 +9,17 @@ Loss scaling: Lightning divides the ``training_step`` loss by ``accumulate_grad_
 ``DeepSpeedEngine.backward`` divides it by ``gradient_accumulation_steps`` again unless it is called with
 ``scale_wrt_gas=False`` (HF ``Trainer`` passes ``False`` too). :class:`HFDeepSpeedStrategy` passes ``False``, so the
 gradient that reaches the optimizer is the one the module's loss defines, as under DDP.
+
+Accumulation windows: left to itself the engine steps when its own micro-step counter, which runs across epochs,
+reaches a multiple of ``gradient_accumulation_steps``, and Lightning (which then lets the engine own accumulation)
+never closes the short last window of an epoch. With 5 micro-batches per epoch and accumulation 2, the engine
+would step after micro-batches 2, 4, 6, 8, 10 (its third window spanning two epochs), Lightning would count 4
+steps and step the schedule 4 times, and :class:`~hf_lightning.data.windows.AccumulationWindowLoader` would
+normalise 6 windows of 2, 2, 1 micro-batches. :class:`LightningWindows` makes the engine follow Lightning's
+windows, as HF ``Trainer`` (through accelerate) does: Lightning runs the windows as under DDP (the short one
+included), the engine is told before every backward whether this micro-batch closes a window
+(``set_gradient_accumulation_boundary``), and ``engine.step()`` is called once per window. Count, step count and
+learning-rate schedule then agree with the engine's updates: 6 in the example.
 """
 
 from __future__ import annotations
@@ -197,12 +208,33 @@ def _read_user_config(user_config: str | Mapping[str, Any]) -> dict[str, Any]:
     return data
 
 
-class HFDeepSpeedStrategy(DeepSpeedStrategy):
-    """Lightning's ``DeepSpeedStrategy`` with ``backward(..., scale_wrt_gas=False)`` (see the module docstring)."""
+class LightningWindows:
+    """Strategy mixin: a DeepSpeed-style engine (``self.model``) steps at the end of Lightning's accumulation windows.
+
+    ``handles_gradient_accumulation`` is ``False``, so Lightning runs forward/backward alone inside a window and
+    calls ``optimizer_step`` (DeepSpeed's precision plugin: ``engine.step()``) at its last micro-batch, the short
+    last window of an epoch included; before each backward the engine's boundary is set to whether this
+    micro-batch closes its window (DeepSpeed's ``set_gradient_accumulation_boundary``, the call accelerate's
+    ``DeepSpeedEngineWrapper.backward`` makes for HF ``Trainer``), and ``scale_wrt_gas=False`` keeps the module's
+    loss as it is (see the module docstring).
+    """
+
+    @property
+    def handles_gradient_accumulation(self) -> bool:
+        return False
 
     def backward(self, closure_loss: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+        # Lightning's own decision for this micro-batch (FitLoop._should_accumulate, private): the same rule as
+        # AccumulationWindowLoader's windows
+        closes_window = not self.lightning_module.trainer.fit_loop._should_accumulate()
+        self.model.set_gradient_accumulation_boundary(closes_window)
         kwargs.setdefault("scale_wrt_gas", False)
         return super().backward(closure_loss, optimizer, *args, **kwargs)
+
+
+class HFDeepSpeedStrategy(LightningWindows, DeepSpeedStrategy):
+    """Lightning's ``DeepSpeedStrategy`` stepping the engine at Lightning's accumulation windows, with
+    ``backward(..., scale_wrt_gas=False)`` (:class:`LightningWindows`; see the module docstring)."""
 
     def _format_batch_size_and_grad_accum_config(self) -> None:
         # Lightning refuses a config that already holds gradient_accumulation_steps and sets it from the

@@ -1,0 +1,92 @@
+"""How many optimizer steps a run takes, how many of them close a short accumulation window, and the log lines
+that say so.
+
+Lightning steps the optimizer after every ``accumulate_grad_batches`` micro-batches and after the last micro-batch
+of an epoch, so an epoch of ``B`` micro-batches takes ``ceil(B / k)`` steps and, when ``B % k != 0``, its last
+window holds ``B % k`` micro-batches (HF ``Trainer`` cuts its windows per epoch the same way). The run ends at
+``trainer.max_steps`` or after ``trainer.max_epochs`` epochs, whichever comes first.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+INF = float("inf")
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """The step counts of one run, per process.
+
+    Attributes:
+        batches_per_epoch: micro-batches per epoch on this process (``inf``: a stream of unknown length).
+        accumulation: ``accumulate_grad_batches``.
+        steps_per_epoch: optimizer steps per epoch, ``ceil(batches_per_epoch / accumulation)``.
+        epoch_steps: steps the epoch limit allows (``inf`` without one).
+        max_steps: ``trainer.max_steps`` (``-1``: none).
+        total_steps: the run's optimizer steps, the length of the learning-rate schedule.
+    """
+
+    batches_per_epoch: float
+    accumulation: int
+    steps_per_epoch: float
+    epoch_steps: float
+    max_steps: int
+    total_steps: float
+
+    @property
+    def short_window(self) -> int:
+        """Micro-batches in the last window of an epoch when it is shorter than ``accumulation`` (else 0)."""
+        if not math.isfinite(self.batches_per_epoch):
+            return 0
+        return int(self.batches_per_epoch) % self.accumulation
+
+    @property
+    def short_steps(self) -> int:
+        """Optimizer steps of the run that close a short window: the last step of each epoch the run reaches."""
+        if not self.short_window or not math.isfinite(self.total_steps):
+            return 0
+        return int(self.total_steps // self.steps_per_epoch)
+
+
+def plan_run(batches_per_epoch: float, accumulation: int, max_epochs: int | None, max_steps: int) -> RunPlan:
+    """The :class:`RunPlan` of ``batches_per_epoch`` micro-batches per epoch (``inf`` if unknown) with Lightning's
+    resolved limits (``max_epochs`` ``-1`` or ``None``: no epoch limit; ``max_steps`` ``-1``: no step limit).
+
+    Example: 5 micro-batches per epoch, accumulation 2, 2 epochs: windows of 2, 2, 1 per epoch, 3 steps per
+    epoch, 6 in all, 2 of them short.
+    """
+    steps_per_epoch = math.ceil(batches_per_epoch / accumulation) if math.isfinite(batches_per_epoch) else INF
+    epochs = INF if max_epochs in (None, -1) else max(max_epochs, 1)
+    epoch_steps = steps_per_epoch * epochs if epochs != INF else INF
+    total = min(epoch_steps, max_steps) if max_steps != -1 else epoch_steps
+    return RunPlan(batches_per_epoch, accumulation, steps_per_epoch, epoch_steps, max_steps, total)
+
+
+def report(plan: RunPlan, max_epochs: int | None) -> None:
+    """One WARNING for each limit or window the run does not get as configured (call once per fit, on rank 0):
+    ``max_epochs`` ending the run before ``max_steps``, and the steps whose window is short."""
+    if plan.max_steps != -1 and plan.epoch_steps < plan.max_steps:
+        log.warning(
+            "trainer.max_epochs=%s ends this run after %d optimizer steps, before trainer.max_steps=%d (Lightning "
+            "stops at the first limit reached); set trainer.max_epochs=null to run %d steps",
+            max_epochs,
+            plan.epoch_steps,
+            plan.max_steps,
+            plan.max_steps,
+        )
+    if plan.short_steps:
+        log.warning(
+            "gradient-accumulation windows: trainer.accumulate_grad_batches=%d, but an epoch has %d micro-batches "
+            "on this process, so its last window holds %d: %d of this run's %d optimizer steps are short (each "
+            "normalised by its own target count, as HF Trainer does)",
+            plan.accumulation,
+            plan.batches_per_epoch,
+            plan.short_window,
+            plan.short_steps,
+            plan.total_steps,
+        )

@@ -1,0 +1,133 @@
+"""DeepSpeed steps at the end of our accumulation windows, the short last window of an epoch included (issue 14,
+item 15), proved on CPU with the engine emulated (``tests/deepspeed_emulation.py``: deepspeed needs CUDA).
+
+5 micro-batches per epoch, 2 epochs, accumulation 2. By hand: windows of 2, 2, 1 micro-batches per epoch, so 6
+optimizer steps, and a linear schedule over 6 steps from lr 0.01 uses 0.01 x (1 - i/6) at step i. Lightning's
+``DeepSpeedStrategy`` left the accumulation to the engine, which stepped whenever its own micro-step counter (running
+across epochs) hit a multiple of 2: after micro-batches 2, 4, 6, 8, 10, one window spanning the two epochs, while
+Lightning counted 4 steps (and stepped the schedule 4 times) and the loss was normalised over 6 windows.
+"""
+
+from __future__ import annotations
+
+import datasets
+import lightning as L
+import pytest
+import torch
+
+from hf_lightning import HFDataModule, HFLightningModule
+from hf_lightning.data.windows import WINDOW_LENGTH_KEY
+from tests import deepspeed_emulation
+from tests.data_support import PadOnly
+from tests.parity.tiny_llama_case import make_model, make_rows
+
+LR = 0.01
+ROWS, MICRO_BATCH, ACCUMULATION, EPOCHS = 10, 2, 2, 2
+
+
+class Windows(L.Callback):
+    """The window length the loader attached to each micro-batch, in order."""
+
+    def __init__(self) -> None:
+        self.lengths: list[int] = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.lengths.append(batch[WINDOW_LENGTH_KEY])
+
+
+def fit(strategy, state):
+    model = make_model()
+    model.load_state_dict(state)
+    module = HFLightningModule(
+        model, optim={"name": "adamw", "lr": LR}, scheduler={"name": "linear", "warmup_steps": 0}
+    )
+    data = HFDataModule(
+        PadOnly(),
+        path=datasets.Dataset.from_list(make_rows(ROWS)),
+        format="tokenized",
+        validation_split=0.0,
+        per_device_train_batch_size=MICRO_BATCH,
+        max_length=64,
+        seed=0,
+    )
+    windows = Windows()
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        strategy=strategy,
+        max_epochs=EPOCHS,
+        accumulate_grad_batches=ACCUMULATION,
+        gradient_clip_val=1.0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        use_distributed_sampler=False,
+        callbacks=[windows],
+    )
+    trainer.fit(module, datamodule=data)
+    return trainer, module, windows
+
+
+def cut(lengths: list[int]) -> list[list[int]]:
+    """Micro-batch indices grouped into the windows whose lengths the loader attached."""
+    out, i = [], 0
+    while i < len(lengths):
+        out.append(list(range(i, i + lengths[i])))
+        i += lengths[i]
+    return out
+
+
+def test_the_engine_steps_at_our_windows_with_the_schedule_of_their_count(monkeypatch):
+    from hf_lightning.strategies.deepspeed import deepspeed_strategy
+
+    state = make_model().state_dict()
+    plain, plain_module, _ = fit("auto", state)
+
+    ds = deepspeed_emulation.install(monkeypatch)
+    strategy = deepspeed_strategy(
+        stage=2,
+        micro_batch_size=MICRO_BATCH,
+        accumulate_grad_batches=ACCUMULATION,
+        gradient_clip_val=1.0,
+        precision="32-true",
+        devices=1,
+    )
+    trainer, module, windows = fit(strategy, state)
+    (engine,) = ds.engines
+
+    by_hand = [[0, 1], [2, 3], [4], [5, 6], [7, 8], [9]]
+    assert cut(windows.lengths) == by_hand  # the windows the loss was normalised over
+    assert [applied for applied, _ in engine.updates] == by_hand  # the engine's real updates
+    assert trainer.global_step == len(engine.updates) == 6
+    assert [lr for _, lr in engine.updates] == pytest.approx([LR * (1 - i / 6) for i in range(6)], rel=1e-6)
+    # the same updates as the run without DeepSpeed, bit for bit
+    assert plain.global_step == 6
+    for (name, ours), theirs in zip(
+        module.model.state_dict().items(), plain_module.model.state_dict().values()
+    ):
+        assert torch.equal(ours, theirs), name
+
+
+def test_our_deepspeed_strategy_counts_as_deepspeed(monkeypatch):
+    """Gradients under DeepSpeed live in the engine: no norm from ``p.grad``, no clipping of our own (the engine
+    clips), and ``on_nonfinite=skip`` refused. ``HFDeepSpeedStrategy`` was missed (the check read the class name's
+    prefix), so the module clipped and the engine clipped again (the weights above then differ by 1.5e-7)."""
+    from hf_lightning.module.grad_norm import gradients_outside_params
+    from hf_lightning.strategies.deepspeed import deepspeed_strategy
+
+    deepspeed_emulation.install(monkeypatch)
+    strategy = deepspeed_strategy(
+        stage=2,
+        micro_batch_size=2,
+        accumulate_grad_batches=2,
+        gradient_clip_val=1.0,
+        precision="32-true",
+        devices=1,
+    )
+    trainer = L.Trainer(
+        accelerator="cpu", devices=1, strategy=strategy, logger=False, enable_checkpointing=False
+    )
+    assert gradients_outside_params(trainer)
