@@ -45,7 +45,10 @@ def test_validate_and_test_return_the_logged_metrics(tmp_path, stage):
     ds = datasets.Dataset.from_list(ROWS)
     dm = HFDataModule(PadOnly(), path=ds, validation_path=ds, per_device_eval_batch_size=2)
     trainer = L.Trainer(
-        accelerator="cpu", logger=CSVLogger(str(tmp_path)), enable_progress_bar=False, enable_model_summary=False,
+        accelerator="cpu",
+        logger=CSVLogger(str(tmp_path)),
+        enable_progress_bar=False,
+        enable_model_summary=False,
     )
     module = HFLightningModule(TableLM())
     if stage == "val":
@@ -60,5 +63,7 @@ def test_validate_and_test_return_the_logged_metrics(tmp_path, stage):
         assert out[0][f"{stage}/{key}"] == pytest.approx(value, rel=1e-6), key
     # the same numbers the loggers received
     (row,) = [r for r in _logged_rows(tmp_path) if r.get(f"{stage}/loss")]
-    assert {k: float(v) for k, v in row.items() if k.startswith(f"{stage}/") and v} == pytest.approx(out[0], rel=1e-6)
+    assert {k: float(v) for k, v in row.items() if k.startswith(f"{stage}/") and v} == pytest.approx(
+        out[0], rel=1e-6
+    )
     assert int(row["step"]) == 0  # HF's step: no optimizer step was taken
