@@ -39,6 +39,7 @@ from hf_lightning.data.iterable import ShardedStream
 from hf_lightning.data.loader import EpochDataLoader
 from hf_lightning.data.loading import is_stream, load_source, split_train_validation
 from hf_lightning.data.packing import STRATEGIES, PackedCollator, pack_dataset
+from hf_lightning.data.positions import check_positions
 from hf_lightning.data.preprocess import ExampleProcessor, label_mapping, scan_torch_dataset, tokenize_dataset
 from hf_lightning.data.pruning import (
     PruneColumnsCollator,
@@ -302,6 +303,8 @@ class HFDataModule(L.LightningDataModule):
         fmt = self.format if self.format != "auto" else detect_format(self._columns(train), path)
         self.data_format = fmt
         self._check_options(fmt, train, model)
+        if model is not None:  # a row longer than a position table fails in the embedding, maybe hours in
+            check_positions(model, self.max_length, self.pad_to_multiple_of, self.padding_free)
         label2id = label_mapping(train, path) if fmt == "classification" else None
         if label2id is not None:
             self.id2label = {i: name for name, i in label2id.items()}
