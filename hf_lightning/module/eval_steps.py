@@ -12,6 +12,7 @@ from torch import nn
 from torchmetrics import Metric
 from torchmetrics.classification import MulticlassF1Score
 
+from hf_lightning.data.placeholder import PLACEHOLDER_KEY
 from hf_lightning.errors import ConfigError
 from hf_lightning.module.evaluation import PredictionCollector, TokenAccuracy, estimate_logits_bytes
 from hf_lightning.module.loss import IGNORE_INDEX, token_cross_entropy_sum
@@ -89,11 +90,12 @@ class EvalStepsMixin:
         logits, labels = outputs.logits, batch["labels"]
         metrics = self.eval_metrics[stage]
         loss_sum = token_cross_entropy_sum(logits, labels, causal=self.causal, shift_labels=batch.get("shift_labels"))
+        # a placeholder (hf_lightning.data.placeholder) has no target: it adds 0 to these sums, and nothing below
         metrics["loss"].update(loss_sum, self.count_loss_items(batch))
         metrics["accuracy"].update(logits, labels)
         if "f1" in metrics:
             metrics["f1"].update(logits.argmax(-1), labels)
-        if self.compute_metrics is None:
+        if self.compute_metrics is None or batch.get(PLACEHOLDER_KEY):
             return
         preds = logits
         if self.preprocess_logits_for_metrics is not None:
@@ -234,8 +236,11 @@ class EvalStepsMixin:
         """Per example: the argmax token at every target position (causal shift), and the label there.
 
         Returns a list (one dict per example, in batch order) of ``{"positions", "predicted_ids",
-        "label_ids"}``; positions index the label sequence.
+        "label_ids"}``; positions index the label sequence. A placeholder batch (a rank with no example of the
+        set, :mod:`~hf_lightning.data.placeholder`) returns ``[]``.
         """
+        if batch.get(PLACEHOLDER_KEY):
+            return []
         logits = self(batch).logits
         preds = logits.argmax(-1)
         labels = batch["labels"]
