@@ -174,3 +174,23 @@ def test_missing_optional_package_cli(tmp_path, monkeypatch, args, blocked, what
     line = one_line_error(proc)
     assert_names_package_and_extra(line.removeprefix("hf_lightning: error: "), what, package)
     assert not (tmp_path / "run" / "checkpoints").exists()  # stopped before any work
+
+
+def test_our_error_inside_a_target_is_one_line(compose_cfg, tmp_path):
+    """Hydra wraps an exception raised by a ``_target_`` in its multi-line "Error in call to target"; the entry
+    points' ``instantiate`` lets our own error through as it is."""
+    from hydra.errors import InstantiationException
+    from hydra.utils import instantiate as hydra_instantiate
+
+    from hf_lightning.train import instantiate
+
+    ds_json = tmp_path / "ds.json"
+    ds_json.write_text('{"train_micro_batch_size_per_gpu": 3}')
+    cfg = compose_cfg(
+        "+experiment=sft", "strategy=deepspeed_zero2", "trainer=gpu", f"trainer.strategy.config={ds_json}"
+    )
+    with pytest.raises(InstantiationException, match="Error in call to target"):
+        hydra_instantiate(cfg.trainer.strategy)
+    with pytest.raises(ConfigError) as err:
+        instantiate(cfg.trainer.strategy)
+    assert "\n" not in str(err.value) and "train_micro_batch_size_per_gpu=3 conflicts with" in str(err.value)
