@@ -28,9 +28,12 @@ TINY = {"vocab_size": 40}
 
 
 def _models() -> dict:
+    """Factories of tiny models with a 32-position limit (RoBERTa: 34 rows, its positions skip 2)."""
     return {
-        "gpt2": T.GPT2LMHeadModel(T.GPT2Config(n_positions=32, n_embd=16, n_layer=1, n_head=2, **TINY)),
-        "gpt_neo": T.GPTNeoForCausalLM(
+        "gpt2": lambda: T.GPT2LMHeadModel(
+            T.GPT2Config(n_positions=32, n_embd=16, n_layer=1, n_head=2, **TINY)
+        ),
+        "gpt_neo": lambda: T.GPTNeoForCausalLM(
             T.GPTNeoConfig(
                 max_position_embeddings=32,
                 hidden_size=16,
@@ -40,7 +43,7 @@ def _models() -> dict:
                 **TINY,
             )
         ),
-        "opt": T.OPTForCausalLM(
+        "opt": lambda: T.OPTForCausalLM(
             T.OPTConfig(
                 max_position_embeddings=32,
                 hidden_size=16,
@@ -51,7 +54,7 @@ def _models() -> dict:
                 **TINY,
             )
         ),
-        "roberta": T.RobertaForCausalLM(
+        "roberta": lambda: T.RobertaForCausalLM(
             T.RobertaConfig(
                 max_position_embeddings=34,
                 hidden_size=16,
@@ -62,7 +65,7 @@ def _models() -> dict:
                 **TINY,
             )
         ),
-        "bert_classifier": T.BertForSequenceClassification(
+        "bert_classifier": lambda: T.BertForSequenceClassification(
             T.BertConfig(
                 max_position_embeddings=32,
                 hidden_size=16,
@@ -72,7 +75,7 @@ def _models() -> dict:
                 **TINY,
             )
         ),
-        "bart": T.BartForConditionalGeneration(
+        "bart": lambda: T.BartForConditionalGeneration(
             T.BartConfig(
                 max_position_embeddings=32,
                 d_model=16,
@@ -85,10 +88,10 @@ def _models() -> dict:
                 **TINY,
             )
         ),
-        "gptj": T.GPTJForCausalLM(
+        "gptj": lambda: T.GPTJForCausalLM(
             T.GPTJConfig(n_positions=32, n_embd=16, n_layer=1, n_head=2, rotary_dim=4, **TINY)
         ),
-        "llama": T.LlamaForCausalLM(
+        "llama": lambda: T.LlamaForCausalLM(
             T.LlamaConfig(
                 max_position_embeddings=32,
                 hidden_size=16,
@@ -98,7 +101,7 @@ def _models() -> dict:
                 **TINY,
             )
         ),
-        "t5": T.T5ForConditionalGeneration(
+        "t5": lambda: T.T5ForConditionalGeneration(
             T.T5Config(d_model=16, d_kv=8, d_ff=32, num_layers=1, num_heads=2, n_positions=32, **TINY)
         ),
     }
@@ -117,7 +120,7 @@ def _runs(model, length: int) -> bool:
 @pytest.mark.parametrize("arch", list(_models()))
 def test_the_limit_is_where_the_model_fails(arch):
     torch.manual_seed(0)
-    model = _models()[arch]
+    model = _models()[arch]()
     limit = position_limit(model)
     if arch == "t5":  # relative positions: no limit
         assert limit is None and _runs(model, 200)
