@@ -119,6 +119,11 @@ def check_config(cfg: Any) -> None:
                 stage = OmegaConf.select(cfg, "trainer.strategy.stage", default=None)
                 what = f"strategy=deepspeed_zero{stage}" if stage is not None else key
             raise ConfigError(missing_message(what, package))
+    strategy = OmegaConf.select(cfg, "trainer.strategy", default=None)
+    if isinstance(strategy, str) and strategy.startswith("deepspeed") and is_missing("deepspeed"):
+        raise ConfigError(
+            missing_message(f"trainer.strategy={strategy}", "deepspeed")
+        )  # Lightning's registry names
     name = OmegaConf.select(cfg, "model.name_or_path", default=None)
     if isinstance(name, str) and name.startswith("pkg:"):
         check_model_package(name)
@@ -173,9 +178,17 @@ def explain_instantiation_error(err: Exception) -> HFLightningError | None:
     if isinstance(cause, ImportError):
         key = re.search(r"full_key: (\S+)", str(err))
         where = key.group(1) if key else "the config"
-        name = getattr(cause, "name", None) or str(cause)
+        name = getattr(cause, "name", None)
+        if name is None:  # a library's own check, e.g. Lightning's "Requirement 'mlflow>=1.0.0' not met"
+            return ConfigError(f"{where}: {cause}")
+        top = name.split(".")[0]
         package = next(
-            (p.pip for p in PACKAGES.values() if any(name in m.split("|") for m in p.modules)), None
+            (
+                p.pip
+                for p in PACKAGES.values()
+                if any(top in m.split("|") or name in m.split("|") for m in p.modules)
+            ),
+            None,
         )
         if package is not None:
             return ConfigError(missing_message(where, package))

@@ -67,12 +67,22 @@ def test_a_logger_without_its_package(compose_cfg, monkeypatch, override, blocke
     assert_names_package_and_extra(str(err.value), what, package)
 
 
-def test_deepspeed_strategy_without_deepspeed(compose_cfg, monkeypatch):
-    cfg = compose_cfg("+experiment=sft", "strategy=deepspeed_zero3", "trainer=gpu")
+@pytest.mark.parametrize(
+    "overrides,what",
+    [
+        (("strategy=deepspeed_zero3",), "strategy=deepspeed_zero3"),
+        (
+            ("trainer.strategy=deepspeed_stage_2",),
+            "trainer.strategy=deepspeed_stage_2",
+        ),  # Lightning's own name
+    ],
+)
+def test_deepspeed_strategy_without_deepspeed(compose_cfg, monkeypatch, overrides, what):
+    cfg = compose_cfg("+experiment=sft", "trainer=gpu", *overrides)
     _block(monkeypatch, "deepspeed")
     with pytest.raises(ConfigError) as err:
         check_config(cfg)
-    assert_names_package_and_extra(str(err.value), "strategy=deepspeed_zero3", "deepspeed")
+    assert_names_package_and_extra(str(err.value), what, "deepspeed")
 
 
 def test_classification_model_without_its_wheel(compose_cfg, monkeypatch):
