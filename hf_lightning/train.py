@@ -176,9 +176,7 @@ def _fit(
         model_cfg["id2label"] = names
     model = build_model(tokenizer, **model_cfg)
     if datamodule.train_dataset is not None:  # set up before the model existed (classification): check it now
-        from hf_lightning.data.positions import check_positions
-
-        check_positions(model, datamodule.max_length, datamodule.pad_to_multiple_of, datamodule.padding_free)
+        datamodule.check_positions(model)
 
     optim = OmegaConf.to_container(cfg.optim, resolve=True)
     if optim.get("name") == "adamw" and optim.get("fused") is None:

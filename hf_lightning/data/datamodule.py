@@ -304,8 +304,6 @@ class HFDataModule(L.LightningDataModule):
         fmt = self.format if self.format != "auto" else detect_format(self._columns(train), path)
         self.data_format = fmt
         self._check_options(fmt, train, model)
-        if model is not None:  # a row longer than a position table fails in the embedding, maybe hours in
-            check_positions(model, self.max_length, self.pad_to_multiple_of, self.padding_free)
         label2id = label_mapping(train, path) if fmt == "classification" else None
         if label2id is not None:
             self.id2label = {i: name for name, i in label2id.items()}
@@ -320,6 +318,8 @@ class HFDataModule(L.LightningDataModule):
             if val is not None
             else None
         )
+        if model is not None:  # a row longer than a position table fails in the embedding, maybe hours in
+            self.check_positions(model)
         if model is not None:  # ids and classes the model has no row for fail here, not inside its forward
             for split, ds, where in (("train", self.train_dataset, path), ("validation", self.val_dataset, self.validation_path or path)):
                 check_token_ids(ds, model, self.tokenizer.pad_token_id, where, split)
@@ -331,6 +331,11 @@ class HFDataModule(L.LightningDataModule):
         if self.group_by_length and not is_stream(self.train_dataset):
             self._train_lengths = self._lengths(self.train_dataset)
         self._check_label_names()
+
+    def check_positions(self, model: Any) -> None:
+        """The prepared rows against ``model``'s positions (:func:`~hf_lightning.data.positions.check_positions`)."""
+        splits = {"train": self.train_dataset, "validation": self.val_dataset}
+        check_positions(model, self.max_length, self.pad_to_multiple_of, self.padding_free, splits)
 
     def _check_options(self, fmt: str, train: Any, model: Any) -> None:
         stream = is_stream(train)

@@ -16,11 +16,14 @@ HF's ``run_clm.py`` caps ``block_size`` at ``tokenizer.model_max_length`` instea
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import datasets
 from torch import nn
 
+from hf_lightning.data.samplers import sequence_lengths
 from hf_lightning.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -90,50 +93,92 @@ def longest_row(max_length: int, pad_to_multiple_of: int | None, padding_free: b
     return -(-max_length // pad_to_multiple_of) * pad_to_multiple_of
 
 
+def longest_measured(splits: Mapping[str, Any]) -> tuple[int, str] | None:
+    """``(tokens, split)`` of the longest row over the splits (``input_ids``, and list ``labels`` such as seq2seq
+    targets), read from Arrow; ``None`` when a split cannot be measured ahead (a stream, a torch dataset)."""
+    best: tuple[int, str] = (0, "")
+    for split, ds in splits.items():
+        if ds is None:
+            continue
+        if not isinstance(ds, datasets.Dataset):
+            return None
+        for column in ("input_ids", "labels"):
+            if column not in ds.column_names or not hasattr(ds.features[column], "feature"):
+                continue  # a class label is one value, not a row
+            lengths = sequence_lengths(ds, column)
+            if lengths and max(lengths) > best[0]:
+                best = (max(lengths), split)
+    return best
+
+
 def check_positions(
-    model: Any, max_length: int, pad_to_multiple_of: int | None = None, padding_free: bool = False
+    model: Any,
+    max_length: int,
+    pad_to_multiple_of: int | None = None,
+    padding_free: bool = False,
+    splits: Mapping[str, Any] | None = None,
 ) -> None:
-    """Refuse a ``data.max_length`` the model's position table cannot hold; warn past a rotary model's trained length.
+    """Refuse rows the model's position table cannot hold; warn past a rotary model's trained length.
+
+    Nothing to check while ``data.max_length`` (rounded up to ``pad_to_multiple_of``) fits. Past that, the rows of
+    ``splits`` (the prepared, tokenized or packed datasets) are measured: when every one fits, one WARNING says
+    that ``data.max_length`` exceeds the model's positions (a longer row would fail); when one does not, or the data
+    cannot be measured ahead (streams, torch datasets, ``splits`` not given), the run is refused.
 
     Raises:
-        ConfigError: names ``data.max_length`` (and ``data.pad_to_multiple_of`` when the rounding is what goes past),
-            the model's limit, the config field it comes from, and the largest value that fits.
+        ConfigError: names the longest row (when measured), ``data.max_length`` (and ``data.pad_to_multiple_of`` when
+            the rounding is what goes past), the model's limit, the config field it comes from, and what fits.
     """
     limit = position_limit(model)
-    if limit is None:
-        return
-    longest = longest_row(max_length, pad_to_multiple_of, padding_free)
-    if longest <= limit.tokens:
+    if limit is None or longest_row(max_length, pad_to_multiple_of, padding_free) <= limit.tokens:
         return
     name = type(model).__name__
     field = f"config.{limit.field}={limit.value}"
     if limit.tokens != limit.value:
         field += f", less {limit.value - limit.tokens} rows its positions skip"
+    measured = longest_measured(splits) if splits is not None else None
+    if measured is not None:
+        tokens, split = measured
+        padded = longest_row(tokens, pad_to_multiple_of, padding_free)
+        if padded <= limit.tokens:
+            if not limit.hard:
+                return  # within what the rotary model was trained on: nothing to say
+            log.warning(
+                "data.max_length=%d is longer than %s's %d positions (%s); no row of this data is (the longest has "
+                "%d tokens%s), so nothing fails now, but a longer row would: set data.max_length=%d",
+                max_length, name, limit.tokens, field, tokens,
+                f", {padded} padded to data.pad_to_multiple_of={pad_to_multiple_of}" if padded != tokens else "",
+                limit.tokens,
+            )  # fmt: skip
+            return
+        what = f"The longest {split} row ({tokens} tokens after truncation to data.max_length={max_length}"
+        what += (
+            f", padded to {padded} by data.pad_to_multiple_of={pad_to_multiple_of})"
+            if padded != tokens
+            else ")"
+        )
+    else:
+        padded = longest_row(max_length, pad_to_multiple_of, padding_free)
+        what = f"data.max_length={max_length}"
+        if padded != max_length:
+            what += f" rounded up to data.pad_to_multiple_of={pad_to_multiple_of} ({padded})"
+        if splits is not None:
+            what += " (the rows of a stream or a torch dataset are not measured ahead)"
     if not limit.hard:
         log.warning(
-            "data.max_length=%d is longer than %s's %d positions (%s): its rotary positions go on without an "
-            "error, but the model was not trained past position %d, so longer rows may be modelled badly; set "
-            "data.max_length=%d to stay within them",
-            max_length,
-            name,
-            limit.tokens,
-            field,
-            limit.tokens,
-            limit.tokens,
-        )
+            "%s is longer than %s's %d positions (%s): its rotary positions go on without an error, but the model "
+            "was not trained past position %d, so longer rows may be modelled badly; set data.max_length=%d to stay "
+            "within them",
+            what, name, limit.tokens, field, limit.tokens, limit.tokens,
+        )  # fmt: skip
         return
-    what = (
-        f"data.max_length={max_length}"
-        if longest == max_length
-        else f"data.max_length={max_length} rounded up to data.pad_to_multiple_of={pad_to_multiple_of} ({longest})"
-    )
-    if longest == max_length:
-        fix = f"Set data.max_length={limit.tokens} or less"
-    else:
-        fits = limit.tokens // pad_to_multiple_of * pad_to_multiple_of
-        fix = f"Set data.max_length={fits} or less, or " if fits else "Set "
-        fix += f"a data.pad_to_multiple_of that divides {limit.tokens}"
+    rounds = bool(pad_to_multiple_of) and not padding_free
+    fits = limit.tokens // pad_to_multiple_of * pad_to_multiple_of if rounds else limit.tokens
+    fix = f"Set data.max_length={fits} or less" if fits else "Set"
+    if rounds and limit.tokens % pad_to_multiple_of:
+        fix += f"{', or' if fits else ''} a data.pad_to_multiple_of that divides {limit.tokens}"
     raise ConfigError(
-        f"{what} is longer than the {limit.tokens} positions {name} has ({field}): its position table has no row "
-        f"past that, so the first longer batch would fail (IndexError; on a GPU a device-side assert). {fix}"
+        f"{what} is longer than the {limit.tokens} positions {name} has ({field}): its "
+        f"position table has no row past that, so that batch would fail (IndexError; on a GPU a device-side "
+        f"assert). {fix}"
     )

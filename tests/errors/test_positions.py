@@ -11,7 +11,10 @@ fails, for every architecture with a position table; a rotary model (Llama) runs
 
 from __future__ import annotations
 
+import json
 import logging
+import re
+from pathlib import Path
 
 import datasets
 import pytest
@@ -151,40 +154,83 @@ def _gpt2(n_positions: int = 128):
     return T.GPT2LMHeadModel(config)
 
 
+TAIL = (
+    "is longer than the 128 positions GPT2LMHeadModel has (config.n_positions=128): its position table has no row "
+    "past that, so that batch would fail (IndexError; on a GPU a device-side assert). "
+)
+
+
 @pytest.mark.parametrize(
     "data_kwargs,message",
     [
-        (
+        (  # each row is 200 words, one token per word: 200 tokens
             {"max_length": 512},
-            "data.max_length=512 is longer than the 128 positions GPT2LMHeadModel has (config.n_positions=128): its "
-            "position table has no row past that, so the first longer batch would fail (IndexError; on a GPU a "
-            "device-side assert). Set data.max_length=128 or less",
+            "The longest train row (200 tokens after truncation to data.max_length=512) "
+            + TAIL
+            + "Set data.max_length=128 or less",
         ),
-        (
+        (  # packed rows hold several 200-token documents, up to data.max_length
             {"max_length": 512, "packing": "bfd"},
-            "data.max_length=512 is longer than the 128 positions GPT2LMHeadModel has (config.n_positions=128): its "
-            "position table has no row past that, so the first longer batch would fail (IndexError; on a GPU a "
-            "device-side assert). Set data.max_length=128 or less",
+            re.compile(
+                r"The longest train row \((\d+) tokens after truncation to data.max_length=512\) "
+                + re.escape(TAIL + "Set data.max_length=128 or less")
+            ),
         ),
-        (
+        (  # 128 tokens fit, the padding to a multiple of 48 does not
             {"max_length": 128, "pad_to_multiple_of": 48},
-            "data.max_length=128 rounded up to data.pad_to_multiple_of=48 (144) is longer than the 128 positions "
-            "GPT2LMHeadModel has (config.n_positions=128): its position table has no row past that, so the first "
-            "longer batch would fail (IndexError; on a GPU a device-side assert). Set data.max_length=96 or less, or "
-            "a data.pad_to_multiple_of that divides 128",
+            "The longest train row (128 tokens after truncation to data.max_length=128, padded to 144 by "
+            "data.pad_to_multiple_of=48) "
+            + TAIL
+            + "Set data.max_length=96 or less, or a data.pad_to_multiple_of that divides 128",
         ),
     ],
+    ids=["padded", "bfd", "pad_to_multiple_of"],
 )
-def test_max_length_past_the_position_table_is_refused_before_training(tmp_path, data_kwargs, message):
+def test_rows_past_the_position_table_are_refused_before_training(tmp_path, data_kwargs, message):
     model = _gpt2()
-    n_positions = model.config.n_positions  # the expected limit comes from the model's config
-    assert f"config.n_positions={n_positions}" in message
+    assert model.config.n_positions == 128  # the limit in the messages is the model config's
+    assert len(_long_texts()[0]["text"].split()) == 200
     before = {k: v.clone() for k, v in model.state_dict().items()}
     dm = HFDataModule(make_word_tokenizer(), path=_long_texts(), per_device_train_batch_size=2, **data_kwargs)
     with pytest.raises(ConfigError) as err:
         fit(tmp_path, model, dm)
-    assert str(err.value) == message
+    if isinstance(message, str):
+        assert str(err.value) == message
+    else:
+        match = message.fullmatch(str(err.value))
+        assert match and 200 < int(match.group(1)) <= 512, str(err.value)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # nothing trained
+
+
+def test_a_long_max_length_with_short_rows_trains_and_says_so(tmp_path, caplog):
+    """The rows decide: 12-token rows fit a 128-position GPT-2 whatever data.max_length says (HF runs them too)."""
+    model = _gpt2()
+    dm = HFDataModule(
+        make_word_tokenizer(), path=_long_texts(words=12), per_device_train_batch_size=2, max_length=512
+    )
+    with caplog.at_level(logging.WARNING, logger="hf_lightning.data.positions"):
+        trainer = fit(tmp_path, model, dm)
+    assert trainer.global_step == 1
+    assert (
+        "data.max_length=512 is longer than GPT2LMHeadModel's 128 positions (config.n_positions=128); no row of this "
+        "data is (the longest has 12 tokens), so nothing fails now, but a longer row would: set data.max_length=128"
+    ) in caplog.text
+
+
+def test_a_stream_is_judged_on_max_length(tmp_path):
+    """A stream's rows are not measured ahead: data.max_length itself must fit."""
+    model = _gpt2()
+    dm = HFDataModule(
+        make_word_tokenizer(), path=_long_texts(words=12).to_iterable_dataset(), validation_split=0.0,
+        per_device_train_batch_size=2, max_length=512,
+    )  # fmt: skip
+    with pytest.raises(ConfigError) as err:
+        fit(tmp_path, model, dm)
+    assert str(err.value) == (
+        "data.max_length=512 (the rows of a stream or a torch dataset are not measured ahead) "
+        + TAIL
+        + "Set data.max_length=128 or less"
+    )
 
 
 def test_max_length_within_the_table_trains(tmp_path):
@@ -203,15 +249,9 @@ def test_max_length_within_the_table_trains(tmp_path):
 def test_rotary_model_past_its_positions_warns_and_trains(tmp_path, caplog):
     torch.manual_seed(0)
     config = T.LlamaConfig(
-        vocab_size=32,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        max_position_embeddings=64,
-        use_cache=False,
-        pad_token_id=0,
-    )
+        vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+        max_position_embeddings=64, use_cache=False, pad_token_id=0,
+    )  # fmt: skip
     model = T.LlamaForCausalLM(config)
     dm = HFDataModule(
         make_word_tokenizer(), path=_long_texts(), per_device_train_batch_size=2, max_length=100
@@ -220,8 +260,9 @@ def test_rotary_model_past_its_positions_warns_and_trains(tmp_path, caplog):
         trainer = fit(tmp_path, model, dm)
     assert trainer.global_step == 1
     assert (
-        "data.max_length=100 is longer than LlamaForCausalLM's 64 positions (config.max_position_embeddings=64): its "
-        "rotary positions go on without an error, but the model was not trained past position 64"
+        "The longest train row (100 tokens after truncation to data.max_length=100) is longer than LlamaForCausalLM's "
+        "64 positions (config.max_position_embeddings=64): its rotary positions go on without an error, but the model "
+        "was not trained past position 64"
     ) in caplog.text
 
 
@@ -254,9 +295,18 @@ def test_clm_default_max_length_on_a_short_gpt2_cli(tmp_path, shared_data):
         "trainer.max_steps=2",
         f"hydra.run.dir={tmp_path / 'run'}",
     )
-    assert one_line_error(proc) == (
-        "hf_lightning: error: data.max_length=512 is longer than the 128 positions GPT2LMHeadModel has "
-        "(config.n_positions=128): its position table has no row past that, so the first longer batch would fail "
-        "(IndexError; on a GPU a device-side assert). Set data.max_length=128 or less"
+    # the longest row after truncation, measured with the tokenizer itself (the split is 95% of the rows)
+    lines = Path(f"{shared_data}/c4-demo/c4_demo.jsonl").read_text().splitlines()
+    longest = max(
+        len(tok(json.loads(line)["text"], truncation=True, max_length=512)["input_ids"])
+        for line in lines
+        if line
     )
+    assert longest > 128
+    line = one_line_error(proc)
+    assert re.fullmatch(
+        rf"hf_lightning: error: The longest (train|validation) row \({longest} tokens after truncation to "
+        rf"data.max_length=512\) " + re.escape(TAIL + "Set data.max_length=128 or less"),
+        line,
+    ), line
     assert not (tmp_path / "run" / "checkpoints").exists()
