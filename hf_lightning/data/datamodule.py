@@ -39,6 +39,8 @@ from hf_lightning.data.iterable import ShardedStream
 from hf_lightning.data.loader import EpochDataLoader
 from hf_lightning.data.loading import is_stream, load_source, split_train_validation
 from hf_lightning.data.packing import STRATEGIES, PackedCollator, announce_document_ends, pack_dataset
+from hf_lightning.data.placeholder import PlaceholderAwareCollator
+from hf_lightning.data.positions import check_positions
 from hf_lightning.data.preprocess import ExampleProcessor, label_mapping, scan_torch_dataset, tokenize_dataset
 from hf_lightning.data.pruning import (
     PruneColumnsCollator,
@@ -319,6 +321,8 @@ class HFDataModule(L.LightningDataModule):
             if val is not None
             else None
         )
+        if model is not None:  # a row longer than a position table fails in the embedding, maybe hours in
+            self.check_positions(model)
         if model is not None:  # ids and classes the model has no row for fail here, not inside its forward
             for split, ds, where in (("train", self.train_dataset, path), ("validation", self.val_dataset, self.validation_path or path)):
                 check_token_ids(ds, model, self.tokenizer.pad_token_id, where, split)
@@ -330,6 +334,11 @@ class HFDataModule(L.LightningDataModule):
         if self.group_by_length and not is_stream(self.train_dataset):
             self._train_lengths = self._lengths(self.train_dataset)
         self._check_label_names()
+
+    def check_positions(self, model: Any) -> None:
+        """The prepared rows against ``model``'s positions (:func:`~hf_lightning.data.positions.check_positions`)."""
+        splits = {"train": self.train_dataset, "validation": self.val_dataset}
+        check_positions(model, self.max_length, self.pad_to_multiple_of, self.padding_free, splits)
 
     def _check_options(self, fmt: str, train: Any, model: Any) -> None:
         stream = is_stream(train)
@@ -505,7 +514,7 @@ class HFDataModule(L.LightningDataModule):
         epoch_fn = (lambda: trainer.fit_loop.epoch_progress.current.processed) if trainer is not None else None
         return EpochDataLoader(
             stream, seed=self.seed, rank=rank, epoch_fn=epoch_fn, batch_size=batch,
-            collate_fn=self.train_collator if train else self.eval_collator,
+            collate_fn=self.train_collator if train else self._eval_collate(),
             drop_last=self.drop_last if train else False, **self._loader_kwargs(),
         )
 
@@ -524,10 +533,19 @@ class HFDataModule(L.LightningDataModule):
         if train:
             check_fits_one_batch(len(sampler), batch, self.drop_last)
         return EpochDataLoader(
-            TopUpDataset(ds) if sampler.needs_top_up else ds, seed=self.seed, rank=rank, sampler=sampler,
-            batch_size=batch, collate_fn=self.train_collator if train else self.eval_collator,
+            TopUpDataset(ds, placeholder=not train) if sampler.needs_top_up else ds, seed=self.seed, rank=rank,
+            sampler=sampler, batch_size=batch, collate_fn=self.train_collator if train else self._eval_collate(),
             drop_last=self.drop_last if train else False, **self._loader_kwargs(),
         )
+
+    def _eval_collate(self) -> Any:
+        """The evaluation collator; marks placeholder batches for a module that handles them
+        (:mod:`~hf_lightning.data.placeholder`)."""
+        trainer = getattr(self, "trainer", None)
+        module = getattr(trainer, "lightning_module", None) if trainer is not None else None
+        if getattr(module, "handles_placeholder_batches", False):
+            return PlaceholderAwareCollator(self.eval_collator)
+        return self.eval_collator
 
     def train_dataloader(self) -> Any:
         """Micro-batches of ``per_device_train_batch_size`` examples, this rank's share of the epoch's order.
@@ -562,7 +580,8 @@ class HFDataModule(L.LightningDataModule):
 
     def val_dataloader(self) -> Any:
         """Batches of ``per_device_eval_batch_size`` examples in dataset order, this rank's share without any
-        padding or repetition (ranks may differ by one example); ``[]`` without validation data."""
+        padding or repetition (ranks may differ by one example; a rank with none gets one placeholder batch, see
+        :mod:`~hf_lightning.data.placeholder`); ``[]`` without validation data."""
         if self.train_dataset is None:
             self.setup("validate")
         if self.val_dataset is None:

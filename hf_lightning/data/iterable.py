@@ -37,7 +37,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from hf_lightning.data.file_errors import is_json_lines, jsonl_line_of_row, read_error
 from hf_lightning.data.row_report import RowReport, row_numbers
-from hf_lightning.data.samplers import mask_example
+from hf_lightning.data.samplers import PlaceholderRow, mask_example
 from hf_lightning.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -104,7 +104,7 @@ class ShardedStream(IterableDataset):
         holdout: ``(fraction, keep)``: keep only the rows in (``keep=True``) or out of the hash hold-out.
         length: the number of rows of the source when known (``len(source)``), else ``None``.
         top_up: end short readers with a masked copy (training); ``False`` for evaluation, where readers
-            may differ by one example.
+            may differ by one example (a reader with none yields one placeholder, a masked copy).
         split: name used in the log.
         name: the source's ``data.path`` (for messages: a bad row is named by its file line when it can be).
 
@@ -231,9 +231,11 @@ class ShardedStream(IterableDataset):
                 report.add(j, info)
             yield row
         share = math.ceil(total / count) if total else 0
-        if self.top_up and mine < share and first is not None:
-            row = self.processor(first)[0] if self.processor is not None else first
-            yield mask_example(row)  # tail top-up: same step count on every rank, no loss term
+        if first is not None and ((self.top_up and mine < share) or (not self.top_up and mine == 0)):
+            row = mask_example(self.processor(first)[0] if self.processor is not None else first)
+            # training: a tail top-up (same step count on every rank, no loss term); evaluation: a reader with no
+            # row evaluates one placeholder, so that its rank runs the loop (hf_lightning.data.placeholder)
+            yield row if self.top_up else PlaceholderRow(row)
         max_length = getattr(self.processor, "kwargs", {}).get("max_length")
         report.log(max_length, logging.WARNING if self.epoch == 0 else logging.INFO, f"reader {index} of {count}: ",
                    kept=True)

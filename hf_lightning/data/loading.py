@@ -17,6 +17,7 @@ import datasets
 import torch
 
 from hf_lightning.data.file_errors import explain_load_error
+from hf_lightning.data.formatted import as_returned
 from hf_lightning.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -65,17 +66,28 @@ def _as_stream(loaded: Any) -> Any:
     return loaded
 
 
+def _as_returned(loaded: Any, name: Any) -> Any:
+    """Each ``datasets.Dataset`` as the rows it returns (its format or transform applied)."""
+    if isinstance(loaded, datasets.DatasetDict):
+        return datasets.DatasetDict({k: as_returned(v, f"{name} split {k!r}") for k, v in loaded.items()})
+    return as_returned(loaded, name)
+
+
 def load_source(source: Any, streaming: bool = False) -> Any:
     """Load one source.
 
     Args:
-        source: a path (file or ``save_to_disk`` folder) or an in-memory dataset (returned as it is).
+        source: a path (file or ``save_to_disk`` folder) or an in-memory dataset (returned as it is; a
+            ``datasets.Dataset`` with a format or a transform as the rows it returns, see
+            :func:`~hf_lightning.data.formatted.as_returned`).
         streaming: read a file lazily (``load_dataset(..., streaming=True)``) or a ``save_to_disk`` folder
             as ``Dataset.to_iterable_dataset()``; the result is a ``datasets.IterableDataset``.
 
     Raises:
         DataError: the path does not exist, cannot be read, or has an unsupported type.
     """
+    if isinstance(source, (datasets.Dataset, datasets.DatasetDict)):
+        return _as_returned(source, "<in-memory dataset>")
     if isinstance(source, IN_MEMORY):
         return source
     try:
@@ -88,7 +100,7 @@ def load_source(source: Any, streaming: bool = False) -> Any:
     if not os.path.exists(path):
         raise DataError(f"data.path={path}: no such file or folder")
     if os.path.isdir(path):
-        loaded = _load_folder(path)
+        loaded = _as_returned(_load_folder(path), path)  # save_to_disk keeps a format's type and columns
         return _as_stream(loaded) if streaming else loaded
     return _load_file(path, streaming=streaming)
 

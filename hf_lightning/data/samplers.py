@@ -4,7 +4,11 @@
   ``torch.utils.data.DistributedSampler``), or HF's length grouping (:func:`length_grouped_indices`) with a
   generator seeded the same way. Every rank computes the same order; rank ``r`` takes positions
   ``r, r + W, r + 2W, ...`` (W = world size).
-- Evaluation order: the dataset order, split the same way, without any padding (ranks may differ by one).
+- Evaluation order: the dataset order, split the same way, without any padding (ranks may differ by one). A rank
+  whose share is empty (fewer examples than ranks) gets one *placeholder* instead: a masked copy of example 0
+  (:class:`PlaceholderRow`), so that every rank runs the evaluation loop and its collectives (Lightning refuses a
+  loader of length zero on one rank, and a rank that skipped the loop would leave the others waiting); it adds
+  nothing to any metric and no prediction (see :mod:`hf_lightning.data.placeholder`).
 
 The tail (``N`` not divisible by ``W``), training only:
 
@@ -112,17 +116,26 @@ def mask_example(example: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-class TopUpDataset(Dataset):
-    """Map-style view of ``base`` where index ``~i`` (negative) is a masked copy of example ``i``."""
+class PlaceholderRow(dict):
+    """A masked copy of an example that stands for a rank with no evaluation example (its type marks it)."""
 
-    def __init__(self, base: Any) -> None:
+
+class TopUpDataset(Dataset):
+    """Map-style view of ``base`` where index ``~i`` (negative) is a masked copy of example ``i`` (a
+    :class:`PlaceholderRow` when ``placeholder``: an evaluation rank's stand-in)."""
+
+    def __init__(self, base: Any, placeholder: bool = False) -> None:
         self.base = base
+        self.placeholder = placeholder
 
     def __len__(self) -> int:
         return len(self.base)
 
     def __getitem__(self, index: int) -> Any:
-        return self.base[index] if index >= 0 else mask_example(self.base[~index])
+        if index >= 0:
+            return self.base[index]
+        masked = mask_example(self.base[~index])
+        return PlaceholderRow(masked) if self.placeholder else masked
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         return [self[i] for i in indices]
@@ -142,7 +155,8 @@ class ExactDistributedSampler(DistributedSampler):
         drop_last: see the module docstring (tail handling).
         lengths: per-example lengths; with them, the order is :func:`length_grouped_indices`.
         group_batch_size: ``B`` of the length grouping (per-device batch x accumulation steps).
-        top_up: pad short ranks with masked copies (training); ``False`` lets ranks differ by one (evaluation).
+        top_up: pad short ranks with masked copies (training); ``False`` lets ranks differ by one (evaluation),
+            and gives a rank with no example one placeholder (``~0``).
 
     Yields:
         dataset indices, and ``~i`` for a masked top-up copy of ``i`` (read it through :class:`TopUpDataset`).
@@ -181,6 +195,10 @@ class ExactDistributedSampler(DistributedSampler):
             self.num_samples = math.ceil(self.n / num_replicas)
         else:
             self.num_samples = len(range(rank, self.n, num_replicas))
+        # evaluation on a rank whose share is empty: one placeholder, so that it runs the loop like the others
+        self.placeholder = not top_up and not drop_last and self.num_samples == 0 and self.n > 0
+        if self.placeholder:
+            self.num_samples = 1
 
     def global_order(self) -> list[int]:
         """The order of this epoch, identical on every rank."""
@@ -200,6 +218,8 @@ class ExactDistributedSampler(DistributedSampler):
         mine = order[self.rank :: world]
         if self.top_up and not self.drop_last and len(mine) < self.num_samples:
             mine.append(~order[self.rank % self.n])
+        if self.placeholder:
+            mine = [~order[0]]
         start, self.start = self.start, 0  # one pass only
         return iter(mine[start:])
 
@@ -208,5 +228,6 @@ class ExactDistributedSampler(DistributedSampler):
 
     @property
     def needs_top_up(self) -> bool:
-        """Whether some rank receives a masked copy this epoch (the dataset must be a :class:`TopUpDataset`)."""
-        return self.top_up and not self.drop_last and self.n % self.num_replicas != 0
+        """Whether some rank receives a masked copy this epoch, or this rank a placeholder (the dataset must be a
+        :class:`TopUpDataset`)."""
+        return self.placeholder or (self.top_up and not self.drop_last and self.n % self.num_replicas != 0)

@@ -12,6 +12,7 @@ from torch import nn
 from torchmetrics import Metric
 from torchmetrics.classification import MulticlassF1Score
 
+from hf_lightning.data.placeholder import PLACEHOLDER_KEY
 from hf_lightning.errors import ConfigError
 from hf_lightning.module.evaluation import PredictionCollector, TokenAccuracy, estimate_logits_bytes
 from hf_lightning.module.loss import IGNORE_INDEX, token_cross_entropy_sum
@@ -47,6 +48,9 @@ class EvalStepsMixin:
     ``*ForSequenceClassification`` model: ``{stage}/loss`` (mean CE per example), ``{stage}/accuracy`` (per
     example) and ``{stage}/f1`` (macro over ``config.num_labels`` classes) instead of perplexity. A user
     ``compute_metrics`` adds its keys under the same prefix.
+
+    The values go to the loggers at ``step`` = optimizer steps done, and ``lightning.Trainer.validate()`` /
+    ``.test()`` return them as Lightning does: ``[{"val/loss": float, ...}]``, the same floats.
     """
 
     def _init_evaluation(
@@ -86,11 +90,12 @@ class EvalStepsMixin:
         logits, labels = outputs.logits, batch["labels"]
         metrics = self.eval_metrics[stage]
         loss_sum = token_cross_entropy_sum(logits, labels, causal=self.causal, shift_labels=batch.get("shift_labels"))
+        # a placeholder (hf_lightning.data.placeholder) has no target: it adds 0 to these sums, and nothing below
         metrics["loss"].update(loss_sum, self.count_loss_items(batch))
         metrics["accuracy"].update(logits, labels)
         if "f1" in metrics:
             metrics["f1"].update(logits.argmax(-1), labels)
-        if self.compute_metrics is None:
+        if self.compute_metrics is None or batch.get(PLACEHOLDER_KEY):
             return
         preds = logits
         if self.preprocess_logits_for_metrics is not None:
@@ -175,7 +180,35 @@ class EvalStepsMixin:
             self._log_to_loggers(floats)
             if stage == "val":
                 self.last_validated_step = self.global_step
+            self._returned_results = (self._results_list(stage), floats)
         return floats
+
+    def _results_list(self, stage: str) -> list[dict[str, float]] | None:
+        """The list ``trainer.validate()`` / ``.test()`` will return (one dict per dataloader), while it is being
+        built; ``None`` inside ``fit`` (which returns nothing).
+
+        Lightning fills it from metrics logged with ``logger=True``; these metrics are written to the loggers by
+        :meth:`_log_to_loggers` instead (at HF's step), so they are added to it at ``on_{stage}_end``, after
+        Lightning has sent its own (then empty) row to the loggers. Private attribute of Lightning's
+        ``_EvaluationLoop``: ``_logged_outputs`` (the list object it swaps out and returns).
+        """
+        from lightning.pytorch.trainer.states import TrainerFn
+
+        trainer = self.trainer
+        loop = {TrainerFn.VALIDATING: trainer.validate_loop, TrainerFn.TESTING: trainer.test_loop}.get(trainer.state.fn)
+        if loop is None or (stage == "test") != (trainer.state.fn == TrainerFn.TESTING):
+            return None
+        return getattr(loop, "_logged_outputs", None)
+
+    def _fill_returned_results(self) -> None:
+        results, floats = getattr(self, "_returned_results", (None, {}))
+        self._returned_results = (None, {})
+        if results is None:
+            return
+        if not results:
+            results.append({})
+        for outputs in results:
+            outputs.update(floats)
 
     def _all_gather_object(self, obj: Any) -> list[Any]:
         import torch.distributed as dist
@@ -190,13 +223,24 @@ class EvalStepsMixin:
     def on_test_epoch_end(self) -> None:
         self._eval_epoch_end("test")
 
+    def on_validation_end(self) -> None:
+        """``trainer.validate()`` returns ``[{"val/loss": ..., ...}]``: the values the loggers received."""
+        self._fill_returned_results()
+
+    def on_test_end(self) -> None:
+        """``trainer.test()`` returns ``[{"test/loss": ..., ...}]``: the values the loggers received."""
+        self._fill_returned_results()
+
     # ------------------------------------------------------------------------------------ predict
     def predict_step(self, batch: Mapping[str, Any], batch_idx: int) -> list[dict[str, Any]]:
         """Per example: the argmax token at every target position (causal shift), and the label there.
 
         Returns a list (one dict per example, in batch order) of ``{"positions", "predicted_ids",
-        "label_ids"}``; positions index the label sequence.
+        "label_ids"}``; positions index the label sequence. A placeholder batch (a rank with no example of the
+        set, :mod:`~hf_lightning.data.placeholder`) returns ``[]``.
         """
+        if batch.get(PLACEHOLDER_KEY):
+            return []
         logits = self(batch).logits
         preds = logits.argmax(-1)
         labels = batch["labels"]

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from hf_lightning.data.describe import padding_mask
+from hf_lightning.data.placeholder import PLACEHOLDER_KEY
 from hf_lightning.data.windows import MICRO_ITEMS_KEY, NUM_ITEMS_KEY, WINDOW_KEYS, WINDOW_LENGTH_KEY
 from hf_lightning.errors import ConfigError, ModelError
 from hf_lightning.module.eval_steps import EvalStepsMixin
@@ -45,7 +46,7 @@ warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` i
 # epochs (HF's logging_steps), so Lightning's warning that short epochs log nothing is wrong here
 warnings.filterwarnings("ignore", message=r"The number of training batches \(\d+\) is smaller than the logging interval")
 
-NON_MODEL_KEYS = ("labels", "shift_labels", *WINDOW_KEYS)
+NON_MODEL_KEYS = ("labels", "shift_labels", *WINDOW_KEYS, PLACEHOLDER_KEY)
 
 Count = int | torch.Tensor
 
@@ -130,6 +131,8 @@ class HFLightningModule(EvalStepsMixin, L.LightningModule):
     #: or a per-micro-batch mean (``False``, HF's fallback). ``None``: decided from the loss source; a
     #: subclass overriding :meth:`compute_loss` counts as ``True`` unless it sets this.
     loss_is_scaled_for_ga: bool | None = None
+    #: an evaluation rank with no example gets a marked placeholder batch (:mod:`hf_lightning.data.placeholder`)
+    handles_placeholder_batches: bool = True
 
     def __init__(
         self,

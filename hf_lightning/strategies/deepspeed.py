@@ -268,8 +268,7 @@ def deepspeed_strategy(
     from lightning.fabric.strategies.deepspeed import _DEEPSPEED_AVAILABLE
 
     if not _DEEPSPEED_AVAILABLE:
-        raise ConfigError(
-            f"strategy=deepspeed_zero{stage} needs the deepspeed package (a CUDA machine): "
-            "pip install 'hf_lightning[deepspeed]'"
-        )
+        from hf_lightning.optional import missing_message
+
+        raise ConfigError(missing_message(f"strategy=deepspeed_zero{stage}", "deepspeed"))
     return HFDeepSpeedStrategy(config=derived)

@@ -53,8 +53,8 @@ def test_tasks_and_heads(default_tokenizer):
 
 
 def test_package_folders_and_encoder_decoder_detection(tmp_path):
-    with pytest.raises(ModelError, match=r"model.name_or_path=pkg:no_such_pkg_xyz/model: the Python package "
-                                         r"'no_such_pkg_xyz' is not installed"):
+    with pytest.raises(ModelError, match=r"^model.name_or_path=pkg:no_such_pkg_xyz/model needs the Python package "
+                                         r"'no_such_pkg_xyz', which is not installed here: pip install no-such-pkg-xyz$"):
         resolve_name_or_path("pkg:no_such_pkg_xyz/model")
     assert resolve_name_or_path(str(tmp_path)) == str(tmp_path) and resolve_name_or_path(None) is None
     assert is_encoder_decoder("seq2seq_lm") and not is_encoder_decoder("causal_lm")

@@ -100,8 +100,10 @@ def test_drop_last_leaves_out_the_tail_and_evaluation_splits_without_padding(n, 
     real = [i for p in dropped for i in p]
     assert len(real) == len(set(real)) == n - n % world and all(i >= 0 for i in real)
     evaluation = _coverage(n, world, shuffle=False, top_up=False)
-    assert sorted(i for p in evaluation for i in p) == list(range(n))
+    assert sorted(i for p in evaluation for i in p if i >= 0) == list(range(n))
     assert evaluation[0][:2] == [0, world][: len(evaluation[0][:2])]
+    # a rank with no example evaluates one placeholder (~0), every other rank only real examples (issue 14 item 8)
+    assert [p for p in evaluation if any(i < 0 for i in p)] == [[~0]] * max(world - n, 0)
 
 
 def test_top_up_is_a_fully_masked_copy():
