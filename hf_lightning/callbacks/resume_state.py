@@ -74,9 +74,12 @@ class ResumeState(L.Callback):
         self._saved_signature = state["signature"]
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        from hf_lightning.checkpointing.tidy import tidy_checkpoint_folders
+
         for logger in trainer.loggers:  # rows logged after the checkpoint's step are logged again
             if hasattr(logger, "truncate_after"):
                 logger.truncate_after(trainer.global_step)
+        tidy_checkpoint_folders(trainer)  # and checkpoints written after it are written again
         saved = getattr(self, "_saved_signature", None)
         if saved is None:
             return

@@ -158,9 +158,36 @@ def _flat(x: Any) -> list:
     return x
 
 
+def _check_token_values(key: str, row: list, allowed_negative: int | None = None) -> None:
+    """Token ids are whole numbers >= 0 (labels may also be -100): a float id would be truncated by ``torch``
+    without a word, a negative one is an ``IndexError`` inside the model."""
+    for value in row:
+        if isinstance(value, float) and not value.is_integer():
+            raise DataError(f"field {key!r} holds {value!r}, not a whole token id; token ids are integers")
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0 and value != allowed_negative:
+            extra = " (the only negative label allowed is -100: not trained on)" if allowed_negative is not None else ""
+            raise DataError(f"field {key!r} holds the negative token id {value!r}{extra}")
+
+
 def truncate_tokenized(batch: dict[str, list], tokenizer: Any, max_length: int) -> dict[str, list]:
-    """``tokenized``: rows that already hold ``input_ids`` (optional ``attention_mask``/``labels``): truncate."""
+    """``tokenized``: rows that already hold ``input_ids`` (optional ``attention_mask``/``labels``): truncate.
+
+    Raises:
+        DataError: a token id that is not a whole number >= 0 (a label may be -100), a row without ``labels``
+            when other rows have them, or ``labels`` of another length than ``input_ids``.
+    """
     ids = [_flat(x) for x in batch["input_ids"]]
+    for row in ids:
+        _check_token_values("input_ids", row)
+    if "labels" in batch:
+        for row in batch["labels"]:
+            if row is None:
+                raise DataError(
+                    "field 'labels' is missing on this row while other rows have it; give every row its labels "
+                    "(-100 where nothing is trained on), or drop the field from every row (then every token is a target)"
+                )
+            if not isinstance(row, int):
+                _check_token_values("labels", _flat(row), allowed_negative=-100)
     out: dict[str, list] = {"input_ids": [x[:max_length] for x in ids], "truncated": [len(x) > max_length for x in ids]}
     for key in ("attention_mask", "labels", "position_ids"):
         if key in batch:
