@@ -169,3 +169,19 @@ class KillAt(L.Callback):
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.point == "train_end":
             self._fire()
+
+
+class WaitForFile(L.Callback):
+    """Write this process's PID to ``PATH.pid``, then wait at the start of training until ``path`` exists (the
+    test's signal that a competing process has ended)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        import time
+
+        with open(self.path + ".pid", "w") as fh:
+            fh.write(str(os.getpid()))
+        while not os.path.exists(self.path):
+            time.sleep(0.2)
