@@ -54,8 +54,8 @@ class _AppendingWriter(ExperimentWriter):
         self.metrics = []  # Lightning's teardown saves again: the rows that could not be written are dropped
         return TrainingError(write_failure_message(
             "the metrics log", self.metrics_file_path, err,
-            "its rows written before are intact and every checkpoint is kept; once fixed, resume with "
-            "ckpt_path=last (the rows after the checkpoint's step are logged again)",
+            "its rows written before are intact and every checkpoint is kept",
+            "then resume with ckpt_path=last (the rows after the checkpoint's step are logged again)",
         ))
 
     def _rewrite(self, fields: list[str], rows: list[dict]) -> None:

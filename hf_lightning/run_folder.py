@@ -53,6 +53,9 @@ def run_artifacts(run_dir: str, ckpt_dir: str | None = None) -> list[str]:
     return found
 
 
+PROBE_BYTES = 1 << 16
+
+
 def check_writable(run_dir: str) -> None:
     """Create ``run_dir`` if needed and write a probe file there.
 
@@ -61,8 +64,11 @@ def check_writable(run_dir: str) -> None:
     """
     try:
         os.makedirs(run_dir, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=run_dir, prefix=".write-probe-"):
-            pass
+        with tempfile.NamedTemporaryFile(dir=run_dir, prefix=".write-probe-") as fh:
+            # some room too: Hydra writes .hydra/ next, and a full disk there would end in its traceback
+            fh.write(b"\0" * PROBE_BYTES)
+            fh.flush()
+            os.fsync(fh.fileno())
     except OSError as err:
         raise ConfigError(
             f"hydra.run.dir={run_dir} is not writable ({err.strerror or err}): checkpoints, metrics and the exported "

@@ -61,7 +61,8 @@ def hold_run_folder(run_dir: str) -> bool:
         return False
     os.makedirs(run_dir, exist_ok=True)
     path = os.path.join(run_dir, LOCK_FILE)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    # held open read-only: a file open for writing would keep the filesystem from being remounted read-only
+    fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -71,8 +72,8 @@ def hold_run_folder(run_dir: str) -> bool:
             f"hydra.run.dir={run_dir} is in use by another process (PID {pid or 'unknown'}), which is writing "
             "its run there; wait for it to end, or choose another hydra.run.dir"
         ) from None
-    os.ftruncate(fd, 0)
-    os.write(fd, f"{os.getpid()}\n".encode())
+    with contextlib.suppress(OSError), open(path, "w") as fh:  # a full disk leaves it empty: /proc/locks then
+        fh.write(f"{os.getpid()}\n")
     _HELD[key] = fd
     return True
 
@@ -81,7 +82,7 @@ def release_run_folder(run_dir: str) -> None:
     """Give the lock back (the file stays). A no-op when this process does not hold it."""
     fd = _HELD.pop(os.path.realpath(run_dir), None)
     if fd is not None:
-        with contextlib.suppress(OSError):
-            os.ftruncate(fd, 0)
+        with contextlib.suppress(OSError), open(os.path.join(run_dir, LOCK_FILE), "w"):
+            pass  # no PID: nobody owns it
         fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)

@@ -138,10 +138,13 @@ def lightning_object(node: DictConfig, key: str, **kwargs: Any) -> Any:
         cause = err.__cause__
         if isinstance(cause, HFLightningError):
             raise cause from None
-        if not isinstance(cause, (ValueError, TypeError, RuntimeError)):  # MisconfigurationException: a ValueError
+        if not isinstance(cause, (ValueError, TypeError, RuntimeError)) and type(cause).__name__ != "MisconfigurationException":
             raise
         text = " ".join(str(cause).split())
-        named = next((k for k in node if isinstance(k, str) and k in text and not k.startswith("_")), None)
+        keys = [k for k in node if isinstance(k, str) and not k.startswith("_")]
+        # the key the message names, else the one whose (string) value it quotes ("No supported gpu backend")
+        named = next((k for k in keys if k in text), None) or next(
+            (k for k in keys if isinstance(node.get(k), str) and len(node.get(k)) >= 3 and node.get(k) in text), None)
         where = f"{key}.{named}={node.get(named)}" if named else key
         raise ConfigError(f"{where}: {text} (refused by {node.get('_target_', key)})") from None
 
@@ -329,8 +332,33 @@ def optimized_value(metrics: dict[str, float], name: str | None, required: bool)
     return metrics[name]
 
 
+def _report_log_file_errors() -> None:
+    """A log file that cannot be written (a full disk, a read-only remount) is said once on stderr; Python's
+    ``logging`` would print a traceback for every line logged from then on."""
+    for handler in logging.getLogger().handlers:
+        if not isinstance(handler, logging.FileHandler):
+            continue
+        said: list[bool] = []
+
+        def report(err: BaseException | None, handler: logging.FileHandler = handler, said: list = said) -> None:
+            if not said:
+                said.append(True)
+                print(f"hf_lightning: warning: could not write the log file {handler.baseFilename} ({err}); log "
+                      "lines go to the terminal only from here", file=sys.stderr)
+
+        def emit(record: logging.LogRecord, real: Any = handler.emit, report: Any = report) -> None:
+            try:
+                real(record)
+            except OSError as err:  # reopening a closed log file fails outside logging's own error handling
+                report(err)
+
+        handler.emit = emit  # type: ignore[method-assign]
+        handler.handleError = lambda record, report=report: report(sys.exc_info()[1])  # type: ignore[method-assign]
+
+
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> float | None:
+    _report_log_file_errors()
     try:
         metrics, objects = train(cfg)
         stopped = getattr(objects["module"], "preempted", None)

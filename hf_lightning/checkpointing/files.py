@@ -41,8 +41,8 @@ def free_space(folder: str) -> str:
     return f"{free / 2**20:.1f} MiB"
 
 
-def write_failure_message(what: str, path: str, err: OSError, kept: str) -> str:
-    """``could not write WHAT PATH: REASON (ERRNO); KEPT; free space there: N MiB. FIX`` on one line."""
+def write_failure_message(what: str, path: str, err: OSError, kept: str, then: str = "") -> str:
+    """``could not write WHAT PATH: REASON (ERRNO); KEPT; free space there: N MiB. FIX[; THEN]`` on one line."""
     reason = err.strerror or str(err)
     code = errno.errorcode.get(err.errno, "") if err.errno is not None else ""
     hint = {
@@ -50,11 +50,11 @@ def write_failure_message(what: str, path: str, err: OSError, kept: str) -> str:
         errno.EDQUOT: "the disk quota is exhausted: free space or write the run elsewhere (hydra.run.dir=...)",
         errno.EACCES: "the folder is not writable by this user: fix its permissions or choose another hydra.run.dir",
         errno.EPERM: "the folder is not writable by this user: fix its permissions or choose another hydra.run.dir",
-        errno.EROFS: "the filesystem is read-only: choose another hydra.run.dir",
+        errno.EROFS: "the filesystem is read-only: make it writable again, or choose another hydra.run.dir",
     }.get(err.errno, "check the folder and the disk")
     return (
         f"could not write {what} {path}: {reason}{f' ({code})' if code else ''}; {kept}; free space there: "
-        f"{free_space(os.path.dirname(path))}. {hint}"
+        f"{free_space(os.path.dirname(path))}. {hint}{f'; {then}' if then else ''}"
     )
 
 
@@ -132,7 +132,7 @@ def atomic_file(path: str, mode: str = "w") -> Iterator[Any]:
     fsync_folder(folder)
 
 
-def write_json(path: str, value: Any, what: str) -> None:
+def write_json(path: str, value: Any, what: str, then: str = "") -> None:
     """``json.dump(value)`` to ``path`` atomically.
 
     Raises:
@@ -145,7 +145,7 @@ def write_json(path: str, value: Any, what: str) -> None:
             json.dump(value, fh, indent=1, sort_keys=True)
     except OSError as err:
         kept = "the previous version of that file is intact" if os.path.exists(path) else "nothing was written"
-        raise TrainingError(write_failure_message(what, path, err, kept)) from err
+        raise TrainingError(write_failure_message(what, path, err, kept, then)) from err
 
 
 @contextlib.contextmanager

@@ -74,12 +74,12 @@ def note(message: str) -> None:
     log.warning("%s", message)
 
 
-def run_started(output_dir: str, folder: str) -> bool:
-    """Whether ``output_dir`` holds a run that stopped before finishing: a config, a log or a checkpoint folder,
-    and neither an export nor final metrics."""
+def run_traces(output_dir: str, folder: str) -> tuple[bool, list[str]]:
+    """``(a run was started there, what of a finished run's end it holds)``: a config, a log or a checkpoint
+    folder; ``hf_model``, ``final_metrics.json``."""
     traces = [os.path.join(output_dir, ".hydra", "config.yaml"), os.path.join(output_dir, "metrics.csv"), folder]
-    finished = [os.path.join(output_dir, "hf_model"), os.path.join(output_dir, "final_metrics.json")]
-    return any(os.path.exists(p) for p in traces) and not any(os.path.exists(p) for p in finished)
+    finished = [name for name in ("hf_model", "final_metrics.json") if os.path.exists(os.path.join(output_dir, name))]
+    return any(os.path.exists(p) for p in traces), finished
 
 
 def _step(step: int | None) -> str:
@@ -155,7 +155,13 @@ def _without_last(path: str, folder: str, output_dir: str, weights_only: bool) -
             f"ckpt_path=last: there is no {path}, and no checkpoint in {folder} can be resumed from ({shown}); "
             "start the run again in a new hydra.run.dir"
         )
-    if run_started(output_dir, folder):
+    started, finished = run_traces(output_dir, folder)
+    if finished:
+        raise ConfigError(
+            f"ckpt_path=last: there is no checkpoint in {folder}, and {output_dir} holds a finished run "
+            f"({', '.join(finished)}) with none left to resume from; start a new run in a new hydra.run.dir"
+        )
+    if started:
         note(f"ckpt_path=last: {output_dir} holds no checkpoint yet (the run stopped before its first one): "
              "the run starts again from step 0")
         return None

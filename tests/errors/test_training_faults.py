@@ -325,7 +325,7 @@ def test_output_folder_turns_read_only_at_save_time(tmp_path, word_tokenizer):
         with pytest.raises(TrainingError) as err:
             t.fit(module, datamodule=dm)
         assert "Read-only file system (EROFS)" in str(err.value)
-        assert str(err.value).endswith("the filesystem is read-only: choose another hydra.run.dir")
+        assert str(err.value).endswith("the filesystem is read-only: make it writable again, or choose another hydra.run.dir")
         assert_step_1_kept(run_dir / "checkpoints")
 
 
