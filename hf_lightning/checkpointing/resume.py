@@ -41,7 +41,9 @@ def checkpoint_problem(path: str, weights_only: bool = False) -> tuple[str | Non
     if problem:
         return problem, None
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+        with open(path, "rb") as fh:
+            zipped = fh.read(4) == b"PK\x03\x04"  # torch's format; mmap on anything else fails with advice, not a reason
+        ckpt = torch.load(path, map_location="cpu", weights_only=False, mmap=zipped)
     except Exception as err:  # a truncated zip, a pickle error, an empty file
         return f"is damaged: not a readable checkpoint ({_short(err)})", None
     if not isinstance(ckpt, dict):

@@ -20,6 +20,7 @@ import csv
 import json
 import os
 import random
+import shutil
 import signal
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -46,11 +47,12 @@ def kill_points(seed: int = 15) -> list[tuple[str, int, str]]:
     """``(point, step, signal)`` of every case, drawn from ``random.Random(seed)``."""
     rng = random.Random(seed)
     steps = list(range(1, MAX_STEPS + 1))
+    windows = [s for s in steps if s not in EPOCH_ENDS]  # an epoch's last window is one micro-batch: nothing inside
     saves = list(range(SAVE_EVERY, MAX_STEPS + 1, SAVE_EVERY))
     logs = [s for s in steps if s % LOG_EVERY == 0] + [MAX_STEPS]
     draw = [
         ("setup", [0], 1),
-        ("micro_batch", steps, 2),
+        ("micro_batch", windows, 2),
         ("before_update", steps, 2),
         ("step_end", steps, 3),
         ("row", logs, 2),
@@ -70,7 +72,7 @@ def kill_points(seed: int = 15) -> list[tuple[str, int, str]]:
         for step in sorted(rng.sample(choices, min(n, len(choices)))):
             cases.append((point, step, "SIGKILL"))
     for sig, point in (("SIGTERM", "step_end"), ("SIGTERM", "micro_batch"), ("SIGINT", "step_end")):
-        cases.append((point, rng.choice(steps[1:-1]), sig))
+        cases.append((point, rng.choice([s for s in (windows if point == "micro_batch" else steps)[1:-1]]), sig))
     return cases
 
 
@@ -179,12 +181,18 @@ def stop_and_resume(run_dir: Path, data: Path, case: tuple[str, int, str]) -> di
 
 
 @pytest.fixture(scope="module")
-def runs(text_file, tmp_path_factory):
-    """The straight run and every case, two processes at a time; ``{case: outcome}`` and the straight folder."""
-    root = tmp_path_factory.mktemp("kills")
-    straight = root / "straight"
-    proc = cli(straight, text_file)
+def straight(text_file, tmp_path_factory):
+    """The run that never stopped."""
+    run = tmp_path_factory.mktemp("straight") / "run"
+    proc = cli(run, text_file)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    return run
+
+
+@pytest.fixture(scope="module")
+def runs(text_file, straight, tmp_path_factory):
+    """Every case, two processes at a time: the straight folder, the cases' root, ``{case: outcome}``."""
+    root = tmp_path_factory.mktemp("kills")
     with ThreadPoolExecutor(max_workers=int(os.environ.get("KILL_HARNESS_WORKERS", "2"))) as pool:
         futures = {case: pool.submit(stop_and_resume, root / case_id(case), text_file, case) for case in CASES}
         outcomes = {case: f.result() for case, f in futures.items()}
@@ -207,3 +215,47 @@ def test_stopped_and_resumed_equals_straight(case, runs):
     assert outcome["stopped"] == EXPECTED_EXIT[case[2]], f"the stop did not happen as planned: {outcome['stopped_err']}"
     assert outcome["resumed"] == 0, outcome["resumed_err"]
     assert differences(straight, root / case_id(case)) == []
+
+
+# ------------------------------------------------------------------------------------------ bit rot, dirpath
+ROT_AT = (0.05, 0.3, 0.5, 0.75, 0.97)  # fractions of last.ckpt: zip headers, pickle, weights
+
+
+def test_bit_rot_in_last_ckpt_is_refused_then_the_named_checkpoint_resumes(straight, text_file, tmp_path):
+    """64 bytes flipped in ``last.ckpt`` at five offsets (before: resumed silently, with the final weights off):
+    each start with ``ckpt_path=last`` is refused in one line naming the file and the newest intact checkpoint;
+    the command line it names finishes the run as the straight run did."""
+    from tests.errors.support import one_line_error
+    from tests.errors.test_checkpoint_integrity import DAMAGED, flip
+
+    refused = []
+    for fraction in ROT_AT:
+        run = tmp_path / f"rot{fraction}"
+        shutil.copytree(straight, run)
+        flip(run / "checkpoints" / "last.ckpt", fraction)
+        line = one_line_error(cli(run, text_file, "ckpt_path=last"))
+        named = run / "checkpoints" / "step000012.ckpt"
+        assert line == (
+            f"hf_lightning: error: ckpt_path=last: cannot resume: {run / 'checkpoints' / 'last.ckpt'} {DAMAGED}; the "
+            f"newest intact checkpoint there is {named} (step 12): resume from it with ckpt_path={named}"
+        )
+        refused.append(fraction)
+    assert refused == list(ROT_AT)  # 5/5
+    run = tmp_path / f"rot{ROT_AT[0]}"
+    proc = cli(run, text_file, f"ckpt_path={run / 'checkpoints' / 'step000012.ckpt'}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert differences(straight, run) == []
+
+
+def test_ckpt_path_last_finds_the_configured_checkpoint_folder(straight, text_file, tmp_path):
+    """``callbacks.model_checkpoint.dirpath`` elsewhere: killed after step 7, ``ckpt_path=last`` resumes from that
+    folder (before: "no checkpoint at RUN/checkpoints/last.ckpt")."""
+    run, elsewhere = tmp_path / "run", tmp_path / "elsewhere"
+    where = f"callbacks.model_checkpoint.dirpath={elsewhere}"
+    stopped = cli(run, text_file, where, "+callbacks.kill._target_=tests.kill_points.KillAt",
+                  "+callbacks.kill.point=step_end", "+callbacks.kill.step=7")
+    assert stopped.returncode == -signal.SIGKILL, stopped.stderr[-3000:]
+    proc = cli(run, text_file, where, "ckpt_path=last")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    shutil.copytree(elsewhere, run / "checkpoints")  # compared as if they were in the run folder
+    assert differences(straight, run) == []
