@@ -86,6 +86,7 @@ def check_run_folder(
         ConfigError: ``run_dir`` holds a previous run and this one would start at step 0 (lists what it holds).
     """
     found = run_artifacts(run_dir, ckpt_dir) if os.path.isdir(run_dir) else []
+    weights_only = weights_only and ckpt_path is not None  # without a checkpoint there are no weights to load
     if not found or (ckpt_path is not None and not weights_only):
         return
     shown = ", ".join(found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5 else "")

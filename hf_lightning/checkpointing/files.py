@@ -186,7 +186,7 @@ def remove_leftovers(*folders: str) -> list[str]:
         if not os.path.isdir(folder):
             continue
         for name in sorted(os.listdir(folder)):
-            if not name.startswith(TMP_PREFIX):
+            if not name.startswith((TMP_PREFIX, ".write-probe-")):  # the run-folder guard's probe too
                 continue
             path = os.path.join(folder, name)
             with contextlib.suppress(OSError):
