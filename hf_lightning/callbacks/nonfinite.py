@@ -11,6 +11,10 @@ loss from the log); one NaN step makes every weight NaN, and the checkpoints sav
   (the weights and the last checkpoint stay as they were), ``"skip"`` drops the window's gradients (every
   ``p.grad = None``, so the optimizer leaves every parameter and its moments untouched, weight decay included),
   counts the step in ``skipped_steps`` and goes on; ``max_consecutive_skips`` skipped steps in a row stop the run;
+- after each update, before any callback can save it, the weights themselves (``on_train_batch_end``, one
+  max-abs reduction per tensor and one host sync per step): an update that overflows a weight to inf/NaN while the
+  loss and the gradient norm were finite (a learning rate far too high) raises :class:`TrainingError` in both
+  modes, since an applied update cannot be skipped; no checkpoint ever holds such weights;
 - a finite norm above ``grad_norm_threshold``, or ``grad_norm_spike`` times the median of the recent norms, is
   reported at WARNING (``exploding_steps`` counts them); the step itself runs (clipping, if set, bounds it).
 
@@ -169,7 +173,8 @@ class NonFiniteGuard(L.Callback):
         params = [p for opt in trainer.optimizers for g in opt.param_groups for p in g["params"] if p.numel()]
         if not params:
             return
-        # max |w| per tensor: NaN or inf exactly when the tensor holds one (a 2-norm would overflow on large weights)
+        # max |w| per tensor (torch's foreach kernel, one launch per dtype/device group): NaN or inf exactly when
+        # the tensor holds one; a 2-norm would overflow on large finite weights
         finite = torch.isfinite(torch.stack([m.float() for m in torch._foreach_norm(params, float("inf"))]))
         bad = not bool(finite.all())  # one host sync per optimizer step
         if trainer.world_size > 1:  # sharded weights (FSDP, DeepSpeed): another rank may hold the bad part

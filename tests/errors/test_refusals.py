@@ -197,3 +197,21 @@ def test_a_run_stopped_before_its_first_checkpoint_starts_again(tmp_path, capsys
         f"ckpt_path=last: there is no checkpoint in {tmp_path}/checkpoints, and {tmp_path} holds a finished run "
         "(final_metrics.json) with none left to resume from; start a new run in a new hydra.run.dir"
     )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("override", "start"), [
+    ("callbacks.model_checkpoint.every_n_train_steps=-3", "callbacks.model_checkpoint.every_n_train_steps=-3: Invalid "
+     "value for every_n_train_steps=-3. Must be >= 0 (refused by lightning.pytorch.callbacks.ModelCheckpoint)"),
+    ("trainer.accelerator=gpu", "trainer.accelerator=gpu: "),
+    ("optim.lr=inf", "optim.lr=inf: allowed values: a finite number >= 0"),
+    ("trainer.limit_train_batches=0", "trainer.limit_train_batches=0: allowed values: null (every batch)"),
+], ids=["every_n_train_steps", "gpu", "lr", "limit_train_batches"])
+def test_the_command_line_says_each_in_one_line(tmp_path, override, start):
+    """Before: Hydra's multi-line error and exit status 1 (the first two); a run that trained on, or 0 steps."""
+    from tests.errors.support import one_line_error, run_train_cli
+
+    if override == "trainer.accelerator=gpu" and torch.cuda.is_available():
+        pytest.skip("a GPU is there: trainer.accelerator=gpu is valid")
+    line = one_line_error(run_train_cli("+experiment=sft", "trainer.max_steps=2", override, f"hydra.run.dir={tmp_path}"))
+    assert line.startswith(f"hf_lightning: error: {start}")
