@@ -59,6 +59,9 @@ class ResumeState(L.Callback):
         checkpoint[KEY] = {"rng": ranks, "signature": _signature(trainer)}
 
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        from hf_lightning.checkpointing.tidy import restored_dirpaths
+
+        self._restored_dirpaths = restored_dirpaths(checkpoint)
         state = checkpoint.get(KEY)
         if not state:
             log.warning("the checkpoint holds no hf_lightning resume state (RNG, data signature): resume may differ")
@@ -79,7 +82,8 @@ class ResumeState(L.Callback):
         for logger in trainer.loggers:  # rows logged after the checkpoint's step are logged again
             if hasattr(logger, "truncate_after"):
                 logger.truncate_after(trainer.global_step)
-        tidy_checkpoint_folders(trainer)  # and checkpoints written after it are written again
+        # and checkpoints written after it are written again
+        tidy_checkpoint_folders(trainer, getattr(self, "_restored_dirpaths", None))
         saved = getattr(self, "_saved_signature", None)
         if saved is None:
             return

@@ -27,9 +27,17 @@ def _name_pattern(template: str, extension: str) -> re.Pattern[str]:
     return re.compile(rf"^{body}(-v\d+)?{re.escape(extension)}$")
 
 
-def tidy_checkpoint_folders(trainer: Any) -> list[str]:
-    """Remove the periodic checkpoints no ``ModelCheckpoint`` knows (rank 0); adopt an unknown ``last.ckpt``;
-    returns the removed paths."""
+def restored_dirpaths(checkpoint: dict) -> set[str]:
+    """The folders of the ``ModelCheckpoint`` states a checkpoint holds: Lightning restores such a state only into a
+    callback with the same ``dirpath`` (a run folder that was moved or copied restores none)."""
+    states = (checkpoint.get("callbacks") or {}).values()
+    return {str(st["dirpath"]) for st in states if isinstance(st, dict) and "best_k_models" in st and st.get("dirpath")}
+
+
+def tidy_checkpoint_folders(trainer: Any, restored: set[str] | None = None) -> list[str]:
+    """Remove the periodic checkpoints no ``ModelCheckpoint`` knows (rank 0), for the callbacks whose state was
+    restored from the checkpoint (``restored``: their folders; a callback that restored nothing knows no file, and
+    its folder is left as it is); adopt an unknown ``last.ckpt``; returns the removed paths."""
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     callbacks = [c for c in trainer.callbacks if isinstance(c, ModelCheckpoint) and c.dirpath]
@@ -51,8 +59,8 @@ def tidy_checkpoint_folders(trainer: Any) -> list[str]:
         known |= {os.path.abspath(p) for p in (*cb.best_k_models, cb.best_model_path, cb.last_model_path) if p}
     removed = []
     for cb in callbacks:
-        if cb.save_top_k == -1 or cb.monitor is None:
-            continue  # keeps every checkpoint, or only the newest under one name: nothing rotates
+        if cb.save_top_k == -1 or cb.monitor is None or str(cb.dirpath) not in (restored or set()):
+            continue  # keeps every checkpoint, or only the newest under one name, or knows nothing of the folder
         pattern = _name_pattern(cb.filename or "{epoch}-{step}", cb.FILE_EXTENSION)
         for path in sorted(glob.glob(os.path.join(cb.dirpath, "*" + cb.FILE_EXTENSION))):
             if os.path.abspath(path) not in known and pattern.match(os.path.basename(path)):
