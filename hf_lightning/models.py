@@ -83,6 +83,29 @@ def check_config_json(path: str) -> None:
         raise ModelError(f"model.name_or_path={path}: config.json holds a JSON {type(value).__name__}, not an object")
 
 
+# the package each attention backend needs (transformers names only the backend when it is missing)
+ATTENTION_PACKAGES = {
+    "flash_attention_2": "flash-attn (pip install flash-attn, on a machine with CUDA)",
+    "flash_attention_3": "flash-attn 3 (flash_attn_interface, built from the flash-attention repository's hopper/)",
+    "flash_attention_4": "flash-attn 4 (flash_attn.cute)",
+}
+
+
+def attention_error(attn_implementation: Any, err: BaseException) -> ModelError | None:
+    """``model.attn_implementation`` as the culprit of a model construction error: a backend whose package is not
+    installed, or one transformers does not know; ``None`` when ``err`` is about something else."""
+    text = " ".join(str(err).split())
+    if isinstance(err, ImportError) and "toggled on" in text:
+        package = ATTENTION_PACKAGES.get(str(attn_implementation), "the package that backend needs")
+        return ModelError(
+            f"model.attn_implementation={attn_implementation}: its package is not installed ({text.split(': ')[-1]}); "
+            f"install {package}, or use model.attn_implementation=sdpa"
+        )
+    if "attn_implementation" in text and "is not supported" in text:
+        return ModelError(f"model.attn_implementation={attn_implementation}: {text}")
+    return None
+
+
 def from_pretrained(auto_class: Any, path: str, **kwargs: Any) -> Any:
     """``auto_class.from_pretrained(path, **kwargs)``; a folder whose files cannot be read becomes a ModelError.
 
@@ -93,6 +116,9 @@ def from_pretrained(auto_class: Any, path: str, **kwargs: Any) -> Any:
     try:
         return auto_class.from_pretrained(path, **kwargs)
     except Exception as err:  # json, safetensors, pickle and torch each raise their own types for a bad file
+        attention = attention_error(kwargs.get("attn_implementation"), err)
+        if attention is not None:
+            raise attention from err
         reason = " ".join(str(err).split())[:300]
         raise ModelError(
             f"model.name_or_path={path}: the model could not be loaded ({type(err).__name__}: {reason}); the folder "
@@ -196,7 +222,13 @@ def build_model(
         else:
             specials["bos_token_id"] = tokenizer.convert_tokens_to_ids("<|im_start|>")
         cfg = AutoConfig.for_model(architecture, **specials, **head, **dict(config or {}))
-        model = auto.from_config(cfg, attn_implementation=attn_implementation)
+        try:
+            model = auto.from_config(cfg, attn_implementation=attn_implementation)
+        except (ImportError, ValueError) as err:
+            attention = attention_error(attn_implementation, err)
+            if attention is None:
+                raise
+            raise attention from err
     else:
         path = resolve_name_or_path(name_or_path)
         _check_folder(path, os.fspath(name_or_path))

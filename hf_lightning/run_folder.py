@@ -10,6 +10,7 @@ that ``train()`` repeats for callers that bypass Hydra.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import sys
@@ -29,13 +30,30 @@ MAY_CHANGE = (
 )
 
 
-def run_artifacts(run_dir: str) -> list[str]:
+def checkpoint_dir(cfg: DictConfig, run_dir: str) -> str:
+    """The run's checkpoint folder: ``callbacks.model_checkpoint.dirpath`` (resolved, absolute), default
+    ``RUN/checkpoints``. ``run_dir`` stands in for ``output_dir`` where Hydra has not set it yet."""
+    node = OmegaConf.select(cfg, "callbacks.model_checkpoint", default=None, throw_on_resolution_failure=False)
+    dirpath = None
+    if isinstance(node, DictConfig) and "dirpath" in node:
+        raw = OmegaConf.to_container(node, resolve=False).get("dirpath")
+        probe = OmegaConf.create({"output_dir": os.path.abspath(run_dir), "dirpath": raw})
+        with contextlib.suppress(Exception):  # an interpolation of another key: Lightning's own default then
+            dirpath = probe.dirpath
+    return os.path.abspath(str(dirpath)) if dirpath else os.path.join(os.path.abspath(run_dir), "checkpoints")
+
+
+def run_artifacts(run_dir: str, ckpt_dir: str | None = None) -> list[str]:
     """What a previous run left in ``run_dir``: checkpoints, ``metrics.csv``, ``hf_model/`` (relative paths)."""
-    found = [os.path.relpath(p, run_dir) for p in sorted(glob.glob(os.path.join(run_dir, "checkpoints", "*.ckpt")))]
+    folder = ckpt_dir or os.path.join(run_dir, "checkpoints")
+    found = [os.path.relpath(p, run_dir) for p in sorted(glob.glob(os.path.join(folder, "*.ckpt")))]
     for name in ("metrics.csv", "hf_model"):
         if os.path.exists(os.path.join(run_dir, name)):
             found.append(name)
     return found
+
+
+PROBE_BYTES = 1 << 16
 
 
 def check_writable(run_dir: str) -> None:
@@ -46,8 +64,11 @@ def check_writable(run_dir: str) -> None:
     """
     try:
         os.makedirs(run_dir, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=run_dir, prefix=".write-probe-"):
-            pass
+        with tempfile.NamedTemporaryFile(dir=run_dir, prefix=".write-probe-") as fh:
+            # some room too: Hydra writes .hydra/ next, and a full disk there would end in its traceback
+            fh.write(b"\0" * PROBE_BYTES)
+            fh.flush()
+            os.fsync(fh.fileno())
     except OSError as err:
         raise ConfigError(
             f"hydra.run.dir={run_dir} is not writable ({err.strerror or err}): checkpoints, metrics and the exported "
@@ -55,19 +76,32 @@ def check_writable(run_dir: str) -> None:
         ) from err
 
 
-def check_run_folder(run_dir: str, ckpt_path: str | None) -> None:
-    """A fresh run needs a folder without a previous run's checkpoints, metrics or export.
+def check_run_folder(
+    run_dir: str, ckpt_path: str | None, ckpt_dir: str | None = None, weights_only: bool = False
+) -> None:
+    """A run that starts at step 0 (a fresh one, or ``resume_weights_only=true``) needs a folder without a
+    previous run's checkpoints, metrics or export; it never rewrites another run's history.
 
     Raises:
-        ConfigError: ``ckpt_path`` is null and ``run_dir`` holds a previous run (lists what it holds).
+        ConfigError: ``run_dir`` holds a previous run and this one would start at step 0 (lists what it holds).
     """
-    found = run_artifacts(run_dir) if os.path.isdir(run_dir) else []
-    if ckpt_path is None and found:
-        shown = ", ".join(found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5 else "")
+    found = run_artifacts(run_dir, ckpt_dir) if os.path.isdir(run_dir) else []
+    weights_only = weights_only and ckpt_path is not None  # without a checkpoint there are no weights to load
+    if not found or (ckpt_path is not None and not weights_only):
+        return
+    shown = ", ".join(found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5 else "")
+    if weights_only:
+        source = os.path.join(ckpt_dir or os.path.join(run_dir, "checkpoints"), "last.ckpt") if ckpt_path == "last" else ckpt_path
         raise ConfigError(
-            f"hydra.run.dir={run_dir} already holds a run ({shown}); a fresh run there would overwrite it. Use a new "
-            "hydra.run.dir, or ckpt_path=last to resume that run"
+            f"resume_weights_only=true starts a new run at step 0 from the weights of {source}, and "
+            f"hydra.run.dir={run_dir} already holds a run ({shown}) whose history it would overwrite. Give the new "
+            f"run its own folder (hydra.run.dir=NEW ckpt_path={source} resume_weights_only=true), or drop "
+            "resume_weights_only to continue that run"
         )
+    raise ConfigError(
+        f"hydra.run.dir={run_dir} already holds a run ({shown}); a fresh run there would overwrite it. Use a new "
+        "hydra.run.dir, or ckpt_path=last to resume that run"
+    )
 
 
 def _select(cfg: DictConfig, key: str) -> Any:
@@ -80,13 +114,23 @@ def _select(cfg: DictConfig, key: str) -> Any:
     return node
 
 
+def _same_path_form(value: Any) -> Any:
+    """A path as the file system sees it: an existing file or folder by its real path (a relative path and a
+    trailing ``/`` name the same data); anything else as written."""
+    if isinstance(value, str) and value and os.path.exists(value):
+        return os.path.realpath(value)
+    return value
+
+
 def _flatten(value: Any, prefix: str) -> dict[str, Any]:
     if isinstance(value, dict):
         out: dict[str, Any] = {}
         for k, v in value.items():
             out.update(_flatten(v, f"{prefix}.{k}"))
         return out
-    return {prefix: value}
+    if isinstance(value, list):
+        return {prefix: [_same_path_form(v) for v in value]}
+    return {prefix: _same_path_form(value)}
 
 
 def config_differences(saved: DictConfig, current: DictConfig) -> list[str]:
@@ -158,6 +202,13 @@ def check_same_run(run_dir: str, current: DictConfig) -> None:
         )
 
 
+def _inside(ckpt_path: str, ckpt_dir: str) -> bool:
+    """``ckpt_path`` is ``last`` or a file in the run's own checkpoint folder."""
+    if ckpt_path == "last":
+        return True
+    return os.path.dirname(os.path.realpath(str(ckpt_path))) == os.path.realpath(ckpt_dir)
+
+
 def _task_config(config: DictConfig) -> DictConfig:
     task = OmegaConf.masked_copy(config, [k for k in config if k != "hydra"])
     return task
@@ -172,8 +223,11 @@ except ImportError:  # hydra is an entry-point dependency only
 class RunFolderGuard(_HydraCallback):  # type: ignore[misc,valid-type]
     """Hydra callback (``hydra.callbacks.run_folder``): check ``hydra.run.dir`` before Hydra writes into it.
 
-    Refuses, with ``hf_lightning: error: ...`` and exit status 2: an unwritable folder; a fresh run in a folder
-    holding a previous run; ``ckpt_path=last`` against a folder whose saved config differs in an identity setting.
+    Takes the folder's owner lock (:mod:`hf_lightning.run_lock`) first, then refuses, with ``hf_lightning: error:
+    ...`` and exit status 2: an unwritable folder; a folder another process is writing; a run starting at step 0
+    (fresh, or ``resume_weights_only``) in a folder holding a previous run; ``ckpt_path=last`` (or one of the run's
+    own checkpoints) against a folder whose saved config differs in an identity setting; a checkpoint that cannot be
+    resumed from (:func:`~hf_lightning.checkpointing.resume.find_resume_checkpoint`, whose answer ``train`` reuses).
 
     Args:
         enabled: ``False`` turns it off (``evaluate`` reads a training run's folder on purpose).
@@ -186,17 +240,32 @@ class RunFolderGuard(_HydraCallback):  # type: ignore[misc,valid-type]
         # a SystemExit, not an exception: Hydra turns exceptions raised by callbacks into warnings
         if not self.enabled:
             return
+        from hf_lightning.checkpointing.resume import find_resume_checkpoint, remember_resolved
+        from hf_lightning.run_lock import hold_run_folder
+
         run_dir = str(config.hydra.run.dir)
         ckpt_path = config.get("ckpt_path")
+        weights_only = bool(config.get("resume_weights_only"))
         try:
-            check_run_folder(run_dir, ckpt_path)
-            if ckpt_path == "last":
-                check_same_run(run_dir, _task_config(config))
             check_writable(run_dir)
-            if ckpt_path == "last":
+            hold_run_folder(run_dir)  # before anything is read or written: one process per run folder
+            task = _task_config(config)
+            ckpt_dir = checkpoint_dir(task, run_dir)
+            check_run_folder(run_dir, ckpt_path, ckpt_dir, weights_only)
+            if ckpt_path is not None and not weights_only and _inside(ckpt_path, ckpt_dir):
+                check_same_run(run_dir, task)  # ckpt_path=last or one of the run's own checkpoints
+            resolved = find_resume_checkpoint(ckpt_path, os.path.abspath(run_dir), weights_only, ckpt_dir)
+            remember_resolved(ckpt_path, os.path.abspath(run_dir), weights_only, ckpt_dir, resolved)
+            if ckpt_path is not None and not weights_only:
                 kept = keep_previous_settings(run_dir)  # Hydra is about to rewrite .hydra/ with this command line
                 if kept:
                     print(f"hf_lightning: note: the previous settings of this run are kept in {kept}", file=sys.stderr)
         except ConfigError as err:
             print(f"hf_lightning: error: {err}", file=sys.stderr)
             sys.exit(2)
+
+    def on_run_end(self, config: DictConfig, **kwargs: Any) -> None:
+        from hf_lightning.run_lock import release_run_folder
+
+        if self.enabled:
+            release_run_folder(str(config.hydra.run.dir))

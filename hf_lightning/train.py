@@ -10,7 +10,6 @@ tokenizer, data, model, and ``fit``.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -25,7 +24,6 @@ from hf_lightning.errors import ConfigError, HFLightningError
 
 log = logging.getLogger("hf_lightning.train")
 
-METRICS_FILE = "final_metrics.json"
 
 
 def _in_multirun() -> bool:
@@ -65,26 +63,46 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
     Raises:
         HFLightningError: bad config, data or model (the message names the key, file or field).
     """
-    import lightning as L
-
-    from hf_lightning.callbacks.final_validation import FinalValidation
-    from hf_lightning.checkpointing import AtomicCheckpointIO, find_resume_checkpoint
+    from hf_lightning.checkpointing import find_resume_checkpoint
+    from hf_lightning.checkpointing.files import remove_leftovers
     from hf_lightning.config import validate_config
     from hf_lightning.config.run_length import apply_max_steps_precedence, command_line_overrides
     from hf_lightning.optional import check_config as check_optional_packages
-    from hf_lightning.run_folder import check_run_folder
-    from hf_lightning.strategies import refuse_multirun_relaunch
-    from hf_lightning.strategies.precision import precision_plugin
+    from hf_lightning.run_folder import check_run_folder, checkpoint_dir
+    from hf_lightning.run_lock import hold_run_folder, release_run_folder
 
     validate_config(cfg)
     apply_max_steps_precedence(cfg, command_line_overrides())  # HF: a given max_steps overrides the epochs
     check_optional_packages(cfg)  # a logger, strategy or model package that is not installed: one line, now
     weights_only = bool(cfg.get("resume_weights_only"))
-    ckpt_path = find_resume_checkpoint(cfg.get("ckpt_path"), cfg.output_dir, weights_only=weights_only)
-    check_run_folder(cfg.output_dir, cfg.get("ckpt_path"))  # a fresh run never overwrites a previous one
-    L.seed_everything(cfg.seed, workers=True, verbose=False)
+    output_dir = os.path.abspath(cfg.output_dir)
+    ckpt_dir = checkpoint_dir(cfg, output_dir)
+    acquired = hold_run_folder(output_dir)  # one process per run folder (the CLI's guard took it already)
+    try:
+        # a run that starts at step 0 never overwrites a previous one
+        check_run_folder(output_dir, cfg.get("ckpt_path"), ckpt_dir, weights_only)
+        ckpt_path = find_resume_checkpoint(cfg.get("ckpt_path"), output_dir, weights_only, ckpt_dir)
+        for path in remove_leftovers(output_dir, ckpt_dir):  # this process owns the folder: they are a dead one's
+            log.info("removed %s, left by a process that was stopped while writing it", path)
+        return _train(cfg, ckpt_path, weights_only)
+    finally:
+        if acquired:
+            release_run_folder(output_dir)
 
-    callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
+
+def _train(cfg: DictConfig, ckpt_path: str | None, weights_only: bool) -> tuple[dict[str, float], dict[str, Any]]:
+    """The Trainer and its callbacks, then :func:`_fit`."""
+    import lightning as L
+
+    from hf_lightning.callbacks.final_validation import FinalValidation
+    from hf_lightning.checkpointing import AtomicCheckpointIO
+    from hf_lightning.strategies import refuse_multirun_relaunch
+    from hf_lightning.strategies.precision import precision_plugin
+
+    L.seed_everything(cfg.seed, workers=True, verbose=False)
+    callbacks = [
+        lightning_object(c, f"callbacks.{name}") for name, c in (cfg.get("callbacks") or {}).items() if c is not None
+    ]
     if not cfg.trainer.get("enable_progress_bar", True):
         from lightning.pytorch.callbacks import ProgressBar
 
@@ -97,7 +115,7 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
     plugin = precision_plugin(trainer_cfg.get("precision"), trainer_cfg.get("accelerator"), trainer_cfg.get("strategy"))
     extra = {"precision": None, "plugins": [plugin]} if plugin is not None else {}
     extra["plugins"] = [*extra.get("plugins", []), AtomicCheckpointIO()]
-    trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False, **extra)
+    trainer = lightning_object(cfg.trainer, "trainer", callbacks=callbacks, logger=loggers or False, **extra)
     refuse_multirun_relaunch(trainer, _in_multirun())
     try:
         metrics, objects = _fit(cfg, trainer, None if weights_only else ckpt_path, ckpt_path if weights_only else None)
@@ -121,6 +139,39 @@ def instantiate(node: Any, **kwargs: Any) -> Any:
         if ours is None:
             raise
         raise ours from err
+
+
+def lightning_object(node: DictConfig, key: str, **kwargs: Any) -> Any:
+    """``hydra.utils.instantiate(node, **kwargs)``, with the constructor's refusal as one :class:`ConfigError`
+    naming ``key`` (Lightning raises ``MisconfigurationException`` / ``ValueError``, which Hydra wraps in a
+    multi-line ``InstantiationException``).
+
+    Raises:
+        ConfigError: the constructor refused a value (``key``, the value where the message names it, and the
+            constructor's own first line).
+        HFLightningError: raised by one of our constructors, as it is.
+    """
+    from hydra.errors import InstantiationException
+    from hydra.utils import instantiate as hydra_instantiate
+
+    from hf_lightning.optional import explain_instantiation_error
+
+    try:
+        return hydra_instantiate(node, **kwargs)
+    except InstantiationException as err:
+        ours = explain_instantiation_error(err)  # our own errors, a missing package
+        if ours is not None:
+            raise ours from None
+        cause = err.__cause__
+        if not isinstance(cause, (ValueError, TypeError, RuntimeError)) and type(cause).__name__ != "MisconfigurationException":
+            raise
+        text = " ".join(str(cause).split())
+        keys = [k for k in node if isinstance(k, str) and not k.startswith("_")]
+        # the key the message names, else the one whose (string) value it quotes ("No supported gpu backend")
+        named = next((k for k in keys if k in text), None) or next(
+            (k for k in keys if isinstance(node.get(k), str) and len(node.get(k)) >= 3 and node.get(k) in text), None)
+        where = f"{key}.{named}={node.get(named)}" if named else key
+        raise ConfigError(f"{where}: {text} (refused by {node.get('_target_', key)})") from None
 
 
 def with_best_model(cfg: DictConfig, callbacks: list[Any]) -> list[Any]:
@@ -165,6 +216,7 @@ def _fit(
     from hf_lightning.faults import explain_faults
     from hf_lightning.models import build_model, load_tokenizer
     from hf_lightning.module import HFLightningModule
+    from hf_lightning.run_end import finish_run, finished_metrics, newest_logged, write_final_metrics
 
     model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
     tokenizer = load_tokenizer(model_cfg.get("name_or_path"), model_cfg.pop("tokenizer_vocab_size", 2048))
@@ -214,33 +266,33 @@ def _fit(
     wall = time.perf_counter() - start
     objects = {"trainer": trainer, "module": module, "datamodule": datamodule}
     if module.fit_start_step in (None, trainer.global_step) and ckpt_path is not None:
+        previous = finished_metrics(cfg.output_dir, trainer.global_step)
+        if previous is None:  # the training had ended, its end (row, validation, export, metrics) had not
+            metrics, done = finish_run(cfg.output_dir, trainer, module, datamodule, n_params)
+            log.warning("%s is at the end of this run (optimizer step %d), whose end was cut short: wrote %s",
+                        ckpt_path, trainer.global_step, ", ".join(done))
+            return metrics, objects
         log.warning(
             "nothing was trained: %s is at optimizer step %d, where this run's limits (trainer.max_steps=%s, "
             "trainer.max_epochs=%s) already end it; raise one of them to continue. The run folder is unchanged",
             ckpt_path, trainer.global_step, cfg.trainer.get("max_steps"), cfg.trainer.get("max_epochs"),
         )
-        # the finished run's own final metrics stay (and are what a sweep reads)
-        previous = os.path.join(cfg.output_dir, METRICS_FILE)
-        if os.path.isfile(previous):
-            with open(previous) as fh:
-                return json.load(fh), objects
-        return {"global_step": float(trainer.global_step)}, objects
+        return previous, objects  # the finished run's own final metrics stay (and are what a sweep reads)
     _validate_final_weights(trainer, module, datamodule)
 
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     # the rows written last win: the final flush of train/loss after the last log step never reaches
-    # callback_metrics (Lightning allows no self.log in on_train_end)
+    # callback_metrics (Lightning allows no self.log in on_train_end); a resumed run's rows before the stop too
+    metrics.update(newest_logged(os.path.join(cfg.output_dir, "metrics.csv")) if trainer.is_global_zero else {})
     metrics.update(module.last_logged)
     tokens = module.trained_tokens()
     metrics.update({
         "global_step": float(trainer.global_step), "parameters": float(n_params), "wall_time_s": wall,
         "train_tokens_per_s": tokens / wall,
     })
-    if trainer.is_global_zero:
-        os.makedirs(cfg.output_dir, exist_ok=True)
-        with open(os.path.join(cfg.output_dir, METRICS_FILE), "w") as fh:
-            json.dump(metrics, fh, indent=1, sort_keys=True)
     stopped = getattr(module, "preempted", None)
+    if trainer.is_global_zero and not stopped:  # a stopped run has no final metrics yet
+        write_final_metrics(cfg.output_dir, metrics)
     if stopped:
         log.warning(
             "stopped by %s at optimizer step %d: %s/checkpoints/last.ckpt holds it, no hf_model/ yet. Continue with "
@@ -311,8 +363,33 @@ def optimized_value(metrics: dict[str, float], name: str | None, required: bool)
     return metrics[name]
 
 
+def _report_log_file_errors() -> None:
+    """A log file that cannot be written (a full disk, a read-only remount) is said once on stderr; Python's
+    ``logging`` would print a traceback for every line logged from then on."""
+    for handler in logging.getLogger().handlers:
+        if not isinstance(handler, logging.FileHandler):
+            continue
+        said: list[bool] = []
+
+        def report(err: BaseException | None, handler: logging.FileHandler = handler, said: list = said) -> None:
+            if not said:
+                said.append(True)
+                print(f"hf_lightning: warning: could not write the log file {handler.baseFilename} ({err}); log "
+                      "lines go to the terminal only from here", file=sys.stderr)
+
+        def emit(record: logging.LogRecord, real: Any = handler.emit, report: Any = report) -> None:
+            try:
+                real(record)
+            except OSError as err:  # reopening a closed log file fails outside logging's own error handling
+                report(err)
+
+        handler.emit = emit  # type: ignore[method-assign]
+        handler.handleError = lambda record, report=report: report(sys.exc_info()[1])  # type: ignore[method-assign]
+
+
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> float | None:
+    _report_log_file_errors()
     try:
         metrics, objects = train(cfg)
         stopped = getattr(objects["module"], "preempted", None)

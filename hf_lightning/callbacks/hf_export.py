@@ -55,15 +55,43 @@ class HFExport(L.Callback):
         self.dirpath = dirpath
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if getattr(pl_module, "preempted", False):
+            if trainer.is_global_zero:
+                log.warning("training was stopped by a signal: no hf_model/ export until the run finishes")
+            return
+        self.export(trainer, pl_module)
+
+    def export(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Write the folder (a collective under FSDP / DeepSpeed ZeRO-3: call it on every rank).
+
+        The model and tokenizer are saved into a temporary folder beside ``dirpath``, which then replaces it
+        (:func:`~hf_lightning.checkpointing.files.atomic_folder`): a kill leaves the previous export or none,
+        never a partial one.
+
+        Raises:
+            TrainingError: the disk refused a write (full, read-only, permissions); names the folder.
+        """
+        from hf_lightning.checkpointing.files import atomic_folder, disk_error, write_failure_message
+        from hf_lightning.errors import TrainingError
+
         state = full_model_state_dict(trainer, pl_module)  # every rank takes part in the gather
         if not trainer.is_global_zero:
             return
-        if getattr(pl_module, "preempted", False):
-            log.warning("training was stopped by a signal: no hf_model/ export until the run finishes")
-            return
-        os.makedirs(self.dirpath, exist_ok=True)
-        pl_module.model.save_pretrained(self.dirpath, state_dict=state)
-        tokenizer = getattr(pl_module, "tokenizer", None)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(self.dirpath)
+        try:
+            os.makedirs(os.path.dirname(os.path.abspath(self.dirpath)), exist_ok=True)
+            with atomic_folder(self.dirpath) as tmp:
+                pl_module.model.save_pretrained(tmp, state_dict=state)
+                tokenizer = getattr(pl_module, "tokenizer", None)
+                if tokenizer is not None:
+                    tokenizer.save_pretrained(tmp)
+        except Exception as err:
+            cause = disk_error(err)
+            if cause is None:
+                raise
+            kept = "the previous export there is intact" if os.path.isdir(self.dirpath) else "nothing was exported"
+            raise TrainingError(
+                write_failure_message("the exported model", self.dirpath, cause, f"{kept}; every checkpoint is kept",
+                                      "then resume with ckpt_path=last to export")
+            ) from err
         log.info("exported the model and tokenizer to %s", self.dirpath)
+

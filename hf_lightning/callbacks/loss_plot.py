@@ -82,8 +82,11 @@ def plot_losses(
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
+    from hf_lightning.checkpointing.files import atomic_file
+
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path)
+    with atomic_file(os.fspath(path), "wb") as fh:  # a kill leaves the previous plot, not half a PNG
+        fig.savefig(fh, format=os.path.splitext(os.fspath(path))[1].lstrip(".") or "png")
     return curves
 
 

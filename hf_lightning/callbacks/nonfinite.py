@@ -11,6 +11,10 @@ loss from the log); one NaN step makes every weight NaN, and the checkpoints sav
   (the weights and the last checkpoint stay as they were), ``"skip"`` drops the window's gradients (every
   ``p.grad = None``, so the optimizer leaves every parameter and its moments untouched, weight decay included),
   counts the step in ``skipped_steps`` and goes on; ``max_consecutive_skips`` skipped steps in a row stop the run;
+- after each update, before any callback can save it, the weights themselves (``on_train_batch_end``, one
+  max-abs reduction per tensor and one host sync per step): an update that overflows a weight to inf/NaN while the
+  loss and the gradient norm were finite (a learning rate far too high) raises :class:`TrainingError` in both
+  modes, since an applied update cannot be skipped; no checkpoint ever holds such weights;
 - a finite norm above ``grad_norm_threshold``, or ``grad_norm_spike`` times the median of the recent norms, is
   reported at WARNING (``exploding_steps`` counts them); the step itself runs (clipping, if set, bounds it).
 
@@ -97,6 +101,7 @@ class NonFiniteGuard(L.Callback):
         self._norms: deque[float] = deque(maxlen=history)
         self._bad_loss: torch.Tensor | None = None  # device flag: a non-finite loss in this window
         self._first_bad: torch.Tensor | None = None  # the first such loss value (for the message)
+        self._weights_checked = 0  # the optimizer step whose updated weights were checked last
 
     # ------------------------------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
@@ -106,6 +111,9 @@ class NonFiniteGuard(L.Callback):
         self.skipped_steps = int(state.get("skipped_steps", 0))
         self.exploding_steps = int(state.get("exploding_steps", 0))
         self._norms.extend(state.get("norms", []))
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._weights_checked = trainer.global_step  # a resumed run's weights were checked before they were saved
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.on_nonfinite == "skip" and gradients_outside_params(trainer):
@@ -156,6 +164,34 @@ class NonFiniteGuard(L.Callback):
         if norm_t is not None:
             self._check_norm(trainer, step, norm)
             self._norms.append(norm)
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        """After each optimizer update, before anything can save it: are the weights still finite?"""
+        if trainer.global_step == self._weights_checked:
+            return  # inside an accumulation window, or already checked
+        self._weights_checked = trainer.global_step
+        params = [p for opt in trainer.optimizers for g in opt.param_groups for p in g["params"] if p.numel()]
+        if not params:
+            return
+        # max |w| per tensor (torch's foreach kernel, one launch per dtype/device group): NaN or inf exactly when
+        # the tensor holds one; a 2-norm would overflow on large finite weights
+        finite = torch.isfinite(torch.stack([m.float() for m in torch._foreach_norm(params, float("inf"))]))
+        bad = not bool(finite.all())  # one host sync per optimizer step
+        if trainer.world_size > 1:  # sharded weights (FSDP, DeepSpeed): another rank may hold the bad part
+            bad = bool(trainer.strategy.reduce_boolean_decision(bad, all=False))
+        if not bad:
+            return
+        names = {id(p): n for n, p in pl_module.named_parameters()}
+        wrong = [names.get(id(p), "?") for p, ok in zip(params, finite.tolist()) if not ok]
+        shown = f"{len(wrong)} of {len(params)} weight tensors, e.g. {wrong[:3]}" if wrong else "weights on another rank"
+        lr = trainer.optimizers[0].param_groups[0].get("lr")
+        raise TrainingError(
+            f"optimizer step {trainer.global_step} (epoch {trainer.current_epoch}): the update made {shown} "
+            "non-finite (NaN/inf) while the loss and the gradient norm were finite, so training stopped before "
+            "anything saved them; every checkpoint already written is intact and holds finite weights (an update "
+            "cannot be undone, so on_nonfinite=skip stops here too). Usual cause: a learning rate too high"
+            + (f" (lr={lr:g} now)" if lr is not None else "")
+        )
 
     # ------------------------------------------------------------------------------------------ actions
     def _nonfinite(self, trainer: L.Trainer, optimizer: Any, step: int, what: str) -> None:

@@ -42,6 +42,19 @@ def save_last(trainer: L.Trainer) -> str:
     return path
 
 
+def _validates_here_anyway(trainer: L.Trainer) -> bool:
+    """Whether Lightning would validate after this batch even without a stop (``val_check_interval``, epoch end).
+
+    Lightning's own decision, asked with ``should_stop`` off (private: ``_TrainingEpochLoop._should_check_val_fx``
+    and ``_FitLoop._data_fetcher``)."""
+    loop = trainer.fit_loop.epoch_loop
+    trainer.should_stop = False
+    try:
+        return bool(loop._should_check_val_fx(trainer.fit_loop._data_fetcher))
+    finally:
+        trainer.should_stop = True
+
+
 class Preemption(L.Callback):
     """Turn a cluster preemption (SIGTERM) or Ctrl-C (SIGINT) into a checkpoint at the next step boundary.
 
@@ -92,8 +105,18 @@ class Preemption(L.Callback):
             received = bool(trainer.strategy.reduce_boolean_decision(received, all=False))
         if not received:
             return
-        path = save_last(trainer)
+        step = trainer.global_step
+        for callback in trainer.checkpoint_callbacks:
+            # their own saves of this step first (Lightning runs them after every other callback): the save below
+            # marks the step as saved, and they would skip a periodic checkpoint the run that never stopped has
+            callback.on_train_batch_end(trainer, pl_module, *args)
+        saved = [c for c in trainer.checkpoint_callbacks if getattr(c, "_last_global_step_saved", -1) == step]
+        path = next((c.last_model_path for c in saved if getattr(c, "last_model_path", None)), None) or save_last(trainer)
         trainer.should_stop = True
+        if not _validates_here_anyway(trainer):
+            # Lightning validates whenever a run is asked to stop: a row at the stop step that the run which never
+            # stopped does not have, and time taken from the preemption's grace period. This process ends here
+            trainer.limit_val_batches = 0
         # the signal number (truthy): the command exits with 128 + it, as a shell reports a killed command
         pl_module.preempted = self.received or signal.SIGTERM  # a rank that only heard of it from another
         log.warning("saved %s at step %d after a stop signal; resume with ckpt_path=last in the same run folder",

@@ -65,6 +65,9 @@ class ResumeState(L.Callback):
         reopen_stopped_epoch(checkpoint, trainer)
 
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        from hf_lightning.checkpointing.tidy import restored_dirpaths
+
+        self._restored_dirpaths = restored_dirpaths(checkpoint)
         state = checkpoint.get(KEY)
         if not state:
             log.warning("the checkpoint holds no hf_lightning resume state (RNG, data signature): resume may differ")
@@ -80,9 +83,13 @@ class ResumeState(L.Callback):
         self._saved_signature = state["signature"]
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        from hf_lightning.checkpointing.tidy import tidy_checkpoint_folders
+
         for logger in trainer.loggers:  # rows logged after the checkpoint's step are logged again
             if hasattr(logger, "truncate_after"):
                 logger.truncate_after(trainer.global_step)
+        # and checkpoints written after it are written again
+        tidy_checkpoint_folders(trainer, getattr(self, "_restored_dirpaths", None))
         saved = getattr(self, "_saved_signature", None)
         if saved is None:
             return

@@ -168,7 +168,11 @@ class Throughput(L.Callback):
                 log.info("Throughput: MFU is logged for 16-bit precisions only (this run: %s)", trainer.precision)
         model = getattr(pl_module, "model", pl_module)
         self._flops = model_flop_constants(model) if self._peak else None
+        self._trainer = trainer
         self._reset()
+        restored, self._restored = getattr(self, "_restored", None), None
+        if restored and trainer.is_global_zero:  # the sums over ranks: counted once, on rank 0
+            self._host = [int(v) for v in restored]
         self._step_seen = trainer.global_step
         self._t0 = time.perf_counter()
 
@@ -197,15 +201,31 @@ class Throughput(L.Callback):
         if step % max(trainer.log_every_n_steps, 1) == 0:
             self._flush(trainer)
 
-    # ------------------------------------------------------------------------------------------ flush
-    def _flush(self, trainer: L.Trainer) -> None:
+    # ------------------------------------------------------------------------------------------ state
+    def _totals(self, trainer: L.Trainer) -> torch.Tensor:
+        """The four counters since the last flush, summed over ranks (a collective under DDP), float64."""
         device = trainer.strategy.root_device
         zero = torch.zeros((), dtype=torch.float64, device=device)
         queued = torch.stack([torch.stack(q).to(torch.float64).sum() if q else zero for q in self._queued])
         totals = queued + torch.tensor(self._host, dtype=torch.float64, device=device)
         if trainer.world_size > 1:
             totals = trainer.strategy.reduce(totals, reduce_op="sum")
-        real, slots, sequences, squares = totals.tolist()  # the one read-back of the interval (syncs)
+        return totals
+
+    def state_dict(self) -> dict[str, Any]:
+        # the counts since the last row go into the checkpoint, so that the next row after a resume covers the
+        # same batches as in a run that never stopped (its padding_share is exact; its rates cover the resumed
+        # part only). Lightning collects callback states on every rank, so the sum over ranks can be taken here
+        trainer = getattr(self, "_trainer", None)
+        counts = self._totals(trainer).cpu().tolist() if trainer is not None and trainer.training else None
+        return {"counts_since_log": counts}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._restored = state.get("counts_since_log")
+
+    # ------------------------------------------------------------------------------------------ flush
+    def _flush(self, trainer: L.Trainer) -> None:
+        real, slots, sequences, squares = self._totals(trainer).tolist()  # the one read-back of the interval
         now = time.perf_counter()
         elapsed = now - self._t0 - self._excluded
         self._reset()

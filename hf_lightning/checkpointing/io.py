@@ -1,83 +1,152 @@
-"""Atomic checkpoint writes: a process killed during a save leaves the previous file loadable."""
+"""Checkpoint files that a kill cannot half-write and bit rot cannot pass off as intact.
+
+Each checkpoint ``X.ckpt`` is written to a temporary file in its folder, fsync'd and renamed into place
+(:mod:`hf_lightning.checkpointing.files`), and comes with ``X.ckpt.sha256``: the SHA-256 of its bytes, computed
+while they were written, in ``sha256sum`` format (``sha256sum -c X.ckpt.sha256`` checks it by hand). Every load
+through :class:`AtomicCheckpointIO` and every resume check (:mod:`hf_lightning.checkpointing.resume`) verifies it.
+
+Between the checkpoint's rename and the sidecar's rewrite the sidecar lists the old and the new hash, so a kill
+there leaves a pair that still verifies; a file that matches neither was changed after it was written.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import hashlib
 import os
-import shutil
 import tempfile
 from typing import Any
 
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from hf_lightning.errors import TrainingError
+from hf_lightning.checkpointing.files import (
+    TMP_PREFIX,
+    RecordingWriter,
+    atomic_file,
+    disk_error,
+    fsync_folder,
+    write_failure_message,
+)
+from hf_lightning.errors import ConfigError, TrainingError
 
-
-def _free_space(folder: str) -> str:
-    while folder and not os.path.isdir(folder):
-        folder = os.path.dirname(folder)
-    try:
-        free = shutil.disk_usage(folder or ".").free
-    except OSError:
-        return "unknown"
-    return f"{free / 2**20:.1f} MiB"
+CHECKSUM_SUFFIX = ".sha256"
+_VERIFIED: dict[tuple[str, int, int], bool] = {}  # (path, size, mtime_ns) -> matched: each file hashed once
 
 
 def save_failure_message(path: str, err: OSError) -> str:
     """``could not write checkpoint PATH: REASON (ERRNO); ...`` with the free space and what was kept."""
-    reason = err.strerror or str(err)
-    code = errno.errorcode.get(err.errno, "") if err.errno is not None else ""
     previous = "the previous version of that file is intact" if os.path.isfile(path) else "nothing was overwritten"
-    hint = {
-        errno.ENOSPC: "free space on that disk or write checkpoints elsewhere (hydra.run.dir=...), and lower "
-        "callbacks.model_checkpoint.save_top_k",
-        errno.EDQUOT: "the disk quota is exhausted: free space or write checkpoints elsewhere (hydra.run.dir=...)",
-        errno.EACCES: "the folder is not writable by this user: fix its permissions or choose another hydra.run.dir",
-        errno.EROFS: "the filesystem is read-only: choose another hydra.run.dir",
-    }.get(err.errno, "check the folder and the disk")
+    message = write_failure_message("checkpoint", path, err, f"{previous} and every other checkpoint already written is kept")
+    if err.errno == errno.ENOSPC:
+        message += ", and lower callbacks.model_checkpoint.save_top_k"
+    return message
+
+
+def checksum_path(path: str) -> str:
+    return os.fspath(path) + CHECKSUM_SUFFIX
+
+
+def _recorded_hashes(path: str) -> list[str] | None:
+    """The hashes ``X.ckpt.sha256`` lists for ``X.ckpt`` (``None``: no sidecar)."""
+    try:
+        with open(checksum_path(path)) as fh:
+            lines = fh.read().splitlines()
+    except FileNotFoundError:
+        return None
+    name = os.path.basename(path)
+    return [line.split()[0].lower() for line in lines if len(line.split()) == 2 and line.split()[1].lstrip("*") == name]
+
+
+def file_sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def checksum_problem(path: str) -> str | None:
+    """Why ``path`` fails its checksum (``'is damaged: ...'``), or ``None`` when it matches or has no sidecar
+    (a checkpoint written elsewhere: nothing to check it against)."""
+    recorded = _recorded_hashes(path)
+    if recorded is None:
+        return None
+    stat = os.stat(path)
+    key = (os.path.abspath(path), stat.st_size, stat.st_mtime_ns)
+    if key not in _VERIFIED:
+        _VERIFIED[key] = file_sha256(path) in recorded
+    if _VERIFIED[key]:
+        return None
     return (
-        f"could not write checkpoint {path}: {reason}{f' ({code})' if code else ''}; {previous} and every other "
-        f"checkpoint already written is kept; free space there: {_free_space(os.path.dirname(path))}. {hint}"
+        f"is damaged: its SHA-256 does not match the one written with it ({os.path.basename(checksum_path(path))}), "
+        "so its bytes changed after it was saved (a failing disk or an incomplete copy)"
     )
 
 
-class AtomicCheckpointIO(TorchCheckpointIO):
-    """``TorchCheckpointIO`` that writes to a temporary file in the same folder, ``fsync``s it, then renames.
+def _write_checksums(path: str, hashes: list[str]) -> None:
+    name = os.path.basename(path)
+    with atomic_file(checksum_path(path)) as fh:
+        fh.write("".join(f"{h}  {name}\n" for h in hashes))
 
-    ``os.replace`` is atomic on POSIX within one filesystem, so a reader (or a resumed run) sees either the
-    old complete file or the new complete file, never a truncated one. The folder is fsynced too so the
-    rename itself survives a power loss.
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """``TorchCheckpointIO`` that writes atomically with a checksum and verifies the checksum on load.
+
+    ``save_checkpoint``: a temporary file in the same folder, ``fsync``, ``os.replace`` (a reader or a resumed
+    run sees the old complete file or the new one, never a truncated one), the folder fsync'd so the rename
+    survives a power loss, and ``X.ckpt.sha256`` beside it. ``remove_checkpoint`` removes both.
     """
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
-        """Write ``checkpoint`` to ``path`` atomically.
+        """Write ``checkpoint`` to ``path`` atomically, with its ``.sha256`` sidecar.
 
         Raises:
-            TrainingError: the folder cannot be created or written, or the disk is full (an ``OSError``); the
-                message names the file, the reason and the free space, and says the previous file is intact.
+            TrainingError: the folder cannot be created or written, or the disk is full (an ``OSError``, or
+                torch's ``RuntimeError`` over one); the message names the file, the reason and the free space,
+                and says the previous file is intact.
         """
         path = os.fspath(path)
         folder = os.path.dirname(path) or "."
         try:
             os.makedirs(folder, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=".tmp-" + os.path.basename(path) + ".", dir=folder)
+            fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX + os.path.basename(path) + ".", dir=folder)
         except OSError as err:
             raise TrainingError(save_failure_message(path, err)) from err
+        writer = None
         try:
             with os.fdopen(fd, "wb") as fh:
-                torch.save(checkpoint, fh)
+                writer = RecordingWriter(fh)
+                torch.save(checkpoint, writer)
                 fh.flush()
                 os.fsync(fh.fileno())
+            new = writer.sha256.hexdigest()
+            old = _recorded_hashes(path) if os.path.isfile(path) else None
+            _write_checksums(path, [*(old or []), new])  # both, until the rename below is done
             os.replace(tmp, path)
+            fsync_folder(folder)
+            _write_checksums(path, [new])
         except BaseException as err:
-            if os.path.exists(tmp):
+            with contextlib.suppress(OSError):
                 os.unlink(tmp)
-            if isinstance(err, OSError):
-                raise TrainingError(save_failure_message(path, err)) from err
+            cause = disk_error(err, writer)
+            if cause is not None:
+                raise TrainingError(save_failure_message(path, cause)) from err
             raise
-        dir_fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+
+    def load_checkpoint(self, path: Any, map_location: Any | None = None, weights_only: bool | None = None) -> dict:
+        """Lightning's load, after the checksum check.
+
+        Raises:
+            ConfigError: the file does not match its ``.sha256`` (damaged).
+        """
+        problem = checksum_problem(os.fspath(path)) if os.path.isfile(os.fspath(path)) else None
+        if problem:
+            raise ConfigError(f"{os.fspath(path)} {problem}")
+        return super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
+
+    def remove_checkpoint(self, path: Any) -> None:
+        super().remove_checkpoint(path)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(checksum_path(os.fspath(path)))

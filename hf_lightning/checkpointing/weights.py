@@ -8,6 +8,7 @@ naming the checkpoint, the model folder and the first keys at fault.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -51,9 +52,15 @@ def load_model_weights(module: torch.nn.Module, ckpt_path: str, model_path: Any)
         The checkpoint's ``global_step`` (``-1`` when it has none).
 
     Raises:
-        ConfigError: not a file, or not a Lightning checkpoint (no ``state_dict``).
+        ConfigError: not a file, not a Lightning checkpoint (no ``state_dict``), or damaged (its ``.sha256``
+            does not match).
         ModelError: model weights missing, unexpected or of another shape (names the first few).
     """
+    from hf_lightning.checkpointing.io import checksum_problem
+
+    problem = checksum_problem(str(ckpt_path)) if os.path.isfile(str(ckpt_path)) else None
+    if problem:
+        raise ConfigError(f"ckpt_path={ckpt_path}: {ckpt_path} {problem}")
     try:
         state = torch.load(ckpt_path, map_location="cpu", weights_only=False)
     except FileNotFoundError:

@@ -14,6 +14,7 @@ repeat every constructor signature and drift from it; binding the signatures can
 from __future__ import annotations
 
 import inspect
+import math
 import types
 import typing
 from collections.abc import Callable, Iterable, Mapping
@@ -47,6 +48,15 @@ def _num(value: Any) -> bool:
 
 def _positive_int(value: Any) -> bool:
     return _int(value) and value >= 1
+
+
+def _some_training(value: Any) -> bool:
+    """``trainer.limit_train_batches``: some batches (Lightning's 0 "trains" 0 steps and reports success)."""
+    if value is None:
+        return True
+    if _int(value):
+        return value >= 1
+    return isinstance(value, float) and 0 < value <= 1
 
 
 def _devices_ok(value: Any) -> bool:
@@ -86,7 +96,9 @@ def _rules() -> list[Rule]:
         Rule("trainer.gradient_clip_val", lambda v: v is None or (_num(v) and v >= 0), "null or a number >= 0"),
         Rule("trainer.gradient_clip_algorithm", lambda v: v in ("norm", "value"), "norm, value"),
         Rule("optim.name", lambda v: v in OPTIMIZERS, ", ".join(OPTIMIZERS)),
-        Rule("optim.lr", lambda v: _num(v) and v >= 0, "a number >= 0"),
+        Rule("optim.lr", lambda v: _num(v) and math.isfinite(v) and v >= 0, "a finite number >= 0"),
+        Rule("trainer.limit_train_batches", _some_training, "null (every batch), a fraction in (0, 1] or a count "
+             ">= 1: 0 trains nothing (to only evaluate, use python -m hf_lightning.evaluate)"),
         Rule("optim.weight_decay", lambda v: _num(v) and v >= 0, "a number >= 0"),
         Rule("optim.eps", lambda v: _num(v) and v > 0, "a number > 0"),
         Rule("optim.betas", lambda v: isinstance(v, (list, tuple, ListConfig)) and len(v) == 2

@@ -200,6 +200,17 @@ def _flat(x: Any) -> list:
     return x
 
 
+def _check_token_values(key: str, row: list, allowed_negative: int | None = None) -> None:
+    """Token ids are whole numbers >= 0 (labels may also be -100): a float id would be truncated by ``torch``
+    without a word, a negative one is an ``IndexError`` inside the model."""
+    for value in row:
+        if isinstance(value, float) and not value.is_integer():
+            raise DataError(f"field {key!r} holds {value!r}, not a whole token id; token ids are integers")
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0 and value != allowed_negative:
+            extra = " (the only negative label allowed is -100: not trained on)" if allowed_negative is not None else ""
+            raise DataError(f"field {key!r} holds the negative token id {value!r}{extra}")
+
+
 def _token_row(x: Any) -> Any:
     # a scalar label (sequence classification) is one class per row, not a token row
     return x if x is None or isinstance(x, int) else _flat(x)
@@ -221,9 +232,22 @@ def truncate_tokenized(
     ``drop_padding``, ``input_ids [4, 5]``, ``labels [4, 5]``.
 
     Raises:
-        DataError: an ``attention_mask``, ``labels`` or ``position_ids`` row of another length than ``input_ids``.
+        DataError: a token id that is not a whole number >= 0 (a label may be -100), a row without ``labels``
+            when other rows have them, or an ``attention_mask``, ``labels`` or ``position_ids`` row of another
+            length than ``input_ids``.
     """
     ids = [_flat(x) for x in batch["input_ids"]]
+    for row in ids:
+        _check_token_values("input_ids", row)
+    if "labels" in batch:
+        for row in batch["labels"]:
+            if row is None:
+                raise DataError(
+                    "field 'labels' is missing on this row while other rows have it; give every row its labels "
+                    "(-100 where nothing is trained on), or drop the field from every row (then every token is a target)"
+                )
+            if not isinstance(row, int):
+                _check_token_values("labels", _flat(row), allowed_negative=-100)
     columns = {key: [_token_row(x) for x in batch[key]] for key in ("attention_mask", "labels", "position_ids") if key in batch}
     for key, rows in columns.items():
         for row, row_ids in zip(rows, ids):

@@ -31,6 +31,7 @@ from hf_lightning.module.loss import (
 from hf_lightning.module.optim import build_optimizer, build_scheduler
 from hf_lightning.module.run_plan import plan_run
 from hf_lightning.module.run_plan import report as report_plan
+from hf_lightning.module.train_log import TrainLogState
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ NON_MODEL_KEYS = ("labels", "shift_labels", *WINDOW_KEYS, PLACEHOLDER_KEY)
 Count = int | torch.Tensor
 
 
-class HFLightningModule(EvalStepsMixin, L.LightningModule):
+class HFLightningModule(TrainLogState, EvalStepsMixin, L.LightningModule):
     """Train and evaluate any HF-style model (``forward(**batch)`` returning ``.logits``).
 
     What it reproduces of HF ``Trainer``: ``training_step`` / ``compute_loss`` with the window count of
@@ -194,6 +195,7 @@ class HFLightningModule(EvalStepsMixin, L.LightningModule):
         self._last_grad_norm: torch.Tensor | None = None
         self._grad_norm = StepGradNorm()
         self._extra_train_metrics: dict[str, float] = {}
+        self._bar_loss: float | None = None
         #: the newest value of every metric written to the loggers (``final_metrics.json`` is built from it)
         self.last_logged: dict[str, float] = {}
         self._steps_seen = 0
@@ -446,8 +448,14 @@ class HFLightningModule(EvalStepsMixin, L.LightningModule):
         self._grad_norm.reset()
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        if self.global_step == self._steps_seen:
-            return  # still accumulating
+        if self.global_step != self._steps_seen:  # else still accumulating, or a checkpoint already ended the step
+            self._end_step()
+        if self._bar_loss is not None:  # the progress bar shows the newest row (self.log: not from a save)
+            self.log("train/loss", self._bar_loss, prog_bar=True, logger=False, on_step=True, on_epoch=False)
+            self._bar_loss = None
+
+    def _end_step(self) -> None:
+        """The bookkeeping of a finished optimizer step: its window loss joins the next row; a log step writes it."""
         self._steps_seen = self.global_step
         # the epoch of the step's batches: by the final flush (on_train_end) Lightning has already counted the
         # epoch a stop or the last batch ended, and the row would show the next one
@@ -467,6 +475,8 @@ class HFLightningModule(EvalStepsMixin, L.LightningModule):
             self.model.train()
 
     def on_train_end(self) -> None:
+        if getattr(self, "preempted", None):
+            return  # stopped on a signal: the losses since the last row are in last.ckpt, the resume goes on
         self._flush_train_logs(progress_bar=False)  # the steps since the last log boundary
 
     def _flush_train_logs(self, progress_bar: bool = True) -> None:
@@ -492,7 +502,7 @@ class HFLightningModule(EvalStepsMixin, L.LightningModule):
         metrics.update(self._extra_train_metrics)
         self._extra_train_metrics = {}
         if progress_bar:
-            self.log("train/loss", metrics["train/loss"], prog_bar=True, logger=False, on_step=True, on_epoch=False)
+            self._bar_loss = metrics["train/loss"]
         self._log_to_loggers(metrics)
 
     def add_train_metrics(self, metrics: Mapping[str, float]) -> None:

@@ -7,6 +7,7 @@ Parameter groups follow ``Trainer.get_decay_parameter_names``: no weight decay f
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -53,8 +54,10 @@ def build_optimizer(
     Raises:
         ConfigError: an unknown ``optim.name`` or a negative ``lr`` / ``weight_decay``.
     """
-    if lr < 0 or weight_decay < 0:
-        raise ConfigError(f"optim.lr and optim.weight_decay must be >= 0, got lr={lr}, weight_decay={weight_decay}")
+    if not (math.isfinite(lr) and lr >= 0 and weight_decay >= 0):
+        raise ConfigError(
+            f"optim.lr must be a finite number >= 0 and optim.weight_decay >= 0, got lr={lr}, weight_decay={weight_decay}"
+        )
     groups = parameter_groups(model, weight_decay)
     if name == "adamw":
         return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps, fused=fused)

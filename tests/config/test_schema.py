@@ -30,7 +30,12 @@ def rejected(compose_cfg, *overrides) -> str:
         (["optim.name=adam"], "optim.name='adam': allowed values: adamw, sgd"),
         (["scheduler.name=polynomial"],
          "scheduler.name='polynomial': allowed values: constant, constant_with_warmup, linear, cosine"),
-        (["optim.lr=-0.1"], "optim.lr=-0.1: allowed values: a number >= 0"),
+        (["optim.lr=-0.1"], "optim.lr=-0.1: allowed values: a finite number >= 0"),
+        (["optim.lr=inf"], "optim.lr=inf: allowed values: a finite number >= 0"),
+        (["optim.lr=nan"], "optim.lr=nan: allowed values: a finite number >= 0"),
+        (["trainer.limit_train_batches=0"], "trainer.limit_train_batches=0: allowed values: null (every batch), a "
+         "fraction in (0, 1] or a count >= 1: 0 trains nothing (to only evaluate, use python -m hf_lightning.evaluate)"),
+        (["trainer.limit_train_batches=0.0"], "trainer.limit_train_batches=0.0: allowed values: null (every batch)"),
         (["trainer.precision=8-mixed"], "trainer.precision='8-mixed': allowed values: 32, 32-true, bf16-mixed"),
         (["trainer.precision=16-mixed"], "trainer.precision=16-mixed on trainer.accelerator=cpu"),
         (["data.shuffle=maybe"], "data.shuffle='maybe': allowed values: bool"),

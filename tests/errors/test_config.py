@@ -64,7 +64,8 @@ def test_bad_data_values(kwargs, message):
 
 @pytest.mark.parametrize(("call", "message"), [
     (lambda m: build_optimizer(m, name="adam"), r"optim.name='adam'; expected one of \['adamw', 'sgd'\]"),
-    (lambda m: build_optimizer(m, lr=-1e-3), "optim.lr and optim.weight_decay must be >= 0, got lr=-0.001"),
+    (lambda m: build_optimizer(m, lr=-1e-3), "optim.lr must be a finite number >= 0 and optim.weight_decay >= 0, got lr=-0.001"),
+    (lambda m: build_optimizer(m, lr=float("inf")), "optim.lr must be a finite number >= 0 .* got lr=inf"),
     (lambda m: build_scheduler(torch.optim.SGD(m.parameters(), lr=0.1), 10, name="step"),
      r"scheduler.name='step'; expected one of \['constant', 'constant_with_warmup', 'linear', 'cosine'\]"),
     (lambda m: build_scheduler(torch.optim.SGD(m.parameters(), lr=0.1), 10, warmup_ratio=2.0),
@@ -134,7 +135,9 @@ def test_metrics_without_a_label_key(tmp_path):
 
 # ------------------------------------------------------------------------------------------ checkpoints and run folders
 def test_resume_last_without_a_checkpoint(tmp_path):
-    with pytest.raises(ConfigError, match=r"ckpt_path=last: no checkpoint at .*/checkpoints/last.ckpt. Resume needs the same run folder"):
+    with pytest.raises(ConfigError, match=r"ckpt_path=last: no checkpoint at .*/checkpoints/last.ckpt, and .* holds no "
+                       r"stopped run to resume. Resume needs the folder of that run \(hydra.run.dir=...\); to start a "
+                       "new run here instead, drop ckpt_path"):
         find_resume_checkpoint("last", str(tmp_path))
 
 
@@ -156,7 +159,9 @@ def plant_run(run_dir, *overrides):
     """A previous run's folder as train leaves it: its .hydra/config.yaml and a checkpoint."""
     (run_dir / ".hydra").mkdir(parents=True)
     (run_dir / "checkpoints").mkdir()
-    (run_dir / "checkpoints" / "last.ckpt").write_bytes(b"checkpoint")
+    # the keys a resume needs (the guard checks the file before the settings)
+    torch.save({"state_dict": {}, "optimizer_states": [{}], "lr_schedulers": [{}], "loops": {"fit_loop": {}},
+                "global_step": 3}, run_dir / "checkpoints" / "last.ckpt")
     (run_dir / "metrics.csv").write_text("step\n")
     saved = compose_train(*overrides)
     OmegaConf.save(OmegaConf.masked_copy(saved, [k for k in saved if k != "hydra"]), run_dir / ".hydra" / "config.yaml")
@@ -170,7 +175,9 @@ def test_fresh_run_in_a_folder_holding_a_run(tmp_path, capsys):
         f"hydra.run.dir={run_dir} already holds a run (checkpoints/last.ckpt, metrics.csv); a fresh run there would "
         "overwrite it. Use a new hydra.run.dir, or ckpt_path=last to resume that run"
     )
-    assert (run_dir / "checkpoints" / "last.ckpt").read_bytes() == b"checkpoint"
+    before = (run_dir / "checkpoints" / "last.ckpt").read_bytes()
+    guard_exit(compose_train(f"hydra.run.dir={run_dir}"), capsys)
+    assert (run_dir / "checkpoints" / "last.ckpt").read_bytes() == before
     with pytest.raises(ConfigError, match="already holds a run"):  # train() repeats it for callers without Hydra
         check_run_folder(str(run_dir), None)
 

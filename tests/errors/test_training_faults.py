@@ -253,9 +253,14 @@ def checkpointing_run(tmp_path, word_tokenizer, callbacks, max_steps=3):
                plugins=[AtomicCheckpointIO()], enable_checkpointing=True)
 
 
+def checkpoint_files(folder):
+    """The checkpoints in ``folder`` (each also has its ``.sha256`` sidecar, checked in test_checkpoint_integrity)."""
+    return sorted(name for name in os.listdir(folder) if name.endswith(".ckpt"))
+
+
 def assert_step_1_kept(folder):
-    assert sorted(os.listdir(folder)) == ["last.ckpt", "step=1.ckpt"] or sorted(os.listdir(folder)) == [
-        "epoch=0-step=1.ckpt", "last.ckpt"]
+    assert checkpoint_files(folder) in (["last.ckpt", "step=1.ckpt"], ["epoch=0-step=1.ckpt", "last.ckpt"])
+    assert not [name for name in os.listdir(folder) if name.startswith(".tmp-")]  # a failed write leaves no temp
     last = torch.load(folder / "last.ckpt", weights_only=False)
     assert last["global_step"] == 1 and "optimizer_states" in last
 
@@ -320,7 +325,7 @@ def test_output_folder_turns_read_only_at_save_time(tmp_path, word_tokenizer):
         with pytest.raises(TrainingError) as err:
             t.fit(module, datamodule=dm)
         assert "Read-only file system (EROFS)" in str(err.value)
-        assert str(err.value).endswith("the filesystem is read-only: choose another hydra.run.dir")
+        assert str(err.value).endswith("the filesystem is read-only: make it writable again, or choose another hydra.run.dir")
         assert_step_1_kept(run_dir / "checkpoints")
 
 
@@ -360,7 +365,7 @@ def test_ctrl_c_saves_at_the_step_boundary_then_stops(tmp_path, word_tokenizer, 
     assert t.global_step == 2 and module.preempted
     last = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=False)
     assert last["global_step"] == 2
-    assert sorted(os.listdir(tmp_path / "run" / "checkpoints")) == ["last.ckpt"]  # no second "last-v1.ckpt"
+    assert checkpoint_files(tmp_path / "run" / "checkpoints") == ["last.ckpt"]  # no second "last-v1.ckpt"
     assert f"received {signal.Signals(signum).name}: saving a checkpoint at the end of the current optimizer step" in caplog.text
     assert "resume with ckpt_path=last in the same run folder" in caplog.text
     assert signal.getsignal(signum) == before
@@ -375,5 +380,5 @@ def test_a_run_ending_before_any_checkpoint_leaves_one_last_ckpt(tmp_path, word_
     t, module, dm = run(tmp_path, word_tokenizer, [ckpt, Preemption()], max_steps=3, rows=ROWS[:4] * 3,
                         plugins=[AtomicCheckpointIO()], enable_checkpointing=True)
     t.fit(module, datamodule=dm)
-    assert sorted(os.listdir(folder)) == ["last.ckpt"]
+    assert checkpoint_files(folder) == ["last.ckpt"]
     assert torch.load(folder / "last.ckpt", weights_only=False)["global_step"] == 3

@@ -151,5 +151,6 @@ def test_corrupt_checkpoint_names_it_and_the_newest_valid_one(text_file, tmp_pat
     last.write_bytes(last.read_bytes()[:1000])
     proc = cli(run, text_file, "ckpt_path=last")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert f"cannot resume from {last}: truncated or corrupt" in proc.stderr
-    assert "the newest valid checkpoint there is" in proc.stderr and "step000006.ckpt" in proc.stderr
+    assert f"cannot resume: {last} is damaged: " in proc.stderr
+    named = last.parent / "step000006.ckpt"
+    assert f"the newest intact checkpoint there is {named} (step 6): resume from it with ckpt_path={named}" in proc.stderr

@@ -1,0 +1,141 @@
+"""Every checkpoint carries its SHA-256; a file whose bytes changed after it was written (bit rot, an incomplete
+copy) is refused on load, naming it and the newest intact checkpoint, which then resumes. ``ckpt_path=last``
+without a ``last.ckpt`` (a kill before the first one) resumes from the newest intact checkpoint, saying so.
+
+The checkpoints are real ones, written by a real ``Trainer`` fit through :class:`AtomicCheckpointIO`; the checksum
+is checked against ``hashlib`` and against coreutils' ``sha256sum -c``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import subprocess
+
+import pytest
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from hf_lightning import ConfigError
+from hf_lightning.checkpointing import AtomicCheckpointIO, find_resume_checkpoint
+from hf_lightning.checkpointing.io import checksum_problem
+
+DAMAGED = (
+    "is damaged: its SHA-256 does not match the one written with it (last.ckpt.sha256), so its bytes changed after "
+    "it was saved (a failing disk or an incomplete copy)"
+)
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory, word_tokenizer):
+    """A run folder with the checkpoints of steps 1-3 and last.ckpt (step 3), each written in turn."""
+    from tests.errors.test_training_faults import ROWS, run
+
+    tmp = tmp_path_factory.mktemp("written")
+    folder = tmp / "run" / "checkpoints"
+    ckpt = ModelCheckpoint(dirpath=folder, filename="step{step}", every_n_train_steps=1, save_last=True,
+                           save_top_k=-1, auto_insert_metric_name=False)
+    t, module, dm = run(tmp, word_tokenizer, [ckpt], max_steps=3, rows=ROWS[:4] * 3,
+                        plugins=[AtomicCheckpointIO()], enable_checkpointing=True)
+    t.fit(module, datamodule=dm)
+    return tmp / "run"
+
+
+@pytest.fixture
+def run_dir(written, tmp_path):
+    copy = tmp_path / "run"
+    shutil.copytree(written, copy)
+    return copy
+
+
+def flip(path, fraction: float, n: int = 64) -> None:
+    """Invert ``n`` bytes at ``fraction`` of the file (bit rot)."""
+    data = bytearray(path.read_bytes())
+    start = int(len(data) * fraction)
+    data[start : start + n] = bytes(b ^ 0xFF for b in data[start : start + n])
+    path.write_bytes(bytes(data))
+
+
+def test_each_checkpoint_has_its_sha256_in_sha256sum_format(run_dir):
+    folder = run_dir / "checkpoints"
+    names = sorted(p.name for p in folder.glob("*.ckpt"))
+    assert names == ["last.ckpt", "step1.ckpt", "step2.ckpt", "step3.ckpt"]
+    for name in names:
+        digest = hashlib.sha256((folder / name).read_bytes()).hexdigest()
+        assert (folder / f"{name}.sha256").read_text() == f"{digest}  {name}\n"
+        check = subprocess.run(["sha256sum", "-c", f"{name}.sha256"], cwd=folder, capture_output=True, text=True)
+        assert check.returncode == 0 and check.stdout == f"{name}: OK\n"
+
+
+@pytest.mark.parametrize("fraction", [0.05, 0.3, 0.5, 0.75, 0.97])
+def test_bit_rot_is_refused_naming_the_file_and_the_newest_intact_one(run_dir, fraction):
+    """64 bytes flipped at five places of last.ckpt: in the zip headers, in the pickle, in the weights. Before,
+    a flip inside a tensor resumed silently (the resume check read the file with mmap and never touched it)."""
+    folder = run_dir / "checkpoints"
+    flip(folder / "last.ckpt", fraction)
+    with pytest.raises(ConfigError) as err:
+        find_resume_checkpoint("last", str(run_dir))
+    step3 = folder / "step3.ckpt"
+    assert str(err.value) == (
+        f"ckpt_path=last: cannot resume: {folder / 'last.ckpt'} {DAMAGED}; the newest intact checkpoint there is "
+        f"{step3} (step 3): resume from it with ckpt_path={step3}"
+    )
+    assert find_resume_checkpoint(str(step3), str(run_dir)) == str(step3)  # the named one resumes: no ping-pong
+    with pytest.raises(ConfigError, match="is damaged: its SHA-256 does not match"):  # Lightning's own load too
+        AtomicCheckpointIO().load_checkpoint(folder / "last.ckpt")
+
+
+def test_a_kill_between_the_rename_and_the_sidecar_leaves_a_pair_that_verifies(run_dir):
+    """While a checkpoint is replaced, its sidecar lists the old and the new hash: either file verifies."""
+    folder = run_dir / "checkpoints"
+    old, new = folder / "step2.ckpt", folder / "step3.ckpt"
+    both = [hashlib.sha256(p.read_bytes()).hexdigest() for p in (old, new)]
+    (folder / "last.ckpt.sha256").write_text("".join(f"{h}  last.ckpt\n" for h in both))
+    for source in (old, new):
+        shutil.copyfile(source, folder / "last.ckpt")
+        assert checksum_problem(str(folder / "last.ckpt")) is None
+    flip(folder / "last.ckpt", 0.5)
+    assert checksum_problem(str(folder / "last.ckpt")).startswith("is damaged")
+
+
+def test_without_last_ckpt_the_newest_intact_checkpoint_resumes(run_dir, capsys):
+    """A kill after the periodic checkpoint of a step and before the first last.ckpt: before, ckpt_path=last said
+    "drop ckpt_path to start fresh", which the folder then refused (it holds a run)."""
+    folder = run_dir / "checkpoints"
+    (folder / "last.ckpt").unlink()
+    (folder / "last.ckpt.sha256").unlink()
+    flip(folder / "step3.ckpt", 0.5)  # the newest is damaged too: the next one is named
+    assert find_resume_checkpoint("last", str(run_dir)) == str(folder / "step2.ckpt")
+    assert capsys.readouterr().err == (
+        f"hf_lightning: note: ckpt_path=last: there is no {folder / 'last.ckpt'} (the run stopped before writing it): "
+        f"resuming from the newest intact checkpoint, {folder / 'step2.ckpt'} (step 2)\n"
+    )
+
+
+def test_garbage_is_explained_as_damage_not_with_torchs_advice(run_dir):
+    """A checkpoint without a sidecar (copied from elsewhere) that is not a readable file: "damaged", in one line,
+    without torch's paragraphs about mmap and zip files."""
+    folder = run_dir / "checkpoints"
+    (folder / "step3.ckpt.sha256").unlink()
+    (folder / "step3.ckpt").write_bytes(b"this is not a checkpoint at all")
+    with pytest.raises(ConfigError) as err:
+        find_resume_checkpoint(str(folder / "step3.ckpt"), str(run_dir))
+    message = str(err.value)
+    assert message.startswith(f"ckpt_path={folder / 'step3.ckpt'}: cannot resume: {folder / 'step3.ckpt'} is damaged: "
+                              "not a readable checkpoint (")
+    assert message.endswith(f"the newest intact checkpoint there is {folder / 'last.ckpt'} (step 3): resume from it "
+                            f"with ckpt_path={folder / 'last.ckpt'}")
+    assert "\n" not in message and "mmap" not in message and "zipfile" not in message
+
+
+def test_rotation_removes_the_sidecar_with_its_checkpoint(tmp_path, word_tokenizer):
+    from tests.errors.test_training_faults import ROWS, run
+
+    folder = tmp_path / "run" / "checkpoints"
+    ckpt = ModelCheckpoint(dirpath=folder, every_n_train_steps=1, save_last=True, save_top_k=1, monitor="step",
+                           mode="max", filename="step{step}", auto_insert_metric_name=False)
+    t, module, dm = run(tmp_path, word_tokenizer, [ckpt], max_steps=3, rows=ROWS[:4] * 3,
+                        plugins=[AtomicCheckpointIO()], enable_checkpointing=True)
+    t.fit(module, datamodule=dm)
+    assert sorted(p.name for p in folder.iterdir()) == ["last.ckpt", "last.ckpt.sha256", "step3.ckpt", "step3.ckpt.sha256"]
+    assert torch.load(folder / "step3.ckpt", weights_only=False)["global_step"] == 3
