@@ -45,6 +45,11 @@ class TokenAccuracy(Metric):
         self.correct += ((preds == labels) & mask).sum()
         self.total += mask.sum()
 
+    def update_counts(self, correct: torch.Tensor | int, total: torch.Tensor | int) -> None:
+        """Add counts computed elsewhere (the lean path's chunked argmax): ``correct`` of ``total`` targets."""
+        self.correct += correct
+        self.total += total
+
     def compute(self) -> torch.Tensor:
         return self.correct.float() / self.total.clamp(min=1).float()
 
