@@ -9,7 +9,8 @@ logits, their log-softmax and their gradient. Cases (seeded random weights, fp32
 all labelled, micro-batch 4 = 2,048 tokens per optimizer step, no accumulation, AdamW lr 1e-4, clipping at 1.0):
 
 - ``llama128k``: ``LlamaForCausalLM`` hidden 64, 2 layers, vocabulary 128,256, untied head;
-- ``gpt2``: ``GPT2LMHeadModel`` hidden 64, 2 layers, vocabulary 50,257, head tied to the input embedding.
+- ``gpt2``: ``GPT2LMHeadModel`` hidden 64, 2 layers, vocabulary 50,257, head tied to the input embedding;
+- ``llama32k`` (only when named): as ``llama128k`` with a 32,000 vocabulary (the test's smaller case).
 
 Sides, each measurement in a fresh Python process (a peak RSS only grows):
 
@@ -38,7 +39,10 @@ import tempfile
 CASES = {
     "llama128k": {"arch": "llama", "vocab": 128256, "hidden": 64, "layers": 2, "heads": 4},
     "gpt2": {"arch": "gpt2", "vocab": 50257, "hidden": 64, "layers": 2, "heads": 4},
+    # not in the default run: the smaller case of tests/parity/test_lean_loss.py
+    "llama32k": {"arch": "llama", "vocab": 32000, "hidden": 64, "layers": 2, "heads": 4},
 }
+DEFAULT_CASES = ("llama128k", "gpt2")
 SIDES = ("hf", "plain", "lean")
 ROW_TOKENS = 512
 BATCH = 4
@@ -62,8 +66,12 @@ def make_model(spec: dict):
         from transformers import GPT2Config, GPT2LMHeadModel
 
         config = GPT2Config(
-            vocab_size=spec["vocab"], n_embd=spec["hidden"], n_layer=spec["layers"], n_head=spec["heads"],
-            n_positions=ROW_TOKENS, use_cache=False,
+            vocab_size=spec["vocab"],
+            n_embd=spec["hidden"],
+            n_layer=spec["layers"],
+            n_head=spec["heads"],
+            n_positions=ROW_TOKENS,
+            use_cache=False,
         )
         return GPT2LMHeadModel(config)
     from bench_support import tiny_llama
@@ -114,13 +122,28 @@ def probe(side: str, case: str, steps: int) -> dict:
                     stamps.append(clock())
 
             args = TrainingArguments(
-                output_dir=tmp, per_device_train_batch_size=BATCH, max_steps=steps, learning_rate=LR,
-                lr_scheduler_type="constant", optim="adamw_torch", max_grad_norm=1.0, logging_steps=steps,
-                save_strategy="no", report_to="none", use_cpu=True, seed=0, dataloader_pin_memory=False,
+                output_dir=tmp,
+                per_device_train_batch_size=BATCH,
+                max_steps=steps,
+                learning_rate=LR,
+                lr_scheduler_type="constant",
+                optim="adamw_torch",
+                max_grad_norm=1.0,
+                logging_steps=steps,
+                save_strategy="no",
+                report_to="none",
+                use_cpu=True,
+                seed=0,
+                dataloader_pin_memory=False,
                 disable_tqdm=True,
             )
-            Trainer(model=model, args=args, train_dataset=rows, data_collator=PaddingCollator(0),
-                    callbacks=[Stamp()]).train()
+            Trainer(
+                model=model,
+                args=args,
+                train_dataset=rows,
+                data_collator=PaddingCollator(0),
+                callbacks=[Stamp()],
+            ).train()
         else:
 
             class StampL(L.Callback):
@@ -134,26 +157,53 @@ def probe(side: str, case: str, steps: int) -> dict:
                 pad_token_id = 0
 
             module = HFLightningModule(
-                model, optim={"name": "adamw", "lr": LR}, scheduler={"name": "constant"}, lean_loss=side == "lean"
+                model,
+                optim={"name": "adamw", "lr": LR},
+                scheduler={"name": "constant"},
+                lean_loss=side == "lean",
             )
-            dm = HFDataModule(PadOnly(), path=rows, validation_split=0.0, per_device_train_batch_size=BATCH,
-                              max_length=ROW_TOKENS, shuffle=False)
+            dm = HFDataModule(
+                PadOnly(),
+                path=rows,
+                validation_split=0.0,
+                per_device_train_batch_size=BATCH,
+                max_length=ROW_TOKENS,
+                shuffle=False,
+            )
             L.Trainer(
-                accelerator="cpu", devices=1, max_steps=steps, gradient_clip_val=1.0, logger=False,
-                enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                num_sanity_val_steps=0, limit_val_batches=0, default_root_dir=tmp, callbacks=[StampL()],
+                accelerator="cpu",
+                devices=1,
+                max_steps=steps,
+                gradient_clip_val=1.0,
+                logger=False,
+                enable_checkpointing=False,
+                enable_progress_bar=False,
+                enable_model_summary=False,
+                num_sanity_val_steps=0,
+                limit_val_batches=0,
+                default_root_dir=tmp,
+                callbacks=[StampL()],
             ).fit(module, datamodule=dm)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return {"side": side, "case": case, "base_kib": base, "peak_kib": peak, "above_kib": peak - base,
-            "stamps": stamps}
+    return {
+        "side": side,
+        "case": case,
+        "base_kib": base,
+        "peak_kib": peak,
+        "above_kib": peak - base,
+        "stamps": stamps,
+    }
 
 
 def run_probe(side: str, case: str, steps: int, threads: int) -> dict:
     """:func:`probe` in a fresh Python process."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "BENCH_THREADS": str(threads)}
     proc = subprocess.run(
-        [sys.executable, __file__, "--probe", side, case, str(steps)], capture_output=True, text=True,
-        timeout=1800, env=env,
+        [sys.executable, __file__, "--probe", side, case, str(steps)],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        env=env,
     )
     if proc.returncode != 0:
         raise RuntimeError(f"probe {side} {case} failed:\n{proc.stderr[-3000:]}")
@@ -162,8 +212,10 @@ def run_probe(side: str, case: str, steps: int, threads: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
-    parser.add_argument("--steps", type=int, default=3, help="optimizer steps per probe (the first is not timed)")
+    parser.add_argument("--cases", nargs="+", default=list(DEFAULT_CASES), choices=list(CASES))
+    parser.add_argument(
+        "--steps", type=int, default=3, help="optimizer steps per probe (the first is not timed)"
+    )
     parser.add_argument("--rounds", type=int, default=1, help="probes per side and case, interleaved")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (see bench_support)")
     parser.add_argument("--json", help="write every probe's result here")
@@ -184,23 +236,59 @@ def main() -> None:
     results: dict[str, dict[str, list[dict]]] = {c: {s: [] for s in SIDES} for c in args.cases}
     for r in range(args.rounds):
         for case in args.cases:
-            order = SIDES[r % len(SIDES):] + SIDES[: r % len(SIDES)]
+            order = SIDES[r % len(SIDES) :] + SIDES[: r % len(SIDES)]
             for side in order:
                 results[case][side].append(run_probe(side, case, args.steps, args.threads))
     rows = []
     for case, by_side in results.items():
         mib = {s: median([p["above_kib"] for p in ps]) / 1024 for s, ps in by_side.items()}
-        cpu = {s: 1e3 * median([median(step_times(p["stamps"], 1, 1)) for p in ps]) for s, ps in by_side.items()}
-        wall = {s: 1e3 * median([median(step_times(p["stamps"], 1, 0)) for p in ps]) for s, ps in by_side.items()}
-        rows.append([
-            case, CASES[case]["vocab"], mib["hf"], mib["plain"], mib["lean"], f"{mib['lean'] / mib['hf']:.3f}",
-            cpu["hf"], cpu["plain"], cpu["lean"], f"{cpu['lean'] / cpu['hf']:.3f}", wall["hf"], wall["lean"],
-            f"{wall['lean'] / wall['hf']:.3f}",
-        ])
-    print(f"\none optimizer step of {BATCH} x {ROW_TOKENS} = {BATCH * ROW_TOKENS} tokens, fp32, CPU; peak RSS above "
-          f"the imports (MiB) and step time (ms), medians of {args.rounds} round(s), each probe in a fresh process")
-    print(table(["case", "vocab", "HF MiB", "plain MiB", "lean MiB", "lean/HF mem", "HF cpu ms", "plain cpu ms",
-                 "lean cpu ms", "lean/HF cpu", "HF wall ms", "lean wall ms", "lean/HF wall"], rows))
+        cpu = {
+            s: 1e3 * median([median(step_times(p["stamps"], 1, 1)) for p in ps]) for s, ps in by_side.items()
+        }
+        wall = {
+            s: 1e3 * median([median(step_times(p["stamps"], 1, 0)) for p in ps]) for s, ps in by_side.items()
+        }
+        rows.append(
+            [
+                case,
+                CASES[case]["vocab"],
+                mib["hf"],
+                mib["plain"],
+                mib["lean"],
+                f"{mib['lean'] / mib['hf']:.3f}",
+                cpu["hf"],
+                cpu["plain"],
+                cpu["lean"],
+                f"{cpu['lean'] / cpu['hf']:.3f}",
+                wall["hf"],
+                wall["lean"],
+                f"{wall['lean'] / wall['hf']:.3f}",
+            ]
+        )
+    print(
+        f"\none optimizer step of {BATCH} x {ROW_TOKENS} = {BATCH * ROW_TOKENS} tokens, fp32, CPU; peak RSS above "
+        f"the imports (MiB) and step time (ms), medians of {args.rounds} round(s), each probe in a fresh process"
+    )
+    print(
+        table(
+            [
+                "case",
+                "vocab",
+                "HF MiB",
+                "plain MiB",
+                "lean MiB",
+                "lean/HF mem",
+                "HF cpu ms",
+                "plain cpu ms",
+                "lean cpu ms",
+                "lean/HF cpu",
+                "HF wall ms",
+                "lean wall ms",
+                "lean/HF wall",
+            ],
+            rows,
+        )
+    )
     print("goal: lean/HF mem <= 0.3 at lean/HF time <= 1.0")
     if args.json:
         with open(args.json, "w") as fh:

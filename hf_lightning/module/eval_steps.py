@@ -39,7 +39,7 @@ WARN_BYTES = 2**30  # warn when keeping every logit would take more than 1 GiB
 
 class EvalStepsMixin:
     """Evaluation for a LightningModule that has ``self.model``, ``self.causal``, ``self.lean`` (a
-    :class:`~hf_lightning.module.lean_loss.LeanLoss`), ``_log_lean()`` and ``forward(batch)``.
+    :class:`~hf_lightning.module.lean_loss.LeanLoss`), ``_say_lean()`` and ``forward(batch)``.
 
     Per stage (``val``, ``test``): ``{stage}/loss`` is the token-weighted mean over the whole set and all
     ranks (sum of token CE / number of targets; HF's ``eval_loss`` is a sample-weighted mean of per-batch
@@ -119,12 +119,12 @@ class EvalStepsMixin:
         targets = loss_targets(batch["labels"], self.causal, batch.get("shift_labels"))
         lean = self.lean.forward(lambda: self(batch), targets.shape)
         if lean is None:
-            self._log_lean()
+            self._say_lean()
             return False
         count = int((targets != IGNORE_INDEX).sum())
         loss_sum, correct = self.lean.stats(lean[1], targets, count)
         metrics["loss"].update(loss_sum, self.count_loss_items(batch))
-        metrics["accuracy"].update_counts(correct, count)
+        metrics["accuracy"].update(correct=correct, total=count)
         return True
 
     def _num_eval_batches(self, stage: str) -> int:

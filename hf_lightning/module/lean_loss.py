@@ -107,6 +107,7 @@ class LeanLoss:
         self.reason = reason
         self.chunk_size: int | None = None
         self._checked = False
+        self._said: str | None = None
         if reason is None:
             self.head, self.reason = output_head(model)
         if self.reason is None:
@@ -127,6 +128,14 @@ class LeanLoss:
             f"to all tokens at once; logit transform: {self.transform.describe()}; module.lean_loss=false turns "
             "it off)"
         )
+
+    def say(self, rank_zero: bool = True) -> None:
+        """Log :meth:`describe` at INFO if it changed since the last call (on rank zero only)."""
+        line = self.describe()
+        if line != self._said:
+            self._said = line
+            if rank_zero:
+                log.info(line)
 
     def turn_off(self, reason: str) -> None:
         self.reason = reason
@@ -263,6 +272,22 @@ def _logits(outputs: Any) -> torch.Tensor | None:
     if logits is None and isinstance(outputs, tuple) and outputs and isinstance(outputs[0], torch.Tensor):
         return outputs[0]
     return logits
+
+
+def arguments_reason(lean_loss: bool, loss_source: str, causal: bool) -> str | None:
+    """Why ``HFLightningModule``'s arguments rule the lean loss out (``None``: it is up to the model).
+
+    ``loss_source`` is :attr:`HFLightningModule.loss_source`; ``causal`` whether the labels are shifted by one
+    for a decoder-only model.
+    """
+    if not lean_loss:
+        return "module.lean_loss=false"
+    if loss_source in ("compute_loss_func", "model"):
+        what = "module.compute_loss_func" if loss_source == "compute_loss_func" else "the model's own loss"
+        return f"{what} computes the loss from the model's logits"
+    if not causal:
+        return "the model is not a causal LM (its labels are not shifted by one)"
+    return None
 
 
 def strategy_reason(strategy: Any) -> str | None:

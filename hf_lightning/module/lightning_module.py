@@ -18,7 +18,7 @@ from hf_lightning.data.windows import MICRO_ITEMS_KEY, NUM_ITEMS_KEY, WINDOW_KEY
 from hf_lightning.errors import ConfigError, ModelError
 from hf_lightning.module.eval_steps import EvalStepsMixin
 from hf_lightning.module.grad_norm import StepGradNorm
-from hf_lightning.module.lean_loss import LeanLoss, strategy_reason
+from hf_lightning.module.lean_loss import LeanLoss, arguments_reason, strategy_reason
 from hf_lightning.module.loss import (
     IGNORE_INDEX,
     accepts_num_items,
@@ -190,8 +190,8 @@ class HFLightningModule(EvalStepsMixin, L.LightningModule):
         params = inspect.signature(model.forward).parameters
         self._forward_extra = {"use_cache": False} if "use_cache" in params else {}
         self._loss_scaled, self._fallback_reason = self._resolve_loss_scaling()
-        self.lean = LeanLoss(model, self._lean_loss_off(lean_loss))
-        self._lean_line: str | None = None
+        decoder_only = self.causal and not self._encoder_decoder
+        self.lean = LeanLoss(model, arguments_reason(lean_loss, self.loss_source, decoder_only))
         self._init_evaluation(compute_metrics, preprocess_logits_for_metrics, eval_accumulation_steps, batch_eval_metrics)
         self._window: tuple[int, int] | None = None
         self._window_count: Count | None = None
@@ -236,24 +236,10 @@ class HFLightningModule(EvalStepsMixin, L.LightningModule):
             )
         return True, None
 
-    def _lean_loss_off(self, lean_loss: bool) -> str | None:
-        """Why the arguments rule the lean loss out (``None``: up to the model)."""
-        if not lean_loss:
-            return "module.lean_loss=false"
-        if self.loss_source in ("compute_loss_func", "model"):
-            what = {"model": "the model's own loss", "compute_loss_func": "module.compute_loss_func"}[self.loss_source]
-            return f"{what} computes the loss from the model's logits"
-        if not self.causal or self._encoder_decoder:
-            return "the model is not a causal LM (its labels are not shifted by one)"
-        return None
-
-    def _log_lean(self) -> None:
-        """One INFO line whenever the lean loss's state changes (rank zero)."""
-        line = self.lean.describe()
-        if line != self._lean_line:
-            self._lean_line = line
-            if self._trainer is None or self.trainer.is_global_zero:
-                log.info(line)
+    def _say_lean(self) -> None:
+        """The lean loss's INFO line, when its state changed (rank zero). ``_trainer`` is Lightning's private
+        attribute: the public property raises for a module used without a ``Trainer``."""
+        self.lean.say(self._trainer is None or self.trainer.is_global_zero)
 
     def on_fit_start(self) -> None:
         if self._fallback_reason is not None and self.trainer.is_global_zero:
@@ -336,7 +322,7 @@ class HFLightningModule(EvalStepsMixin, L.LightningModule):
                 own_count = type(self).count_loss_items is HFLightningModule.count_loss_items
                 count = batch.get(MICRO_ITEMS_KEY) if own_count else None
                 return self.lean.loss_sum(lean[1], targets, self.label_smoothing_factor, count), lean[0]
-            self._log_lean()  # the model did not fit: say why
+            self._say_lean()  # the model did not fit: say why
         outputs = self(batch)
         loss_sum = token_cross_entropy_sum(
             _logits(outputs), labels, causal=self.causal, shift_labels=batch.get("shift_labels"),
@@ -505,7 +491,7 @@ class HFLightningModule(EvalStepsMixin, L.LightningModule):
         reason = strategy_reason(self.trainer.strategy)
         if self.lean.active and reason is not None:
             self.lean.turn_off(reason)
-        self._log_lean()
+        self._say_lean()
         if stage == "fit":
             # HF Trainer calls model.train() before its loop. from_pretrained returns the model in eval mode and
             # Lightning (>= 2.2) keeps each submodule's mode, so without this dropout would silently stay off.
