@@ -103,6 +103,10 @@ def probe(side: str, case: str, steps: int) -> dict:
 
     warnings.filterwarnings("ignore")
     transformers.logging.set_verbosity_error()
+    if os.environ.get("BENCH_CHUNK_MIB"):
+        from hf_lightning.module import linear_cross_entropy
+
+        linear_cross_entropy.CHUNK_BYTES["cpu"] = int(float(os.environ["BENCH_CHUNK_MIB"]) * 2**20)
     base = rss_kib()
     spec = CASES[case]
     rows = make_rows(spec, BATCH * steps)
@@ -195,9 +199,11 @@ def probe(side: str, case: str, steps: int) -> dict:
     }
 
 
-def run_probe(side: str, case: str, steps: int, threads: int) -> dict:
+def run_probe(side: str, case: str, steps: int, threads: int, chunk_mib: float | None = None) -> dict:
     """:func:`probe` in a fresh Python process."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "BENCH_THREADS": str(threads)}
+    if chunk_mib:
+        env["BENCH_CHUNK_MIB"] = str(chunk_mib)
     proc = subprocess.run(
         [sys.executable, __file__, "--probe", side, case, str(steps)],
         capture_output=True,
@@ -219,6 +225,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1, help="probes per side and case, interleaved")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (see bench_support)")
     parser.add_argument("--json", help="write every probe's result here")
+    parser.add_argument(
+        "--chunk-mib",
+        type=float,
+        help="the lean loss's float32 logits per chunk on the CPU (MiB; "
+        "default: hf_lightning.module.linear_cross_entropy.CHUNK_BYTES)",
+    )
     parser.add_argument("--probe", nargs=3, metavar=("SIDE", "CASE", "STEPS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     from bench_support import set_threads
@@ -238,7 +250,7 @@ def main() -> None:
         for case in args.cases:
             order = SIDES[r % len(SIDES) :] + SIDES[: r % len(SIDES)]
             for side in order:
-                results[case][side].append(run_probe(side, case, args.steps, args.threads))
+                results[case][side].append(run_probe(side, case, args.steps, args.threads, args.chunk_mib))
     rows = []
     for case, by_side in results.items():
         mib = {s: median([p["above_kib"] for p in ps]) / 1024 for s, ps in by_side.items()}

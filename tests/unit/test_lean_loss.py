@@ -135,7 +135,7 @@ def test_default_chunks_hold_the_byte_budget():
     for vocab in (32000, 50257, 128256, 262144):
         rows = default_chunk_size(vocab, "cpu")
         assert rows * vocab * 4 <= CHUNK_BYTES["cpu"] or rows == 16
-    assert default_chunk_size(128256, "cpu") == 32 and default_chunk_size(32000, "cpu") == 131
+    assert default_chunk_size(128256, "cpu") == 65 and default_chunk_size(32000, "cpu") == 262
 
 
 # ------------------------------------------------------------------------------ HFLightningModule
@@ -236,6 +236,17 @@ def test_without_the_window_count_every_position_goes_through_the_head():
     ref_loss, _, ref_grads = _loss_and_grads(plain, batch, None)
     assert rel(loss, ref_loss) <= TOL
     assert all(rel(grads[n], ref_grads[n]) <= TOL for n in ref_grads)
+
+
+def test_a_micro_batch_without_targets_adds_zero_and_touches_every_parameter():
+    lean, _ = _pair("llama")
+    batch, _ = _batch()
+    batch["labels"] = torch.full_like(batch["labels"], -100)
+    batch[MICRO_ITEMS_KEY] = 0
+    loss, _, grads = _loss_and_grads(lean, batch, 5)  # the window's other micro-batches hold the targets
+    assert float(loss) == 0.0
+    # every parameter is in the graph (DDP needs that) and gets an exact zero
+    assert len(grads) == len(list(lean.model.parameters())) and all(not g.any() for g in grads.values())
 
 
 def test_the_lean_line_is_logged_once(caplog):
