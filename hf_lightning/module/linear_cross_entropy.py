@@ -122,11 +122,11 @@ def _chunk(
     loss = per_row.masked_fill(~valid, 0.0).sum()
     if not want_grad:
         return loss, None, correct
-    grad = z.div_(total)  # the softmax, in place
-    grad.scatter_add_(1, safe, torch.full_like(lse, eps - 1.0).unsqueeze(1))
+    # the softmax, in place; an ignored row is divided by infinity instead: its gradient is 0 with no extra pass
+    grad = z.div_(total.masked_fill_(~valid.unsqueeze(1), float("inf")))
+    grad.scatter_add_(1, safe, torch.where(valid, eps - 1.0, 0.0).unsqueeze(1))
     if eps:
-        grad.sub_(eps / z.size(-1))
-    grad.masked_fill_(~valid.unsqueeze(1), 0.0)
+        grad.sub_((eps / z.size(-1)) * valid.unsqueeze(1))
     if capped is not None:
         grad.mul_(capped.mul_(capped).neg_().add_(1.0))  # d(c tanh(x / c))/dx = 1 - tanh^2
     if transform.divisor is not None:
