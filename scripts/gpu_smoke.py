@@ -1,4 +1,5 @@
-"""GPU smoke test: a few optimizer steps each of bf16 single-GPU, FSDP and DeepSpeed ZeRO-2 (one GPU is enough),
+"""GPU smoke test: a few optimizer steps each of bf16 single-GPU (with the lean loss, the default, and with the loss
+from the full logits, ``module.lean_loss=false``), FSDP and DeepSpeed ZeRO-2 (one GPU is enough),
 with their per-step train/loss compared to the fp32 CPU run of the same data and init, within bf16 tolerance,
 and their pre-clip ``grad_norm`` too (norm clipping at 1.0 is on, as HF's ``max_grad_norm``: under FSDP the norm
 comes from the root module's ``clip_grad_norm_`` over all shards); each run's HF export must load. Exits 1 on any
@@ -26,7 +27,9 @@ COMMON = [
 ]
 RUNS = {
     "cpu_fp32": ["trainer.accelerator=cpu", "trainer.precision=32-true"],
+    # the lean loss (the default; FSDP and DeepSpeed fall back to the logits) and the loss from the full logits
     "gpu_bf16": ["trainer=gpu"],
+    "gpu_bf16_logits": ["trainer=gpu", "module.lean_loss=false"],
     "fsdp": ["trainer=gpu", "strategy=fsdp"],
     "deepspeed_zero2": ["trainer=gpu", "strategy=deepspeed_zero2"],
 }

@@ -15,7 +15,7 @@ from torchmetrics.classification import MulticlassF1Score
 from hf_lightning.data.placeholder import PLACEHOLDER_KEY
 from hf_lightning.errors import ConfigError
 from hf_lightning.module.evaluation import PredictionCollector, TokenAccuracy, estimate_logits_bytes
-from hf_lightning.module.loss import IGNORE_INDEX, token_cross_entropy_sum
+from hf_lightning.module.loss import IGNORE_INDEX, loss_targets, token_cross_entropy_sum
 from hf_lightning.module.metrics import TokenMeanLoss
 
 log = logging.getLogger(__name__)
@@ -39,7 +39,8 @@ WARN_BYTES = 2**30  # warn when keeping every logit would take more than 1 GiB
 
 
 class EvalStepsMixin:
-    """Evaluation for a LightningModule that has ``self.model``, ``self.causal`` and ``forward(batch)``.
+    """Evaluation for a LightningModule that has ``self.model``, ``self.causal``, ``self.lean`` (a
+    :class:`~hf_lightning.module.lean_loss.LeanLoss`), ``_say_lean()`` and ``forward(batch)``.
 
     Per stage (``val``, ``test``): ``{stage}/loss`` is the token-weighted mean over the whole set and all
     ranks (sum of token CE / number of targets; HF's ``eval_loss`` is a sample-weighted mean of per-batch
@@ -47,7 +48,8 @@ class EvalStepsMixin:
     ``exp(loss)``, ``{stage}/accuracy`` the token accuracy with the causal shift. For a
     ``*ForSequenceClassification`` model: ``{stage}/loss`` (mean CE per example), ``{stage}/accuracy`` (per
     example) and ``{stage}/f1`` (macro over ``config.num_labels`` classes) instead of perplexity. A user
-    ``compute_metrics`` adds its keys under the same prefix.
+    ``compute_metrics`` adds its keys under the same prefix. Without ``compute_metrics``, a causal LM's loss and
+    accuracy come from the lean path when it is on (the argmax per chunk of tokens, no logits held).
 
     The values go to the loggers at ``step`` = optimizer steps done, and ``lightning.Trainer.validate()`` /
     ``.test()`` return them as Lightning does: ``[{"val/loss": float, ...}]``, the same floats.
@@ -76,6 +78,7 @@ class EvalStepsMixin:
         num_classes = sequence_classes(self.model)
         self.eval_metrics = nn.ModuleDict({s: nn.ModuleDict(self._stage_metrics(num_classes)) for s in STAGES})
         self._collector = PredictionCollector(eval_accumulation_steps)
+        self._lean_eval_said = False
 
     def _stage_metrics(self, num_classes: int | None) -> dict[str, Metric]:
         metrics: dict[str, Metric] = {"loss": TokenMeanLoss(), "accuracy": TokenAccuracy(self.causal)}
@@ -86,9 +89,11 @@ class EvalStepsMixin:
 
     # ----------------------------------------------------------------------------------- the steps
     def _eval_step(self, batch: Mapping[str, Any], batch_idx: int, stage: str) -> None:
+        metrics = self.eval_metrics[stage]
+        if self.lean.active and self.compute_metrics is None and self._lean_eval_step(batch, metrics):
+            return
         outputs = self(batch)
         logits, labels = outputs.logits, batch["labels"]
-        metrics = self.eval_metrics[stage]
         loss_sum = token_cross_entropy_sum(logits, labels, causal=self.causal, shift_labels=batch.get("shift_labels"))
         # a placeholder (hf_lightning.data.placeholder) has no target: it adds 0 to these sums, and nothing below
         metrics["loss"].update(loss_sum, self.count_loss_items(batch))
@@ -113,6 +118,20 @@ class EvalStepsMixin:
         else:
             self._collector.add(preds, labels)
 
+    def _lean_eval_step(self, batch: Mapping[str, Any], metrics: Mapping[str, Metric]) -> bool:
+        """Loss and token accuracy from the hidden states and the LM head, chunk by chunk (no logits held);
+        ``False`` when the model turned out not to fit (the caller takes the plain path)."""
+        targets = loss_targets(batch["labels"], self.causal, batch.get("shift_labels"))
+        lean = self.lean.forward(lambda: self(batch), targets.shape)
+        if lean is None:
+            self._say_lean()
+            return False
+        count = int((targets != IGNORE_INDEX).sum())
+        loss_sum, correct = self.lean.stats(lean[1], targets, count)
+        metrics["loss"].update(loss_sum, self.count_loss_items(batch))
+        metrics["accuracy"].update(correct=correct, total=count)
+        return True
+
     def _num_eval_batches(self, stage: str) -> int:
         counts = self.trainer.num_val_batches if stage == "val" else self.trainer.num_test_batches
         return int(counts[0])
@@ -127,6 +146,10 @@ class EvalStepsMixin:
     def _eval_start(self, stage: str) -> None:
         self._collector.reset()
         self._user_metrics: dict[str, float] = {}
+        if self.compute_metrics is not None and self.lean.active and not self._lean_eval_said:
+            self._lean_eval_said = True
+            if self.trainer.is_global_zero:
+                log.info("evaluation computes the full logits: compute_metrics needs them (training stays lean)")
         if self.compute_metrics is None or self.preprocess_logits_for_metrics is not None or self.batch_eval_metrics:
             return
         loader = self.trainer.val_dataloaders if stage == "val" else self.trainer.test_dataloaders

@@ -37,7 +37,19 @@ class TokenAccuracy(Metric):
         self.add_state("correct", default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
         self.add_state("total", default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
 
-    def update(self, logits: torch.Tensor, labels: torch.Tensor) -> None:
+    def update(
+        self,
+        logits: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        correct: torch.Tensor | int | None = None,
+        total: torch.Tensor | int | None = None,
+    ) -> None:
+        """``update(logits (B, L, V), labels (B, L))``, or ``update(correct=, total=)`` with counts computed elsewhere
+        (the lean path's argmax per chunk of tokens)."""
+        if correct is not None:
+            self.correct += correct
+            self.total += total
+            return
         preds = logits.argmax(-1)
         if self.causal:
             preds, labels = preds[..., :-1], labels[..., 1:]

@@ -19,6 +19,7 @@ from hf_lightning.data.windows import MICRO_ITEMS_KEY, NUM_ITEMS_KEY, WINDOW_KEY
 from hf_lightning.errors import ConfigError, ModelError
 from hf_lightning.module.eval_steps import EvalStepsMixin
 from hf_lightning.module.grad_norm import StepGradNorm
+from hf_lightning.module.lean_loss import LeanLoss, arguments_reason, strategy_reason
 from hf_lightning.module.loss import (
     IGNORE_INDEX,
     accepts_num_items,
@@ -74,7 +75,10 @@ class HFLightningModule(TrainLogState, EvalStepsMixin, L.LightningModule):
        honour ``num_items_in_batch``);
     4. otherwise the token cross-entropy computed here from the logits
        (:func:`~hf_lightning.module.loss.token_cross_entropy_sum`, label-smoothed as HF's ``LabelSmoother``
-       when ``label_smoothing_factor > 0``). This is the default for every ``transformers`` model.
+       when ``label_smoothing_factor > 0``). This is the default for every ``transformers`` model. For a causal
+       LM whose head ``get_output_embeddings()`` reaches, it is computed without the ``(tokens x vocab)`` logits
+       (``lean_loss``, :mod:`~hf_lightning.module.lean_loss`): the same loss and gradients, a fraction of the
+       memory.
 
     "Declared" means ``model_accepts_loss_kwargs=True`` here, or an ``accepts_loss_kwargs = True`` attribute on
     the model. Unlike HF ``Trainer`` we never infer it from a bare ``**kwargs`` in ``forward``: a model that
@@ -117,6 +121,12 @@ class HFLightningModule(TrainLogState, EvalStepsMixin, L.LightningModule):
         eval_accumulation_steps: move collected predictions to the CPU every this many batches (HF's).
         batch_eval_metrics: call ``compute_metrics(EvalPrediction, compute_result=is_last_batch)`` per batch
             instead of once (HF's); the last call's result is logged.
+        lean_loss: compute the built-in token loss (and ``val/loss``, ``val/accuracy``) from the final hidden
+            states and the LM head in chunks of tokens, never holding the ``(tokens x vocab)`` logits
+            (:class:`~hf_lightning.module.lean_loss.LeanLoss`). It falls back to the logits, with one INFO line
+            saying why, for a model it cannot handle, a ``compute_loss_func``, the model's own loss, a strategy
+            that shards parameters (FSDP, DeepSpeed), and in evaluation for ``compute_metrics``. With it,
+            ``compute_loss`` returns outputs whose ``logits`` is ``None``.
 
     Raises:
         ConfigError: conflicting or out-of-range loss arguments (named).
@@ -151,6 +161,7 @@ class HFLightningModule(TrainLogState, EvalStepsMixin, L.LightningModule):
         preprocess_logits_for_metrics: Callable[[torch.Tensor, torch.Tensor], Any] | None = None,
         eval_accumulation_steps: int | None = None,
         batch_eval_metrics: bool = False,
+        lean_loss: bool = True,
     ) -> None:
         super().__init__()
         if not 0.0 <= label_smoothing_factor < 1.0:
@@ -185,6 +196,8 @@ class HFLightningModule(TrainLogState, EvalStepsMixin, L.LightningModule):
         params = inspect.signature(model.forward).parameters
         self._forward_extra = {"use_cache": False} if "use_cache" in params else {}
         self._loss_scaled, self._fallback_reason = self._resolve_loss_scaling()
+        decoder_only = self.causal and not self._encoder_decoder
+        self.lean = LeanLoss(model, arguments_reason(lean_loss, self.loss_source, decoder_only))
         self._init_evaluation(compute_metrics, preprocess_logits_for_metrics, eval_accumulation_steps, batch_eval_metrics)
         self._window: tuple[int, int] | None = None
         self._window_count: Count | None = None
@@ -229,6 +242,11 @@ class HFLightningModule(TrainLogState, EvalStepsMixin, L.LightningModule):
                 "num_items_in_batch (model_accepts_loss_kwargs / accepts_loss_kwargs)"
             )
         return True, None
+
+    def _say_lean(self) -> None:
+        """The lean loss's INFO line, when its state changed (rank zero). ``_trainer`` is Lightning's private
+        attribute: the public property raises for a module used without a ``Trainer``."""
+        self.lean.say(self._trainer is None or self.trainer.is_global_zero)
 
     def on_fit_start(self) -> None:
         if self._fallback_reason is not None and self.trainer.is_global_zero:
@@ -293,16 +311,31 @@ class HFLightningModule(TrainLogState, EvalStepsMixin, L.LightningModule):
                 "labels are floating point (regression or multi-label): the built-in token cross-entropy needs "
                 "integer class ids; set module.use_model_loss=true or pass module.compute_loss_func"
             )
-        outputs = self(batch)
-        loss_sum = token_cross_entropy_sum(
-            _logits(outputs), labels, causal=self.causal, shift_labels=batch.get("shift_labels"),
-            label_smoothing=self.label_smoothing_factor,
-        )
+        loss_sum, outputs = self._token_loss_sum(batch, labels)
         if num_items_in_batch is None:
             # HF's "not counted" path: this micro-batch's own targets, counted on the device (no sync)
             targets = loss_targets(labels, self.causal, batch.get("shift_labels"))
             num_items_in_batch = (targets != IGNORE_INDEX).sum().clamp(min=1)
         return loss_sum / num_items_in_batch, outputs
+
+    def _token_loss_sum(self, batch: Mapping[str, Any], labels: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        """The summed token CE of the micro-batch and the model outputs: lean when it can be, else from the logits."""
+        if self.lean.active:
+            targets = loss_targets(labels, self.causal, batch.get("shift_labels"))
+            lean = self.lean.forward(lambda: self(batch), targets.shape)
+            if lean is not None:
+                # the window loader's count of this micro-batch lets the head skip the non-target rows without a
+                # host-device sync; it counts the targets when count_loss_items is ours
+                own_count = type(self).count_loss_items is HFLightningModule.count_loss_items
+                count = batch.get(MICRO_ITEMS_KEY) if own_count else None
+                return self.lean.loss_sum(lean[1], targets, self.label_smoothing_factor, count), lean[0]
+            self._say_lean()  # the model did not fit: say why
+        outputs = self(batch)
+        loss_sum = token_cross_entropy_sum(
+            _logits(outputs), labels, causal=self.causal, shift_labels=batch.get("shift_labels"),
+            label_smoothing=self.label_smoothing_factor,
+        )
+        return loss_sum, outputs
 
     def _model_loss(self, batch: Mapping[str, Any], num_items_in_batch: Count | None) -> tuple[torch.Tensor, Any]:
         inputs = self._model_inputs(batch)
@@ -468,6 +501,10 @@ class HFLightningModule(TrainLogState, EvalStepsMixin, L.LightningModule):
             self._flush_train_logs()
 
     def setup(self, stage: str) -> None:
+        reason = strategy_reason(self.trainer.strategy)
+        if self.lean.active and reason is not None:
+            self.lean.turn_off(reason)
+        self._say_lean()
         if stage == "fit":
             # HF Trainer calls model.train() before its loop. from_pretrained returns the model in eval mode and
             # Lightning (>= 2.2) keeps each submodule's mode, so without this dropout would silently stay off.

@@ -158,10 +158,13 @@ class CaptureGradients(L.Callback):
 
 
 def run_lightning_step(
-    state: dict, rows, micro_batch: int, accumulation: int, outdir, devices: int = 1, average_tokens: bool = True
+    state: dict, rows, micro_batch: int, accumulation: int, outdir, devices: int = 1, average_tokens: bool = True,
+    model_factory=None, chunk_size: int | None = None, **module_kwargs,
 ) -> None:
     """One optimizer step of HFLightningModule + HFDataModule on ``rows`` (no shuffle); writes
-    ``grads_rank{r}.pt``, ``syncs_rank{r}.pt`` and ``metrics.csv`` into ``outdir``."""
+    ``grads_rank{r}.pt``, ``syncs_rank{r}.pt`` and ``metrics.csv`` into ``outdir``. ``model_factory`` (default
+    :func:`make_model`) builds the model ``state`` is loaded into; ``chunk_size`` sets the lean loss's tokens per
+    chunk; ``module_kwargs`` go to ``HFLightningModule`` (e.g. ``lean_loss=False``)."""
     from types import SimpleNamespace
 
     import datasets
@@ -170,12 +173,13 @@ def run_lightning_step(
 
     from hf_lightning import HFDataModule, HFLightningModule
 
-    model = make_model()
+    model = (model_factory or make_model)()
     model.load_state_dict(state)
     module = HFLightningModule(
         model, optim={"name": "sgd", "lr": 0.1}, scheduler={"name": "constant"},
-        average_tokens_across_devices=average_tokens,
+        average_tokens_across_devices=average_tokens, **module_kwargs,
     )
+    module.lean.chunk_size = chunk_size
     data = HFDataModule(
         SimpleNamespace(pad_token_id=0), path=datasets.Dataset.from_list(rows), format="tokenized",
         validation_split=0.0, per_device_train_batch_size=micro_batch, shuffle=False, max_length=64,

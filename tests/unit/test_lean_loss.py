@@ -1,0 +1,438 @@
+"""The lean loss: the plain path's loss and gradients without ever holding the (tokens x vocab) logits.
+
+The chunked function is checked against ``torch.nn.functional.cross_entropy`` on the full logits (with each
+model family's logit transform written out here); ``HFLightningModule.compute_loss`` with the lean loss against
+the same module with ``lean_loss=False`` on real tiny models (untied Llama, GPT-2 with its tied head, Gemma-2's
+soft-capping, Cohere's and Granite's logit scaling), loss and every parameter's gradient, relative 1e-6 in
+float32. Full optimizer steps under accumulation and 2 DDP ranks are in ``tests/parity/test_lean_loss.py``.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from hf_lightning import HFLightningModule
+from hf_lightning.data.windows import MICRO_ITEMS_KEY
+from hf_lightning.module.lean_loss import strategy_reason
+from hf_lightning.module.linear_cross_entropy import (
+    CHUNK_BYTES,
+    LogitTransform,
+    default_chunk_size,
+    linear_cross_entropy,
+    linear_cross_entropy_stats,
+)
+from tests.data_support import tiny_llama
+from tests.parity.lean_cases import ARCHS, TRANSFORMS, make_arch_model
+from tests.parity.tiny_llama_case import VOCAB, _pad, make_rows
+from tests.unit.hand_case import TableLM
+
+TOL = 1e-6
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm().clamp(min=1e-30))
+
+
+# ------------------------------------------------------------------------------ the chunked function
+def written_out(logits, multiplier=None, divisor=None, softcap=None):
+    """Cohere multiplies by logit_scale, Granite divides by logits_scaling, Gemma-2 soft-caps (modeling files)."""
+    if multiplier is not None:
+        logits = logits * multiplier
+    if divisor is not None:
+        logits = logits / divisor
+    if softcap is not None:
+        logits = torch.tanh(logits / softcap) * softcap
+    return logits
+
+
+TRANSFORM_CASES = [
+    {},
+    {"multiplier": 0.3},
+    {"divisor": 4.0},
+    {"softcap": 2.0},
+    {"multiplier": 3.0, "softcap": 1.5},
+]
+
+
+def _problem(seed=0, n=45, h=8, v=50, bias=True):
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(n, h, generator=g)
+    weight = torch.randn(v, h, generator=g)
+    b = torch.randn(v, generator=g) if bias else None
+    targets = torch.randint(0, v, (n,), generator=g)
+    targets[::4] = -100
+    return hidden, weight, b, targets
+
+
+@pytest.mark.parametrize("transform", TRANSFORM_CASES, ids=lambda t: ",".join(t) or "none")
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+@pytest.mark.parametrize("bias", [False, True])
+def test_chunked_loss_and_gradients_equal_cross_entropy_of_the_full_logits(transform, eps, bias):
+    hidden, weight, b, targets = _problem(bias=bias)
+    leaves = [t.clone().requires_grad_() for t in (hidden, weight, b) if t is not None]
+    ref = F.cross_entropy(
+        written_out(F.linear(leaves[0], leaves[1], leaves[2] if bias else None), **transform),
+        targets,
+        ignore_index=-100,
+        reduction="sum",
+        label_smoothing=eps,
+    )
+    (ref * 0.37).backward()
+    ours_leaves = [t.clone().requires_grad_() for t in (hidden, weight, b) if t is not None]
+    ours = linear_cross_entropy(
+        ours_leaves[0],
+        ours_leaves[1],
+        targets,
+        ours_leaves[2] if bias else None,
+        LogitTransform(**transform),
+        eps,
+        chunk_size=7,  # 45 rows: 6 chunks of 7 and one of 3
+    )
+    (ours * 0.37).backward()
+    assert ours.dtype == torch.float32 and rel(ours.detach(), ref.detach()) <= TOL
+    for mine, theirs in zip(ours_leaves, leaves):
+        assert rel(mine.grad, theirs.grad) <= TOL
+
+
+def test_no_target_gives_zero_loss_and_zero_gradients():
+    hidden, weight, _, targets = _problem()
+    hidden.requires_grad_()
+    loss = linear_cross_entropy(hidden, weight.requires_grad_(), torch.full_like(targets, -100), chunk_size=8)
+    loss.backward()
+    assert float(loss.detach()) == 0.0
+    assert torch.equal(hidden.grad, torch.zeros_like(hidden)) and torch.equal(
+        weight.grad, torch.zeros_like(weight)
+    )
+
+
+def test_evaluation_stats_equal_the_full_logits():
+    hidden, weight, b, targets = _problem(n=60)
+    transform = {"multiplier": 3.0, "softcap": 1.5}
+    logits = written_out(F.linear(hidden, weight, b), **transform)
+    # half the targets are the argmax, so the count is neither 0 nor all
+    targets[1::2] = logits.argmax(-1)[1::2]
+    valid = targets != -100
+    expected_correct = int(((logits.argmax(-1) == targets) & valid).sum())
+    assert 0 < expected_correct < int(valid.sum())
+    loss, correct = linear_cross_entropy_stats(
+        hidden, weight, targets, b, LogitTransform(**transform), chunk_size=9
+    )
+    assert int(correct) == expected_correct
+    assert float(loss) == pytest.approx(float(F.cross_entropy(logits, targets, reduction="sum")), rel=TOL)
+    with torch.no_grad():  # the loss alone, without gradients
+        alone = linear_cross_entropy(hidden, weight, targets, b, LogitTransform(**transform), chunk_size=9)
+    assert float(alone) == pytest.approx(float(loss), rel=TOL)
+
+
+def test_default_chunks_hold_the_byte_budget():
+    for vocab in (32000, 50257, 128256, 262144):
+        rows = default_chunk_size(vocab, "cpu")
+        assert rows * vocab * 4 <= CHUNK_BYTES["cpu"] or rows == 16
+    assert default_chunk_size(128256, "cpu") == 65 and default_chunk_size(32000, "cpu") == 262
+
+
+# ------------------------------------------------------------------------------ HFLightningModule
+def _batch(n_rows=4, with_count=True):
+    ids, mask, labels = _pad(make_rows()[:n_rows])
+    batch = {"input_ids": ids, "attention_mask": mask, "labels": labels}
+    count = int((labels[:, 1:] != -100).sum())
+    if with_count:
+        batch[MICRO_ITEMS_KEY] = count
+    return batch, count
+
+
+def _loss_and_grads(module, batch, count):
+    loss, outputs = module.compute_loss(batch, count)
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in module.model.named_parameters() if p.grad is not None}
+    return loss.detach(), outputs, grads
+
+
+def _pair(arch, **kwargs):
+    model = make_arch_model(arch)
+    lean = HFLightningModule(model, **kwargs)
+    lean.lean.chunk_size = 5  # several chunks per micro-batch
+    plain = HFLightningModule(copy.deepcopy(model), lean_loss=False, **kwargs)
+    return lean, plain
+
+
+@pytest.mark.parametrize("arch,eps", [(arch, 0.0) for arch in ARCHS] + [("llama", 0.1), ("gemma2", 0.1)])
+def test_lean_loss_and_every_gradient_equal_the_plain_path(arch, eps):
+    lean, plain = _pair(arch, label_smoothing_factor=eps)
+    assert lean.lean.active, lean.lean.reason
+    batch, count = _batch()
+    loss, outputs, grads = _loss_and_grads(
+        lean, batch, count + 3
+    )  # a window count larger than this micro-batch's
+    ref_loss, ref_outputs, ref_grads = _loss_and_grads(plain, batch, count + 3)
+    assert outputs.logits is None and ref_outputs.logits.shape == (*batch["labels"].shape, VOCAB)  # lean ran
+    assert rel(loss, ref_loss) <= TOL
+    assert grads.keys() == ref_grads.keys() and len(grads) == len(list(lean.model.parameters()))
+    for name in ref_grads:
+        assert rel(grads[name], ref_grads[name]) <= TOL, name
+
+
+@pytest.mark.parametrize("precision", ["bf16 autocast", "bf16 weights"])
+def test_16_bit_runs_agree_within_bf16_rounding(precision):
+    """The dtype paths (logits in bf16, upcast per chunk; bf16 gradients of the head) against the plain path."""
+    model = make_arch_model("gemma2")
+    if precision == "bf16 weights":
+        model = model.to(torch.bfloat16)
+    lean = HFLightningModule(model)
+    lean.lean.chunk_size = 5
+    plain = HFLightningModule(copy.deepcopy(model), lean_loss=False)
+    batch, count = _batch()
+    results = []
+    for module in (lean, plain):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16 autocast"):
+            loss, _ = module.compute_loss(batch, count)
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad.float() for n, p in module.model.named_parameters()}))
+    assert lean.lean.active and results[0][0].dtype == torch.float32
+    assert float(results[0][0]) == pytest.approx(float(results[1][0]), rel=1e-3)
+    for name, grad in results[1][1].items():
+        assert rel(results[0][1][name], grad) < 3e-2, name
+
+
+def test_the_tied_head_gets_the_gradient_of_both_uses():
+    lean, plain = _pair("gpt2")
+    model = lean.model
+    assert model.lm_head.weight is model.transformer.wte.weight
+    batch, count = _batch()
+    _, _, grads = _loss_and_grads(lean, batch, count)
+    _, _, ref = _loss_and_grads(plain, batch, count)
+    assert rel(grads["transformer.wte.weight"], ref["transformer.wte.weight"]) <= TOL
+    # the control: the head's share of that gradient (computed here from the final hidden states) is large, so a
+    # lean path that dropped it, or counted only it, would fail the line above
+    with torch.no_grad():
+        hidden = plain.model.transformer(
+            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
+        )[0]
+    w = plain.model.lm_head.weight.detach().clone().requires_grad_()
+    targets = F.pad(batch["labels"][:, 1:], (0, 1), value=-100)
+    (F.cross_entropy((hidden @ w.T).flatten(0, 1), targets.flatten(), reduction="sum") / count).backward()
+    total = ref["transformer.wte.weight"]
+    assert rel(total - w.grad, total) > 1e-2 and rel(w.grad, total) > 1e-2
+
+
+@pytest.mark.parametrize("arch", sorted(TRANSFORMS))
+def test_each_logit_transform_matters(arch):
+    """The control for the transform cases: without the model's transform the loss would be visibly different."""
+    lean, plain = _pair(arch)
+    key, value = TRANSFORMS[arch]
+    assert getattr(lean.model.config, key) == value and lean.lean.transform != LogitTransform()
+    batch, count = _batch()
+    ref_loss, _, _ = _loss_and_grads(plain, batch, count)
+    lean.lean.transform = LogitTransform()
+    lean.lean._checked = (
+        True  # skip the first batch's check, which would catch the missing transform and fall back
+    )
+    wrong, _, _ = _loss_and_grads(lean, batch, count)
+    assert abs(float(wrong) - float(ref_loss)) > 1e-2 * float(ref_loss)
+
+
+@pytest.mark.parametrize("arch", sorted(TRANSFORMS))
+def test_the_first_batch_check_catches_a_missing_transform(arch):
+    lean, plain = _pair(arch)
+    lean.lean.transform = LogitTransform()  # as if the family were unknown
+    batch, count = _batch()
+    loss, outputs, _ = _loss_and_grads(lean, batch, count)
+    ref_loss, _, _ = _loss_and_grads(plain, batch, count)
+    assert not lean.lean.active and "differ from lm_head(hidden)" in lean.lean.reason
+    assert outputs.logits is not None and rel(loss, ref_loss) <= TOL
+
+
+def test_without_the_window_count_every_position_goes_through_the_head():
+    lean, plain = _pair("llama")
+    batch, count = _batch(with_count=False)
+    loss, _, grads = _loss_and_grads(lean, batch, None)
+    ref_loss, _, ref_grads = _loss_and_grads(plain, batch, None)
+    assert rel(loss, ref_loss) <= TOL
+    assert all(rel(grads[n], ref_grads[n]) <= TOL for n in ref_grads)
+
+
+def test_a_micro_batch_without_targets_adds_zero_and_touches_every_parameter():
+    lean, _ = _pair("llama")
+    batch, _ = _batch()
+    batch["labels"] = torch.full_like(batch["labels"], -100)
+    batch[MICRO_ITEMS_KEY] = 0
+    loss, _, grads = _loss_and_grads(lean, batch, 5)  # the window's other micro-batches hold the targets
+    assert float(loss) == 0.0
+    # every parameter is in the graph (DDP needs that) and gets an exact zero
+    assert len(grads) == len(list(lean.model.parameters())) and all(not g.any() for g in grads.values())
+
+
+def test_the_lean_line_is_logged_once(caplog):
+    lean, _ = _pair("gemma2")
+    with caplog.at_level(logging.INFO, logger="hf_lightning.module.lean_loss"):
+        lean._say_lean()
+        lean._say_lean()
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "lean loss: on" in lines[0] and "softcap 4" in lines[0]
+
+
+# ------------------------------------------------------------------------------ falling back
+class ScaledLogits(torch.nn.Module):
+    """A causal LM whose forward doubles its head's logits (a transform no config key announces)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = make_arch_model("llama")
+        self.config = self.inner.config
+
+    def get_output_embeddings(self):
+        return self.inner.get_output_embeddings()
+
+    def forward(self, **kwargs):
+        out = self.inner(**kwargs)
+        out["logits"] = out.logits * 2.0
+        return out
+
+
+def test_a_model_whose_logits_differ_from_its_head_falls_back_on_its_first_batch(caplog):
+    model = ScaledLogits()
+    module = HFLightningModule(model)
+    assert module.lean.active  # nothing in the config says so: the first batch's check finds it
+    plain = HFLightningModule(copy.deepcopy(model), lean_loss=False)
+    batch, count = _batch()
+    with caplog.at_level(logging.INFO, logger="hf_lightning.module.lean_loss"):
+        loss, outputs, _ = _loss_and_grads(module, batch, count)
+    ref, _, _ = _loss_and_grads(plain, batch, count)
+    assert not module.lean.active and "differ from lm_head(hidden)" in module.lean.reason
+    assert outputs.logits is not None and rel(loss, ref) <= TOL
+    assert any("the loss is computed from the full logits" in r.getMessage() for r in caplog.records)
+
+
+def test_an_unknown_logit_cap_in_the_config_falls_back():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        logits_soft_cap=30.0,
+    )
+    module = HFLightningModule(LlamaForCausalLM(config))
+    assert not module.lean.active and "logits_soft_cap=30.0" in module.lean.reason
+
+
+@pytest.mark.parametrize(
+    "kwargs,reason",
+    [
+        ({"lean_loss": False}, "module.lean_loss=false"),
+        (
+            {"compute_loss_func": lambda outputs, labels, num_items_in_batch: outputs.logits.sum()},
+            "module.compute_loss_func computes the loss from the model's logits",
+        ),
+        ({"use_model_loss": True}, "the model's own loss computes the loss"),
+        ({"causal": False}, "not a causal LM"),
+    ],
+)
+def test_arguments_that_need_the_logits_turn_it_off(kwargs, reason):
+    module = HFLightningModule(make_arch_model("llama"), **kwargs)
+    assert not module.lean.active and reason in module.lean.reason
+    assert module.lean.describe().startswith("the loss is computed from the full logits: ")
+
+
+def test_a_model_without_a_linear_head_keeps_the_logits():
+    module = HFLightningModule(TableLM())
+    assert "no LM head reachable by get_output_embeddings()" in module.lean.reason
+
+
+def test_strategies_that_may_shard_the_head_turn_it_off():
+    from lightning.pytorch.strategies import (
+        DDPStrategy,
+        DeepSpeedStrategy,
+        FSDPStrategy,
+        SingleDeviceStrategy,
+    )
+
+    assert strategy_reason(SingleDeviceStrategy("cpu")) is None and strategy_reason(DDPStrategy()) is None
+    assert "FSDPStrategy" in strategy_reason(FSDPStrategy())
+    # DeepSpeedStrategy() needs deepspeed installed; the check reads the class only
+    assert "DeepSpeedStrategy" in strategy_reason(DeepSpeedStrategy.__new__(DeepSpeedStrategy))
+
+
+# ------------------------------------------------------------------------------ evaluation
+def _eval(module, batch):
+    module._eval_step(batch, 0, "val")
+    metrics = module.eval_metrics["val"]
+    return float(metrics["loss"].compute()), float(metrics["accuracy"].compute())
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma2"])
+def test_val_loss_and_accuracy_equal_the_plain_path(arch):
+    lean, plain = _pair(arch)
+    batch, _ = _batch()
+    # make the accuracy neither 0 nor 1: half the labels are the model's own argmax predictions
+    with torch.no_grad():
+        preds = plain.model(
+            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
+        ).logits.argmax(-1)
+    labels = batch["labels"].clone()
+    labels[:, 1::2] = torch.where(labels[:, 1::2] != -100, preds[:, :-1][:, 0::2], -100)
+    batch["labels"] = labels
+    loss, accuracy = _eval(lean, batch)
+    ref_loss, ref_accuracy = _eval(plain, batch)
+    assert 0.2 < ref_accuracy < 0.9
+    assert loss == pytest.approx(ref_loss, rel=TOL) and accuracy == ref_accuracy
+
+
+def test_compute_metrics_gets_the_full_logits_in_evaluation():
+    seen = []
+    lean = HFLightningModule(make_arch_model("llama"), compute_metrics=lambda p: seen.append(p) or {})
+    batch, _ = _batch()
+    lean._collector.reset()
+    lean._eval_step(batch, 0, "val")
+    preds, _ = lean._collector.local_arrays()
+    assert lean.lean.active and preds.shape == (*batch["labels"].shape, VOCAB)
+
+
+# ------------------------------------------------------------------------------ memory
+class LargestAllocation(TorchDispatchMode):
+    """Records the largest storage (elements) that any op returns."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor):
+                self.largest = max(self.largest, t.untyped_storage().nbytes() // t.element_size())
+        return out
+
+
+@pytest.mark.parametrize("stage", ["train", "eval"])
+def test_no_tokens_x_vocab_tensor_is_ever_allocated(stage):
+    # a vocabulary large against the model (2,048 x hidden 32): the logits are the largest tensors of a step
+    model = tiny_llama(vocab_size=2048)
+    lean, plain = HFLightningModule(model), HFLightningModule(copy.deepcopy(model), lean_loss=False)
+    lean.lean.chunk_size = 8
+    ids, mask, labels = _pad(make_rows())
+    batch, count = (
+        {"input_ids": ids, "attention_mask": mask, "labels": labels},
+        int((labels[:, 1:] != -100).sum()),
+    )
+    tokens_x_vocab = labels.numel() * 2048
+    largest = {}
+    for name, module in (("lean", lean), ("plain", plain)):
+        with LargestAllocation() as mode:
+            if stage == "train":
+                loss, _ = module.compute_loss(batch, count)
+                loss.backward()
+            else:
+                module._eval_step(batch, 0, "val")
+        largest[name] = mode.largest
+    assert largest["plain"] >= tokens_x_vocab  # the control: the plain path does hold the logits
+    assert largest["lean"] < tokens_x_vocab / 4, largest
