@@ -8,6 +8,12 @@ from hf_lightning.errors import ConfigError, DataError, HFLightningError, ModelE
 from hf_lightning.module import HFLightningModule
 
 __all__ = [
-    "ConfigError", "DataError", "HFDataModule", "HFLightningError", "HFLightningModule", "ModelError", "TrainingError",
+    "ConfigError",
+    "DataError",
+    "HFDataModule",
+    "HFLightningError",
+    "HFLightningModule",
+    "ModelError",
+    "TrainingError",
 ]
 __version__ = "0.1.0"

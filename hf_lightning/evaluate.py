@@ -33,10 +33,13 @@ def generate_replies(module: Any, dataset: Any, max_new_tokens: int) -> list[str
             first = next((i for i, t in enumerate(labels) if t != -100 and i > 0), len(ids))
             prompt = torch.tensor([ids[:first]])
             out = model.generate(
-                input_ids=prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=max_new_tokens,
-                do_sample=False, pad_token_id=tok.pad_token_id,
+                input_ids=prompt,
+                attention_mask=torch.ones_like(prompt),
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                pad_token_id=tok.pad_token_id,
             )
-            replies.append(tok.decode(out[0, prompt.shape[1]:], skip_special_tokens=True))
+            replies.append(tok.decode(out[0, prompt.shape[1] :], skip_special_tokens=True))
     return replies
 
 
@@ -66,16 +69,24 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         step = load_model_weights(module, cfg.ckpt_path, model_cfg.get("name_or_path"))
         log.info("evaluating the weights of %s (optimizer step %d)", cfg.ckpt_path, step)
     trainer = L.Trainer(
-        accelerator=cfg.trainer.accelerator, devices=1, logger=False, enable_checkpointing=False,
-        limit_val_batches=cfg.trainer.get("limit_val_batches"), limit_predict_batches=cfg.trainer.get("limit_val_batches"),
-        enable_progress_bar=cfg.trainer.get("enable_progress_bar", True), use_distributed_sampler=False,
+        accelerator=cfg.trainer.accelerator,
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        limit_val_batches=cfg.trainer.get("limit_val_batches"),
+        limit_predict_batches=cfg.trainer.get("limit_val_batches"),
+        enable_progress_bar=cfg.trainer.get("enable_progress_bar", True),
+        use_distributed_sampler=False,
     )
     trainer.validate(module, datamodule=datamodule, verbose=False)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     batches = trainer.predict(module, dataloaders=datamodule.predict_dataloader())
     rows = [row for batch in batches for row in batch]
-    replies = generate_replies(module, datamodule.val_dataset.select(range(len(rows))), cfg.max_new_tokens) \
-        if cfg.generate else None
+    replies = (
+        generate_replies(module, datamodule.val_dataset.select(range(len(rows))), cfg.max_new_tokens)
+        if cfg.generate
+        else None
+    )
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "predictions.jsonl"), "w", encoding="utf-8") as fh:
         for i, row in enumerate(rows):
@@ -86,8 +97,16 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     with open(os.path.join(out_dir, "eval_metrics.json"), "w", encoding="utf-8") as fh:
         json.dump(metrics, fh, indent=2)
     width = max(len(k) for k in metrics)
-    print("\n".join([f"{'metric':<{width}}  value"] + [f"{k:<{width}}  {v:.6g}" for k, v in sorted(metrics.items())]))
-    log.info("wrote %s and %s", os.path.join(out_dir, "eval_metrics.json"), os.path.join(out_dir, "predictions.jsonl"))
+    print(
+        "\n".join(
+            [f"{'metric':<{width}}  value"] + [f"{k:<{width}}  {v:.6g}" for k, v in sorted(metrics.items())]
+        )
+    )
+    log.info(
+        "wrote %s and %s",
+        os.path.join(out_dir, "eval_metrics.json"),
+        os.path.join(out_dir, "predictions.jsonl"),
+    )
     return metrics
 
 

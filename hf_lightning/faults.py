@@ -26,7 +26,9 @@ def is_out_of_memory(err: BaseException) -> bool:
     if isinstance(err, torch.OutOfMemoryError):
         return True
     text = str(err)
-    return isinstance(err, RuntimeError) and ("out of memory" in text.lower() or "can't allocate memory" in text)
+    return isinstance(err, RuntimeError) and (
+        "out of memory" in text.lower() or "can't allocate memory" in text
+    )
 
 
 def _gib(n: float) -> str:
@@ -75,15 +77,23 @@ def out_of_memory_message(
         fixes.append(
             f"set {key}={half} and trainer.accumulate_grad_batches={double}: "
             f"{half * double} examples per optimizer step per device"
-            + (" as now" if half * double == b * accumulate_grad_batches else f" (now {b * accumulate_grad_batches})")
+            + (
+                " as now"
+                if half * double == b * accumulate_grad_batches
+                else f" (now {b * accumulate_grad_batches})"
+            )
             + ", and the same loss and gradients, because the loss is normalised over the whole accumulation window"
         )
     elif b and b > 1:
         fixes.append(f"lower {key} (now {b}); evaluation results do not depend on it")
     if max_length:
-        fixes.append(f"lower data.max_length (now {max_length}) or set data.padding_free=true (no padding tokens)")
+        fixes.append(
+            f"lower data.max_length (now {max_length}) or set data.padding_free=true (no padding tokens)"
+        )
     fixes.append("use trainer.precision=bf16-mixed")
-    fixes.append("enable gradient checkpointing on the model" if stage == "training" else "evaluate less often")
+    fixes.append(
+        "enable gradient checkpointing on the model" if stage == "training" else "evaluate less often"
+    )
     fixes.append("or shard the model across devices (strategy=fsdp)")
     return head + ". To fit: " + "; ".join(fixes)
 
@@ -110,13 +120,19 @@ def explain_faults(trainer: Any, datamodule: Any = None) -> Iterator[None]:
             raise
         running = getattr(getattr(trainer, "state", None), "stage", None)
         stage = str(getattr(running, "value", running) or "train")
-        stage = {"train": "training", "validate": "validation", "sanity_check": "sanity check"}.get(stage, stage)
+        stage = {"train": "training", "validate": "validation", "sanity_check": "sanity check"}.get(
+            stage, stage
+        )
         training = stage == "training"
         device = getattr(getattr(trainer, "strategy", None), "root_device", None)
         raise TrainingError(
             out_of_memory_message(
                 err,
-                getattr(datamodule, "per_device_train_batch_size" if training else "per_device_eval_batch_size", None),
+                getattr(
+                    datamodule,
+                    "per_device_train_batch_size" if training else "per_device_eval_batch_size",
+                    None,
+                ),
                 int(getattr(trainer, "accumulate_grad_batches", 1) or 1),
                 getattr(datamodule, "max_length", None),
                 stage=stage,

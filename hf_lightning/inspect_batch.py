@@ -37,12 +37,18 @@ def first_batch(cfg: DictConfig) -> tuple[Any, Any]:
     if cfg.data.path == "???":
         from hf_lightning.errors import ConfigError
 
-        raise ConfigError("data.path is required by this experiment: a json/jsonl/csv/parquet file or a save_to_disk folder")
+        raise ConfigError(
+            "data.path is required by this experiment: a json/jsonl/csv/parquet file or a save_to_disk folder"
+        )
     model, tokenizer = load_model_and_tokenizer(**OmegaConf.to_container(cfg.model, resolve=True))
     datamodule = HFDataModule(tokenizer=tokenizer, **OmegaConf.to_container(cfg.data, resolve=True))
     trainer_cfg = cfg.get("trainer") or {}
     trainer = L.Trainer(
-        accelerator="cpu", devices=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
         accumulate_grad_batches=int(trainer_cfg.get("accumulate_grad_batches") or 1),
         max_steps=int(trainer_cfg.get("max_steps") or -1),
     )

@@ -41,8 +41,13 @@ def logged_at(path: str, step: int) -> set[str]:
     if not os.path.isfile(path):
         return set()
     _, rows = read_rows(path)
-    return {k for r in rows if r.get("step") not in (None, "") and int(float(r["step"])) == step
-            for k, v in r.items() if v not in ("", None)}
+    return {
+        k
+        for r in rows
+        if r.get("step") not in (None, "") and int(float(r["step"])) == step
+        for k, v in r.items()
+        if v not in ("", None)
+    }
 
 
 class _AppendingWriter(ExperimentWriter):
@@ -52,11 +57,15 @@ class _AppendingWriter(ExperimentWriter):
 
     def _fail(self, err: OSError) -> TrainingError:
         self.metrics = []  # Lightning's teardown saves again: the rows that could not be written are dropped
-        return TrainingError(write_failure_message(
-            "the metrics log", self.metrics_file_path, err,
-            "its rows written before are intact and every checkpoint is kept",
-            "then resume with ckpt_path=last (the rows after the checkpoint's step are logged again)",
-        ))
+        return TrainingError(
+            write_failure_message(
+                "the metrics log",
+                self.metrics_file_path,
+                err,
+                "its rows written before are intact and every checkpoint is kept",
+                "then resume with ckpt_path=last (the rows after the checkpoint's step are logged again)",
+            )
+        )
 
     def _rewrite(self, fields: list[str], rows: list[dict]) -> None:
         with atomic_file(self.metrics_file_path, "w") as fh:

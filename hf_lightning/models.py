@@ -13,7 +13,12 @@ from hf_lightning.errors import ConfigError, ModelError
 
 log = logging.getLogger(__name__)
 
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
 # model.task -> the transformers Auto class that builds it (HF's task heads)
 TASKS = {
     "causal_lm": "AutoModelForCausalLM",
@@ -35,11 +40,13 @@ def resolve_name_or_path(name_or_path: str | os.PathLike | None) -> str | None:
     if name_or_path is None:
         return None
     if not isinstance(name_or_path, (str, os.PathLike)):
-        raise ModelError(f"model.name_or_path={name_or_path!r}: expected a folder path (or null for the default model)")
+        raise ModelError(
+            f"model.name_or_path={name_or_path!r}: expected a folder path (or null for the default model)"
+        )
     path = os.fspath(name_or_path)
     if not path.startswith(PACKAGE_PREFIX):
         return path
-    package, _, sub = path[len(PACKAGE_PREFIX):].partition("/")
+    package, _, sub = path[len(PACKAGE_PREFIX) :].partition("/")
     try:
         spec = importlib.util.find_spec(package)
     except (ImportError, ValueError):
@@ -80,7 +87,9 @@ def check_config_json(path: str) -> None:
     except (ValueError, UnicodeDecodeError) as err:
         raise ModelError(f"model.name_or_path={path}: config.json is not valid JSON ({err})") from err
     if not isinstance(value, dict):
-        raise ModelError(f"model.name_or_path={path}: config.json holds a JSON {type(value).__name__}, not an object")
+        raise ModelError(
+            f"model.name_or_path={path}: config.json holds a JSON {type(value).__name__}, not an object"
+        )
 
 
 # the package each attention backend needs (transformers names only the backend when it is missing)
@@ -131,11 +140,20 @@ def _check_folder(path: str, original: str) -> None:
         hint = ""
         if str(original).endswith(".ckpt"):
             # a Lightning checkpoint: its weights are read with ckpt_path, by evaluate or by a resume
-            hint = ("; a .ckpt is read with ckpt_path: python -m hf_lightning.evaluate ckpt_path=" + str(original) +
-                    " (with the run's overrides), or train ... ckpt_path=" + str(original) + " to continue from it")
-        raise ModelError(f"model.name_or_path={original}: not a folder (expected a local HF model folder){hint}")
+            hint = (
+                "; a .ckpt is read with ckpt_path: python -m hf_lightning.evaluate ckpt_path="
+                + str(original)
+                + " (with the run's overrides), or train ... ckpt_path="
+                + str(original)
+                + " to continue from it"
+            )
+        raise ModelError(
+            f"model.name_or_path={original}: not a folder (expected a local HF model folder){hint}"
+        )
     if not os.path.isfile(os.path.join(path, "config.json")):
-        raise ModelError(f"model.name_or_path={original}: no config.json, so not a model folder saved by save_pretrained")
+        raise ModelError(
+            f"model.name_or_path={original}: no config.json, so not a model folder saved by save_pretrained"
+        )
     check_config_json(path)
     if not any(os.path.exists(os.path.join(path, f)) for f in WEIGHT_FILES):
         raise ModelError(f"model.name_or_path={original}: no weights (looked for {', '.join(WEIGHT_FILES)})")
@@ -160,7 +178,9 @@ def load_tokenizer(name_or_path: str | None = None, tokenizer_vocab_size: int = 
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
     except Exception as err:
-        raise ModelError(f"model.name_or_path={name_or_path}: no loadable tokenizer in the folder ({err})") from err
+        raise ModelError(
+            f"model.name_or_path={name_or_path}: no loadable tokenizer in the folder ({err})"
+        ) from err
     if tokenizer.pad_token is None and tokenizer.eos_token is not None:
         log.warning("tokenizer in %s has no pad token: using its eos token %r", path, tokenizer.eos_token)
         tokenizer.pad_token = tokenizer.eos_token
@@ -204,11 +224,17 @@ def build_model(
     if task == "sequence_classification":
         if id2label:
             id2label = {int(k): str(v) for k, v in id2label.items()}
-            head = {"num_labels": len(id2label), "id2label": id2label, "label2id": {v: k for k, v in id2label.items()}}
+            head = {
+                "num_labels": len(id2label),
+                "id2label": id2label,
+                "label2id": {v: k for k, v in id2label.items()},
+            }
         elif num_labels:
             head = {"num_labels": int(num_labels)}
         else:
-            raise ModelError("model.task=sequence_classification needs model.num_labels (the number of classes)")
+            raise ModelError(
+                "model.task=sequence_classification needs model.num_labels (the number of classes)"
+            )
 
     if name_or_path is None:
         specials = {
@@ -282,7 +308,15 @@ def load_model_and_tokenizer(
     """
     tokenizer = load_tokenizer(name_or_path, tokenizer_vocab_size)
     model = build_model(
-        tokenizer, name_or_path, task, config, architecture, attn_implementation, num_labels, id2label,
-        gradient_checkpointing, compile,
+        tokenizer,
+        name_or_path,
+        task,
+        config,
+        architecture,
+        attn_implementation,
+        num_labels,
+        id2label,
+        gradient_checkpointing,
+        compile,
     )
     return model, tokenizer

@@ -29,8 +29,12 @@ def write_final_metrics(output_dir: str, metrics: dict[str, float]) -> None:
         TrainingError: the disk refused the write (the previous file, if any, is intact).
     """
     os.makedirs(output_dir, exist_ok=True)
-    write_json(os.path.join(output_dir, METRICS_FILE), metrics, "the final metrics",
-               "then resume with ckpt_path=last to write them (the checkpoints and hf_model/ are kept)")
+    write_json(
+        os.path.join(output_dir, METRICS_FILE),
+        metrics,
+        "the final metrics",
+        "then resume with ckpt_path=last to write them (the checkpoints and hf_model/ are kept)",
+    )
 
 
 def finished_metrics(output_dir: str, step: int) -> dict[str, float] | None:

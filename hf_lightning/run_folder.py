@@ -25,7 +25,10 @@ from hf_lightning.errors import ConfigError
 # callbacks) may change when a run is resumed
 IDENTITY = ("model", "data", "optim", "scheduler", "module", "seed", "trainer.accumulate_grad_batches")
 MAY_CHANGE = (
-    "data.num_workers", "data.pin_memory", "data.persistent_workers", "data.prefetch_factor",
+    "data.num_workers",
+    "data.pin_memory",
+    "data.persistent_workers",
+    "data.prefetch_factor",
     "data.per_device_eval_batch_size",
     # the same loss either way (float rounding aside), computed with less memory
     "module.lean_loss",
@@ -35,7 +38,9 @@ MAY_CHANGE = (
 def checkpoint_dir(cfg: DictConfig, run_dir: str) -> str:
     """The run's checkpoint folder: ``callbacks.model_checkpoint.dirpath`` (resolved, absolute), default
     ``RUN/checkpoints``. ``run_dir`` stands in for ``output_dir`` where Hydra has not set it yet."""
-    node = OmegaConf.select(cfg, "callbacks.model_checkpoint", default=None, throw_on_resolution_failure=False)
+    node = OmegaConf.select(
+        cfg, "callbacks.model_checkpoint", default=None, throw_on_resolution_failure=False
+    )
     dirpath = None
     if isinstance(node, DictConfig) and "dirpath" in node:
         raw = OmegaConf.to_container(node, resolve=False).get("dirpath")
@@ -93,7 +98,11 @@ def check_run_folder(
         return
     shown = ", ".join(found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5 else "")
     if weights_only:
-        source = os.path.join(ckpt_dir or os.path.join(run_dir, "checkpoints"), "last.ckpt") if ckpt_path == "last" else ckpt_path
+        source = (
+            os.path.join(ckpt_dir or os.path.join(run_dir, "checkpoints"), "last.ckpt")
+            if ckpt_path == "last"
+            else ckpt_path
+        )
         raise ConfigError(
             f"resume_weights_only=true starts a new run at step 0 from the weights of {source}, and "
             f"hydra.run.dir={run_dir} already holds a run ({shown}) whose history it would overwrite. Give the new "
@@ -155,7 +164,8 @@ def length_changes(saved: DictConfig, current: DictConfig) -> list[str]:
     """``key: saved -> current`` for the run-length settings (:data:`LENGTH`) that differ."""
     return [
         f"{key}: {_select(saved, key)!r} -> {_select(current, key)!r}"
-        for key in LENGTH if _select(saved, key) != _select(current, key)
+        for key in LENGTH
+        if _select(saved, key) != _select(current, key)
     ]
 
 
@@ -194,7 +204,8 @@ def check_same_run(run_dir: str, current: DictConfig) -> None:
     if changed and not diffs:
         print(
             f"hf_lightning: note: resuming with a new run length ({'; '.join(changed)}): the learning-rate "
-            "schedule is rebuilt for it from the checkpoint's step on", file=sys.stderr,
+            "schedule is rebuilt for it from the checkpoint's step on",
+            file=sys.stderr,
         )
     if diffs:
         raise ConfigError(
@@ -259,9 +270,14 @@ class RunFolderGuard(_HydraCallback):  # type: ignore[misc,valid-type]
             resolved = find_resume_checkpoint(ckpt_path, os.path.abspath(run_dir), weights_only, ckpt_dir)
             remember_resolved(ckpt_path, os.path.abspath(run_dir), weights_only, ckpt_dir, resolved)
             if ckpt_path is not None and not weights_only:
-                kept = keep_previous_settings(run_dir)  # Hydra is about to rewrite .hydra/ with this command line
+                kept = keep_previous_settings(
+                    run_dir
+                )  # Hydra is about to rewrite .hydra/ with this command line
                 if kept:
-                    print(f"hf_lightning: note: the previous settings of this run are kept in {kept}", file=sys.stderr)
+                    print(
+                        f"hf_lightning: note: the previous settings of this run are kept in {kept}",
+                        file=sys.stderr,
+                    )
         except ConfigError as err:
             print(f"hf_lightning: error: {err}", file=sys.stderr)
             sys.exit(2)

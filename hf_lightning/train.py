@@ -25,7 +25,6 @@ from hf_lightning.errors import ConfigError, HFLightningError
 log = logging.getLogger("hf_lightning.train")
 
 
-
 def _in_multirun() -> bool:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
@@ -82,7 +81,9 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
         # a run that starts at step 0 never overwrites a previous one
         check_run_folder(output_dir, cfg.get("ckpt_path"), ckpt_dir, weights_only)
         ckpt_path = find_resume_checkpoint(cfg.get("ckpt_path"), output_dir, weights_only, ckpt_dir)
-        for path in remove_leftovers(output_dir, ckpt_dir):  # this process owns the folder: they are a dead one's
+        for path in remove_leftovers(
+            output_dir, ckpt_dir
+        ):  # this process owns the folder: they are a dead one's
             log.info("removed %s, left by a process that was stopped while writing it", path)
         return _train(cfg, ckpt_path, weights_only)
     finally:
@@ -90,7 +91,9 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
             release_run_folder(output_dir)
 
 
-def _train(cfg: DictConfig, ckpt_path: str | None, weights_only: bool) -> tuple[dict[str, float], dict[str, Any]]:
+def _train(
+    cfg: DictConfig, ckpt_path: str | None, weights_only: bool
+) -> tuple[dict[str, float], dict[str, Any]]:
     """The Trainer and its callbacks, then :func:`_fit`."""
     import lightning as L
 
@@ -101,7 +104,9 @@ def _train(cfg: DictConfig, ckpt_path: str | None, weights_only: bool) -> tuple[
 
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     callbacks = [
-        lightning_object(c, f"callbacks.{name}") for name, c in (cfg.get("callbacks") or {}).items() if c is not None
+        lightning_object(c, f"callbacks.{name}")
+        for name, c in (cfg.get("callbacks") or {}).items()
+        if c is not None
     ]
     if not cfg.trainer.get("enable_progress_bar", True):
         from lightning.pytorch.callbacks import ProgressBar
@@ -112,13 +117,17 @@ def _train(cfg: DictConfig, ckpt_path: str | None, weights_only: bool) -> tuple[
     callbacks.append(FinalValidation())  # the final weights' validation competes for best.ckpt like any other
     loggers = [instantiate(c) for c in (cfg.get("logger") or {}).values() if c is not None]
     trainer_cfg = OmegaConf.to_container(cfg.trainer, resolve=True)
-    plugin = precision_plugin(trainer_cfg.get("precision"), trainer_cfg.get("accelerator"), trainer_cfg.get("strategy"))
+    plugin = precision_plugin(
+        trainer_cfg.get("precision"), trainer_cfg.get("accelerator"), trainer_cfg.get("strategy")
+    )
     extra = {"precision": None, "plugins": [plugin]} if plugin is not None else {}
     extra["plugins"] = [*extra.get("plugins", []), AtomicCheckpointIO()]
     trainer = lightning_object(cfg.trainer, "trainer", callbacks=callbacks, logger=loggers or False, **extra)
     refuse_multirun_relaunch(trainer, _in_multirun())
     try:
-        metrics, objects = _fit(cfg, trainer, None if weights_only else ckpt_path, ckpt_path if weights_only else None)
+        metrics, objects = _fit(
+            cfg, trainer, None if weights_only else ckpt_path, ckpt_path if weights_only else None
+        )
     finally:
         _close_wandb()
     return metrics, objects
@@ -163,13 +172,22 @@ def lightning_object(node: DictConfig, key: str, **kwargs: Any) -> Any:
         if ours is not None:
             raise ours from None
         cause = err.__cause__
-        if not isinstance(cause, (ValueError, TypeError, RuntimeError)) and type(cause).__name__ != "MisconfigurationException":
+        if (
+            not isinstance(cause, (ValueError, TypeError, RuntimeError))
+            and type(cause).__name__ != "MisconfigurationException"
+        ):
             raise
         text = " ".join(str(cause).split())
         keys = [k for k in node if isinstance(k, str) and not k.startswith("_")]
         # the key the message names, else the one whose (string) value it quotes ("No supported gpu backend")
         named = next((k for k in keys if k in text), None) or next(
-            (k for k in keys if isinstance(node.get(k), str) and len(node.get(k)) >= 3 and node.get(k) in text), None)
+            (
+                k
+                for k in keys
+                if isinstance(node.get(k), str) and len(node.get(k)) >= 3 and node.get(k) in text
+            ),
+            None,
+        )
         where = f"{key}.{named}={node.get(named)}" if named else key
         raise ConfigError(f"{where}: {text} (refused by {node.get('_target_', key)})") from None
 
@@ -189,13 +207,23 @@ def with_best_model(cfg: DictConfig, callbacks: list[Any]) -> list[Any]:
     monitor, mode = resolve_monitor(cfg.metric_for_best_model, cfg.get("greater_is_better"))
     callbacks = [
         EarlyStopping(monitor=monitor, mode=mode, patience=cb.patience, min_delta=abs(cb.min_delta))
-        if isinstance(cb, EarlyStopping) else cb
+        if isinstance(cb, EarlyStopping)
+        else cb
         for cb in callbacks
     ]
-    return [*callbacks, ModelCheckpoint(
-        dirpath=os.path.join(cfg.output_dir, "checkpoints"), filename="best", monitor=monitor, mode=mode,
-        save_top_k=1, save_last=False, auto_insert_metric_name=False, enable_version_counter=False,
-    )]
+    return [
+        *callbacks,
+        ModelCheckpoint(
+            dirpath=os.path.join(cfg.output_dir, "checkpoints"),
+            filename="best",
+            monitor=monitor,
+            mode=mode,
+            save_top_k=1,
+            save_last=False,
+            auto_insert_metric_name=False,
+            enable_version_counter=False,
+        ),
+    ]
 
 
 def _load_weights(module: Any, path: str, model_path: Any) -> None:
@@ -240,7 +268,9 @@ def _fit(
         optim["fused"] = trainer.strategy.root_device.type == "cuda" or None
     module_kwargs = OmegaConf.to_container(cfg.module, resolve=True)
     if isinstance(module_kwargs.get("compute_loss_func"), str):
-        module_kwargs["compute_loss_func"] = resolve_function(module_kwargs["compute_loss_func"], "module.compute_loss_func")
+        module_kwargs["compute_loss_func"] = resolve_function(
+            module_kwargs["compute_loss_func"], "module.compute_loss_func"
+        )
     module = HFLightningModule(
         model,
         tokenizer=tokenizer,
@@ -254,7 +284,9 @@ def _fit(
     n_params = sum(p.numel() for p in model.parameters())
     log.info("model: %s, %.2fM parameters", type(model).__name__, n_params / 1e6)
     start = time.perf_counter()
-    with explain_faults(trainer, datamodule):  # out of memory -> TrainingError with the batch/accumulation trade
+    with explain_faults(
+        trainer, datamodule
+    ):  # out of memory -> TrainingError with the batch/accumulation trade
         try:
             trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
         except RuntimeError as err:
@@ -262,20 +294,29 @@ def _fit(
             if ckpt_path is None or not str(err).startswith("Error(s) in loading state_dict"):
                 raise
             details = summarize_load_error(err)
-            raise ModelError(weights_mismatch_message(ckpt_path, model_cfg.get("name_or_path"), details)) from None
+            raise ModelError(
+                weights_mismatch_message(ckpt_path, model_cfg.get("name_or_path"), details)
+            ) from None
     wall = time.perf_counter() - start
     objects = {"trainer": trainer, "module": module, "datamodule": datamodule}
     if module.fit_start_step in (None, trainer.global_step) and ckpt_path is not None:
         previous = finished_metrics(cfg.output_dir, trainer.global_step)
         if previous is None:  # the training had ended, its end (row, validation, export, metrics) had not
             metrics, done = finish_run(cfg.output_dir, trainer, module, datamodule, n_params)
-            log.warning("%s is at the end of this run (optimizer step %d), whose end was cut short: wrote %s",
-                        ckpt_path, trainer.global_step, ", ".join(done))
+            log.warning(
+                "%s is at the end of this run (optimizer step %d), whose end was cut short: wrote %s",
+                ckpt_path,
+                trainer.global_step,
+                ", ".join(done),
+            )
             return metrics, objects
         log.warning(
             "nothing was trained: %s is at optimizer step %d, where this run's limits (trainer.max_steps=%s, "
             "trainer.max_epochs=%s) already end it; raise one of them to continue. The run folder is unchanged",
-            ckpt_path, trainer.global_step, cfg.trainer.get("max_steps"), cfg.trainer.get("max_epochs"),
+            ckpt_path,
+            trainer.global_step,
+            cfg.trainer.get("max_steps"),
+            cfg.trainer.get("max_epochs"),
         )
         return previous, objects  # the finished run's own final metrics stay (and are what a sweep reads)
     _validate_final_weights(trainer, module, datamodule)
@@ -283,13 +324,19 @@ def _fit(
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     # the rows written last win: the final flush of train/loss after the last log step never reaches
     # callback_metrics (Lightning allows no self.log in on_train_end); a resumed run's rows before the stop too
-    metrics.update(newest_logged(os.path.join(cfg.output_dir, "metrics.csv")) if trainer.is_global_zero else {})
+    metrics.update(
+        newest_logged(os.path.join(cfg.output_dir, "metrics.csv")) if trainer.is_global_zero else {}
+    )
     metrics.update(module.last_logged)
     tokens = module.trained_tokens()
-    metrics.update({
-        "global_step": float(trainer.global_step), "parameters": float(n_params), "wall_time_s": wall,
-        "train_tokens_per_s": tokens / wall,
-    })
+    metrics.update(
+        {
+            "global_step": float(trainer.global_step),
+            "parameters": float(n_params),
+            "wall_time_s": wall,
+            "train_tokens_per_s": tokens / wall,
+        }
+    )
     stopped = getattr(module, "preempted", None)
     if trainer.is_global_zero and not stopped:  # a stopped run has no final metrics yet
         write_final_metrics(cfg.output_dir, metrics)
@@ -297,12 +344,17 @@ def _fit(
         log.warning(
             "stopped by %s at optimizer step %d: %s/checkpoints/last.ckpt holds it, no hf_model/ yet. Continue with "
             "the same overrides plus ckpt_path=last hydra.run.dir=%s (the overrides are in .hydra/overrides.yaml)",
-            signal.Signals(stopped).name, trainer.global_step, cfg.output_dir, cfg.output_dir,
+            signal.Signals(stopped).name,
+            trainer.global_step,
+            cfg.output_dir,
+            cfg.output_dir,
         )
         return metrics, objects
     log.info(
         "done: %d optimizer steps, %.1f s, %.0f real tokens/s (this process), final %s",
-        trainer.global_step, wall, tokens / wall,
+        trainer.global_step,
+        wall,
+        tokens / wall,
         ", ".join(f"{k}={v:.4f}" for k, v in metrics.items() if "/" in k),
     )
     return metrics, objects
@@ -327,11 +379,15 @@ def _validate_final_weights(trainer: Any, module: Any, datamodule: Any) -> None:
         return
     best = [cb for cb in trainer.checkpoint_callbacks if getattr(cb, "monitor", None) not in (None, "step")]
     log.info(
-        "validating the final weights (step %d) after training: %s%s", trainer.global_step,
-        "no validation had run" if module.last_validated_step is None
+        "validating the final weights (step %d) after training: %s%s",
+        trainer.global_step,
+        "no validation had run"
+        if module.last_validated_step is None
         else f"the last validation was at step {module.last_validated_step}",
         " (no validation was allowed in the last epoch, e.g. by trainer.check_val_every_n_epoch; after fit this one "
-        "does not compete for the best checkpoint)" if best else "",
+        "does not compete for the best checkpoint)"
+        if best
+        else "",
     )
     trainer.validate(module, datamodule=datamodule, verbose=False)
 
@@ -371,11 +427,16 @@ def _report_log_file_errors() -> None:
             continue
         said: list[bool] = []
 
-        def report(err: BaseException | None, handler: logging.FileHandler = handler, said: list = said) -> None:
+        def report(
+            err: BaseException | None, handler: logging.FileHandler = handler, said: list = said
+        ) -> None:
             if not said:
                 said.append(True)
-                print(f"hf_lightning: warning: could not write the log file {handler.baseFilename} ({err}); log "
-                      "lines go to the terminal only from here", file=sys.stderr)
+                print(
+                    f"hf_lightning: warning: could not write the log file {handler.baseFilename} ({err}); log "
+                    "lines go to the terminal only from here",
+                    file=sys.stderr,
+                )
 
         def emit(record: logging.LogRecord, real: Any = handler.emit, report: Any = report) -> None:
             try:
@@ -394,7 +455,9 @@ def main(cfg: DictConfig) -> float | None:
         metrics, objects = train(cfg)
         stopped = getattr(objects["module"], "preempted", None)
         if stopped:
-            sys.exit(128 + int(stopped))  # a stopped run is not a finished one: say so to scripts and schedulers
+            sys.exit(
+                128 + int(stopped)
+            )  # a stopped run is not a finished one: say so to scripts and schedulers
         return optimized_value(metrics, cfg.get("optimized_metric"), required=_in_multirun())
     except HFLightningError as err:
         log.error("%s", err)

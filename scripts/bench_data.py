@@ -63,18 +63,32 @@ def pairs(tok, rows: list[dict]) -> dict[str, tuple]:
     )
 
     eos = tok.eos_token_id
-    clm = [{"input_ids": r["input_ids"][:-1], "attention_mask": [1] * (len(r["input_ids"]) - 1)} for r in rows]
+    clm = [
+        {"input_ids": r["input_ids"][:-1], "attention_mask": [1] * (len(r["input_ids"]) - 1)} for r in rows
+    ]
     sft = [{"input_ids": r["input_ids"], "labels": r["labels"]} for r in rows]
-    assert all(eos not in r["input_ids"] for r in clm[:200]), "an inner EOS would make the two LM collators differ"
+    assert all(eos not in r["input_ids"] for r in clm[:200]), (
+        "an inner EOS would make the two LM collators differ"
+    )
     return {
         "causal LM (input_ids, attention_mask)": (
-            PaddingCollator(tok.pad_token_id), DataCollatorForLanguageModeling(tok, mlm=False), clm,
-            ("input_ids", "attention_mask", "labels")),
+            PaddingCollator(tok.pad_token_id),
+            DataCollatorForLanguageModeling(tok, mlm=False),
+            clm,
+            ("input_ids", "attention_mask", "labels"),
+        ),
         "SFT (input_ids, labels)": (
-            PaddingCollator(tok.pad_token_id), DataCollatorForSeq2Seq(tok, label_pad_token_id=-100), sft,
-            ("input_ids", "labels")),
+            PaddingCollator(tok.pad_token_id),
+            DataCollatorForSeq2Seq(tok, label_pad_token_id=-100),
+            sft,
+            ("input_ids", "labels"),
+        ),
         "padding-free (input_ids, labels)": (
-            PaddingFreeCollator(), DataCollatorWithFlattening(), sft, ("input_ids", "labels", "position_ids")),
+            PaddingFreeCollator(),
+            DataCollatorWithFlattening(),
+            sft,
+            ("input_ids", "labels", "position_ids"),
+        ),
     }
 
 
@@ -96,11 +110,27 @@ def main() -> None:
         batch = data[: args.batch_size]
         if not same(ours(batch), hf(batch), keys):
             raise SystemExit(f"{name}: our batch differs from HF's on {keys}")
-        speeds = interleaved({"ours": lambda o=ours, d=data: examples_per_s(o, d, args.batch_size),
-                              "hf": lambda h=hf, d=data: examples_per_s(h, d, args.batch_size)}, args.rounds)
+        speeds = interleaved(
+            {
+                "ours": lambda o=ours, d=data: examples_per_s(o, d, args.batch_size),
+                "hf": lambda h=hf, d=data: examples_per_s(h, d, args.batch_size),
+            },
+            args.rounds,
+        )
         ratio = median([o / h for o, h in zip(speeds["ours"], speeds["hf"])])
-        results.append([name, type(ours).__name__, median(speeds["ours"]), type(hf).__name__, median(speeds["hf"]), ratio])
-    print(f"collator examples/s, GSM8K ({len(rows)} rows), batch {args.batch_size}, {args.rounds} interleaved rounds")
+        results.append(
+            [
+                name,
+                type(ours).__name__,
+                median(speeds["ours"]),
+                type(hf).__name__,
+                median(speeds["hf"]),
+                ratio,
+            ]
+        )
+    print(
+        f"collator examples/s, GSM8K ({len(rows)} rows), batch {args.batch_size}, {args.rounds} interleaved rounds"
+    )
     print(table(["rows", "ours", "ours ex/s", "HF", "HF ex/s", "ours / HF"], results))
     print("goal: ours / HF >= 1.0")
     if args.skip_layouts:

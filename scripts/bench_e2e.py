@@ -75,7 +75,11 @@ def rate(stamps, counts, warmup: int) -> tuple[float, float, float]:
     steps = len(stamps) - 1
     batches = counts[warmup * ACCUMULATION : steps * ACCUMULATION]
     real, slots = sum(r for r, _ in batches), sum(s for _, s in batches)
-    return real / (stamps[-1][1] - stamps[warmup][1]), real / (stamps[-1][0] - stamps[warmup][0]), real / slots
+    return (
+        real / (stamps[-1][1] - stamps[warmup][1]),
+        real / (stamps[-1][0] - stamps[warmup][0]),
+        real / slots,
+    )
 
 
 def run_hf(tok, rows, steps: int, warmup: int) -> tuple[float, float]:
@@ -93,11 +97,24 @@ def run_hf(tok, rows, steps: int, warmup: int) -> tuple[float, float]:
     collate = Counting(DataCollatorForSeq2Seq(tok, label_pad_token_id=-100), tok.pad_token_id)
     with tempfile.TemporaryDirectory() as tmp:
         args = TrainingArguments(
-            output_dir=tmp, per_device_train_batch_size=MICRO_BATCH, gradient_accumulation_steps=ACCUMULATION,
-            max_steps=steps, learning_rate=LR, lr_scheduler_type="constant", optim="adamw_torch", max_grad_norm=1.0,
-            logging_steps=10, save_strategy="no", report_to="none", use_cpu=True, seed=0, dataloader_pin_memory=False,
+            output_dir=tmp,
+            per_device_train_batch_size=MICRO_BATCH,
+            gradient_accumulation_steps=ACCUMULATION,
+            max_steps=steps,
+            learning_rate=LR,
+            lr_scheduler_type="constant",
+            optim="adamw_torch",
+            max_grad_norm=1.0,
+            logging_steps=10,
+            save_strategy="no",
+            report_to="none",
+            use_cpu=True,
+            seed=0,
+            dataloader_pin_memory=False,
         )
-        Trainer(model=model(len(tok)), args=args, train_dataset=rows, data_collator=collate, callbacks=[Stamp()]).train()
+        Trainer(
+            model=model(len(tok)), args=args, train_dataset=rows, data_collator=collate, callbacks=[Stamp()]
+        ).train()
     return rate(stamps, collate.counts, warmup)
 
 
@@ -116,15 +133,32 @@ def run_ours(tok, rows, steps: int, warmup: int, max_length: int, **layout) -> t
             if trainer.global_step > len(stamps) - 1:
                 stamps.append(clock())
 
-    dm = HFDataModule(tok, path=rows, validation_split=0.0, per_device_train_batch_size=MICRO_BATCH,
-                      max_length=max_length, seed=0, **layout)
+    dm = HFDataModule(
+        tok,
+        path=rows,
+        validation_split=0.0,
+        per_device_train_batch_size=MICRO_BATCH,
+        max_length=max_length,
+        seed=0,
+        **layout,
+    )
     dm.setup("fit")
     dm.train_collator = collate = Counting(dm.train_collator, tok.pad_token_id)
-    module = HFLightningModule(model(len(tok)), tokenizer=tok, optim={"lr": LR}, scheduler={"name": "constant"})
+    module = HFLightningModule(
+        model(len(tok)), tokenizer=tok, optim={"lr": LR}, scheduler={"name": "constant"}
+    )
     with tempfile.TemporaryDirectory() as tmp:
-        L.Trainer(accelerator="cpu", max_steps=steps, accumulate_grad_batches=ACCUMULATION, gradient_clip_val=1.0,
-                  log_every_n_steps=10, default_root_dir=tmp, limit_val_batches=0, enable_checkpointing=False,
-                  callbacks=[Stamp()]).fit(module, datamodule=dm)
+        L.Trainer(
+            accelerator="cpu",
+            max_steps=steps,
+            accumulate_grad_batches=ACCUMULATION,
+            gradient_clip_val=1.0,
+            log_every_n_steps=10,
+            default_root_dir=tmp,
+            limit_val_batches=0,
+            enable_checkpointing=False,
+            callbacks=[Stamp()],
+        ).fit(module, datamodule=dm)
     return rate(stamps, collate.counts, warmup)
 
 
@@ -159,14 +193,22 @@ def main() -> None:
     import transformers  # noqa: F401
 
     for name in list(logging.root.manager.loggerDict):
-        if name.split(".")[0] in ("lightning", "pytorch_lightning", "hf_lightning", "transformers", "datasets"):
+        if name.split(".")[0] in (
+            "lightning",
+            "pytorch_lightning",
+            "hf_lightning",
+            "transformers",
+            "datasets",
+        ):
             logging.getLogger(name).setLevel(logging.ERROR)
     print(machine_note())
     tok = gpt2_tokenizer()
     rows = datasets.Dataset.from_list(gsm8k_tokenized(tok, args.max_length, limit=args.rows))
     runs = {"HF Trainer padded": lambda: run_hf(tok, rows, args.steps, args.warmup)}
     for name, layout in LAYOUTS.items():
-        runs[name] = lambda layout=layout: run_ours(tok, rows, args.steps, args.warmup, args.max_length, **layout)
+        runs[name] = lambda layout=layout: run_ours(
+            tok, rows, args.steps, args.warmup, args.max_length, **layout
+        )
     with open(os.devnull, "w") as null, contextlib.redirect_stderr(null), contextlib.redirect_stdout(null):
         results = interleaved(runs, args.rounds)
     hf = results["HF Trainer padded"]
@@ -174,16 +216,27 @@ def main() -> None:
     for name, values in results.items():
         cpu = [v[0] for v in values]
         wall = [v[1] for v in values]
-        out.append([name, f"{median([v[2] for v in values]):.3f}", round(median(cpu)),
-                    f"{median([c / h[0] for c, h in zip(cpu, hf)]):.2f}x", round(median(wall)),
-                    f"{median([w / h[1] for w, h in zip(wall, hf)]):.2f}x"])
-    print(f"real tokens/s, SFT on GSM8K ({len(rows)} rows, max_length {args.max_length}, hidden {HIDDEN}), "
-          f"micro-batch {MICRO_BATCH} "
-          f"x {ACCUMULATION}, {args.steps - args.warmup} timed steps, {args.rounds} interleaved rounds")
+        out.append(
+            [
+                name,
+                f"{median([v[2] for v in values]):.3f}",
+                round(median(cpu)),
+                f"{median([c / h[0] for c, h in zip(cpu, hf)]):.2f}x",
+                round(median(wall)),
+                f"{median([w / h[1] for w, h in zip(wall, hf)]):.2f}x",
+            ]
+        )
+    print(
+        f"real tokens/s, SFT on GSM8K ({len(rows)} rows, max_length {args.max_length}, hidden {HIDDEN}), "
+        f"micro-batch {MICRO_BATCH} "
+        f"x {ACCUMULATION}, {args.steps - args.warmup} timed steps, {args.rounds} interleaved rounds"
+    )
     print(table(["run", "real share", "real tok/CPU-s", "vs HF", "real tok/wall-s", "vs HF (wall)"], out))
     hf_share = median([v[2] for v in hf])
-    print(f"goal: ours packed >= 1.6x HF padded. Removing all padding can gain at most 1 / {hf_share:.3f} = "
-          f"{1 / hf_share:.2f}x over HF padded here (its real share); per real token the work is the same")
+    print(
+        f"goal: ours packed >= 1.6x HF padded. Removing all padding can gain at most 1 / {hf_share:.3f} = "
+        f"{1 / hf_share:.2f}x over HF padded here (its real share); per real token the work is the same"
+    )
 
 
 if __name__ == "__main__":

@@ -49,15 +49,22 @@ def probe(n: int, mode: str) -> dict[str, int]:
     kw = {"compute_metrics": lambda p: {"n": float(len(p.predictions))}} if mode == "keep" else {}
     module = HFLightningModule(tiny_llama(VOCAB, hidden_size=32, layers=2, heads=4), **kw)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False).validate(module, datamodule=dm, verbose=False)
+    L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False).validate(
+        module, datamodule=dm, verbose=False
+    )
     return {"peak_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "before_kib": before}
 
 
 def peak_rss(n: int, mode: str) -> dict[str, int]:
     """:func:`probe` in a fresh Python process (a process's peak RSS only grows)."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run([sys.executable, __file__, "--probe", str(n), mode], capture_output=True, text=True,
-                          timeout=900, env=env)
+    proc = subprocess.run(
+        [sys.executable, __file__, "--probe", str(n), mode],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"probe {n} {mode} failed:\n{proc.stderr[-2000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -77,10 +84,16 @@ def main() -> None:
     print(machine_note())
     results = {mode: [peak_rss(n, mode) for n in args.sizes] for mode in ("default", "keep")}
     mib = {mode: [r["peak_kib"] / 1024 for r in rs] for mode, rs in results.items()}
-    rows = [[n, f"{n * SEQ_LEN * VOCAB * 4 / 2**20:.0f}", f"{d:.0f}", f"{d / mib['default'][0]:.3f}", f"{k:.0f}"]
-            for n, d, k in zip(args.sizes, mib["default"], mib["keep"])]
+    rows = [
+        [n, f"{n * SEQ_LEN * VOCAB * 4 / 2**20:.0f}", f"{d:.0f}", f"{d / mib['default'][0]:.3f}", f"{k:.0f}"]
+        for n, d, k in zip(args.sizes, mib["default"], mib["keep"])
+    ]
     print("peak RSS of Trainer.validate, each size in a fresh process")
-    print(table(["eval rows", "all logits MiB", "ours peak MiB", "ours / smallest", "keep-all control MiB"], rows))
+    print(
+        table(
+            ["eval rows", "all logits MiB", "ours peak MiB", "ours / smallest", "keep-all control MiB"], rows
+        )
+    )
     print("goal: ours flat (ratio to the smallest set ~1.0)")
     if args.plot:
         import matplotlib

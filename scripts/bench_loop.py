@@ -55,7 +55,15 @@ from bench_support import clock, interleaved, machine_note, median, set_threads,
 
 MODELS = {
     "overhead": {"vocab": 64, "hidden": 8, "layers": 1, "heads": 2, "max_len": 16, "batch": 2, "steps": 40},
-    "compute": {"vocab": 4096, "hidden": 128, "layers": 2, "heads": 4, "max_len": 128, "batch": 4, "steps": 12},
+    "compute": {
+        "vocab": 4096,
+        "hidden": 128,
+        "layers": 2,
+        "heads": 4,
+        "max_len": 128,
+        "batch": 4,
+        "steps": 12,
+    },
 }
 ACCUMULATION = 4
 LR = 1e-4
@@ -84,7 +92,7 @@ def make_rows(spec: dict, n: int, seed: int = 0) -> list[dict[str, list[int]]]:
     for _ in range(n):
         length = int(torch.randint(spec["max_len"] // 2, spec["max_len"] + 1, (), generator=g))
         ids = torch.randint(1, spec["vocab"], (length,), generator=g).tolist()
-        rows.append({"input_ids": ids, "labels": [-100] * (length // 4) + ids[length // 4:]})
+        rows.append({"input_ids": ids, "labels": [-100] * (length // 4) + ids[length // 4 :]})
     return rows
 
 
@@ -95,8 +103,13 @@ def run_raw(spec: dict, rows, steps: int) -> list[tuple[float, float]]:
 
     model = tiny_llama(spec["vocab"], spec["hidden"], spec["layers"], spec["heads"]).train().to(DEVICE)
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
-    loader = DataLoader(rows, batch_size=spec["batch"], shuffle=True, collate_fn=PaddingCollator(0),
-                        generator=torch.Generator().manual_seed(0))
+    loader = DataLoader(
+        rows,
+        batch_size=spec["batch"],
+        shuffle=True,
+        collate_fn=PaddingCollator(0),
+        generator=torch.Generator().manual_seed(0),
+    )
     it = iter(loader)
     stamps = [stamp(0)]
     for step in range(steps):
@@ -106,10 +119,16 @@ def run_raw(spec: dict, rows, steps: int) -> list[tuple[float, float]]:
         count = sum(int((b["labels"][:, 1:] != -100).sum()) for b in host)
         total = torch.zeros((), device=DEVICE)
         for b in window:
-            logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], use_cache=False).logits
+            logits = model(
+                input_ids=b["input_ids"], attention_mask=b["attention_mask"], use_cache=False
+            ).logits
             targets = torch.nn.functional.pad(b["labels"][:, 1:], (0, 1), value=-100)
-            loss = torch.nn.functional.cross_entropy(
-                logits.float().flatten(0, 1), targets.flatten(), ignore_index=-100, reduction="sum") / count
+            loss = (
+                torch.nn.functional.cross_entropy(
+                    logits.float().flatten(0, 1), targets.flatten(), ignore_index=-100, reduction="sum"
+                )
+                / count
+            )
             loss.backward()
             total += loss.detach()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -121,7 +140,9 @@ def run_raw(spec: dict, rows, steps: int) -> list[tuple[float, float]]:
     return stamps
 
 
-def run_ours(spec: dict, rows, steps: int, quiet: bool = False, meter=None, bar: str = "cli") -> list[tuple[float, float]]:
+def run_ours(
+    spec: dict, rows, steps: int, quiet: bool = False, meter=None, bar: str = "cli"
+) -> list[tuple[float, float]]:
     import lightning as L
 
     from hf_lightning import HFDataModule, HFLightningModule
@@ -137,20 +158,41 @@ def run_ours(spec: dict, rows, steps: int, quiet: bool = False, meter=None, bar:
                 stamps.append(stamp(trainer.global_step))
 
     model = tiny_llama(spec["vocab"], spec["hidden"], spec["layers"], spec["heads"])
-    module = HFLightningModule(model, optim={"name": "adamw", "lr": LR, "weight_decay": 0.0},
-                               scheduler={"name": "constant"})
-    dm = HFDataModule(PadOnly(), path=rows, validation_split=0.0,
-                      per_device_train_batch_size=spec["batch"], max_length=spec["max_len"], seed=0)
+    module = HFLightningModule(
+        model, optim={"name": "adamw", "lr": LR, "weight_decay": 0.0}, scheduler={"name": "constant"}
+    )
+    dm = HFDataModule(
+        PadOnly(),
+        path=rows,
+        validation_split=0.0,
+        per_device_train_batch_size=spec["batch"],
+        max_length=spec["max_len"],
+        seed=0,
+    )
     with tempfile.TemporaryDirectory() as tmp:
-        extra = {"enable_progress_bar": False, "logger": False, "enable_model_summary": False} if quiet else {}
+        extra = (
+            {"enable_progress_bar": False, "logger": False, "enable_model_summary": False} if quiet else {}
+        )
         callbacks = [Stamp()] + ([meter] if meter is not None else [])
         if not quiet and bar == "cli":
             from lightning.pytorch.callbacks import TQDMProgressBar
 
-            callbacks.append(TQDMProgressBar(refresh_rate=ACCUMULATION))  # as conf/callbacks/default.yaml sets it
-        trainer = L.Trainer(accelerator="gpu" if DEVICE == "cuda" else "cpu", devices=1, max_steps=steps, accumulate_grad_batches=ACCUMULATION,
-                            gradient_clip_val=1.0, log_every_n_steps=LOG_EVERY, default_root_dir=tmp,
-                            num_sanity_val_steps=0, limit_val_batches=0, callbacks=callbacks, **extra)
+            callbacks.append(
+                TQDMProgressBar(refresh_rate=ACCUMULATION)
+            )  # as conf/callbacks/default.yaml sets it
+        trainer = L.Trainer(
+            accelerator="gpu" if DEVICE == "cuda" else "cpu",
+            devices=1,
+            max_steps=steps,
+            accumulate_grad_batches=ACCUMULATION,
+            gradient_clip_val=1.0,
+            log_every_n_steps=LOG_EVERY,
+            default_root_dir=tmp,
+            num_sanity_val_steps=0,
+            limit_val_batches=0,
+            callbacks=callbacks,
+            **extra,
+        )
         trainer.fit(module, datamodule=dm)
     return stamps
 
@@ -172,13 +214,25 @@ def run_hf(spec: dict, rows, steps: int) -> list[tuple[float, float]]:
     model = tiny_llama(spec["vocab"], spec["hidden"], spec["layers"], spec["heads"])
     with tempfile.TemporaryDirectory() as tmp:
         args = TrainingArguments(
-            output_dir=tmp, per_device_train_batch_size=spec["batch"], gradient_accumulation_steps=ACCUMULATION,
-            max_steps=steps, learning_rate=LR, weight_decay=0.0, lr_scheduler_type="constant", optim="adamw_torch",
-            max_grad_norm=1.0, logging_steps=LOG_EVERY, save_strategy="no", report_to="none", use_cpu=DEVICE == "cpu", seed=0,
+            output_dir=tmp,
+            per_device_train_batch_size=spec["batch"],
+            gradient_accumulation_steps=ACCUMULATION,
+            max_steps=steps,
+            learning_rate=LR,
+            weight_decay=0.0,
+            lr_scheduler_type="constant",
+            optim="adamw_torch",
+            max_grad_norm=1.0,
+            logging_steps=LOG_EVERY,
+            save_strategy="no",
+            report_to="none",
+            use_cpu=DEVICE == "cpu",
+            seed=0,
             dataloader_pin_memory=False,
         )
-        trainer = Trainer(model=model, args=args, train_dataset=rows,
-                          data_collator=PaddingCollator(0), callbacks=[Stamp()])
+        trainer = Trainer(
+            model=model, args=args, train_dataset=rows, data_collator=PaddingCollator(0), callbacks=[Stamp()]
+        )
         trainer.train()
     return stamps
 
@@ -246,13 +300,19 @@ def run_model(name: str, rounds: int, steps: int | None, warmup: int) -> tuple[d
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=None, help="optimizer steps per run (default: per model)")
+    parser.add_argument(
+        "--steps", type=int, default=None, help="optimizer steps per run (default: per model)"
+    )
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (see bench_support)")
     parser.add_argument("--json", help="write every step time here")
-    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
-                        help="cuda: every side on one GPU (fp32); per round, the mean wall time of the timed steps")
+    parser.add_argument(
+        "--device",
+        choices=["cpu", "cuda"],
+        default="cpu",
+        help="cuda: every side on one GPU (fp32); per round, the mean wall time of the timed steps",
+    )
     args = parser.parse_args()
     global DEVICE
     DEVICE = args.device
@@ -275,7 +335,10 @@ def main() -> None:
         stamps, meter_share = run_model(model_name, args.rounds, args.steps, args.warmup)
         report[model_name] = stamps
         spec = MODELS[model_name]
-        params = sum(p.numel() for p in tiny_llama(spec["vocab"], spec["hidden"], spec["layers"], spec["heads"]).parameters())
+        params = sum(
+            p.numel()
+            for p in tiny_llama(spec["vocab"], spec["hidden"], spec["layers"], spec["heads"]).parameters()
+        )
         for which, clock_name in ((1, "cpu"), (0, "wall")):
             if DEVICE == "cuda" and which == 1:
                 continue  # the CPU time of a GPU run counts the host's waits for the device
@@ -285,22 +348,51 @@ def main() -> None:
             def ratio(x, y, pr=per_round):
                 return median([a / b for a, b in zip(pr[x], pr[y])])
 
-            tables[clock_name].append([
-                model_name, params, med["a_raw"], med["b_ours"], med["b_lean"], med["b_rich"], med["c_hf"],
-                ratio("b_ours", "a_raw"), ratio("b_ours", "c_hf"), ratio("b_lean", "a_raw"), ratio("b_lean", "c_hf"),
-                ratio("b_rich", "a_raw"), ratio("c_hf", "a_raw"),
-            ])
+            tables[clock_name].append(
+                [
+                    model_name,
+                    params,
+                    med["a_raw"],
+                    med["b_ours"],
+                    med["b_lean"],
+                    med["b_rich"],
+                    med["c_hf"],
+                    ratio("b_ours", "a_raw"),
+                    ratio("b_ours", "c_hf"),
+                    ratio("b_lean", "a_raw"),
+                    ratio("b_lean", "c_hf"),
+                    ratio("b_rich", "a_raw"),
+                    ratio("c_hf", "a_raw"),
+                ]
+            )
         meters.append([model_name, f"{100 * median(meter_share):.2f}%", f"{100 * max(meter_share):.2f}%"])
-    header = ["model", "params", "a raw ms", "b ours ms", "b lean ms", "b rich ms", "c HF ms", "b/a", "b/c", "lean/a",
-              "lean/c", "rich/a", "c/a"]
+    header = [
+        "model",
+        "params",
+        "a raw ms",
+        "b ours ms",
+        "b lean ms",
+        "b rich ms",
+        "c HF ms",
+        "b/a",
+        "b/c",
+        "lean/a",
+        "lean/c",
+        "rich/a",
+        "c/a",
+    ]
     for clock_name, rows in tables.items():
         if not rows:
             continue
-        print(f"\nmedian optimizer-step {clock_name.upper()} time, micro-batch x {ACCUMULATION} accumulation, "
-              f"{args.rounds} interleaved rounds; ratios: median of per-round ratios")
+        print(
+            f"\nmedian optimizer-step {clock_name.upper()} time, micro-batch x {ACCUMULATION} accumulation, "
+            f"{args.rounds} interleaved rounds; ratios: median of per-round ratios"
+        )
         print(table(header, rows))
     print("goals: b/a <= 1.03, b/c <= 0.90")
-    print("\nThroughput callback: CPU time in its hooks / step CPU time (b lean + callback), median and max of rounds")
+    print(
+        "\nThroughput callback: CPU time in its hooks / step CPU time (b lean + callback), median and max of rounds"
+    )
     print(table(["model", "median", "max"], meters))
     if args.json:
         with open(args.json, "w") as fh:

@@ -34,7 +34,8 @@ def gpt2_tokenizer():
 
     return PreTrainedTokenizerFast(
         tokenizer_file=str(shared_data() / "gpt2-tokenizer" / "tokenizer.json"),
-        eos_token="<|endoftext|>", pad_token="<|endoftext|>",
+        eos_token="<|endoftext|>",
+        pad_token="<|endoftext|>",
     )
 
 
@@ -42,7 +43,9 @@ def gsm8k_prompt_completion(limit: int | None = None):
     """GSM8K train as a ``datasets.Dataset`` of ``prompt`` (question) / ``completion`` (answer) strings."""
     import datasets
 
-    rows = datasets.load_dataset("json", data_files=str(shared_data() / "gsm8k" / "train.jsonl"), split="train")
+    rows = datasets.load_dataset(
+        "json", data_files=str(shared_data() / "gsm8k" / "train.jsonl"), split="train"
+    )
     if limit is not None:
         rows = rows.select(range(min(limit, len(rows))))
     return rows.rename_columns({"question": "prompt", "answer": "completion"})
@@ -55,8 +58,11 @@ def gsm8k_tokenized(tokenizer, max_length: int = 512, limit: int | None = None) 
     """
     rows = gsm8k_prompt_completion(limit)
     prompts = tokenizer(list(rows["prompt"]))["input_ids"]
-    full = tokenizer([p + " " + c + tokenizer.eos_token for p, c in zip(rows["prompt"], rows["completion"])],
-                     truncation=True, max_length=max_length)["input_ids"]
+    full = tokenizer(
+        [p + " " + c + tokenizer.eos_token for p, c in zip(rows["prompt"], rows["completion"])],
+        truncation=True,
+        max_length=max_length,
+    )["input_ids"]
     out = []
     for p, ids in zip(prompts, full):
         n = min(len(p), len(ids) - 1)
@@ -64,16 +70,25 @@ def gsm8k_tokenized(tokenizer, max_length: int = 512, limit: int | None = None) 
     return out
 
 
-def tiny_llama(vocab_size: int, hidden_size: int, layers: int, heads: int, seed: int = 0, max_positions: int = 1024):
+def tiny_llama(
+    vocab_size: int, hidden_size: int, layers: int, heads: int, seed: int = 0, max_positions: int = 1024
+):
     """A ``LlamaForCausalLM`` from a config (fp32, no KV cache, untied head), seeded init."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
     config = LlamaConfig(
-        vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=4 * hidden_size, num_hidden_layers=layers,
-        num_attention_heads=heads, num_key_value_heads=heads, max_position_embeddings=max_positions,
-        use_cache=False, pad_token_id=0, tie_word_embeddings=False,
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=4 * hidden_size,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        max_position_embeddings=max_positions,
+        use_cache=False,
+        pad_token_id=0,
+        tie_word_embeddings=False,
     )
     return LlamaForCausalLM(config)
 
@@ -83,7 +98,7 @@ def interleaved(runs: dict[str, Callable[[], Any]], rounds: int) -> dict[str, li
     names = list(runs)
     out: dict[str, list[Any]] = {n: [] for n in names}
     for r in range(rounds):
-        order = names[r % len(names):] + names[: r % len(names)]
+        order = names[r % len(names) :] + names[: r % len(names)]
         for name in order:
             out[name].append(runs[name]())
     return out
@@ -105,11 +120,12 @@ def clock() -> tuple[float, float]:
 def step_times(stamps: Sequence[tuple[float, float]], warmup: int, which: int = 0) -> list[float]:
     """Durations between consecutive step-end :func:`clock` stamps (``which`` 0: wall, 1: CPU), the first
     ``warmup`` steps dropped."""
-    return [b[which] - a[which] for a, b in zip(stamps[warmup:], stamps[warmup + 1:])]
+    return [b[which] - a[which] for a, b in zip(stamps[warmup:], stamps[warmup + 1 :])]
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     """A Markdown table (pastes into ``docs/benchmarks.md`` as is)."""
+
     def cell(c: Any) -> str:
         if isinstance(c, float):
             return f"{c:.0f}" if abs(c) >= 100 else f"{c:.3g}"
@@ -139,6 +155,8 @@ def machine_note() -> str:
     import transformers
 
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    return (f"{os.cpu_count()} CPUs, torch {torch.__version__} ({torch.get_num_threads()} threads), lightning "
-            f"{lightning.__version__}, transformers {transformers.__version__}, load average {load:.1f} at start, "
-            f"{time.strftime('%Y-%m-%d %H:%M')}")
+    return (
+        f"{os.cpu_count()} CPUs, torch {torch.__version__} ({torch.get_num_threads()} threads), lightning "
+        f"{lightning.__version__}, transformers {transformers.__version__}, load average {load:.1f} at start, "
+        f"{time.strftime('%Y-%m-%d %H:%M')}"
+    )

@@ -35,25 +35,55 @@ def run(args, tok, rows, layout: str, compiled: bool) -> dict[str, float]:
 
     hidden, layers, heads, inter = SIZES[args.size]
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-                         num_key_value_heads=heads, intermediate_size=inter, max_position_embeddings=args.max_length,
-                         use_cache=False, attn_implementation="sdpa", pad_token_id=tok.pad_token_id)
+    config = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        intermediate_size=inter,
+        max_position_embeddings=args.max_length,
+        use_cache=False,
+        attn_implementation="sdpa",
+        pad_token_id=tok.pad_token_id,
+    )
     model = LlamaForCausalLM(config)
     if compiled:
         torch._dynamo.reset()
         model.compile()
     layout_kw = {"packing": "bfd"} if layout == "packed" else {"pad_to_multiple_of": 64}
-    dm = HFDataModule(tok, path=rows, validation_split=0.0, per_device_train_batch_size=args.batch_size,
-                      max_length=args.max_length, seed=0, **layout_kw)
-    module = HFLightningModule(model, tokenizer=tok, optim={"lr": 1e-4, "fused": True}, scheduler={"name": "constant"})
+    dm = HFDataModule(
+        tok,
+        path=rows,
+        validation_split=0.0,
+        per_device_train_batch_size=args.batch_size,
+        max_length=args.max_length,
+        seed=0,
+        **layout_kw,
+    )
+    module = HFLightningModule(
+        model, tokenizer=tok, optim={"lr": 1e-4, "fused": True}, scheduler={"name": "constant"}
+    )
     meter = Throughput()
-    trainer = L.Trainer(accelerator="gpu", devices=1, plugins=[BF16MixedPrecision("cuda")], max_steps=args.steps,
-                        log_every_n_steps=max(args.steps // 4, 1), gradient_clip_val=1.0, logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        limit_val_batches=0, callbacks=[meter])
+    trainer = L.Trainer(
+        accelerator="gpu",
+        devices=1,
+        plugins=[BF16MixedPrecision("cuda")],
+        max_steps=args.steps,
+        log_every_n_steps=max(args.steps // 4, 1),
+        gradient_clip_val=1.0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        callbacks=[meter],
+    )
     trainer.fit(module, datamodule=dm)
     if "throughput/mfu" not in meter.last_metrics:
-        raise RuntimeError(f"no MFU for {torch.cuda.get_device_name()}: add its dense bf16 peak to DENSE_BF16_PEAK")
+        raise RuntimeError(
+            f"no MFU for {torch.cuda.get_device_name()}: add its dense bf16 peak to DENSE_BF16_PEAK"
+        )
     return {**meter.last_metrics, "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30}
 
 
@@ -66,8 +96,10 @@ def main() -> int:
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
     if not torch.cuda.is_available():
-        print("gpu_bench: FAILED: no CUDA device (torch.cuda.is_available() is False); run it on a GPU machine",
-              file=sys.stderr)
+        print(
+            "gpu_bench: FAILED: no CUDA device (torch.cuda.is_available() is False); run it on a GPU machine",
+            file=sys.stderr,
+        )
         return 1
     import datasets
     from bench_support import gpt2_tokenizer, gsm8k_tokenized, table
@@ -76,18 +108,33 @@ def main() -> int:
     torch.backends.cuda.matmul.allow_tf32 = True
     tok = gpt2_tokenizer()
     rows = datasets.Dataset.from_list(gsm8k_tokenized(tok, args.max_length))
-    print(f"gpu_bench: {torch.cuda.get_device_name()}, torch {torch.__version__}, model {args.size}, "
-          f"batch {args.batch_size} x {args.max_length}, {args.steps} steps")
+    print(
+        f"gpu_bench: {torch.cuda.get_device_name()}, torch {torch.__version__}, model {args.size}, "
+        f"batch {args.batch_size} x {args.max_length}, {args.steps} steps"
+    )
     results = {}
     for layout in ("padded", "packed"):
         for compiled in (False, True):
             torch.cuda.reset_peak_memory_stats()
-            results[f"{layout} {'compiled' if compiled else 'eager'}"] = run(args, tok, rows, layout, compiled)
-    print(table(["run", "real tokens/s", "padded tokens/s", "padding share", "MFU", "peak GiB"], [
-        [name, round(r["throughput/tokens_per_s"]), round(r["throughput/padded_tokens_per_s"]),
-         f"{r['throughput/padding_share']:.3f}", f"{100 * r['throughput/mfu']:.1f}%", f"{r['peak_memory_gib']:.1f}"]
-        for name, r in results.items()
-    ]))
+            results[f"{layout} {'compiled' if compiled else 'eager'}"] = run(
+                args, tok, rows, layout, compiled
+            )
+    print(
+        table(
+            ["run", "real tokens/s", "padded tokens/s", "padding share", "MFU", "peak GiB"],
+            [
+                [
+                    name,
+                    round(r["throughput/tokens_per_s"]),
+                    round(r["throughput/padded_tokens_per_s"]),
+                    f"{r['throughput/padding_share']:.3f}",
+                    f"{100 * r['throughput/mfu']:.1f}%",
+                    f"{r['peak_memory_gib']:.1f}",
+                ]
+                for name, r in results.items()
+            ],
+        )
+    )
     print("goal: MFU >= 45% packed + compiled")
     if args.json:
         with open(args.json, "w") as fh:

@@ -20,10 +20,16 @@ from pathlib import Path
 import torch
 
 COMMON = [
-    "+experiment=sft", "trainer.log_every_n_steps=1", "trainer.limit_val_batches=0", "data.shuffle=false",
-    "scheduler.warmup_steps=0", "optim.lr=1e-3", "trainer.enable_progress_bar=false",
+    "+experiment=sft",
+    "trainer.log_every_n_steps=1",
+    "trainer.limit_val_batches=0",
+    "data.shuffle=false",
+    "scheduler.warmup_steps=0",
+    "optim.lr=1e-3",
+    "trainer.enable_progress_bar=false",
     # accumulation 2: DeepSpeed's own accumulation and loss scaling are exercised, not just one micro-batch
-    "data.per_device_train_batch_size=4", "trainer.accumulate_grad_batches=2",
+    "data.per_device_train_batch_size=4",
+    "trainer.accumulate_grad_batches=2",
 ]
 RUNS = {
     "cpu_fp32": ["trainer.accelerator=cpu", "trainer.precision=32-true"],
@@ -40,7 +46,9 @@ def logged(run_dir: Path, column: str) -> dict[int, float]:
         return {int(r["step"]): float(r[column]) for r in csv.DictReader(fh) if r.get(column)}
 
 
-def compare(name: str, column: str, got: dict[int, float], reference: dict[int, float], rtol: float) -> list[str]:
+def compare(
+    name: str, column: str, got: dict[int, float], reference: dict[int, float], rtol: float
+) -> list[str]:
     """The failures of one run's ``column`` against the fp32 CPU run's, step by step (printed as it goes)."""
     if not reference or sorted(got) != sorted(reference):
         return [f"{name}: {column} logged at steps {sorted(got)}, fp32 CPU at {sorted(reference)}"]
@@ -53,23 +61,36 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--rtol", type=float, default=0.03, help="bf16 vs fp32 relative tolerance per step")
-    parser.add_argument("--norm-rtol", type=float, default=0.1, help="bf16 vs fp32 relative grad_norm tolerance")
+    parser.add_argument(
+        "--norm-rtol", type=float, default=0.1, help="bf16 vs fp32 relative grad_norm tolerance"
+    )
     parser.add_argument("--out", default="gpu_smoke")
     parser.add_argument("--skip", nargs="*", default=[], choices=list(RUNS)[1:])
     args = parser.parse_args()
     if not torch.cuda.is_available():
-        print("gpu_smoke: FAILED: no CUDA device (torch.cuda.is_available() is False); run it on a GPU machine",
-              file=sys.stderr)
+        print(
+            "gpu_smoke: FAILED: no CUDA device (torch.cuda.is_available() is False); run it on a GPU machine",
+            file=sys.stderr,
+        )
         return 1
-    print(f"gpu_smoke: {torch.cuda.get_device_name(0)}, torch {torch.__version__}, {args.steps} steps per run")
+    print(
+        f"gpu_smoke: {torch.cuda.get_device_name(0)}, torch {torch.__version__}, {args.steps} steps per run"
+    )
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     results, norms, failures = {}, {}, []
     for name, overrides in RUNS.items():
         if name in args.skip:
             continue
         run_dir = Path(args.out).resolve() / name
-        cmd = [sys.executable, "-m", "hf_lightning.train", *COMMON, f"trainer.max_steps={args.steps}",
-               *overrides, f"hydra.run.dir={run_dir}"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "hf_lightning.train",
+            *COMMON,
+            f"trainer.max_steps={args.steps}",
+            *overrides,
+            f"hydra.run.dir={run_dir}",
+        ]
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if proc.returncode != 0:
             failures.append(f"{name}: exit {proc.returncode}: {proc.stderr.strip().splitlines()[-1:]}")
@@ -90,7 +111,9 @@ def main() -> int:
             print(f"{step:>4} " + " ".join(f"{results[n].get(step, float('nan')):>16.6f}" for n in results))
         for name, got in results.items():
             failures += compare(name, "train/loss", got, reference, args.rtol)
-            if not name.startswith("deepspeed"):  # the engine keeps its gradients outside p.grad: no grad_norm
+            if not name.startswith(
+                "deepspeed"
+            ):  # the engine keeps its gradients outside p.grad: no grad_norm
                 failures += compare(name, "grad_norm", norms[name], norms["cpu_fp32"], args.norm_rtol)
     for failure in failures:
         print(f"gpu_smoke: FAILED: {failure}", file=sys.stderr)

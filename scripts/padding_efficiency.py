@@ -43,8 +43,15 @@ def measure(batch_size: int, max_length: int, layouts=tuple(LAYOUTS)) -> list[li
     out = []
     for name in layouts:
         start = time.perf_counter()
-        dm = HFDataModule(tok, path=rows, validation_split=0.0, per_device_train_batch_size=batch_size,
-                          max_length=max_length, seed=0, **LAYOUTS[name])
+        dm = HFDataModule(
+            tok,
+            path=rows,
+            validation_split=0.0,
+            per_device_train_batch_size=batch_size,
+            max_length=max_length,
+            seed=0,
+            **LAYOUTS[name],
+        )
         dm.setup()
         share, slots = efficiency(dm)
         out.append([name, share, slots, time.perf_counter() - start])
@@ -57,7 +64,12 @@ def main() -> None:
     parser.add_argument("--max-length", type=int, default=512)
     args = parser.parse_args()
     rows = measure(args.batch_size, args.max_length)
-    print(table(["layout", "real tokens / slots", "slots", "s"], [[n, f"{s:.3f}", n_slots, t] for n, s, n_slots, t in rows]))
+    print(
+        table(
+            ["layout", "real tokens / slots", "slots", "s"],
+            [[n, f"{s:.3f}", n_slots, t] for n, s, n_slots, t in rows],
+        )
+    )
 
 
 if __name__ == "__main__":

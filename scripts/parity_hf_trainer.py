@@ -52,15 +52,21 @@ def load_tokenizer():
 
     path = shared_data() / "gpt2-tokenizer" / "tokenizer.json"
     if not path.is_file():
-        sys.exit(f"parity_hf_trainer: {path} not found (set HF_LIGHTNING_SHARED_DATA to the shared data folder)")
-    return PreTrainedTokenizerFast(tokenizer_file=str(path), eos_token="<|endoftext|>", pad_token="<|endoftext|>")
+        sys.exit(
+            f"parity_hf_trainer: {path} not found (set HF_LIGHTNING_SHARED_DATA to the shared data folder)"
+        )
+    return PreTrainedTokenizerFast(
+        tokenizer_file=str(path), eos_token="<|endoftext|>", pad_token="<|endoftext|>"
+    )
 
 
 def load_rows(tokenizer, n: int, max_length: int) -> list[dict[str, list[int]]]:
     """Alpaca prompts as ``input_ids`` with the prompt (through ``### Response:``) masked in ``labels``."""
     path = shared_data() / "alpaca-tiny" / "alpaca_tiny.json"
     if not path.is_file():
-        sys.exit(f"parity_hf_trainer: {path} not found (set HF_LIGHTNING_SHARED_DATA to the shared data folder)")
+        sys.exit(
+            f"parity_hf_trainer: {path} not found (set HF_LIGHTNING_SHARED_DATA to the shared data folder)"
+        )
     rows = []
     for record in json.loads(path.read_text())[:n]:
         text = record["text"]
@@ -76,8 +82,14 @@ def make_model(vocab_size: int, seed: int):
 
     torch.manual_seed(seed)
     config = LlamaConfig(
-        vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False,
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
     )
     return LlamaForCausalLM(config).float()
 
@@ -105,16 +117,34 @@ def run_hf(model, rows, args, workdir) -> list[dict]:
     if args.mode == "fallback":
         model.accepts_loss_kwargs = False  # HF then uses its per-micro-batch mean / window length
     training_args = TrainingArguments(
-        output_dir=str(workdir / "hf"), per_device_train_batch_size=args.micro_batch,
-        gradient_accumulation_steps=args.accumulation, num_train_epochs=1, learning_rate=args.lr,
-        weight_decay=0.01, adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, max_grad_norm=1.0,
-        lr_scheduler_type="linear", warmup_steps=args.warmup_steps, logging_steps=1, save_strategy="no",
-        eval_strategy="no", report_to="none", train_sampling_strategy="sequential", optim="adamw_torch",
-        use_cpu=True, seed=args.seed, dataloader_num_workers=0, disable_tqdm=True,
+        output_dir=str(workdir / "hf"),
+        per_device_train_batch_size=args.micro_batch,
+        gradient_accumulation_steps=args.accumulation,
+        num_train_epochs=1,
+        learning_rate=args.lr,
+        weight_decay=0.01,
+        adam_beta1=0.9,
+        adam_beta2=0.999,
+        adam_epsilon=1e-8,
+        max_grad_norm=1.0,
+        lr_scheduler_type="linear",
+        warmup_steps=args.warmup_steps,
+        logging_steps=1,
+        save_strategy="no",
+        eval_strategy="no",
+        report_to="none",
+        train_sampling_strategy="sequential",
+        optim="adamw_torch",
+        use_cpu=True,
+        seed=args.seed,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
         label_smoothing_factor=args.label_smoothing,
     )
     trainer = Trainer(
-        model=model, args=training_args, train_dataset=datasets.Dataset.from_list(rows),
+        model=model,
+        args=training_args,
+        train_dataset=datasets.Dataset.from_list(rows),
         data_collator=pad_collate(args.pad_id),
     )
     trainer.train()
@@ -132,20 +162,37 @@ def run_ours(model, rows, args, workdir) -> list[dict]:
 
     extra = {"use_model_loss": True, "model_accepts_loss_kwargs": False} if args.mode == "fallback" else {}
     module = HFLightningModule(
-        model, optim={"name": "adamw", "lr": args.lr, "weight_decay": 0.01},
+        model,
+        optim={"name": "adamw", "lr": args.lr, "weight_decay": 0.01},
         scheduler={"name": "linear", "warmup_steps": args.warmup_steps},
-        label_smoothing_factor=args.label_smoothing, **extra,
+        label_smoothing_factor=args.label_smoothing,
+        **extra,
     )
     data = HFDataModule(
-        SimpleNamespace(pad_token_id=args.pad_id), path=datasets.Dataset.from_list(rows), format="tokenized",
-        validation_split=0.0, per_device_train_batch_size=args.micro_batch, shuffle=False, max_length=args.max_length,
+        SimpleNamespace(pad_token_id=args.pad_id),
+        path=datasets.Dataset.from_list(rows),
+        format="tokenized",
+        validation_split=0.0,
+        per_device_train_batch_size=args.micro_batch,
+        shuffle=False,
+        max_length=args.max_length,
     )
     logdir = workdir / "ours"
     trainer = L.Trainer(
-        accelerator="cpu", devices=1, max_epochs=1, accumulate_grad_batches=args.accumulation, gradient_clip_val=1.0,
-        logger=CSVLogger(str(logdir), name="", version=""), log_every_n_steps=1, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0,
-        use_distributed_sampler=False, precision="32-true",
+        accelerator="cpu",
+        devices=1,
+        max_epochs=1,
+        accumulate_grad_batches=args.accumulation,
+        gradient_clip_val=1.0,
+        logger=CSVLogger(str(logdir), name="", version=""),
+        log_every_n_steps=1,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        use_distributed_sampler=False,
+        precision="32-true",
     )
     trainer.fit(module, datamodule=data)
     with open(logdir / "metrics.csv") as fh:
@@ -185,30 +232,44 @@ def main(argv: list[str] | None = None) -> int:
 
     steps = [int(h["step"]) for h in hf_logs]
     report = {
-        "mode": args.mode, "label_smoothing": args.label_smoothing, "accumulation": args.accumulation,
-        "micro_batch": args.micro_batch, "targets_per_row": [sum(t != -100 for t in r["labels"][1:]) for r in rows],
-        "step": steps, "our_step": [int(r["step"]) for r in our_logs],
-        "hf_loss": [float(h["loss"]) for h in hf_logs], "our_loss": [float(r["train/loss"]) for r in our_logs],
+        "mode": args.mode,
+        "label_smoothing": args.label_smoothing,
+        "accumulation": args.accumulation,
+        "micro_batch": args.micro_batch,
+        "targets_per_row": [sum(t != -100 for t in r["labels"][1:]) for r in rows],
+        "step": steps,
+        "our_step": [int(r["step"]) for r in our_logs],
+        "hf_loss": [float(h["loss"]) for h in hf_logs],
+        "our_loss": [float(r["train/loss"]) for r in our_logs],
         "hf_grad_norm": [float(h["grad_norm"]) for h in hf_logs],
         "our_grad_norm": [float(r["grad_norm"]) for r in our_logs],
-        "hf_lr": [float(h["learning_rate"]) for h in hf_logs], "our_lr": [float(r["lr"]) for r in our_logs],
+        "hf_lr": [float(h["learning_rate"]) for h in hf_logs],
+        "our_lr": [float(r["lr"]) for r in our_logs],
     }
     hf_state = {k: v.detach().clone() for k, v in hf_model.state_dict().items()}
     our_state = {k: v.detach().clone() for k, v in our_model.state_dict().items()}
     weight_rel = {k: float((our_state[k] - hf_state[k]).norm() / hf_state[k].norm()) for k in hf_state}
-    moved = {k: float((hf_state[k] - init.state_dict()[k]).norm() / init.state_dict()[k].norm()) for k in hf_state}
+    moved = {
+        k: float((hf_state[k] - init.state_dict()[k]).norm() / init.state_dict()[k].norm()) for k in hf_state
+    }
 
-    print(f"mode={args.mode} label_smoothing={args.label_smoothing} micro_batch={args.micro_batch} "
-          f"accumulation={args.accumulation} rows={len(rows)} targets/row={min(report['targets_per_row'])}.."
-          f"{max(report['targets_per_row'])}")
-    print(f"{'step':>4}  {'HF Trainer loss':>16}  {'hf_lightning loss':>17}  {'rel diff':>9}  "
-          f"{'HF grad_norm':>12}  {'our grad_norm':>13}  {'HF lr':>10}  {'our lr':>10}")
+    print(
+        f"mode={args.mode} label_smoothing={args.label_smoothing} micro_batch={args.micro_batch} "
+        f"accumulation={args.accumulation} rows={len(rows)} targets/row={min(report['targets_per_row'])}.."
+        f"{max(report['targets_per_row'])}"
+    )
+    print(
+        f"{'step':>4}  {'HF Trainer loss':>16}  {'hf_lightning loss':>17}  {'rel diff':>9}  "
+        f"{'HF grad_norm':>12}  {'our grad_norm':>13}  {'HF lr':>10}  {'our lr':>10}"
+    )
     for i, step in enumerate(steps):
         if i >= len(our_logs):
             break
-        print(f"{step:>4}  {report['hf_loss'][i]:>16.8f}  {report['our_loss'][i]:>17.8f}  "
-              f"{rel(report['our_loss'][i], report['hf_loss'][i]):>9.2e}  {report['hf_grad_norm'][i]:>12.6f}  "
-              f"{report['our_grad_norm'][i]:>13.6f}  {report['hf_lr'][i]:>10.3e}  {report['our_lr'][i]:>10.3e}")
+        print(
+            f"{step:>4}  {report['hf_loss'][i]:>16.8f}  {report['our_loss'][i]:>17.8f}  "
+            f"{rel(report['our_loss'][i], report['hf_loss'][i]):>9.2e}  {report['hf_grad_norm'][i]:>12.6f}  "
+            f"{report['our_grad_norm'][i]:>13.6f}  {report['hf_lr'][i]:>10.3e}  {report['our_lr'][i]:>10.3e}"
+        )
     same_steps = report["step"] == report["our_step"]
     maxima = {
         "loss": max(rel(a, b) for a, b in zip(report["our_loss"], report["hf_loss"])),
@@ -218,10 +279,15 @@ def main(argv: list[str] | None = None) -> int:
     }
     report["max_rel_diff"] = maxima
     report["weights_moved_rel"] = min(moved.values())
-    print(f"steps logged: HF {report['step']}, ours {report['our_step']} ({'same' if same_steps else 'DIFFERENT'})")
-    print("max relative differences: " + ", ".join(f"{k} {v:.2e}" for k, v in maxima.items())
-          + f" (weights: max over tensors of ||ours - HF|| / ||HF||; every tensor moved by >= "
-          f"{report['weights_moved_rel']:.1e} of its norm)")
+    print(
+        f"steps logged: HF {report['step']}, ours {report['our_step']} ({'same' if same_steps else 'DIFFERENT'})"
+    )
+    print(
+        "max relative differences: "
+        + ", ".join(f"{k} {v:.2e}" for k, v in maxima.items())
+        + f" (weights: max over tensors of ||ours - HF|| / ||HF||; every tensor moved by >= "
+        f"{report['weights_moved_rel']:.1e} of its norm)"
+    )
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "report.json").write_text(json.dumps(report, indent=1))

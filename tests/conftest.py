@@ -56,7 +56,9 @@ def gpt2_tokenizer():
     from tests.data_support import shared_data
 
     path = shared_data() / "gpt2-tokenizer" / "tokenizer.json"
-    return PreTrainedTokenizerFast(tokenizer_file=str(path), eos_token="<|endoftext|>", pad_token="<|endoftext|>")
+    return PreTrainedTokenizerFast(
+        tokenizer_file=str(path), eos_token="<|endoftext|>", pad_token="<|endoftext|>"
+    )
 
 
 # ------------------------------------------------------------------------------------- Hydra composition
@@ -85,7 +87,9 @@ def compose_cfg(tmp_path):
     from hf_lightning.config.compose import compose_train
 
     def make(*overrides, shrink=True, hydra=False):
-        return compose_train([*(SHRINK if shrink else ()), *overrides], output_dir=tmp_path, return_hydra_config=hydra)
+        return compose_train(
+            [*(SHRINK if shrink else ()), *overrides], output_dir=tmp_path, return_hydra_config=hydra
+        )
 
     return make
 

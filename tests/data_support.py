@@ -44,8 +44,16 @@ def tiny_llama(vocab_size: int = 32, seed: int = 0, **overrides):
 
     torch.manual_seed(seed)
     config = LlamaConfig(
-        vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=128, use_cache=False, pad_token_id=0, **overrides,
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        use_cache=False,
+        pad_token_id=0,
+        **overrides,
     )
     return LlamaForCausalLM(config).eval()
 

@@ -68,7 +68,9 @@ class DiskFault(L.Callback):
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if self.write == "checkpoint":
             io = trainer.strategy.checkpoint_io
-            io.save_checkpoint = self._before(io.save_checkpoint, lambda *a, **k: trainer.global_step == self.step)
+            io.save_checkpoint = self._before(
+                io.save_checkpoint, lambda *a, **k: trainer.global_step == self.step
+            )
         if self.write == "export_weights":
             import transformers.modeling_utils as mu
 
@@ -82,7 +84,10 @@ class DiskFault(L.Callback):
             for logger in trainer.loggers:
                 writer = logger.experiment
                 writer.save = self._before(
-                    writer.save, lambda *a, w=writer, **k: any(m.get("step") == self.step and "val/loss" in m for m in w.metrics)
+                    writer.save,
+                    lambda *a, w=writer, **k: any(
+                        m.get("step") == self.step and "val/loss" in m for m in w.metrics
+                    ),
                 )
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

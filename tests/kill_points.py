@@ -116,7 +116,9 @@ class KillAt(L.Callback):
 
                 torch.save = _half_then_die(torch.save, me.signal)
             real(checkpoint, path, storage_options)
-            if at_step and ((me.point == "after_save" and last) or (me.point == "after_topk_save" and not last)):
+            if at_step and (
+                (me.point == "after_save" and last) or (me.point == "after_topk_save" and not last)
+            ):
                 me._fire()
 
         io_plugin.save_checkpoint = save_checkpoint
@@ -147,7 +149,9 @@ class KillAt(L.Callback):
         logger.log_metrics, logger.save = log_metrics, save
 
     # ------------------------------------------------------------------------------------------ steps
-    def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: Any) -> None:
+    def on_before_optimizer_step(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: Any
+    ) -> None:
         if self.point == "before_update" and trainer.global_step + 1 == self.step:
             self._fire()
 

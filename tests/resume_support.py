@@ -22,7 +22,6 @@ class SignalAtStep(L.Callback):
             os.kill(os.getpid(), self.signal)
 
 
-
 class KillDuringSave(L.Callback):
     """SIGKILL in the middle of writing the checkpoint of optimizer step ``step`` (half the bytes written)."""
 

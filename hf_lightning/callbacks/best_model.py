@@ -17,7 +17,9 @@ def resolve_monitor(metric_for_best_model: str, greater_is_better: bool | None =
         ConfigError: an empty name, or a non-loss metric without ``greater_is_better``.
     """
     if not metric_for_best_model:
-        raise ConfigError("metric_for_best_model is empty; name a logged metric such as eval_loss or val/accuracy")
+        raise ConfigError(
+            "metric_for_best_model is empty; name a logged metric such as eval_loss or val/accuracy"
+        )
     name = metric_for_best_model
     if "/" not in name:
         name = "val/" + name.removeprefix("eval_")

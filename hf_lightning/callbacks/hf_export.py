@@ -88,10 +88,18 @@ class HFExport(L.Callback):
             cause = disk_error(err)
             if cause is None:
                 raise
-            kept = "the previous export there is intact" if os.path.isdir(self.dirpath) else "nothing was exported"
+            kept = (
+                "the previous export there is intact"
+                if os.path.isdir(self.dirpath)
+                else "nothing was exported"
+            )
             raise TrainingError(
-                write_failure_message("the exported model", self.dirpath, cause, f"{kept}; every checkpoint is kept",
-                                      "then resume with ckpt_path=last to export")
+                write_failure_message(
+                    "the exported model",
+                    self.dirpath,
+                    cause,
+                    f"{kept}; every checkpoint is kept",
+                    "then resume with ckpt_path=last to export",
+                )
             ) from err
         log.info("exported the model and tokenizer to %s", self.dirpath)
-

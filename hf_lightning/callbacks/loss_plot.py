@@ -19,7 +19,9 @@ log = logging.getLogger(__name__)
 CURVES = ("train/loss", "val/loss")
 
 
-def read_curves(metrics_csv: str | os.PathLike, keys: Sequence[str] = CURVES) -> dict[str, tuple[list[int], list[float]]]:
+def read_curves(
+    metrics_csv: str | os.PathLike, keys: Sequence[str] = CURVES
+) -> dict[str, tuple[list[int], list[float]]]:
     """``{key: (steps, values)}`` for every key of ``keys`` that has at least one value in ``metrics_csv``.
 
     Args:
@@ -126,8 +128,11 @@ class LossPlot(L.Callback):
             import matplotlib  # noqa: F401
         except ImportError:
             self._available = False
-            log.info("matplotlib is not installed, so this run writes no %s (pip install matplotlib, or the plot "
-                     "extra: pip install -e '.[plot]')", os.path.basename(self.path))
+            log.info(
+                "matplotlib is not installed, so this run writes no %s (pip install matplotlib, or the plot "
+                "extra: pip install -e '.[plot]')",
+                os.path.basename(self.path),
+            )
             return
         self._available = True
 

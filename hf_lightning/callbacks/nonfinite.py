@@ -78,12 +78,17 @@ class NonFiniteGuard(L.Callback):
         min_history: int = 5,
     ) -> None:
         if on_nonfinite not in ACTIONS:
-            raise ConfigError(f"callbacks.nonfinite_guard.on_nonfinite={on_nonfinite!r}; expected one of {list(ACTIONS)}")
+            raise ConfigError(
+                f"callbacks.nonfinite_guard.on_nonfinite={on_nonfinite!r}; expected one of {list(ACTIONS)}"
+            )
         if not isinstance(max_consecutive_skips, int) or max_consecutive_skips < 1:
             raise ConfigError(
                 f"callbacks.nonfinite_guard.max_consecutive_skips must be a positive integer, got {max_consecutive_skips!r}"
             )
-        for key, value in (("grad_norm_threshold", grad_norm_threshold), ("grad_norm_spike", grad_norm_spike)):
+        for key, value in (
+            ("grad_norm_threshold", grad_norm_threshold),
+            ("grad_norm_spike", grad_norm_spike),
+        ):
             if value is not None and not value > 0:
                 raise ConfigError(f"callbacks.nonfinite_guard.{key} must be > 0 or null, got {value!r}")
         if history < 1 or not 1 <= min_history <= history:
@@ -105,7 +110,11 @@ class NonFiniteGuard(L.Callback):
 
     # ------------------------------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
-        return {"skipped_steps": self.skipped_steps, "exploding_steps": self.exploding_steps, "norms": list(self._norms)}
+        return {
+            "skipped_steps": self.skipped_steps,
+            "exploding_steps": self.exploding_steps,
+            "norms": list(self._norms),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.skipped_steps = int(state.get("skipped_steps", 0))
@@ -113,7 +122,9 @@ class NonFiniteGuard(L.Callback):
         self._norms.extend(state.get("norms", []))
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._weights_checked = trainer.global_step  # a resumed run's weights were checked before they were saved
+        self._weights_checked = (
+            trainer.global_step
+        )  # a resumed run's weights were checked before they were saved
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.on_nonfinite == "skip" and gradients_outside_params(trainer):
@@ -123,7 +134,9 @@ class NonFiniteGuard(L.Callback):
             )
 
     # ------------------------------------------------------------------------------------------ hooks
-    def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor) -> None:
+    def on_before_backward(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor
+    ) -> None:
         bad = ~torch.isfinite(loss.detach()).all()
         if self._bad_loss is None:
             self._bad_loss, self._first_bad = bad, loss.detach().reshape(-1)[0]
@@ -132,10 +145,14 @@ class NonFiniteGuard(L.Callback):
             self._first_bad = torch.where(self._bad_loss, self._first_bad, loss.detach().reshape(-1)[0])
             self._bad_loss = self._bad_loss | bad
 
-    def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: Any) -> None:
+    def on_before_optimizer_step(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: Any
+    ) -> None:
         bad_loss, first_bad = self._bad_loss, self._first_bad
         self._bad_loss = self._first_bad = None
-        check_grads = getattr(trainer.precision_plugin, "scaler", None) is None and not gradients_outside_params(trainer)
+        check_grads = getattr(
+            trainer.precision_plugin, "scaler", None
+        ) is None and not gradients_outside_params(trainer)
         nan = torch.tensor(float("nan"))
         norm_t = _step_norm(pl_module, optimizer) if check_grads else None
         norm_t = norm_t.float() if norm_t is not None else None
@@ -155,7 +172,11 @@ class NonFiniteGuard(L.Callback):
         if loss_bad or norm_bad:
             parts = []
             if loss_bad:
-                parts.append(f"the loss is {loss_value}" if not math.isfinite(loss_value) else "a loss on another rank is not finite")
+                parts.append(
+                    f"the loss is {loss_value}"
+                    if not math.isfinite(loss_value)
+                    else "a loss on another rank is not finite"
+                )
             if norm_bad:
                 parts.append(f"the gradient norm is {norm}")
             self._nonfinite(trainer, optimizer, step, " and ".join(parts))
@@ -183,7 +204,11 @@ class NonFiniteGuard(L.Callback):
             return
         names = {id(p): n for n, p in pl_module.named_parameters()}
         wrong = [names.get(id(p), "?") for p, ok in zip(params, finite.tolist()) if not ok]
-        shown = f"{len(wrong)} of {len(params)} weight tensors, e.g. {wrong[:3]}" if wrong else "weights on another rank"
+        shown = (
+            f"{len(wrong)} of {len(params)} weight tensors, e.g. {wrong[:3]}"
+            if wrong
+            else "weights on another rank"
+        )
         lr = trainer.optimizers[0].param_groups[0].get("lr")
         raise TrainingError(
             f"optimizer step {trainer.global_step} (epoch {trainer.current_epoch}): the update made {shown} "
@@ -230,15 +255,21 @@ class NonFiniteGuard(L.Callback):
         if self.grad_norm_spike is not None and len(self._norms) >= self.min_history:
             median = statistics.median(self._norms)
             if norm > self.grad_norm_spike * median:
-                reasons.append(f"{norm / median:.1f}x the median {median:.3g} of the last {len(self._norms)} steps")
+                reasons.append(
+                    f"{norm / median:.1f}x the median {median:.3g} of the last {len(self._norms)} steps"
+                )
         if not reasons:
             return
         self.exploding_steps += 1
         clip = trainer.gradient_clip_val
-        after = f"clipped to trainer.gradient_clip_val={clip:g} before the update" if clip else (
-            "not clipped (set trainer.gradient_clip_val to bound such updates)"
+        after = (
+            f"clipped to trainer.gradient_clip_val={clip:g} before the update"
+            if clip
+            else ("not clipped (set trainer.gradient_clip_val to bound such updates)")
         )
-        log.warning("optimizer step %d: gradient norm %.4g is %s; %s", step, norm, " and ".join(reasons), after)
+        log.warning(
+            "optimizer step %d: gradient norm %.4g is %s; %s", step, norm, " and ".join(reasons), after
+        )
         _log_metric(trainer, "train/exploding_steps", self.exploding_steps, step)
 
 
@@ -250,8 +281,6 @@ def _step_norm(pl_module: L.LightningModule, optimizer: Any) -> torch.Tensor | N
         return shared(optimizer)
     grads = [p.grad for p in params_with_grad(optimizer)]
     return torch.nn.utils.get_total_norm(grads) if grads else None
-
-
 
 
 def _log_metric(trainer: L.Trainer, key: str, value: float, step: int) -> None:

@@ -81,8 +81,10 @@ class Preemption(L.Callback):
             os.kill(os.getpid(), signum)
             return
         self.received = signum
-        log.warning("received %s: saving a checkpoint at the end of the current optimizer step, then stopping",
-                    signal.Signals(signum).name)
+        log.warning(
+            "received %s: saving a checkpoint at the end of the current optimizer step, then stopping",
+            signal.Signals(signum).name,
+        )
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._steps_seen = trainer.global_step
@@ -111,7 +113,9 @@ class Preemption(L.Callback):
             # marks the step as saved, and they would skip a periodic checkpoint the run that never stopped has
             callback.on_train_batch_end(trainer, pl_module, *args)
         saved = [c for c in trainer.checkpoint_callbacks if getattr(c, "_last_global_step_saved", -1) == step]
-        path = next((c.last_model_path for c in saved if getattr(c, "last_model_path", None)), None) or save_last(trainer)
+        path = next(
+            (c.last_model_path for c in saved if getattr(c, "last_model_path", None)), None
+        ) or save_last(trainer)
         trainer.should_stop = True
         if not _validates_here_anyway(trainer):
             # Lightning validates whenever a run is asked to stop: a row at the stop step that the run which never
@@ -119,17 +123,28 @@ class Preemption(L.Callback):
             trainer.limit_val_batches = 0
         # the signal number (truthy): the command exits with 128 + it, as a shell reports a killed command
         pl_module.preempted = self.received or signal.SIGTERM  # a rank that only heard of it from another
-        log.warning("saved %s at step %d after a stop signal; resume with ckpt_path=last in the same run folder",
-                    path, trainer.global_step)
+        log.warning(
+            "saved %s at step %d after a stop signal; resume with ckpt_path=last in the same run folder",
+            path,
+            trainer.global_step,
+        )
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._restore()
         if getattr(pl_module, "preempted", False):
             return
-        saved = max((getattr(c, "_last_global_step_saved", -1) for c in trainer.callbacks
-                     if isinstance(c, ModelCheckpoint)), default=-1)
+        saved = max(
+            (
+                getattr(c, "_last_global_step_saved", -1)
+                for c in trainer.callbacks
+                if isinstance(c, ModelCheckpoint)
+            ),
+            default=-1,
+        )
         if trainer.global_step > 0 and saved != trainer.global_step:
             save_last(trainer)
 
-    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+    def on_exception(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
+    ) -> None:
         self._restore()

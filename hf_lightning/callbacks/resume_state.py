@@ -70,7 +70,9 @@ class ResumeState(L.Callback):
         self._restored_dirpaths = restored_dirpaths(checkpoint)
         state = checkpoint.get(KEY)
         if not state:
-            log.warning("the checkpoint holds no hf_lightning resume state (RNG, data signature): resume may differ")
+            log.warning(
+                "the checkpoint holds no hf_lightning resume state (RNG, data signature): resume may differ"
+            )
             return
         rngs = state["rng"]
         rng = rngs[trainer.global_rank] if trainer.global_rank < len(rngs) else rngs[0]
@@ -95,5 +97,8 @@ class ResumeState(L.Callback):
             return
         diffs = describe_differences(saved, _signature(trainer))
         if diffs:
-            log.warning("resuming with settings that changed since the checkpoint, so the run cannot continue "
-                        "exactly as it would have: %s", "; ".join(diffs))
+            log.warning(
+                "resuming with settings that changed since the checkpoint, so the run cannot continue "
+                "exactly as it would have: %s",
+                "; ".join(diffs),
+            )

@@ -162,10 +162,14 @@ class Throughput(L.Callback):
             if dtype in (torch.bfloat16, torch.float16):
                 self._peak = dense_peak_flops(torch.cuda.get_device_name(device))
                 if self._peak is None:
-                    log.info("Throughput: no dense peak known for %s; pass peak_flops to log MFU",
-                             torch.cuda.get_device_name(device))
+                    log.info(
+                        "Throughput: no dense peak known for %s; pass peak_flops to log MFU",
+                        torch.cuda.get_device_name(device),
+                    )
             else:
-                log.info("Throughput: MFU is logged for 16-bit precisions only (this run: %s)", trainer.precision)
+                log.info(
+                    "Throughput: MFU is logged for 16-bit precisions only (this run: %s)", trainer.precision
+                )
         model = getattr(pl_module, "model", pl_module)
         self._flops = model_flop_constants(model) if self._peak else None
         self._trainer = trainer
@@ -177,7 +181,9 @@ class Throughput(L.Callback):
         self._t0 = time.perf_counter()
 
     # ------------------------------------------------------------------------------------- per batch
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
         for i, value in enumerate(batch_counts(batch, self.pad_token_id, self._flops is not None)):
             if isinstance(value, torch.Tensor):
                 self._queued[i].append(value)
@@ -192,8 +198,9 @@ class Throughput(L.Callback):
             self._excluded += time.perf_counter() - self._val_start
             self._val_start = None
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         step = trainer.global_step
         if step == self._step_seen:
             return  # still accumulating

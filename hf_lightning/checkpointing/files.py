@@ -144,7 +144,9 @@ def write_json(path: str, value: Any, what: str, then: str = "") -> None:
         with atomic_file(path) as fh:
             json.dump(value, fh, indent=1, sort_keys=True)
     except OSError as err:
-        kept = "the previous version of that file is intact" if os.path.exists(path) else "nothing was written"
+        kept = (
+            "the previous version of that file is intact" if os.path.exists(path) else "nothing was written"
+        )
         raise TrainingError(write_failure_message(what, path, err, kept, then)) from err
 
 

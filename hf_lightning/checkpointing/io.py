@@ -37,8 +37,12 @@ _VERIFIED: dict[tuple[str, int, int], bool] = {}  # (path, size, mtime_ns) -> ma
 
 def save_failure_message(path: str, err: OSError) -> str:
     """``could not write checkpoint PATH: REASON (ERRNO); ...`` with the free space and what was kept."""
-    previous = "the previous version of that file is intact" if os.path.isfile(path) else "nothing was overwritten"
-    message = write_failure_message("checkpoint", path, err, f"{previous} and every other checkpoint already written is kept")
+    previous = (
+        "the previous version of that file is intact" if os.path.isfile(path) else "nothing was overwritten"
+    )
+    message = write_failure_message(
+        "checkpoint", path, err, f"{previous} and every other checkpoint already written is kept"
+    )
     if err.errno == errno.ENOSPC:
         message += ", and lower callbacks.model_checkpoint.save_top_k"
     return message
@@ -56,7 +60,11 @@ def _recorded_hashes(path: str) -> list[str] | None:
     except FileNotFoundError:
         return None
     name = os.path.basename(path)
-    return [line.split()[0].lower() for line in lines if len(line.split()) == 2 and line.split()[1].lstrip("*") == name]
+    return [
+        line.split()[0].lower()
+        for line in lines
+        if len(line.split()) == 2 and line.split()[1].lstrip("*") == name
+    ]
 
 
 def file_sha256(path: str) -> str:
@@ -99,7 +107,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     survives a power loss, and ``X.ckpt.sha256`` beside it. ``remove_checkpoint`` removes both.
     """
 
-    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None
+    ) -> None:
         """Write ``checkpoint`` to ``path`` atomically, with its ``.sha256`` sidecar.
 
         Raises:
@@ -135,7 +145,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 raise TrainingError(save_failure_message(path, cause)) from err
             raise
 
-    def load_checkpoint(self, path: Any, map_location: Any | None = None, weights_only: bool | None = None) -> dict:
+    def load_checkpoint(
+        self, path: Any, map_location: Any | None = None, weights_only: bool | None = None
+    ) -> dict:
         """Lightning's load, after the checksum check.
 
         Raises:

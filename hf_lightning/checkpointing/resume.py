@@ -42,7 +42,9 @@ def checkpoint_problem(path: str, weights_only: bool = False) -> tuple[str | Non
         return problem, None
     try:
         with open(path, "rb") as fh:
-            zipped = fh.read(4) == b"PK\x03\x04"  # torch's format; mmap on anything else fails with advice, not a reason
+            zipped = (
+                fh.read(4) == b"PK\x03\x04"
+            )  # torch's format; mmap on anything else fails with advice, not a reason
         ckpt = torch.load(path, map_location="cpu", weights_only=False, mmap=zipped)
     except Exception as err:  # a truncated zip, a pickle error, an empty file
         return f"is damaged: not a readable checkpoint ({_short(err)})", None
@@ -61,7 +63,9 @@ def _candidates(folder: str, exclude: str | None = None) -> list[str]:
     return sorted(files, key=os.path.getmtime, reverse=True)
 
 
-def newest_intact(folder: str, weights_only: bool = False, exclude: str | None = None) -> tuple[str | None, int | None]:
+def newest_intact(
+    folder: str, weights_only: bool = False, exclude: str | None = None
+) -> tuple[str | None, int | None]:
     """The newest (by modification time) checkpoint of ``folder`` that passes :func:`checkpoint_problem`."""
     for path in _candidates(folder, exclude):
         problem, step = checkpoint_problem(path, weights_only)
@@ -79,8 +83,14 @@ def note(message: str) -> None:
 def run_traces(output_dir: str, folder: str) -> tuple[bool, list[str]]:
     """``(a run was started there, what of a finished run's end it holds)``: a config, a log or a checkpoint
     folder; ``hf_model``, ``final_metrics.json``."""
-    traces = [os.path.join(output_dir, ".hydra", "config.yaml"), os.path.join(output_dir, "metrics.csv"), folder]
-    finished = [name for name in ("hf_model", "final_metrics.json") if os.path.exists(os.path.join(output_dir, name))]
+    traces = [
+        os.path.join(output_dir, ".hydra", "config.yaml"),
+        os.path.join(output_dir, "metrics.csv"),
+        folder,
+    ]
+    finished = [
+        name for name in ("hf_model", "final_metrics.json") if os.path.exists(os.path.join(output_dir, name))
+    ]
     return any(os.path.exists(p) for p in traces), finished
 
 
@@ -92,7 +102,11 @@ _RESOLVED: dict[tuple, str | None] = {}
 
 
 def remember_resolved(
-    ckpt_path: str | None, output_dir: str, weights_only: bool, checkpoint_dir: str | None, resolved: str | None
+    ckpt_path: str | None,
+    output_dir: str,
+    weights_only: bool,
+    checkpoint_dir: str | None,
+    resolved: str | None,
 ) -> None:
     """Keep the run-folder guard's answer for ``train()``'s own call (so the notes are said once and the answer
     does not change after Hydra has written ``.hydra/`` into the folder)."""
@@ -135,9 +149,15 @@ def find_resume_checkpoint(
     alternative, step = newest_intact(os.path.dirname(path), weights_only, exclude=path)
     fix = (
         f"the newest intact checkpoint there is {alternative}{_step(step)}: resume from it with "
-        f"ckpt_path={alternative}" if alternative else "no intact checkpoint is left there"
+        f"ckpt_path={alternative}"
+        if alternative
+        else "no intact checkpoint is left there"
     )
-    weights = "" if weights_only or not problem.startswith("lacks") else "; to load only the weights, set resume_weights_only=true"
+    weights = (
+        ""
+        if weights_only or not problem.startswith("lacks")
+        else "; to load only the weights, set resume_weights_only=true"
+    )
     raise ConfigError(f"ckpt_path={ckpt_path}: cannot resume: {path} {problem}; {fix}{weights}")
 
 
@@ -152,7 +172,9 @@ def _without_last(path: str, folder: str, output_dir: str, weights_only: bool) -
         return alternative
     damaged = _candidates(folder)
     if damaged:
-        shown = ", ".join(f"{os.path.basename(p)} {checkpoint_problem(p, weights_only)[0]}" for p in damaged[:3])
+        shown = ", ".join(
+            f"{os.path.basename(p)} {checkpoint_problem(p, weights_only)[0]}" for p in damaged[:3]
+        )
         raise ConfigError(
             f"ckpt_path=last: there is no {path}, and no checkpoint in {folder} can be resumed from ({shown}); "
             "start the run again in a new hydra.run.dir"
@@ -164,8 +186,10 @@ def _without_last(path: str, folder: str, output_dir: str, weights_only: bool) -
             f"({', '.join(finished)}) with none left to resume from; start a new run in a new hydra.run.dir"
         )
     if started:
-        note(f"ckpt_path=last: {output_dir} holds no checkpoint yet (the run stopped before its first one): "
-             "the run starts again from step 0")
+        note(
+            f"ckpt_path=last: {output_dir} holds no checkpoint yet (the run stopped before its first one): "
+            "the run starts again from step 0"
+        )
         return None
     raise ConfigError(
         f"ckpt_path=last: no checkpoint at {path}, and {output_dir} holds no stopped run to resume. Resume needs "
@@ -175,4 +199,8 @@ def _without_last(path: str, folder: str, output_dir: str, weights_only: bool) -
 
 def describe_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
     """``"key: saved -> current"`` for every setting that differs (used to warn before an inexact resume)."""
-    return [f"{k}: {saved.get(k)!r} -> {current.get(k)!r}" for k in sorted(set(saved) | set(current)) if saved.get(k) != current.get(k)]
+    return [
+        f"{k}: {saved.get(k)!r} -> {current.get(k)!r}"
+        for k in sorted(set(saved) | set(current))
+        if saved.get(k) != current.get(k)
+    ]

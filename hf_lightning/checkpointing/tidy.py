@@ -31,7 +31,11 @@ def restored_dirpaths(checkpoint: dict) -> set[str]:
     """The folders of the ``ModelCheckpoint`` states a checkpoint holds: Lightning restores such a state only into a
     callback with the same ``dirpath`` (a run folder that was moved or copied restores none)."""
     states = (checkpoint.get("callbacks") or {}).values()
-    return {str(st["dirpath"]) for st in states if isinstance(st, dict) and "best_k_models" in st and st.get("dirpath")}
+    return {
+        str(st["dirpath"])
+        for st in states
+        if isinstance(st, dict) and "best_k_models" in st and st.get("dirpath")
+    }
 
 
 def tidy_checkpoint_folders(trainer: Any, restored: set[str] | None = None) -> list[str]:
@@ -56,7 +60,9 @@ def tidy_checkpoint_folders(trainer: Any, restored: set[str] | None = None) -> l
         return []
     known = set()
     for cb in callbacks:
-        known |= {os.path.abspath(p) for p in (*cb.best_k_models, cb.best_model_path, cb.last_model_path) if p}
+        known |= {
+            os.path.abspath(p) for p in (*cb.best_k_models, cb.best_model_path, cb.last_model_path) if p
+        }
     removed = []
     for cb in callbacks:
         if cb.save_top_k == -1 or cb.monitor is None or str(cb.dirpath) not in (restored or set()):
@@ -67,6 +73,10 @@ def tidy_checkpoint_folders(trainer: Any, restored: set[str] | None = None) -> l
                 trainer.strategy.remove_checkpoint(path)
                 removed.append(path)
     if removed:
-        log.warning("removed checkpoints that the run's state at step %d does not hold (written after it, or "
-                    "rotated out), so save_top_k holds: %s", trainer.global_step, ", ".join(removed))
+        log.warning(
+            "removed checkpoints that the run's state at step %d does not hold (written after it, or "
+            "rotated out), so save_top_k holds: %s",
+            trainer.global_step,
+            ", ".join(removed),
+        )
     return removed

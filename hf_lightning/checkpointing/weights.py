@@ -34,7 +34,9 @@ def summarize_load_error(err: BaseException) -> str:
         if not line:
             continue
         kind, sep, rest = line.partition(": ")
-        keys = [k.strip().strip('"') for k in rest.split(", ")] if sep and kind.endswith("in state_dict") else []
+        keys = (
+            [k.strip().strip('"') for k in rest.split(", ")] if sep and kind.endswith("in state_dict") else []
+        )
         if keys:
             parts.append(f"{kind}: {len(keys)}, e.g. {keys[:3]}")
         elif len(parts) < 3:
@@ -78,6 +80,8 @@ def load_model_weights(module: torch.nn.Module, ckpt_path: str, model_path: Any)
         if missing:
             parts.append(f"{len(missing)} weights missing from the checkpoint, e.g. {missing[:3]}")
         if unexpected:
-            parts.append(f"{len(unexpected)} checkpoint weights the model has no place for, e.g. {unexpected[:3]}")
+            parts.append(
+                f"{len(unexpected)} checkpoint weights the model has no place for, e.g. {unexpected[:3]}"
+            )
         raise ModelError(weights_mismatch_message(ckpt_path, model_path, "; ".join(parts)))
     return int(state.get("global_step", -1))

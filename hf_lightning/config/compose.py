@@ -11,7 +11,9 @@ CONF_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 
 
 def compose_train(
-    overrides: Sequence[str] = (), output_dir: str | os.PathLike | None = None, return_hydra_config: bool = False
+    overrides: Sequence[str] = (),
+    output_dir: str | os.PathLike | None = None,
+    return_hydra_config: bool = False,
 ) -> DictConfig:
     """The config of ``python -m hf_lightning.train OVERRIDES``.
 

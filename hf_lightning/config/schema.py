@@ -85,24 +85,45 @@ def _rules() -> list[Rule]:
         Rule("data.validation_split", lambda v: _num(v) and 0 <= v < 1, "a number in [0, 1)"),
         Rule("data.num_workers", lambda v: _int(v) and v >= 0, "an integer >= 0"),
         Rule("trainer.accumulate_grad_batches", _positive_int, "an integer >= 1"),
-        Rule("trainer.max_steps", lambda v: _int(v) and (v == -1 or v >= 1), "-1 (no limit) or an integer >= 1"),
-        Rule("trainer.max_epochs", lambda v: v is None or (_int(v) and (v == -1 or v >= 1)),
-             "null, -1 or an integer >= 1"),
+        Rule(
+            "trainer.max_steps", lambda v: _int(v) and (v == -1 or v >= 1), "-1 (no limit) or an integer >= 1"
+        ),
+        Rule(
+            "trainer.max_epochs",
+            lambda v: v is None or (_int(v) and (v == -1 or v >= 1)),
+            "null, -1 or an integer >= 1",
+        ),
         Rule("trainer.num_nodes", _positive_int, "an integer >= 1"),
         Rule("trainer.devices", _devices_ok, "an integer >= 1, -1, 'auto', or a list of device indices"),
-        Rule("trainer.accelerator", lambda v: v in ("cpu", "gpu", "cuda", "mps", "tpu", "auto"),
-             "cpu, gpu, cuda, mps, tpu, auto"),
+        Rule(
+            "trainer.accelerator",
+            lambda v: v in ("cpu", "gpu", "cuda", "mps", "tpu", "auto"),
+            "cpu, gpu, cuda, mps, tpu, auto",
+        ),
         Rule("trainer.precision", lambda v: str(v) in PRECISIONS, ", ".join(PRECISIONS)),
-        Rule("trainer.gradient_clip_val", lambda v: v is None or (_num(v) and v >= 0), "null or a number >= 0"),
+        Rule(
+            "trainer.gradient_clip_val", lambda v: v is None or (_num(v) and v >= 0), "null or a number >= 0"
+        ),
         Rule("trainer.gradient_clip_algorithm", lambda v: v in ("norm", "value"), "norm, value"),
         Rule("optim.name", lambda v: v in OPTIMIZERS, ", ".join(OPTIMIZERS)),
         Rule("optim.lr", lambda v: _num(v) and math.isfinite(v) and v >= 0, "a finite number >= 0"),
-        Rule("trainer.limit_train_batches", _some_training, "null (every batch), a fraction in (0, 1] or a count "
-             ">= 1: 0 trains nothing (to only evaluate, use python -m hf_lightning.evaluate)"),
+        Rule(
+            "trainer.limit_train_batches",
+            _some_training,
+            "null (every batch), a fraction in (0, 1] or a count "
+            ">= 1: 0 trains nothing (to only evaluate, use python -m hf_lightning.evaluate)",
+        ),
         Rule("optim.weight_decay", lambda v: _num(v) and v >= 0, "a number >= 0"),
         Rule("optim.eps", lambda v: _num(v) and v > 0, "a number > 0"),
-        Rule("optim.betas", lambda v: isinstance(v, (list, tuple, ListConfig)) and len(v) == 2
-             and all(_num(b) and 0 <= b < 1 for b in v), "two numbers in [0, 1)"),
+        Rule(
+            "optim.betas",
+            lambda v: (
+                isinstance(v, (list, tuple, ListConfig))
+                and len(v) == 2
+                and all(_num(b) and 0 <= b < 1 for b in v)
+            ),
+            "two numbers in [0, 1)",
+        ),
         Rule("optim.fused", lambda v: v is None or isinstance(v, bool), "null (fused on CUDA), true, false"),
         Rule("scheduler.name", lambda v: v in SCHEDULERS, ", ".join(SCHEDULERS)),
         Rule("scheduler.warmup_steps", lambda v: _int(v) and v >= 0, "an integer >= 0"),
@@ -110,9 +131,16 @@ def _rules() -> list[Rule]:
         Rule("model.task", lambda v: v in TASKS, ", ".join(TASKS)),
         Rule("model.num_labels", lambda v: v is None or _positive_int(v), "null or an integer >= 1"),
         Rule("seed", _int, "an integer"),
-        Rule("required_keys", lambda v: isinstance(v, list) and all(isinstance(k, str) for k in v),
-             "a list of dotted keys"),
-        Rule("optimized_metric", lambda v: v is None or isinstance(v, str), "null or a metric name such as val/loss"),
+        Rule(
+            "required_keys",
+            lambda v: isinstance(v, list) and all(isinstance(k, str) for k in v),
+            "a list of dotted keys",
+        ),
+        Rule(
+            "optimized_metric",
+            lambda v: v is None or isinstance(v, str),
+            "null or a metric name such as val/loss",
+        ),
     ]
 
 
@@ -216,7 +244,9 @@ def cross_field_errors(c: Mapping[str, Any]) -> list[str]:
                 "values: false"
             )
         elif task == "sequence_classification":
-            errors.append(f"data.packing={packing!r} with model.task=sequence_classification; allowed values: false")
+            errors.append(
+                f"data.packing={packing!r} with model.task=sequence_classification; allowed values: false"
+            )
 
     if accelerator == "cpu" and precision in ("16-mixed", "16-true"):
         errors.append(
@@ -236,10 +266,16 @@ def cross_field_errors(c: Mapping[str, Any]) -> list[str]:
 
         try:
             deepspeed_config(
-                strategy.get("stage", 2), strategy.get("micro_batch_size"), strategy.get("accumulate_grad_batches"),
-                strategy.get("gradient_clip_val"), strategy.get("precision"), strategy.get("devices", 1),
-                strategy.get("num_nodes", 1), strategy.get("offload_optimizer", False),
-                strategy.get("offload_parameters", False), strategy.get("config"),
+                strategy.get("stage", 2),
+                strategy.get("micro_batch_size"),
+                strategy.get("accumulate_grad_batches"),
+                strategy.get("gradient_clip_val"),
+                strategy.get("precision"),
+                strategy.get("devices", 1),
+                strategy.get("num_nodes", 1),
+                strategy.get("offload_optimizer", False),
+                strategy.get("offload_parameters", False),
+                strategy.get("config"),
             )
         except ConfigError as err:
             errors.append(str(err))
@@ -276,11 +312,13 @@ def validate_config(cfg: DictConfig) -> None:
     missing = [k for k in required if OmegaConf.select(cfg, k, default=None) is None]
     missing += [k for k in ("data.path", "model.name_or_path") if k not in missing and _is_missing(cfg, k)]
     if missing:
-        raise ConfigError("; ".join(
-            f"{k} is required by this experiment (set {k}=..."
-            + (" a json/jsonl/csv/parquet file or a save_to_disk folder)" if k == "data.path" else ")")
-            for k in missing
-        ))
+        raise ConfigError(
+            "; ".join(
+                f"{k} is required by this experiment (set {k}=..."
+                + (" a json/jsonl/csv/parquet file or a save_to_disk folder)" if k == "data.path" else ")")
+                for k in missing
+            )
+        )
     try:
         c = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     except OmegaConfBaseException as err:
@@ -314,7 +352,9 @@ def validate_config(cfg: DictConfig) -> None:
         try:
             target = get_object(node["_target_"])
         except Exception as err:
-            errors.append(f"{name}._target_={node['_target_']!r} cannot be imported ({str(err).splitlines()[0]})")
+            errors.append(
+                f"{name}._target_={node['_target_']!r} cannot be imported ({str(err).splitlines()[0]})"
+            )
             continue
         fn = target.__init__ if inspect.isclass(target) else target
         errors += node_errors({k: v for k, v in node.items() if not k.startswith("_")}, fn, name, ("model",))

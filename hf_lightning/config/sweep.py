@@ -30,7 +30,9 @@ def collect_rows(sweep_dir: str | os.PathLike) -> list[dict[str, Any]]:
     column, ``status`` and the final metrics."""
     rows = []
     jobs = [p for p in Path(sweep_dir).iterdir() if (p / ".hydra" / "overrides.yaml").is_file()]
-    for job in sorted(jobs, key=lambda p: (not p.name.isdigit(), int(p.name) if p.name.isdigit() else 0, p.name)):
+    for job in sorted(
+        jobs, key=lambda p: (not p.name.isdigit(), int(p.name) if p.name.isdigit() else 0, p.name)
+    ):
         overrides = yaml.safe_load((job / ".hydra" / "overrides.yaml").read_text()) or []
         row: dict[str, Any] = {"job": job.name}
         for item in overrides:

@@ -9,24 +9,31 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from hf_lightning.batch import IGNORE_INDEX
 from hf_lightning.data.row_report import EMPTY, NO_ASSISTANT, NO_ASSISTANT_TOKEN, target_cause
 from hf_lightning.errors import DataError
-from hf_lightning.module.loss import IGNORE_INDEX
 
 GENERATION_BLOCK = re.compile(r"\{%-?\s*generation\s*-?%\}")
 ROLES = ("system", "user", "assistant")
 # ShareGPT / FastChat speaker names -> chat roles (FastChat's own conversion table plus common variants)
 SHAREGPT_ROLES = {
-    "human": "user", "user": "user",
-    "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant", "bard": "assistant",
-    "bing": "assistant", "model": "assistant",
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "chatgpt": "assistant",
+    "bard": "assistant",
+    "bing": "assistant",
+    "model": "assistant",
     "system": "system",
 }
 
 
 def _check_messages(messages: Any) -> None:
     if not isinstance(messages, list) or not messages:
-        raise DataError(f"field 'messages' must be a non-empty list of {{role, content}}, got {messages!r:.80}")
+        raise DataError(
+            f"field 'messages' must be a non-empty list of {{role, content}}, got {messages!r:.80}"
+        )
     for m in messages:
         if not isinstance(m, dict) or "role" not in m or "content" not in m:
             raise DataError(f"each message needs 'role' and 'content', got {m!r:.80}")
@@ -59,7 +66,9 @@ def _apply_template(tokenizer: Any, messages: list[dict[str, str]], **kwargs: An
         return tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True, **kwargs)
     except TemplateError as err:
         roles = [m["role"] for m in messages]
-        raise DataError(f"the tokenizer's chat template refuses this conversation (roles: {roles}): {err}") from err
+        raise DataError(
+            f"the tokenizer's chat template refuses this conversation (roles: {roles}): {err}"
+        ) from err
 
 
 def chat_labels(messages: list[dict[str, str]], tokenizer: Any) -> tuple[list[int], list[int]]:
@@ -112,7 +121,13 @@ def tokenize_chat(batch: dict[str, list], tokenizer: Any, max_length: int | None
     A conversation without an assistant turn has no target (``untrainable`` names it); ``max_length=None`` keeps
     every token (``wrapped`` packing).
     """
-    out: dict[str, list] = {"input_ids": [], "attention_mask": [], "labels": [], "truncated": [], "untrainable": []}
+    out: dict[str, list] = {
+        "input_ids": [],
+        "attention_mask": [],
+        "labels": [],
+        "truncated": [],
+        "untrainable": [],
+    }
     for messages in batch["messages"]:
         _check_messages(messages)
         ids, labels = chat_labels(messages, tokenizer)
@@ -139,7 +154,9 @@ def sharegpt_to_messages(conversation: Any) -> list[dict[str, str]]:
         DataError: not a list of ``{from, value}`` mappings, or an unknown speaker (named).
     """
     if not isinstance(conversation, list) or not conversation:
-        raise DataError(f"field 'conversations' must be a non-empty list of {{from, value}}, got {conversation!r:.80}")
+        raise DataError(
+            f"field 'conversations' must be a non-empty list of {{from, value}}, got {conversation!r:.80}"
+        )
     out = []
     for turn in conversation:
         if not isinstance(turn, dict) or "from" not in turn or "value" not in turn:

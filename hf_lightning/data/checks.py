@@ -16,8 +16,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
+from hf_lightning.batch import IGNORE_INDEX
 from hf_lightning.errors import ConfigError, DataError
-from hf_lightning.module.loss import IGNORE_INDEX
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,8 @@ KINDS = {
     "int": (_is_int, "an integer"),
     "bool": (lambda v: isinstance(v, bool), "true or false"),
     "fraction": (
-        lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < 1, "in [0, 1)"
+        lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < 1,
+        "in [0, 1)",
     ),
     "names or null": (
         lambda v: v is None or (isinstance(v, (list, tuple)) and all(isinstance(x, str) for x in v)),
@@ -94,7 +95,9 @@ def _column_max(ds: datasets.Dataset, column: str, skip: int | None = None) -> i
     return None if best is None else int(best)
 
 
-def _first_row_above(ds: datasets.Dataset, column: str, limit: int, skip: int | None = None) -> tuple[int, int]:
+def _first_row_above(
+    ds: datasets.Dataset, column: str, limit: int, skip: int | None = None
+) -> tuple[int, int]:
     """``(row, value)`` of the first row of ``column`` holding a value ``>= limit`` (error path only)."""
     for i, row in enumerate(ds[column]):
         values = torch.as_tensor(row).reshape(-1)
@@ -206,7 +209,9 @@ def packed_sequences_isolated(model: Any, atol: float = 1e-4) -> bool | None:
     try:
         with torch.no_grad():
             logits = [
-                model(input_ids=torch.tensor([r], device=device), position_ids=position_ids, **extra).logits[0, 6:].float()
+                model(input_ids=torch.tensor([r], device=device), position_ids=position_ids, **extra)
+                .logits[0, 6:]
+                .float()
                 for r in rows
             ]
     finally:
@@ -229,7 +234,9 @@ def check_sequence_isolation(model: Any, option: str) -> None:
     """
     isolated = packed_sequences_isolated(model)
     if isolated is None:
-        log.info("%s: the model's parameters are not materialised here; sequence isolation was not probed", option)
+        log.info(
+            "%s: the model's parameters are not materialised here; sequence isolation was not probed", option
+        )
         return
     if not isolated:
         backend = getattr(getattr(model, "config", None), "_attn_implementation", None)

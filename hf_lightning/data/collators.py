@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
+from hf_lightning.batch import IGNORE_INDEX
 from hf_lightning.errors import DataError
-from hf_lightning.module.loss import IGNORE_INDEX
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,9 @@ def flatten_rows(values: Sequence[Any]) -> tuple[torch.Tensor, list[int]]:
     no tensor per row) or anything :func:`as_row` takes.
     """
     if all(_is_flat_int_list(v) for v in values):
-        return torch.tensor(list(itertools.chain.from_iterable(values)), dtype=torch.long), [len(v) for v in values]
+        return torch.tensor(list(itertools.chain.from_iterable(values)), dtype=torch.long), [
+            len(v) for v in values
+        ]
     rows = [as_row(v) for v in values]
     flat = torch.cat(rows) if rows else torch.zeros(0, dtype=torch.long)
     return flat, [r.numel() for r in rows]
@@ -94,7 +96,9 @@ class _ExtraKeys:
         self.owner = owner
         self.announced: set[str] = set()
 
-    def add(self, batch: dict[str, Any], examples: Sequence[Mapping[str, Any]], handled: Sequence[str]) -> None:
+    def add(
+        self, batch: dict[str, Any], examples: Sequence[Mapping[str, Any]], handled: Sequence[str]
+    ) -> None:
         for key in examples[0]:
             if key in batch or key in handled:
                 continue
@@ -106,11 +110,16 @@ class _ExtraKeys:
                     self.announced.add(key)
                     log.warning(
                         "%s cannot batch key %r (values like %r): it is left out of every batch; remove the "
-                        "column or set data.remove_unused_columns=true", self.owner, key, values[0],
+                        "column or set data.remove_unused_columns=true",
+                        self.owner,
+                        key,
+                        values[0],
                     )
 
 
-def checked_column(examples: Sequence[Mapping[str, Any]], key: str, lengths: Sequence[int]) -> torch.Tensor | None:
+def checked_column(
+    examples: Sequence[Mapping[str, Any]], key: str, lengths: Sequence[int]
+) -> torch.Tensor | None:
     """The concatenated ``key`` rows, ``None`` when no example has the key; every row must match ``lengths``.
 
     Examples without the key get what it would default to: ``labels`` a copy of ``input_ids``, ``position_ids``
@@ -226,7 +235,11 @@ class ClassificationCollator:
         label_key = next((k for k in ("label", "label_ids", "labels") if k in examples[0]), None)
         if label_key is not None:
             values = [ex[label_key] for ex in examples]
-            first = values[0].item() if isinstance(values[0], torch.Tensor) and values[0].dim() == 0 else values[0]
+            first = (
+                values[0].item()
+                if isinstance(values[0], torch.Tensor) and values[0].dim() == 0
+                else values[0]
+            )
             dtype = torch.long if isinstance(first, int) else torch.float32
             batch["labels"] = torch.as_tensor(values, dtype=dtype)
         self._extra.add(batch, examples, ("label", "label_ids", "labels"))
@@ -270,9 +283,15 @@ class Seq2SeqCollator:
             if "input_ids" not in ex:
                 raise DataError(f"example {i} has no 'input_ids' (keys: {sorted(ex)})")
         ids = [as_row(ex["input_ids"]) for ex in examples]
-        masks = [as_row(ex["attention_mask"]) if "attention_mask" in ex else torch.ones_like(r) for ex, r in zip(examples, ids)]
+        masks = [
+            as_row(ex["attention_mask"]) if "attention_mask" in ex else torch.ones_like(r)
+            for ex, r in zip(examples, ids)
+        ]
         length = round_up(max(r.numel() for r in ids), self.pad_to_multiple_of)
-        batch = {"input_ids": pad_rows(ids, length, self.pad_token_id), "attention_mask": pad_rows(masks, length, 0)}
+        batch = {
+            "input_ids": pad_rows(ids, length, self.pad_token_id),
+            "attention_mask": pad_rows(masks, length, 0),
+        }
         if "labels" in examples[0]:
             labels = [as_row(ex["labels"]) for ex in examples]
             label_length = round_up(max(r.numel() for r in labels), self.pad_to_multiple_of)

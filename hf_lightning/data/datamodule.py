@@ -156,40 +156,57 @@ class HFDataModule(L.LightningDataModule):
         rename_columns: dict[str, str] | None = None,
     ) -> None:
         super().__init__()
-        check_arguments("data", {
-            "per_device_train_batch_size": (per_device_train_batch_size, "positive int"),
-            "per_device_eval_batch_size": (per_device_eval_batch_size, "positive int"),
-            "max_length": (max_length, "positive int"),
-            "shuffle_buffer_size": (shuffle_buffer_size, "positive int"),
-            "validation_split": (validation_split, "fraction"),
-            "num_workers": (num_workers, "int >= 0"),
-            "prefetch_factor": (prefetch_factor, "positive int or null"),
-            "pad_to_multiple_of": (pad_to_multiple_of, "positive int or null"),
-            "seed": (seed, "int >= 0"),  # numpy and torch generators refuse negative seeds
-            "model_input_names": (model_input_names, "names or null"),
-            "label_names": (label_names, "names or null"),
-            **{k: (v, "bool") for k, v in (
-                ("shuffle", shuffle), ("group_by_length", group_by_length), ("padding_free", padding_free),
-                ("streaming", streaming), ("remove_unused_columns", remove_unused_columns),
-                ("pin_memory", pin_memory), ("persistent_workers", persistent_workers), ("drop_last", drop_last),
-            )},
-        })
+        check_arguments(
+            "data",
+            {
+                "per_device_train_batch_size": (per_device_train_batch_size, "positive int"),
+                "per_device_eval_batch_size": (per_device_eval_batch_size, "positive int"),
+                "max_length": (max_length, "positive int"),
+                "shuffle_buffer_size": (shuffle_buffer_size, "positive int"),
+                "validation_split": (validation_split, "fraction"),
+                "num_workers": (num_workers, "int >= 0"),
+                "prefetch_factor": (prefetch_factor, "positive int or null"),
+                "pad_to_multiple_of": (pad_to_multiple_of, "positive int or null"),
+                "seed": (seed, "int >= 0"),  # numpy and torch generators refuse negative seeds
+                "model_input_names": (model_input_names, "names or null"),
+                "label_names": (label_names, "names or null"),
+                **{
+                    k: (v, "bool")
+                    for k, v in (
+                        ("shuffle", shuffle),
+                        ("group_by_length", group_by_length),
+                        ("padding_free", padding_free),
+                        ("streaming", streaming),
+                        ("remove_unused_columns", remove_unused_columns),
+                        ("pin_memory", pin_memory),
+                        ("persistent_workers", persistent_workers),
+                        ("drop_last", drop_last),
+                    )
+                },
+            },
+        )
         if format not in ("auto", *FORMATS):
             raise ConfigError(f"data.format={format!r}; expected one of {['auto', *FORMATS]}")
         if packing is True:
             packing = "bfd"
         if packing is not False and packing is not None and packing not in STRATEGIES:
-            raise ConfigError(f"data.packing={packing!r}; expected false, true (= bfd) or one of {list(STRATEGIES)}")
+            raise ConfigError(
+                f"data.packing={packing!r}; expected false, true (= bfd) or one of {list(STRATEGIES)}"
+            )
         if num_workers == 0 and (persistent_workers or prefetch_factor is not None):
             key = "persistent_workers" if persistent_workers else "prefetch_factor"
-            raise ConfigError(f"data.{key} applies to worker processes only; set data.num_workers > 0 or unset it")
+            raise ConfigError(
+                f"data.{key} applies to worker processes only; set data.num_workers > 0 or unset it"
+            )
         if getattr(tokenizer, "pad_token_id", None) is None:
             if getattr(tokenizer, "eos_token", None) is not None:
                 hint = "set tokenizer.pad_token (for example to its eos_token)"
             else:
                 # nothing to fall back on: the model folder's tokenizer needs a token named for padding
-                hint = ("it has no eos_token either: set tokenizer.pad_token and tokenizer.eos_token (for example "
-                        "both to its end-of-text token, such as '<|endoftext|>' for GPT-2)")
+                hint = (
+                    "it has no eos_token either: set tokenizer.pad_token and tokenizer.eos_token (for example "
+                    "both to its end-of-text token, such as '<|endoftext|>' for GPT-2)"
+                )
             raise ConfigError(f"the tokenizer has no pad token; {hint} and save it into the model folder")
         self.tokenizer = tokenizer
         self.path = path
@@ -265,7 +282,9 @@ class HFDataModule(L.LightningDataModule):
     def _renamed(self, ds: Any, path: Any) -> Any:
         """``ds`` with ``data.rename_columns`` applied (datasets sources only)."""
         if not hasattr(ds, "rename_columns"):
-            raise ConfigError(f"data.rename_columns needs a datasets source; data.path={path} is {type(ds).__name__}")
+            raise ConfigError(
+                f"data.rename_columns needs a datasets source; data.path={path} is {type(ds).__name__}"
+            )
         columns = self._columns(ds)
         missing = [c for c in self.rename_columns if c not in columns]
         if missing:
@@ -284,7 +303,9 @@ class HFDataModule(L.LightningDataModule):
         except Exception as err:  # a stream reads its file only now: a broken line shows here first
             raise read_error(self.path, "train", err) from err
         if not isinstance(first, dict):
-            raise DataError(f"data.path={self.path}: examples must be mappings of column -> value, got {type(first).__name__}")
+            raise DataError(
+                f"data.path={self.path}: examples must be mappings of column -> value, got {type(first).__name__}"
+            )
         log.info("the source has no schema; reading the column names from its first row: %s", sorted(first))
         return list(first)
 
@@ -310,27 +331,40 @@ class HFDataModule(L.LightningDataModule):
         if label2id is not None:
             self.id2label = {i: name for name, i in label2id.items()}
         inputs, inputs_from = resolve_model_inputs(model, self.model_input_names, self.tokenizer)
-        self.resolved_label_names = self.label_names or (find_label_names(model) if model is not None else ["labels"])
+        self.resolved_label_names = self.label_names or (
+            find_label_names(model) if model is not None else ["labels"]
+        )
         keep = signature_columns(inputs, self.resolved_label_names)
-        self._processor = ExampleProcessor(fmt, self.tokenizer, self.max_length, label2id, self.packing, self.padding_free)
+        self._processor = ExampleProcessor(
+            fmt, self.tokenizer, self.max_length, label2id, self.packing, self.padding_free
+        )
         announce_document_ends(self.tokenizer, fmt, self.packing)
 
         self.train_dataset = self._prepare(train, fmt, "train", path, label2id, keep, inputs, inputs_from)
         self.val_dataset = (
-            self._prepare(val, fmt, "validation", self.validation_path or path, label2id, keep, inputs, inputs_from)
+            self._prepare(
+                val, fmt, "validation", self.validation_path or path, label2id, keep, inputs, inputs_from
+            )
             if val is not None
             else None
         )
         if model is not None:  # a row longer than a position table fails in the embedding, maybe hours in
             self.check_positions(model)
         if model is not None:  # ids and classes the model has no row for fail here, not inside its forward
-            for split, ds, where in (("train", self.train_dataset, path), ("validation", self.val_dataset, self.validation_path or path)):
+            for split, ds, where in (
+                ("train", self.train_dataset, path),
+                ("validation", self.val_dataset, self.validation_path or path),
+            ):
                 check_token_ids(ds, model, self.tokenizer.pad_token_id, where, split)
                 if fmt == "classification":
                     check_label_range(ds, model, where, split)
         base = self._base_collator(fmt, model)
-        self.train_collator = self._pruning_collator(base, self.train_dataset, keep, inputs, "train", inputs_from)
-        self.eval_collator = self._pruning_collator(base, self.val_dataset, keep, inputs, "validation", inputs_from)
+        self.train_collator = self._pruning_collator(
+            base, self.train_dataset, keep, inputs, "train", inputs_from
+        )
+        self.eval_collator = self._pruning_collator(
+            base, self.val_dataset, keep, inputs, "validation", inputs_from
+        )
         if self.group_by_length and not is_stream(self.train_dataset):
             self._train_lengths = self._lengths(self.train_dataset)
         self._check_label_names()
@@ -345,7 +379,9 @@ class HFDataModule(L.LightningDataModule):
         if fmt in ("messages", "conversations"):
             require_chat_template(self.tokenizer)
         if self.packing and fmt not in CAUSAL_FORMATS:
-            raise ConfigError(f"data.packing={self.packing!r} packs causal-LM rows; the {fmt!r} format cannot be packed")
+            raise ConfigError(
+                f"data.packing={self.packing!r} packs causal-LM rows; the {fmt!r} format cannot be packed"
+            )
         if self.packing and stream:
             # packing on the fly would give each rank a content-dependent number of rows, so ranks would run
             # different numbers of steps (DDP hangs) and the exact per-rank split would be lost
@@ -355,7 +391,9 @@ class HFDataModule(L.LightningDataModule):
                 "streams (no padding either), or data.streaming=false"
             )
         if self.padding_free and fmt not in CAUSAL_FORMATS:
-            raise ConfigError(f"data.padding_free=true flattens causal-LM rows; the {fmt!r} format cannot be flattened")
+            raise ConfigError(
+                f"data.padding_free=true flattens causal-LM rows; the {fmt!r} format cannot be flattened"
+            )
         if (self.packing or self.padding_free) and model is not None:
             if "position_ids" not in forward_parameters(model):
                 raise ConfigError(
@@ -377,7 +415,15 @@ class HFDataModule(L.LightningDataModule):
                 )
 
     def _prepare(
-        self, ds: Any, fmt: str, split: str, path: Any, label2id: Any, keep: list[str], inputs: list[str], inputs_from: str
+        self,
+        ds: Any,
+        fmt: str,
+        split: str,
+        path: Any,
+        label2id: Any,
+        keep: list[str],
+        inputs: list[str],
+        inputs_from: str,
     ) -> Any:
         if is_stream(ds):
             return ds  # tokenized on the fly by ShardedStream
@@ -389,23 +435,36 @@ class HFDataModule(L.LightningDataModule):
                 return view
             # packing needs the token rows side by side: the only columns it keeps, as a datasets.Dataset
             rows = [view[i] for i in range(len(view))]
-            out = datasets.Dataset.from_dict({
-                "input_ids": [list(r["input_ids"]) for r in rows],
-                "labels": [list(r.get("labels") or r["input_ids"]) for r in rows],
-            })
+            out = datasets.Dataset.from_dict(
+                {
+                    "input_ids": [list(r["input_ids"]) for r in rows],
+                    "labels": [list(r.get("labels") or r["input_ids"]) for r in rows],
+                }
+            )
         else:
             out = tokenize_dataset(
-                ds, fmt, self.tokenizer, self.max_length, split, path, label2id,
-                packing=self.packing, padding_free=self.padding_free,
+                ds,
+                fmt,
+                self.tokenizer,
+                self.max_length,
+                split,
+                path,
+                label2id,
+                packing=self.packing,
+                padding_free=self.padding_free,
             )
             if self.remove_unused_columns:
-                out, dropped = prune_dataset(out, keep, inputs, split, inputs_from, consumed=SOURCE_COLUMNS.get(fmt, ()))
+                out, dropped = prune_dataset(
+                    out, keep, inputs, split, inputs_from, consumed=SOURCE_COLUMNS.get(fmt, ())
+                )
                 self.dropped_columns[split] = dropped
         if self.packing:
             out = pack_dataset(out, self.packing, self.max_length, split)
         return out
 
-    def _pruning_collator(self, base: Any, ds: Any, keep: list[str], inputs: list[str], split: str, inputs_from: str) -> Any:
+    def _pruning_collator(
+        self, base: Any, ds: Any, keep: list[str], inputs: list[str], split: str, inputs_from: str
+    ) -> Any:
         """Streams and torch datasets keep their columns, so pruning happens per example in the collator.
 
         The first example is checked here, in the main process: the drop is logged once (not once per worker)
@@ -443,14 +502,18 @@ class HFDataModule(L.LightningDataModule):
     def _first_example(self, ds: Any, holdout_keep: bool | None) -> Any:
         if is_stream(ds):
             name = (self.validation_path or self.path) if holdout_keep else self.path
-            stream = ShardedStream(ds, self._processor, holdout=self._holdout_spec(holdout_keep), split="validation", name=name)
+            stream = ShardedStream(
+                ds, self._processor, holdout=self._holdout_spec(holdout_keep), split="validation", name=name
+            )
             return next(iter(stream), None)
         return ds[0] if len(ds) else None
 
     def _check_label_names(self) -> None:
         trainer = getattr(self, "trainer", None)
         module = getattr(trainer, "lightning_module", None) if trainer is not None else None
-        if module is None or not (getattr(module, "compute_metrics", None) or getattr(module, "metrics", None)):
+        if module is None or not (
+            getattr(module, "compute_metrics", None) or getattr(module, "metrics", None)
+        ):
             return
         if self.val_dataset is None:
             return
@@ -493,29 +556,51 @@ class HFDataModule(L.LightningDataModule):
             length_buffer = MEGA_BATCH_MULT * batch * self._accumulation()
             log.info(
                 "group_by_length on a stream: sorting by length within buffers of %d examples per reader "
-                "(the whole stream cannot be sorted)", length_buffer,
+                "(the whole stream cannot be sorted)",
+                length_buffer,
             )
         holdout = self._holdout_spec(not train)
         sized = hasattr(source, "__len__") and holdout is None
         stream = ShardedStream(
-            source, self._processor, rank=rank, world_size=world, shuffle=train and self.shuffle, seed=self.seed,
-            buffer_size=self.shuffle_buffer_size, length_buffer=length_buffer, holdout=holdout,
-            length=len(source) if sized else None, top_up=train, split="train" if train else "validation",
+            source,
+            self._processor,
+            rank=rank,
+            world_size=world,
+            shuffle=train and self.shuffle,
+            seed=self.seed,
+            buffer_size=self.shuffle_buffer_size,
+            length_buffer=length_buffer,
+            holdout=holdout,
+            length=len(source) if sized else None,
+            top_up=train,
+            split="train" if train else "validation",
             name=self.path if train else self.validation_path or self.path,
         )
         if train and stream.length is not None:
             check_fits_one_batch(stream.per_reader(self.num_workers), batch, self.drop_last)
         trainer = getattr(self, "trainer", None)
-        if train and stream.length is None and trainer is not None and (trainer.max_steps is None or trainer.max_steps < 0):
+        if (
+            train
+            and stream.length is None
+            and trainer is not None
+            and (trainer.max_steps is None or trainer.max_steps < 0)
+        ):
             raise ConfigError(
                 "the training data is a stream of unknown length, so an epoch has no known number of steps: "
                 "set trainer.max_steps"
             )
-        epoch_fn = (lambda: trainer.fit_loop.epoch_progress.current.processed) if trainer is not None else None
+        epoch_fn = (
+            (lambda: trainer.fit_loop.epoch_progress.current.processed) if trainer is not None else None
+        )
         return EpochDataLoader(
-            stream, seed=self.seed, rank=rank, epoch_fn=epoch_fn, batch_size=batch,
+            stream,
+            seed=self.seed,
+            rank=rank,
+            epoch_fn=epoch_fn,
+            batch_size=batch,
             collate_fn=self.train_collator if train else self._eval_collate(),
-            drop_last=self.drop_last if train else False, **self._loader_kwargs(),
+            drop_last=self.drop_last if train else False,
+            **self._loader_kwargs(),
         )
 
     def _map_loader(self, ds: Any, train: bool) -> EpochDataLoader:
@@ -526,16 +611,27 @@ class HFDataModule(L.LightningDataModule):
             lengths = self._lengths(ds)
             self._train_lengths = lengths
         sampler = ExactDistributedSampler(
-            ds, num_replicas=world, rank=rank, shuffle=train and self.shuffle, seed=self.seed,
-            drop_last=self.drop_last if train else False, lengths=lengths,
-            group_batch_size=batch * self._accumulation(), top_up=train,
+            ds,
+            num_replicas=world,
+            rank=rank,
+            shuffle=train and self.shuffle,
+            seed=self.seed,
+            drop_last=self.drop_last if train else False,
+            lengths=lengths,
+            group_batch_size=batch * self._accumulation(),
+            top_up=train,
         )
         if train:
             check_fits_one_batch(len(sampler), batch, self.drop_last)
         return EpochDataLoader(
-            TopUpDataset(ds, placeholder=not train) if sampler.needs_top_up else ds, seed=self.seed, rank=rank,
-            sampler=sampler, batch_size=batch, collate_fn=self.train_collator if train else self._eval_collate(),
-            drop_last=self.drop_last if train else False, **self._loader_kwargs(),
+            TopUpDataset(ds, placeholder=not train) if sampler.needs_top_up else ds,
+            seed=self.seed,
+            rank=rank,
+            sampler=sampler,
+            batch_size=batch,
+            collate_fn=self.train_collator if train else self._eval_collate(),
+            drop_last=self.drop_last if train else False,
+            **self._loader_kwargs(),
         )
 
     def _eval_collate(self) -> Any:

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from hf_lightning.module.loss import IGNORE_INDEX
+from hf_lightning.batch import IGNORE_INDEX
 
 OPEN, CLOSE = "[[", "]]"
 
@@ -39,7 +39,11 @@ def first_sequence(batch: Mapping[str, Any], pad: torch.Tensor) -> tuple[list[in
     ids = batch["input_ids"][0]
     keep = ~pad[0]
     labels = batch.get("labels")
-    row_labels = labels[0] if labels is not None and labels.dim() == 2 and labels.shape == batch["input_ids"].shape else None
+    row_labels = (
+        labels[0]
+        if labels is not None and labels.dim() == 2 and labels.shape == batch["input_ids"].shape
+        else None
+    )
     end = int(keep.sum())
     pos = batch.get("position_ids")
     if pos is not None:
@@ -89,11 +93,15 @@ def describe_batch(
     labels = batch.get("labels")
     if isinstance(labels, torch.Tensor) and labels.dim() == 2:
         ignored = int((labels == IGNORE_INDEX).sum())
-        lines.append(f"labels -100: {100 * ignored / labels.numel():.1f}% of label positions ({ignored} of {labels.numel()})")
+        lines.append(
+            f"labels -100: {100 * ignored / labels.numel():.1f}% of label positions ({ignored} of {labels.numel()})"
+        )
         if labels.shape == pad.shape:
             real = ~pad
             ignored_real = int(((labels == IGNORE_INDEX) & real).sum())
-            lines.append(f"             {100 * ignored_real / max(int(real.sum()), 1):.1f}% of non-padding positions")
+            lines.append(
+                f"             {100 * ignored_real / max(int(real.sum()), 1):.1f}% of non-padding positions"
+            )
     n_pad = int(pad.sum())
     lines.append(f"padding: {100 * n_pad / pad.numel():.1f}% of input positions ({n_pad} of {pad.numel()})")
     dropped = {k: list(v) for k, v in (dropped_columns or {}).items() if v}

@@ -142,7 +142,9 @@ def explain_load_error(path: str, builder: str, err: BaseException) -> str:
     if os.path.getsize(path) == 0:
         return "the file is empty (0 bytes): no rows to train on"
     causes = list(_chain(err))
-    if any(isinstance(e, UnicodeDecodeError) for e in causes) or any("Invalid encoding" in str(e) for e in causes):
+    if any(isinstance(e, UnicodeDecodeError) for e in causes) or any(
+        "Invalid encoding" in str(e) for e in causes
+    ):
         message = non_utf8_message(path)
         if message is not None:
             return message

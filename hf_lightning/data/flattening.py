@@ -27,9 +27,9 @@ from typing import Any
 
 import torch
 
+from hf_lightning.batch import IGNORE_INDEX
 from hf_lightning.data.collators import checked_column, flatten_rows
 from hf_lightning.errors import DataError
-from hf_lightning.module.loss import IGNORE_INDEX
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,9 @@ class PaddingFreeCollator:
             ``attention_mask`` with zeros.
     """
 
-    def __init__(self, label_pad_token_id: int = IGNORE_INDEX, return_flash_attn_kwargs: bool = False) -> None:
+    def __init__(
+        self, label_pad_token_id: int = IGNORE_INDEX, return_flash_attn_kwargs: bool = False
+    ) -> None:
         self.label_pad_token_id = label_pad_token_id
         self.return_flash_attn_kwargs = return_flash_attn_kwargs
         self._announced: set[str] = set()
@@ -104,7 +106,9 @@ class PaddingFreeCollator:
             row_of = torch.repeat_interleave(torch.arange(len(lengths)), sizes)
             i = int(row_of[int(torch.nonzero(mask == 0)[0])])
             raise DataError(f"example {i}: attention_mask has zeros; padding-free batches take unpadded rows")
-        labels[positions == 0] = self.label_pad_token_id  # each sequence start (every document of a packed row)
+        labels[positions == 0] = (
+            self.label_pad_token_id
+        )  # each sequence start (every document of a packed row)
         extra = set().union(*examples) - set(CARRIED) - self._announced
         for key in sorted(extra):
             self._announced.add(key)

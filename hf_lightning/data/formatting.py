@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from hf_lightning.batch import IGNORE_INDEX
 from hf_lightning.data.chat import chat_labels, tokenize_chat, tokenize_sharegpt
 from hf_lightning.data.row_report import (
     ALL_PADDING,
@@ -42,7 +43,6 @@ from hf_lightning.data.row_report import (
     target_cause,
 )
 from hf_lightning.errors import DataError
-from hf_lightning.module.loss import IGNORE_INDEX
 
 __all__ = ["FORMATS", "SOURCE_COLUMNS", "TOKENIZERS", "chat_labels", "detect_format", "tokenize_chat"]
 
@@ -75,7 +75,9 @@ def _encode_counted(
         for i, ids in enumerate(enc["input_ids"]):
             if not empty[i] and ids[-1] != eos:
                 for key, rows in enc.items():
-                    rows[i].append(eos if key == "input_ids" else 1 if key == "attention_mask" else rows[i][-1])
+                    rows[i].append(
+                        eos if key == "input_ids" else 1 if key == "attention_mask" else rows[i][-1]
+                    )
     full = [len(x) for x in enc["input_ids"]]
     long_rows = [i for i, n in enumerate(full) if max_length is not None and n > max_length]
     if long_rows:
@@ -86,7 +88,9 @@ def _encode_counted(
     return enc, [n - len(x) for n, x in zip(full, enc["input_ids"])], empty
 
 
-def tokenize_text(batch: dict[str, list], tokenizer: Any, max_length: int | None, add_eos: bool = False) -> dict[str, list]:
+def tokenize_text(
+    batch: dict[str, list], tokenizer: Any, max_length: int | None, add_eos: bool = False
+) -> dict[str, list]:
     """``text``: causal LM on every token, each row exactly ``tokenizer(text, truncation=True, max_length=...)``.
 
     ``add_eos`` (set for packed rows only): each document ends with the EOS token, as TRL appends ``eos_token`` to
@@ -97,7 +101,12 @@ def tokenize_text(batch: dict[str, list], tokenizer: Any, max_length: int | None
         EMPTY if e else "" if len(ids) > 1 else CUT if c else ONE_TOKEN
         for e, c, ids in zip(empty, cut, enc["input_ids"])
     ]
-    return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"], "truncated": cut, "untrainable": causes}
+    return {
+        "input_ids": enc["input_ids"],
+        "attention_mask": enc["attention_mask"],
+        "truncated": cut,
+        "untrainable": causes,
+    }
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -125,7 +134,13 @@ def tokenize_prompt_completion(batch: dict[str, list], tokenizer: Any, max_lengt
     special = special_ids(tokenizer)
     full = tokenizer([p + c for p, c in zip(prompts, completions)])["input_ids"]
     heads = tokenizer(prompts)["input_ids"]
-    out: dict[str, list] = {"input_ids": [], "attention_mask": [], "labels": [], "truncated": [], "untrainable": []}
+    out: dict[str, list] = {
+        "input_ids": [],
+        "attention_mask": [],
+        "labels": [],
+        "truncated": [],
+        "untrainable": [],
+    }
     for ids, head in zip(full, heads):
         ids = list(ids)
         empty = not has_content(ids, special)
@@ -206,8 +221,17 @@ def _check_token_values(key: str, row: list, allowed_negative: int | None = None
     for value in row:
         if isinstance(value, float) and not value.is_integer():
             raise DataError(f"field {key!r} holds {value!r}, not a whole token id; token ids are integers")
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0 and value != allowed_negative:
-            extra = " (the only negative label allowed is -100: not trained on)" if allowed_negative is not None else ""
+        if (
+            isinstance(value, (int, float))
+            and not isinstance(value, bool)
+            and value < 0
+            and value != allowed_negative
+        ):
+            extra = (
+                " (the only negative label allowed is -100: not trained on)"
+                if allowed_negative is not None
+                else ""
+            )
             raise DataError(f"field {key!r} holds the negative token id {value!r}{extra}")
 
 
@@ -248,7 +272,11 @@ def truncate_tokenized(
                 )
             if not isinstance(row, int):
                 _check_token_values("labels", _flat(row), allowed_negative=-100)
-    columns = {key: [_token_row(x) for x in batch[key]] for key in ("attention_mask", "labels", "position_ids") if key in batch}
+    columns = {
+        key: [_token_row(x) for x in batch[key]]
+        for key in ("attention_mask", "labels", "position_ids")
+        if key in batch
+    }
     for key, rows in columns.items():
         for row, row_ids in zip(rows, ids):
             if isinstance(row, list) and len(row) != len(row_ids):
@@ -259,7 +287,9 @@ def truncate_tokenized(
     masks = columns.get("attention_mask")
     class_label = next((k for k in ("label", "label_ids") if k in batch), None)
     if masks is not None and "labels" not in columns and class_label is None:
-        columns["labels"] = [[t if m else IGNORE_INDEX for t, m in zip(row, mask)] for row, mask in zip(ids, masks)]
+        columns["labels"] = [
+            [t if m else IGNORE_INDEX for t, m in zip(row, mask)] for row, mask in zip(ids, masks)
+        ]
     out: dict[str, list] = {"input_ids": [], **{k: [] for k in columns}, "truncated": [], "untrainable": []}
     if masks is not None and "labels" in batch:
         out["padding_masked"] = []
@@ -271,14 +301,20 @@ def truncate_tokenized(
         labels = row.get("labels")
         padded = isinstance(mask, list) and 0 in mask
         if "padding_masked" in out:
-            on_pad = [m == 0 and t != IGNORE_INDEX for t, m in zip(labels, mask)] if padded and isinstance(labels, list) else []
+            on_pad = (
+                [m == 0 and t != IGNORE_INDEX for t, m in zip(labels, mask)]
+                if padded and isinstance(labels, list)
+                else []
+            )
             out["padding_masked"].append(sum(on_pad))
             if any(on_pad):
                 row["labels"] = [IGNORE_INDEX if p else t for t, p in zip(labels, on_pad)]
         if "padding_removed" in out:
             out["padding_removed"].append(mask.count(0) if padded else 0)
             if padded:
-                row = {k: [x for x, m in zip(v, mask) if m] if isinstance(v, list) else v for k, v in row.items()}
+                row = {
+                    k: [x for x, m in zip(v, mask) if m] if isinstance(v, list) else v for k, v in row.items()
+                }
         full = row
         if max_length is not None:
             row = {k: v[:max_length] if isinstance(v, list) else v for k, v in row.items()}
@@ -289,7 +325,9 @@ def truncate_tokenized(
     return out
 
 
-def _tokenized_cause(raw_ids: list, mask: Any, row: dict, full: dict, batch: dict, class_label: Any, i: int) -> str:
+def _tokenized_cause(
+    raw_ids: list, mask: Any, row: dict, full: dict, batch: dict, class_label: Any, i: int
+) -> str:
     if not raw_ids:
         return EMPTY
     if isinstance(mask, list) and not any(mask):
@@ -329,7 +367,15 @@ SOURCE_COLUMNS = {
 # formats whose labels are shifted by the model (the first label position is never a target)
 CAUSAL_FORMATS = ("text", "prompt_completion", "messages", "conversations", "tokenized")
 # detection order: the first format whose required columns are all present
-DETECTION_ORDER = ("tokenized", "messages", "conversations", "prompt_completion", "seq2seq", "classification", "text")
+DETECTION_ORDER = (
+    "tokenized",
+    "messages",
+    "conversations",
+    "prompt_completion",
+    "seq2seq",
+    "classification",
+    "text",
+)
 
 
 def detect_format(columns: Sequence[str], path: Any = None) -> str:
@@ -353,5 +399,11 @@ def check_columns(columns: Sequence[str], fmt: str, path: Any, split: str) -> No
     """Raise :class:`DataError` naming the missing field when ``columns`` cannot feed format ``fmt``."""
     missing = [c for c in SOURCE_COLUMNS[fmt] if c not in columns]
     if missing:
-        what = f"a {missing[0]!r} field" if len(missing) == 1 else "the fields " + ", ".join(repr(c) for c in missing)
-        raise DataError(f"data.path={path}: format {fmt!r} needs {what}; the {split} split has {list(columns)}")
+        what = (
+            f"a {missing[0]!r} field"
+            if len(missing) == 1
+            else "the fields " + ", ".join(repr(c) for c in missing)
+        )
+        raise DataError(
+            f"data.path={path}: format {fmt!r} needs {what}; the {split} split has {list(columns)}"
+        )

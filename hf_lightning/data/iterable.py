@@ -237,8 +237,12 @@ class ShardedStream(IterableDataset):
             # row evaluates one placeholder, so that its rank runs the loop (hf_lightning.data.placeholder)
             yield row if self.top_up else PlaceholderRow(row)
         max_length = getattr(self.processor, "kwargs", {}).get("max_length")
-        report.log(max_length, logging.WARNING if self.epoch == 0 else logging.INFO, f"reader {index} of {count}: ",
-                   kept=True)
+        report.log(
+            max_length,
+            logging.WARNING if self.epoch == 0 else logging.INFO,
+            f"reader {index} of {count}: ",
+            kept=True,
+        )
 
     def _read(self, epoch: int) -> Iterator[dict[str, Any]]:
         """:meth:`_rows`, with a reader's error (a broken line, a byte that is not UTF-8) as a :class:`DataError`
@@ -262,7 +266,12 @@ class ShardedStream(IterableDataset):
         """Where row ``j`` of this epoch's order comes from: the file line when the order is the file's (no shuffle,
         no hold-out), else the position."""
         name = self.name
-        if isinstance(name, (str, os.PathLike)) and os.path.isfile(name) and not self.shuffle and self.holdout is None:
+        if (
+            isinstance(name, (str, os.PathLike))
+            and os.path.isfile(name)
+            and not self.shuffle
+            and self.holdout is None
+        ):
             path = os.fspath(name)
             line = jsonl_line_of_row(path, j) if is_json_lines(path) else None
             if line is not None:

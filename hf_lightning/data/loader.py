@@ -52,7 +52,9 @@ class EpochDataLoader(DataLoader):
         generator: torch.Generator | None = None,
         **kwargs: Any,
     ) -> None:
-        super().__init__(dataset, generator=generator if generator is not None else torch.Generator(), **kwargs)
+        super().__init__(
+            dataset, generator=generator if generator is not None else torch.Generator(), **kwargs
+        )
         self.seed = seed
         self.rank = rank
         self.epoch_fn = epoch_fn

@@ -53,7 +53,10 @@ def _load_folder(path: str) -> datasets.Dataset | datasets.DatasetDict:
 
 
 IN_MEMORY = (
-    datasets.Dataset, datasets.DatasetDict, datasets.IterableDataset, datasets.IterableDatasetDict,
+    datasets.Dataset,
+    datasets.DatasetDict,
+    datasets.IterableDataset,
+    datasets.IterableDatasetDict,
     torch.utils.data.Dataset,
 )
 
@@ -110,7 +113,9 @@ def is_stream(ds: Any) -> bool:
     return isinstance(ds, (datasets.IterableDataset, torch.utils.data.IterableDataset))
 
 
-def split_train_validation(loaded: Any, validation_split: float, seed: int, path: Any) -> tuple[Any, Any, float | None]:
+def split_train_validation(
+    loaded: Any, validation_split: float, seed: int, path: Any
+) -> tuple[Any, Any, float | None]:
     """Pick or make the train and validation splits: ``(train, validation or None, stream hold-out or None)``.
 
     A ``DatasetDict`` / ``IterableDatasetDict`` uses its ``train`` split and its first split named
@@ -131,7 +136,10 @@ def split_train_validation(loaded: Any, validation_split: float, seed: int, path
         train, val = loaded, None
     if is_stream(train):
         if val is None and validation_split > 0:
-            log.info("stream: holding out about %.1f%% of the rows for validation (by content hash)", 100 * validation_split)
+            log.info(
+                "stream: holding out about %.1f%% of the rows for validation (by content hash)",
+                100 * validation_split,
+            )
             return train, train, validation_split
         return train, val, None
     if len(train) == 0:
@@ -145,6 +153,9 @@ def split_train_validation(loaded: Any, validation_split: float, seed: int, path
         else:
             perm = torch.randperm(len(train), generator=torch.Generator().manual_seed(seed)).tolist()
             n_val = max(1, round(validation_split * len(train)))
-            train, val = torch.utils.data.Subset(train, perm[n_val:]), torch.utils.data.Subset(train, perm[:n_val])
+            train, val = (
+                torch.utils.data.Subset(train, perm[n_val:]),
+                torch.utils.data.Subset(train, perm[:n_val]),
+            )
         log.info("held out %d of %d rows for validation (seed %d)", len(val), len(train) + len(val), seed)
     return train, val, None

@@ -45,9 +45,9 @@ from typing import Any
 import datasets
 import torch
 
+from hf_lightning.batch import IGNORE_INDEX
 from hf_lightning.data.collators import flatten_rows, pad_flat, round_up, row_mask
 from hf_lightning.errors import ConfigError
-from hf_lightning.module.loss import IGNORE_INDEX
 
 log = logging.getLogger(__name__)
 
@@ -158,16 +158,23 @@ def announce_document_ends(tokenizer: Any, fmt: str, packing: str | None) -> Non
         return
     eos = getattr(tokenizer, "eos_token_id", None)
     if eos is None:
-        log.warning("data.packing=%s: the tokenizer has no EOS token, so packed text documents have no end marker", packing)
+        log.warning(
+            "data.packing=%s: the tokenizer has no EOS token, so packed text documents have no end marker",
+            packing,
+        )
         return
     log.info(
         "data.packing=%s: each text document ends with the EOS token %r (id %d) unless the tokenizer ended it with "
         "one, as TRL does; unpacked and padding-free rows stay exactly tokenizer(text, truncation=True, max_length=...)",
-        packing, tokenizer.eos_token, eos,
+        packing,
+        tokenizer.eos_token,
+        eos,
     )
 
 
-def pack_dataset(ds: datasets.Dataset, strategy: str, max_length: int, split: str = "train") -> datasets.Dataset:
+def pack_dataset(
+    ds: datasets.Dataset, strategy: str, max_length: int, split: str = "train"
+) -> datasets.Dataset:
     """Pack a tokenized dataset with ``strategy`` (``"bfd"`` or ``"wrapped"``) and log the efficiency.
 
     Columns other than ``input_ids``, ``attention_mask``, ``labels`` cannot follow documents into shared rows;
@@ -180,14 +187,25 @@ def pack_dataset(ds: datasets.Dataset, strategy: str, max_length: int, split: st
         raise ConfigError(f"data.packing={strategy!r}; expected false or one of {list(STRATEGIES)}")
     left = [c for c in ds.column_names if c not in ("input_ids", "attention_mask", "labels")]
     if left:
-        log.warning("%s: packing leaves the columns %s out (they cannot follow documents into shared rows)", split, left)
+        log.warning(
+            "%s: packing leaves the columns %s out (they cannot follow documents into shared rows)",
+            split,
+            left,
+        )
     n_docs = len(ds)
     packed = pack_bfd(ds, max_length) if strategy == "bfd" else pack_wrapped(ds, max_length)
     tokens = sum(len(x) for x in packed["input_ids"])
     slots = len(packed) * max_length
     log.info(
         "%s: packed %d documents into %d rows of %d (%s): efficiency %.1f%% (%d real tokens / %d slots)",
-        split, n_docs, len(packed), max_length, strategy, 100.0 * tokens / slots, tokens, slots,
+        split,
+        n_docs,
+        len(packed),
+        max_length,
+        strategy,
+        100.0 * tokens / slots,
+        tokens,
+        slots,
     )
     if strategy == "wrapped":
         across = documents_across_rows([len(x) for x in ds["input_ids"]], max_length)

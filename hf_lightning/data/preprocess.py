@@ -93,8 +93,12 @@ def describe_row(ds: Any, row: int, path: Any, split: str) -> str:
 
 
 def fn_kwargs_for(
-    fmt: str, tokenizer: Any, max_length: int, label2id: Mapping[str, int] | None,
-    packing: str | None = None, padding_free: bool = False,
+    fmt: str,
+    tokenizer: Any,
+    max_length: int,
+    label2id: Mapping[str, int] | None,
+    packing: str | None = None,
+    padding_free: bool = False,
 ) -> dict:
     """The keyword arguments of format ``fmt``'s function.
 
@@ -102,7 +106,10 @@ def fn_kwargs_for(
     truncated; HF ``run_clm``'s ``group_texts`` and TRL's ``wrapped`` keep every token too); packed ``text`` ends
     each document with EOS; packed and padding-free pre-tokenized rows lose their padding.
     """
-    kwargs: dict[str, Any] = {"tokenizer": tokenizer, "max_length": None if packing == "wrapped" else max_length}
+    kwargs: dict[str, Any] = {
+        "tokenizer": tokenizer,
+        "max_length": None if packing == "wrapped" else max_length,
+    }
     if fmt == "classification":
         kwargs["label2id"] = dict(label2id) if label2id else None
     if fmt == "text":
@@ -150,7 +157,13 @@ def tokenize_dataset(
             ) from err
     with naming_non_utf8(path, split):
         try:
-            out = _map_rows(ds, fmt, fn_kwargs_for(fmt, tokenizer, max_length, label2id, packing, padding_free), split, num_proc)
+            out = _map_rows(
+                ds,
+                fmt,
+                fn_kwargs_for(fmt, tokenizer, max_length, label2id, packing, padding_free),
+                split,
+                num_proc,
+            )
         except RowError as err:
             raise DataError(f"{describe_row(ds, err.row, path, split)}: {err.message}") from err
         except DataError as err:
@@ -172,7 +185,9 @@ def tokenize_dataset(
     return out
 
 
-def _map_rows(ds: datasets.Dataset, fmt: str, kwargs: dict, split: str, num_proc: int | None) -> datasets.Dataset:
+def _map_rows(
+    ds: datasets.Dataset, fmt: str, kwargs: dict, split: str, num_proc: int | None
+) -> datasets.Dataset:
     return ds.map(
         tokenize_rows,
         batched=True,
@@ -229,8 +244,13 @@ class ExampleProcessor:
     """
 
     def __init__(
-        self, fmt: str, tokenizer: Any, max_length: int, label2id: Mapping[str, int] | None = None,
-        packing: str | None = None, padding_free: bool = False,
+        self,
+        fmt: str,
+        tokenizer: Any,
+        max_length: int,
+        label2id: Mapping[str, int] | None = None,
+        packing: str | None = None,
+        padding_free: bool = False,
     ) -> None:
         self.fmt = fmt
         self.fn = TOKENIZERS[fmt]

@@ -62,10 +62,15 @@ def signature_columns(model_input_names: Iterable[str], label_names: Iterable[st
 
 
 def _check_inputs_survive(
-    columns: Sequence[str], keep: Sequence[str], model_input_names: Sequence[str], where: str, inputs_from: str
+    columns: Sequence[str],
+    keep: Sequence[str],
+    model_input_names: Sequence[str],
+    where: str,
+    inputs_from: str,
 ) -> None:
     inputs = [
-        c for c in model_input_names
+        c
+        for c in model_input_names
         if c in columns and c not in LABEL_COLUMNS and "label" not in c and c not in AUXILIARY_INPUTS
     ]
     if not inputs:
@@ -105,7 +110,9 @@ def prune_dataset(
         if others:
             log.warning(
                 "%s: columns %s are not in %s and are dropped (remove_unused_columns=true)",
-                split, others, inputs_from,
+                split,
+                others,
+                inputs_from,
             )
         ds = ds.remove_columns(dropped)
     return ds, dropped
@@ -140,14 +147,18 @@ class PruneColumnsCollator:
     def inspect(self, example: Mapping[str, Any]) -> None:
         """Check one example: raise if no model input survives, log keys dropped for the first time."""
         if not self._checked:
-            _check_inputs_survive(list(example), self.keep, self.model_input_names, f"{self.split} examples", self.inputs_from)
+            _check_inputs_survive(
+                list(example), self.keep, self.model_input_names, f"{self.split} examples", self.inputs_from
+            )
             self._checked = True
         extra = [k for k in example if k not in self.keep and k not in self.dropped]
         if extra:
             self.dropped += extra
             log.warning(
                 "%s: keys %s are not in %s and are dropped from every example (remove_unused_columns=true)",
-                self.split, extra, self.inputs_from,
+                self.split,
+                extra,
+                self.inputs_from,
             )
 
     def __call__(self, examples: Sequence[Mapping[str, Any]]) -> Any:
@@ -172,6 +183,7 @@ def resolve_model_inputs(
     names = list(getattr(tokenizer, "model_input_names", None) or ["input_ids", "attention_mask"])
     log.warning(
         "no model to read forward() from (the LightningModule has no .model and data.model_input_names is "
-        "not set): pruning columns to the tokenizer's model_input_names %s plus the label columns", names,
+        "not set): pruning columns to the tokenizer's model_input_names %s plus the label columns",
+        names,
     )
     return names, "tokenizer.model_input_names"

@@ -22,8 +22,8 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from hf_lightning.batch import IGNORE_INDEX
 from hf_lightning.data.file_errors import is_json_lines
-from hf_lightning.module.loss import IGNORE_INDEX
 
 log = logging.getLogger(__name__)
 

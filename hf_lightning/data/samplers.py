@@ -34,13 +34,16 @@ import pyarrow.compute as pc
 import torch
 from torch.utils.data import Dataset, DistributedSampler
 
-from hf_lightning.module.loss import IGNORE_INDEX
+from hf_lightning.batch import IGNORE_INDEX
 
 log = logging.getLogger(__name__)
 
 
 def length_grouped_indices(
-    lengths: Sequence[int], batch_size: int, generator: torch.Generator | None = None, mega_batch_mult: int | None = None
+    lengths: Sequence[int],
+    batch_size: int,
+    generator: torch.Generator | None = None,
+    mega_batch_mult: int | None = None,
 ) -> list[int]:
     """HF's ``transformers.trainer_pt_utils.get_length_grouped_indices``, reproduced exactly.
 
@@ -57,7 +60,9 @@ def length_grouped_indices(
         mega_batch_mult = max(min(n // (batch_size * 4), 50), 1)
     indices = torch.randperm(n, generator=generator).tolist()
     size = mega_batch_mult * batch_size
-    megabatches = [sorted(indices[i : i + size], key=lambda j: lengths[j], reverse=True) for i in range(0, n, size)]
+    megabatches = [
+        sorted(indices[i : i + size], key=lambda j: lengths[j], reverse=True) for i in range(0, n, size)
+    ]
     if not megabatches:
         return []
     # the first mega-batch whose head is the longest (argmax takes the first maximum, as HF's torch.argmax)
@@ -180,7 +185,9 @@ class ExactDistributedSampler(DistributedSampler):
         group_batch_size: int = 1,
         top_up: bool = True,
     ) -> None:
-        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed, drop_last=drop_last)
+        super().__init__(
+            dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed, drop_last=drop_last
+        )
         self.n = len(dataset)
         if lengths is not None and len(lengths) != self.n:
             raise ValueError(f"{len(lengths)} lengths for a dataset of {self.n} examples")

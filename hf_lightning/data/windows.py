@@ -18,13 +18,7 @@ import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
-NUM_ITEMS_KEY = "num_items_in_batch"
-# the micro-batch's own count and its window's number of micro-batches: the module needs them for HF's
-# fallback (a per-batch mean divided by the window length) and to skip a micro-batch without targets, and
-# reading them from a device tensor would cost a host-device sync per micro-batch
-MICRO_ITEMS_KEY = "num_items_in_micro_batch"
-WINDOW_LENGTH_KEY = "num_batches_in_window"
-WINDOW_KEYS = (NUM_ITEMS_KEY, MICRO_ITEMS_KEY, WINDOW_LENGTH_KEY)
+from hf_lightning.batch import MICRO_ITEMS_KEY, NUM_ITEMS_KEY, WINDOW_KEYS, WINDOW_LENGTH_KEY  # noqa: F401
 
 
 class AccumulationWindowLoader:

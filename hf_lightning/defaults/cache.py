@@ -11,7 +11,9 @@ from pathlib import Path
 
 def cache_root() -> Path:
     """``$HF_LIGHTNING_CACHE`` if set, else ``~/.cache/hf_lightning``."""
-    root = os.environ.get("HF_LIGHTNING_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "hf_lightning")
+    root = os.environ.get("HF_LIGHTNING_CACHE") or os.path.join(
+        os.path.expanduser("~"), ".cache", "hf_lightning"
+    )
     return Path(root)
 
 

@@ -65,9 +65,10 @@ def prepare_chatterbot(language: str = "english") -> dict[str, str]:
 
     def build(tmp: Path) -> None:
         convs = load_conversations(language)
-        with open(tmp / "train.jsonl", "w", encoding="utf-8") as tr, open(
-            tmp / "validation.jsonl", "w", encoding="utf-8"
-        ) as va:
+        with (
+            open(tmp / "train.jsonl", "w", encoding="utf-8") as tr,
+            open(tmp / "validation.jsonl", "w", encoding="utf-8") as va,
+        ):
             for i, messages in enumerate(convs):
                 out = va if i % VALIDATION_EVERY == 0 else tr
                 out.write(json.dumps({"messages": messages}, ensure_ascii=False) + "\n")

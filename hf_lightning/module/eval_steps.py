@@ -35,6 +35,8 @@ def sequence_classes(model: nn.Module) -> int | None:
     if num < 2 or getattr(config, "problem_type", None) not in (None, "single_label_classification"):
         return None
     return num
+
+
 WARN_BYTES = 2**30  # warn when keeping every logit would take more than 1 GiB
 
 
@@ -64,7 +66,9 @@ class EvalStepsMixin:
     ) -> None:
         #: the optimizer step whose weights the newest validation measured (``None``: not validated yet)
         self.last_validated_step: int | None = None
-        takes_result = compute_metrics is not None and "compute_result" in inspect.signature(compute_metrics).parameters
+        takes_result = (
+            compute_metrics is not None and "compute_result" in inspect.signature(compute_metrics).parameters
+        )
         if batch_eval_metrics and compute_metrics is not None and not takes_result:
             raise ConfigError(
                 "batch_eval_metrics=true calls compute_metrics(eval_pred, compute_result=...) per batch; "
@@ -76,7 +80,9 @@ class EvalStepsMixin:
         self.preprocess_logits_for_metrics = preprocess_logits_for_metrics
         self.batch_eval_metrics = batch_eval_metrics
         num_classes = sequence_classes(self.model)
-        self.eval_metrics = nn.ModuleDict({s: nn.ModuleDict(self._stage_metrics(num_classes)) for s in STAGES})
+        self.eval_metrics = nn.ModuleDict(
+            {s: nn.ModuleDict(self._stage_metrics(num_classes)) for s in STAGES}
+        )
         self._collector = PredictionCollector(eval_accumulation_steps)
         self._lean_eval_said = False
 
@@ -94,7 +100,9 @@ class EvalStepsMixin:
             return
         outputs = self(batch)
         logits, labels = outputs.logits, batch["labels"]
-        loss_sum = token_cross_entropy_sum(logits, labels, causal=self.causal, shift_labels=batch.get("shift_labels"))
+        loss_sum = token_cross_entropy_sum(
+            logits, labels, causal=self.causal, shift_labels=batch.get("shift_labels")
+        )
         # a placeholder (hf_lightning.data.placeholder) has no target: it adds 0 to these sums, and nothing below
         metrics["loss"].update(loss_sum, self.count_loss_items(batch))
         metrics["accuracy"].update(logits, labels)
@@ -149,8 +157,14 @@ class EvalStepsMixin:
         if self.compute_metrics is not None and self.lean.active and not self._lean_eval_said:
             self._lean_eval_said = True
             if self.trainer.is_global_zero:
-                log.info("evaluation computes the full logits: compute_metrics needs them (training stays lean)")
-        if self.compute_metrics is None or self.preprocess_logits_for_metrics is not None or self.batch_eval_metrics:
+                log.info(
+                    "evaluation computes the full logits: compute_metrics needs them (training stays lean)"
+                )
+        if (
+            self.compute_metrics is None
+            or self.preprocess_logits_for_metrics is not None
+            or self.batch_eval_metrics
+        ):
             return
         loader = self.trainer.val_dataloaders if stage == "val" else self.trainer.test_dataloaders
         dataset = getattr(loader, "dataset", None)
@@ -167,7 +181,12 @@ class EvalStepsMixin:
                 "%d examples x %d tokens x %d vocab x %d bytes = %.1f GiB in host memory. Pass "
                 "preprocess_logits_for_metrics (e.g. lambda logits, labels: logits.argmax(-1)) or set "
                 "batch_eval_metrics=true",
-                stage, len(dataset), max_len, vocab, torch.finfo(dtype).bits // 8, need / 2**30,
+                stage,
+                len(dataset),
+                max_len,
+                vocab,
+                torch.finfo(dtype).bits // 8,
+                need / 2**30,
             )
 
     def on_validation_start(self) -> None:
@@ -192,7 +211,9 @@ class EvalStepsMixin:
             if preds is not None:
                 from transformers import EvalPrediction
 
-                self._user_metrics = dict(self.compute_metrics(EvalPrediction(predictions=preds, label_ids=labels)))
+                self._user_metrics = dict(
+                    self.compute_metrics(EvalPrediction(predictions=preds, label_ids=labels))
+                )
         for key, value in getattr(self, "_user_metrics", {}).items():
             name = key.removeprefix("eval_")
             values[f"{stage}/{name}"] = torch.as_tensor(float(value))
@@ -218,7 +239,9 @@ class EvalStepsMixin:
         from lightning.pytorch.trainer.states import TrainerFn
 
         trainer = self.trainer
-        loop = {TrainerFn.VALIDATING: trainer.validate_loop, TrainerFn.TESTING: trainer.test_loop}.get(trainer.state.fn)
+        loop = {TrainerFn.VALIDATING: trainer.validate_loop, TrainerFn.TESTING: trainer.test_loop}.get(
+            trainer.state.fn
+        )
         if loop is None or (stage == "test") != (trainer.state.fn == TrainerFn.TESTING):
             return None
         return getattr(loop, "_logged_outputs", None)
@@ -274,5 +297,7 @@ class EvalStepsMixin:
             pos = (lab != IGNORE_INDEX).nonzero().flatten()
             if self.causal:
                 pos = pos[pos > 0]
-            out.append({"positions": pos.tolist(), "predicted_ids": p[pos].tolist(), "label_ids": lab[pos].tolist()})
+            out.append(
+                {"positions": pos.tolist(), "predicted_ids": p[pos].tolist(), "label_ids": lab[pos].tolist()}
+            )
         return out

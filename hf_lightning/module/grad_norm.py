@@ -75,9 +75,13 @@ class StepGradNorm:
         refuses to clip): the caller then defers to Lightning."""
         plugin = trainer.precision_plugin
         fsdp = isinstance(trainer.strategy, FSDPStrategy)
-        if gradients_outside_params(trainer) or (not fsdp and type(plugin).clip_grad_by_norm is not Precision.clip_grad_by_norm):
+        if gradients_outside_params(trainer) or (
+            not fsdp and type(plugin).clip_grad_by_norm is not Precision.clip_grad_by_norm
+        ):
             return False
-        if getattr(plugin, "scaler", None) is not None and getattr(optimizer, "_step_supports_amp_scaling", False):
+        if getattr(plugin, "scaler", None) is not None and getattr(
+            optimizer, "_step_supports_amp_scaling", False
+        ):
             return False
         norm = self.get(trainer, optimizer)
         params = params_with_grad(optimizer)  # none left when NonFiniteGuard dropped this step's gradients

@@ -13,9 +13,9 @@ import lightning as L
 import torch
 from torch import nn
 
+from hf_lightning.batch import MICRO_ITEMS_KEY, NUM_ITEMS_KEY, WINDOW_KEYS, WINDOW_LENGTH_KEY
 from hf_lightning.data.describe import padding_mask
 from hf_lightning.data.placeholder import PLACEHOLDER_KEY
-from hf_lightning.data.windows import MICRO_ITEMS_KEY, NUM_ITEMS_KEY, WINDOW_KEYS, WINDOW_LENGTH_KEY
 from hf_lightning.errors import ConfigError, ModelError
 from hf_lightning.module.eval_steps import EvalStepsMixin
 from hf_lightning.module.grad_norm import StepGradNorm
@@ -39,14 +39,17 @@ log = logging.getLogger(__name__)
 # HFLightningModule overrides transfer_batch_to_device (a fast path for flat dict batches); Lightning then
 # warns on every fit with a DataModule that the module's implementation is used, which is the intent
 warnings.filterwarnings(
-    "ignore", message="You have overridden `transfer_batch_to_device` in `LightningModule` but have passed in a"
+    "ignore",
+    message="You have overridden `transfer_batch_to_device` in `LightningModule` but have passed in a",
 )
 # Lightning's own batch flattening calls a torch pytree API deprecated in newer torch, once per fit: nothing a
 # user can act on (Lightning's to fix)
 warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
 # Lightning counts log_every_n_steps within an epoch; HFLightningModule logs every n optimizer steps across
 # epochs (HF's logging_steps), so Lightning's warning that short epochs log nothing is wrong here
-warnings.filterwarnings("ignore", message=r"The number of training batches \(\d+\) is smaller than the logging interval")
+warnings.filterwarnings(
+    "ignore", message=r"The number of training batches \(\d+\) is smaller than the logging interval"
+)
 
 NON_MODEL_KEYS = ("labels", "shift_labels", *WINDOW_KEYS, PLACEHOLDER_KEY)
 
@@ -165,11 +168,15 @@ class HFLightningModule(TrainLogState, EvalStepsMixin, L.LightningModule):
     ) -> None:
         super().__init__()
         if not 0.0 <= label_smoothing_factor < 1.0:
-            raise ConfigError(f"module.label_smoothing_factor must be in [0, 1), got {label_smoothing_factor!r}")
+            raise ConfigError(
+                f"module.label_smoothing_factor must be in [0, 1), got {label_smoothing_factor!r}"
+            )
         if compute_loss_func is not None and not callable(compute_loss_func):
             raise ConfigError(f"module.compute_loss_func must be callable, got {compute_loss_func!r}")
         if compute_loss_func is not None and use_model_loss:
-            raise ConfigError("module.compute_loss_func and module.use_model_loss=true both define the loss; pick one")
+            raise ConfigError(
+                "module.compute_loss_func and module.use_model_loss=true both define the loss; pick one"
+            )
         if label_smoothing_factor and (compute_loss_func is not None or use_model_loss):
             # HF ignores label smoothing silently in these cases; a silent no-op is a bug here
             raise ConfigError(
@@ -184,10 +191,14 @@ class HFLightningModule(TrainLogState, EvalStepsMixin, L.LightningModule):
         self.compute_loss_func = compute_loss_func
         self.label_smoothing_factor = float(label_smoothing_factor)
         self.model_accepts_loss_kwargs = (
-            declares_num_items_support(model) if model_accepts_loss_kwargs is None else bool(model_accepts_loss_kwargs)
+            declares_num_items_support(model)
+            if model_accepts_loss_kwargs is None
+            else bool(model_accepts_loss_kwargs)
         )
         if use_model_loss is None:
-            use_model_loss = self.model_accepts_loss_kwargs and compute_loss_func is None and not label_smoothing_factor
+            use_model_loss = (
+                self.model_accepts_loss_kwargs and compute_loss_func is None and not label_smoothing_factor
+            )
         self.use_model_loss = bool(use_model_loss)
         self.causal = loss_shifts_labels(model) if causal is None else bool(causal)
         config = getattr(model, "config", None)
@@ -198,7 +209,9 @@ class HFLightningModule(TrainLogState, EvalStepsMixin, L.LightningModule):
         self._loss_scaled, self._fallback_reason = self._resolve_loss_scaling()
         decoder_only = self.causal and not self._encoder_decoder
         self.lean = LeanLoss(model, arguments_reason(lean_loss, self.loss_source, decoder_only))
-        self._init_evaluation(compute_metrics, preprocess_logits_for_metrics, eval_accumulation_steps, batch_eval_metrics)
+        self._init_evaluation(
+            compute_metrics, preprocess_logits_for_metrics, eval_accumulation_steps, batch_eval_metrics
+        )
         self._window: tuple[int, int] | None = None
         self._window_count: Count | None = None
         self._window_loss: torch.Tensor | None = None
@@ -273,7 +286,9 @@ class HFLightningModule(TrainLogState, EvalStepsMixin, L.LightningModule):
             and hasattr(self.model, "prepare_decoder_input_ids_from_labels")
         ):
             # the decoder is fed the labels shifted right, as the model does itself when given labels
-            inputs["decoder_input_ids"] = self.model.prepare_decoder_input_ids_from_labels(labels=batch["labels"])
+            inputs["decoder_input_ids"] = self.model.prepare_decoder_input_ids_from_labels(
+                labels=batch["labels"]
+            )
         return inputs
 
     def forward(self, batch: Mapping[str, Any]) -> Any:
@@ -282,7 +297,9 @@ class HFLightningModule(TrainLogState, EvalStepsMixin, L.LightningModule):
         ``(B, L, V)``, or ``(B, C)`` for classification)."""
         return self.model(**self._model_inputs(batch), **self._forward_extra)
 
-    def compute_loss(self, batch: Mapping[str, Any], num_items_in_batch: Count | None) -> tuple[torch.Tensor, Any]:
+    def compute_loss(
+        self, batch: Mapping[str, Any], num_items_in_batch: Count | None
+    ) -> tuple[torch.Tensor, Any]:
         """``(loss, model outputs)`` for one micro-batch.
 
         Args:
@@ -302,7 +319,9 @@ class HFLightningModule(TrainLogState, EvalStepsMixin, L.LightningModule):
             outputs = self(batch)
             if not self._loss_scaled:
                 return self.compute_loss_func(outputs, batch.get("labels")), outputs
-            return self.compute_loss_func(outputs, batch.get("labels"), num_items_in_batch=num_items_in_batch), outputs
+            return self.compute_loss_func(
+                outputs, batch.get("labels"), num_items_in_batch=num_items_in_batch
+            ), outputs
         if self.use_model_loss:
             return self._model_loss(batch, num_items_in_batch)
         labels = batch["labels"]
@@ -332,12 +351,17 @@ class HFLightningModule(TrainLogState, EvalStepsMixin, L.LightningModule):
             self._say_lean()  # the model did not fit: say why
         outputs = self(batch)
         loss_sum = token_cross_entropy_sum(
-            _logits(outputs), labels, causal=self.causal, shift_labels=batch.get("shift_labels"),
+            _logits(outputs),
+            labels,
+            causal=self.causal,
+            shift_labels=batch.get("shift_labels"),
             label_smoothing=self.label_smoothing_factor,
         )
         return loss_sum, outputs
 
-    def _model_loss(self, batch: Mapping[str, Any], num_items_in_batch: Count | None) -> tuple[torch.Tensor, Any]:
+    def _model_loss(
+        self, batch: Mapping[str, Any], num_items_in_batch: Count | None
+    ) -> tuple[torch.Tensor, Any]:
         inputs = self._model_inputs(batch)
         inputs["labels"] = batch["labels"]
         if self.model_accepts_loss_kwargs:
@@ -379,7 +403,9 @@ class HFLightningModule(TrainLogState, EvalStepsMixin, L.LightningModule):
                 self._window_count = count.clamp(min=1)
             else:
                 if local == 0:
-                    self._warn_empty_window(self.global_step + 1, rank=self.global_rank if world > 1 else None)
+                    self._warn_empty_window(
+                        self.global_step + 1, rank=self.global_rank if world > 1 else None
+                    )
                 self._window_count = max(local, 1)
         return self._window_count
 
@@ -388,7 +414,8 @@ class HFLightningModule(TrainLogState, EvalStepsMixin, L.LightningModule):
         log.warning(
             "optimizer step %d: its accumulation window has no label targets %s (every label is -100): its loss is "
             "0 and its gradient zero (the optimizer still steps, so weight decay and momentum still move weights)",
-            step, where,
+            step,
+            where,
         )
 
     def _window_length(self, batch: Mapping[str, Any], batch_idx: int) -> int:
@@ -440,7 +467,10 @@ class HFLightningModule(TrainLogState, EvalStepsMixin, L.LightningModule):
             return super().transfer_batch_to_device(batch, device, dataloader_idx)
         # as Lightning: non-blocking copies except to the CPU / MPS (blocking device types)
         non_blocking = device.type not in ("cpu", "mps")
-        return {k: v.to(device, non_blocking=non_blocking) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+        return {
+            k: v.to(device, non_blocking=non_blocking) if isinstance(v, torch.Tensor) else v
+            for k, v in batch.items()
+        }
 
     def _is_log_step(self, step: int) -> bool:
         """Whether the train logs are flushed after optimizer step ``step`` (1-based)."""
@@ -451,7 +481,10 @@ class HFLightningModule(TrainLogState, EvalStepsMixin, L.LightningModule):
         self._last_lr = optimizer.param_groups[0]["lr"]
         # the norm is read only by the log line of this step (or the final flush after the last step of an
         # epoch): a pass over every gradient on the other steps would be wasted work
-        if self._is_log_step(self.global_step + 1) or self.trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
+        if (
+            self._is_log_step(self.global_step + 1)
+            or self.trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
+        ):
             self._last_grad_norm = self.step_gradient_norm(optimizer)
         else:
             self._last_grad_norm = None
@@ -464,14 +497,20 @@ class HFLightningModule(TrainLogState, EvalStepsMixin, L.LightningModule):
         return self._grad_norm.get(self.trainer, optimizer)
 
     def configure_gradient_clipping(
-        self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None,
+        self,
+        optimizer: torch.optim.Optimizer,
+        gradient_clip_val: float | None = None,
         gradient_clip_algorithm: str | None = None,
     ) -> None:
         """Norm clipping with the step's shared norm (``clip_grad_norm_``'s result, one pass fewer); under FSDP
         through the root module's ``clip_grad_norm_``. Value clipping and the cases the shared norm cannot serve
         keep Lightning's ``clip_gradients``."""
         by_norm = gradient_clip_algorithm is None or gradient_clip_algorithm == "norm"
-        if gradient_clip_val and by_norm and self._grad_norm.clip(self.trainer, optimizer, float(gradient_clip_val)):
+        if (
+            gradient_clip_val
+            and by_norm
+            and self._grad_norm.clip(self.trainer, optimizer, float(gradient_clip_val))
+        ):
             return
         super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
@@ -481,7 +520,9 @@ class HFLightningModule(TrainLogState, EvalStepsMixin, L.LightningModule):
         self._grad_norm.reset()
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        if self.global_step != self._steps_seen:  # else still accumulating, or a checkpoint already ended the step
+        if (
+            self.global_step != self._steps_seen
+        ):  # else still accumulating, or a checkpoint already ended the step
             self._end_step()
         if self._bar_loss is not None:  # the progress bar shows the newest row (self.log: not from a save)
             self.log("train/loss", self._bar_loss, prog_bar=True, logger=False, on_step=True, on_epoch=False)

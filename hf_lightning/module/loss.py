@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-IGNORE_INDEX = -100
+from hf_lightning.batch import IGNORE_INDEX  # noqa: F401  (re-exported for callers of module.loss)
 
 
 def count_loss_items(batch: Mapping[str, torch.Tensor], causal: bool = True) -> int:
@@ -147,4 +147,7 @@ def accepts_num_items(fn: Callable[..., Any]) -> bool:
     except (TypeError, ValueError):
         return False
     param = params.get("num_items_in_batch")
-    return param is not None and param.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return param is not None and param.kind in (
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        inspect.Parameter.KEYWORD_ONLY,
+    )

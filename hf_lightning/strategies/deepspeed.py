@@ -61,7 +61,9 @@ def world_size(devices: Any, num_nodes: int = 1) -> int | None:
 def _precision_sections(precision: str) -> dict[str, dict[str, Any]]:
     precision = str(precision)
     if precision not in PRECISIONS:
-        raise ConfigError(f"trainer.precision={precision!r} with DeepSpeed; allowed values: {list(PRECISIONS)}")
+        raise ConfigError(
+            f"trainer.precision={precision!r} with DeepSpeed; allowed values: {list(PRECISIONS)}"
+        )
     return {
         "bf16": {"enabled": precision.startswith("bf16")},
         "fp16": {"enabled": precision.startswith("16")},
@@ -109,7 +111,9 @@ def deepspeed_config(
             raise ConfigError(f"{key}={value!r}; allowed values: an integer >= 1")
     clip = 0.0 if gradient_clip_val is None else float(gradient_clip_val)
     if clip < 0:
-        raise ConfigError(f"trainer.gradient_clip_val={gradient_clip_val!r}; allowed values: null or a number >= 0")
+        raise ConfigError(
+            f"trainer.gradient_clip_val={gradient_clip_val!r}; allowed values: null or a number >= 0"
+        )
     world = world_size(devices, num_nodes)
 
     zero: dict[str, Any] = {"stage": stage}
@@ -117,7 +121,9 @@ def deepspeed_config(
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
     if offload_parameters:
         if stage != 3:
-            raise ConfigError("strategy.offload_parameters=true needs ZeRO stage 3 (strategy=deepspeed_zero3)")
+            raise ConfigError(
+                "strategy.offload_parameters=true needs ZeRO stage 3 (strategy=deepspeed_zero3)"
+            )
         zero["offload_param"] = {"device": "cpu", "pin_memory": True}
     if stage == 3:
         zero["stage3_gather_16bit_weights_on_model_save"] = True
@@ -161,7 +167,7 @@ def deepspeed_config(
         if theirs is not _MISSING and theirs != "auto" and theirs != ours:
             raise ConfigError(
                 f"{where}: {dotted}={theirs!r} conflicts with {owner} (which gives {ours!r}); set it through "
-                f"{owner}, or to \"auto\" or leave it out of the JSON"
+                f'{owner}, or to "auto" or leave it out of the JSON'
             )
         _set(merged, dotted, ours)
     # fields that only we derive and that the user did not mention (offload, 16-bit gather, ...)
@@ -262,8 +268,16 @@ def deepspeed_strategy(
         ConfigError: see :func:`deepspeed_config`; or the ``deepspeed`` package is not installed.
     """
     derived = deepspeed_config(
-        stage, micro_batch_size, accumulate_grad_batches, gradient_clip_val, precision, devices, num_nodes,
-        offload_optimizer, offload_parameters, config,
+        stage,
+        micro_batch_size,
+        accumulate_grad_batches,
+        gradient_clip_val,
+        precision,
+        devices,
+        num_nodes,
+        offload_optimizer,
+        offload_parameters,
+        config,
     )
     from lightning.fabric.strategies.deepspeed import _DEEPSPEED_AVAILABLE
 

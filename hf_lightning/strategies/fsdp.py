@@ -98,9 +98,13 @@ def fsdp_strategy(
     from lightning.pytorch.strategies import FSDPStrategy
 
     if sharding_strategy not in SHARDING_STRATEGIES:
-        raise ConfigError(f"strategy.sharding_strategy={sharding_strategy!r}; allowed values: {list(SHARDING_STRATEGIES)}")
+        raise ConfigError(
+            f"strategy.sharding_strategy={sharding_strategy!r}; allowed values: {list(SHARDING_STRATEGIES)}"
+        )
     if state_dict_type not in STATE_DICT_TYPES:
-        raise ConfigError(f"strategy.state_dict_type={state_dict_type!r}; allowed values: {list(STATE_DICT_TYPES)}")
+        raise ConfigError(
+            f"strategy.state_dict_type={state_dict_type!r}; allowed values: {list(STATE_DICT_TYPES)}"
+        )
     if not use_orig_params:
         raise ConfigError(
             "strategy.use_orig_params=false: the optimizer's weight-decay groups are built by parameter name, "

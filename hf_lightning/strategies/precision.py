@@ -19,10 +19,14 @@ class BF16MixedPrecision(MixedPrecision):
     def __init__(self, device: str) -> None:
         super().__init__("bf16-mixed", device)
 
-    def clip_gradients(self, optimizer: Any, clip_val: float = 0.0, gradient_clip_algorithm: Any = None) -> None:
+    def clip_gradients(
+        self, optimizer: Any, clip_val: float = 0.0, gradient_clip_algorithm: Any = None
+    ) -> None:
         if self.scaler is not None:  # never with bf16; kept so the float16 safety check stays if that changes
             return super().clip_gradients(optimizer, clip_val, gradient_clip_algorithm)
-        kwargs = {} if gradient_clip_algorithm is None else {"gradient_clip_algorithm": gradient_clip_algorithm}
+        kwargs = (
+            {} if gradient_clip_algorithm is None else {"gradient_clip_algorithm": gradient_clip_algorithm}
+        )
         return Precision.clip_gradients(self, optimizer, clip_val, **kwargs)
 
 

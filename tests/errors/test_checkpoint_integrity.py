@@ -33,10 +33,23 @@ def written(tmp_path_factory, word_tokenizer):
 
     tmp = tmp_path_factory.mktemp("written")
     folder = tmp / "run" / "checkpoints"
-    ckpt = ModelCheckpoint(dirpath=folder, filename="step{step}", every_n_train_steps=1, save_last=True,
-                           save_top_k=-1, auto_insert_metric_name=False)
-    t, module, dm = run(tmp, word_tokenizer, [ckpt], max_steps=3, rows=ROWS[:4] * 3,
-                        plugins=[AtomicCheckpointIO()], enable_checkpointing=True)
+    ckpt = ModelCheckpoint(
+        dirpath=folder,
+        filename="step{step}",
+        every_n_train_steps=1,
+        save_last=True,
+        save_top_k=-1,
+        auto_insert_metric_name=False,
+    )
+    t, module, dm = run(
+        tmp,
+        word_tokenizer,
+        [ckpt],
+        max_steps=3,
+        rows=ROWS[:4] * 3,
+        plugins=[AtomicCheckpointIO()],
+        enable_checkpointing=True,
+    )
     t.fit(module, datamodule=dm)
     return tmp / "run"
 
@@ -63,7 +76,9 @@ def test_each_checkpoint_has_its_sha256_in_sha256sum_format(run_dir):
     for name in names:
         digest = hashlib.sha256((folder / name).read_bytes()).hexdigest()
         assert (folder / f"{name}.sha256").read_text() == f"{digest}  {name}\n"
-        check = subprocess.run(["sha256sum", "-c", f"{name}.sha256"], cwd=folder, capture_output=True, text=True)
+        check = subprocess.run(
+            ["sha256sum", "-c", f"{name}.sha256"], cwd=folder, capture_output=True, text=True
+        )
         assert check.returncode == 0 and check.stdout == f"{name}: OK\n"
 
 
@@ -80,8 +95,12 @@ def test_bit_rot_is_refused_naming_the_file_and_the_newest_intact_one(run_dir, f
         f"ckpt_path=last: cannot resume: {folder / 'last.ckpt'} {DAMAGED}; the newest intact checkpoint there is "
         f"{step3} (step 3): resume from it with ckpt_path={step3}"
     )
-    assert find_resume_checkpoint(str(step3), str(run_dir)) == str(step3)  # the named one resumes: no ping-pong
-    with pytest.raises(ConfigError, match="is damaged: its SHA-256 does not match"):  # Lightning's own load too
+    assert find_resume_checkpoint(str(step3), str(run_dir)) == str(
+        step3
+    )  # the named one resumes: no ping-pong
+    with pytest.raises(
+        ConfigError, match="is damaged: its SHA-256 does not match"
+    ):  # Lightning's own load too
         AtomicCheckpointIO().load_checkpoint(folder / "last.ckpt")
 
 
@@ -121,10 +140,14 @@ def test_garbage_is_explained_as_damage_not_with_torchs_advice(run_dir):
     with pytest.raises(ConfigError) as err:
         find_resume_checkpoint(str(folder / "step3.ckpt"), str(run_dir))
     message = str(err.value)
-    assert message.startswith(f"ckpt_path={folder / 'step3.ckpt'}: cannot resume: {folder / 'step3.ckpt'} is damaged: "
-                              "not a readable checkpoint (")
-    assert message.endswith(f"the newest intact checkpoint there is {folder / 'last.ckpt'} (step 3): resume from it "
-                            f"with ckpt_path={folder / 'last.ckpt'}")
+    assert message.startswith(
+        f"ckpt_path={folder / 'step3.ckpt'}: cannot resume: {folder / 'step3.ckpt'} is damaged: "
+        "not a readable checkpoint ("
+    )
+    assert message.endswith(
+        f"the newest intact checkpoint there is {folder / 'last.ckpt'} (step 3): resume from it "
+        f"with ckpt_path={folder / 'last.ckpt'}"
+    )
     assert "\n" not in message and "mmap" not in message and "zipfile" not in message
 
 
@@ -132,10 +155,30 @@ def test_rotation_removes_the_sidecar_with_its_checkpoint(tmp_path, word_tokeniz
     from tests.errors.test_training_faults import ROWS, run
 
     folder = tmp_path / "run" / "checkpoints"
-    ckpt = ModelCheckpoint(dirpath=folder, every_n_train_steps=1, save_last=True, save_top_k=1, monitor="step",
-                           mode="max", filename="step{step}", auto_insert_metric_name=False)
-    t, module, dm = run(tmp_path, word_tokenizer, [ckpt], max_steps=3, rows=ROWS[:4] * 3,
-                        plugins=[AtomicCheckpointIO()], enable_checkpointing=True)
+    ckpt = ModelCheckpoint(
+        dirpath=folder,
+        every_n_train_steps=1,
+        save_last=True,
+        save_top_k=1,
+        monitor="step",
+        mode="max",
+        filename="step{step}",
+        auto_insert_metric_name=False,
+    )
+    t, module, dm = run(
+        tmp_path,
+        word_tokenizer,
+        [ckpt],
+        max_steps=3,
+        rows=ROWS[:4] * 3,
+        plugins=[AtomicCheckpointIO()],
+        enable_checkpointing=True,
+    )
     t.fit(module, datamodule=dm)
-    assert sorted(p.name for p in folder.iterdir()) == ["last.ckpt", "last.ckpt.sha256", "step3.ckpt", "step3.ckpt.sha256"]
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "last.ckpt",
+        "last.ckpt.sha256",
+        "step3.ckpt",
+        "step3.ckpt.sha256",
+    ]
     assert torch.load(folder / "step3.ckpt", weights_only=False)["global_step"] == 3

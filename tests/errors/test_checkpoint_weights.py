@@ -14,10 +14,19 @@ def llama(layers: int = 2, vocab_size: int = 32, seed: int = 0):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    return LlamaForCausalLM(LlamaConfig(
-        vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=128, use_cache=False, pad_token_id=0,
-    ))
+    return LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=vocab_size,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=layers,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=128,
+            use_cache=False,
+            pad_token_id=0,
+        )
+    )
 
 
 @pytest.fixture
@@ -43,15 +52,22 @@ def test_a_deeper_model_is_refused_naming_the_missing_layer(checkpoint):
     with pytest.raises(ModelError) as err:
         load_model_weights(module, str(path), "three_layers")
     msg = str(err.value)
-    assert msg.startswith(f"ckpt_path={path}: its weights do not fit the model of model.name_or_path=three_layers (")
+    assert msg.startswith(
+        f"ckpt_path={path}: its weights do not fit the model of model.name_or_path=three_layers ("
+    )
     assert "weights missing from the checkpoint, e.g. ['model.model.layers.2." in msg
-    assert msg.endswith("use the model.name_or_path (and model.* overrides) of the run that wrote the checkpoint")
+    assert msg.endswith(
+        "use the model.name_or_path (and model.* overrides) of the run that wrote the checkpoint"
+    )
 
 
 def test_a_shallower_model_is_refused_naming_the_extra_weights(checkpoint):
     path, _ = checkpoint
     module = HFLightningModule(llama(layers=1))
-    with pytest.raises(ModelError, match=r"checkpoint weights the model has no place for, e\.g\. \['model\.model\.layers\.1\."):
+    with pytest.raises(
+        ModelError,
+        match=r"checkpoint weights the model has no place for, e\.g\. \['model\.model\.layers\.1\.",
+    ):
         load_model_weights(module, str(path), "one_layer")
 
 
@@ -71,8 +87,10 @@ def test_training_from_a_checkpoint_of_another_architecture_is_one_error(tmp_pat
 
     train(compose_train([*SHRINK, "+experiment=sft"], output_dir=tmp_path / "first"))
     ckpt = tmp_path / "first" / "checkpoints" / "last.ckpt"
-    cfg = compose_train([*SHRINK, "+experiment=sft", f"ckpt_path={ckpt}", "model.config.num_hidden_layers=5"],
-                        output_dir=tmp_path / "second")
+    cfg = compose_train(
+        [*SHRINK, "+experiment=sft", f"ckpt_path={ckpt}", "model.config.num_hidden_layers=5"],
+        output_dir=tmp_path / "second",
+    )
     with pytest.raises(ModelError) as err:
         train(cfg)
     msg = str(err.value)

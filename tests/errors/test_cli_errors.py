@@ -12,13 +12,23 @@ from tests.errors.support import one_line_error, remount_read_only, run_train_cl
 
 pytestmark = pytest.mark.slow
 
-CLM = ["+experiment=clm", "trainer.max_steps=3", "data.per_device_train_batch_size=2", "data.max_length=32",
-       "model.config.hidden_size=32", "model.config.intermediate_size=64", "model.config.num_hidden_layers=1",
-       "trainer.enable_progress_bar=false", "trainer.enable_model_summary=false"]
+CLM = [
+    "+experiment=clm",
+    "trainer.max_steps=3",
+    "data.per_device_train_batch_size=2",
+    "data.max_length=32",
+    "model.config.hidden_size=32",
+    "model.config.intermediate_size=64",
+    "model.config.num_hidden_layers=1",
+    "trainer.enable_progress_bar=false",
+    "trainer.enable_model_summary=false",
+]
 
 
 def write_text_rows(path, n=12, raw=None):
-    lines = [json.dumps({"text": f"Line {i}: the quick brown fox jumps over the lazy dog."}) for i in range(n)]
+    lines = [
+        json.dumps({"text": f"Line {i}: the quick brown fox jumps over the lazy dog."}) for i in range(n)
+    ]
     for i, line in (raw or {}).items():
         lines[i] = line
     path.write_text("\n".join(lines) + "\n")
@@ -30,7 +40,7 @@ def test_broken_jsonl_line(tmp_path):
     line = one_line_error(run_train_cli(*CLM, f"data.path={data}", f"hydra.run.dir={tmp_path / 'run'}"))
     assert line == (
         f"hf_lightning: error: data.path={data}: could not be read as json: line 9 is not a JSON object "
-        "(Unterminated string starting at: column 10): '{\"text\": \"unterminated'"
+        '(Unterminated string starting at: column 10): \'{"text": "unterminated\''
     )
 
 
@@ -38,10 +48,20 @@ def test_diverging_run_stops_before_a_nan_update(tmp_path):
     """The NonFiniteGuard is on by default: SGD at lr 1e30 overflows at step 2, which is never applied."""
     data = write_text_rows(tmp_path / "data.jsonl")
     run_dir = tmp_path / "run"
-    proc = run_train_cli(*CLM, f"data.path={data}", f"hydra.run.dir={run_dir}", "optim.name=sgd", "optim.lr=1e30", "scheduler=constant",
-                         "callbacks.model_checkpoint.every_n_train_steps=1", "data.validation_split=0")
+    proc = run_train_cli(
+        *CLM,
+        f"data.path={data}",
+        f"hydra.run.dir={run_dir}",
+        "optim.name=sgd",
+        "optim.lr=1e30",
+        "scheduler=constant",
+        "callbacks.model_checkpoint.every_n_train_steps=1",
+        "data.validation_split=0",
+    )
     line = one_line_error(proc)
-    assert re.match(r"hf_lightning: error: optimizer step 2 \(epoch 0\): the (loss|gradient norm) is (nan|inf)", line), line
+    assert re.match(
+        r"hf_lightning: error: optimizer step 2 \(epoch 0\): the (loss|gradient norm) is (nan|inf)", line
+    ), line
     assert "so the update was not applied and training stopped; the weights are those after step 1" in line
     import torch
 

@@ -27,8 +27,11 @@ TOKENIZED = [{"input_ids": [1, 2, 3, 4][: 2 + i % 3]} for i in range(8)]
 
 
 def dm(path=None, **kwargs):
-    return HFDataModule(PadOnly(), path=datasets.Dataset.from_list(TOKENIZED) if path is None else path,
-                        **{"validation_split": 0.0, **kwargs})
+    return HFDataModule(
+        PadOnly(),
+        path=datasets.Dataset.from_list(TOKENIZED) if path is None else path,
+        **{"validation_split": 0.0, **kwargs},
+    )
 
 
 # ------------------------------------------------------------------------------------------ keys and values
@@ -42,74 +45,124 @@ def test_unknown_key_lists_the_allowed_ones():
     )
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"per_device_train_batch_size": 0}, "data.per_device_train_batch_size must be a positive integer, got 0"),
-    ({"max_length": 12.5}, "data.max_length must be a positive integer, got 12.5"),
-    ({"per_device_eval_batch_size": True}, "data.per_device_eval_batch_size must be a positive integer, got True"),
-    ({"validation_split": 1.0}, r"data.validation_split must be in \[0, 1\), got 1.0"),
-    ({"validation_split": "0.1"}, r"data.validation_split must be in \[0, 1\), got '0.1'"),
-    ({"format": "chat"}, r"data.format='chat'; expected one of \['auto', 'text', 'prompt_completion', 'messages'"),
-    ({"packing": "greedy"}, r"data.packing='greedy'; expected false, true \(= bfd\) or one of \['bfd', 'wrapped'\]"),
-    ({"shuffle": "yes"}, "data.shuffle must be true or false, got 'yes'"),
-    ({"num_workers": -1}, "data.num_workers must be an integer >= 0, got -1"),
-    ({"persistent_workers": True}, "data.persistent_workers applies to worker processes only; set data.num_workers > 0"),
-    ({"label_names": "labels"}, "data.label_names must be null or a list of names, got 'labels'"),
-    ({"seed": None}, "data.seed must be an integer >= 0, got None"),
-    ({"seed": -1}, "data.seed must be an integer >= 0, got -1"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (
+            {"per_device_train_batch_size": 0},
+            "data.per_device_train_batch_size must be a positive integer, got 0",
+        ),
+        ({"max_length": 12.5}, "data.max_length must be a positive integer, got 12.5"),
+        (
+            {"per_device_eval_batch_size": True},
+            "data.per_device_eval_batch_size must be a positive integer, got True",
+        ),
+        ({"validation_split": 1.0}, r"data.validation_split must be in \[0, 1\), got 1.0"),
+        ({"validation_split": "0.1"}, r"data.validation_split must be in \[0, 1\), got '0.1'"),
+        (
+            {"format": "chat"},
+            r"data.format='chat'; expected one of \['auto', 'text', 'prompt_completion', 'messages'",
+        ),
+        (
+            {"packing": "greedy"},
+            r"data.packing='greedy'; expected false, true \(= bfd\) or one of \['bfd', 'wrapped'\]",
+        ),
+        ({"shuffle": "yes"}, "data.shuffle must be true or false, got 'yes'"),
+        ({"num_workers": -1}, "data.num_workers must be an integer >= 0, got -1"),
+        (
+            {"persistent_workers": True},
+            "data.persistent_workers applies to worker processes only; set data.num_workers > 0",
+        ),
+        ({"label_names": "labels"}, "data.label_names must be null or a list of names, got 'labels'"),
+        ({"seed": None}, "data.seed must be an integer >= 0, got None"),
+        ({"seed": -1}, "data.seed must be an integer >= 0, got -1"),
+    ],
+)
 def test_bad_data_values(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         dm(**kwargs)
 
 
-@pytest.mark.parametrize(("call", "message"), [
-    (lambda m: build_optimizer(m, name="adam"), r"optim.name='adam'; expected one of \['adamw', 'sgd'\]"),
-    (lambda m: build_optimizer(m, lr=-1e-3), "optim.lr must be a finite number >= 0 and optim.weight_decay >= 0, got lr=-0.001"),
-    (lambda m: build_optimizer(m, lr=float("inf")), "optim.lr must be a finite number >= 0 .* got lr=inf"),
-    (lambda m: build_scheduler(torch.optim.SGD(m.parameters(), lr=0.1), 10, name="step"),
-     r"scheduler.name='step'; expected one of \['constant', 'constant_with_warmup', 'linear', 'cosine'\]"),
-    (lambda m: build_scheduler(torch.optim.SGD(m.parameters(), lr=0.1), 10, warmup_ratio=2.0),
-     r"scheduler.warmup_steps must be >= 0 and scheduler.warmup_ratio in \[0, 1\], got 0, 2.0"),
-])
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda m: build_optimizer(m, name="adam"), r"optim.name='adam'; expected one of \['adamw', 'sgd'\]"),
+        (
+            lambda m: build_optimizer(m, lr=-1e-3),
+            "optim.lr must be a finite number >= 0 and optim.weight_decay >= 0, got lr=-0.001",
+        ),
+        (
+            lambda m: build_optimizer(m, lr=float("inf")),
+            "optim.lr must be a finite number >= 0 .* got lr=inf",
+        ),
+        (
+            lambda m: build_scheduler(torch.optim.SGD(m.parameters(), lr=0.1), 10, name="step"),
+            r"scheduler.name='step'; expected one of \['constant', 'constant_with_warmup', 'linear', 'cosine'\]",
+        ),
+        (
+            lambda m: build_scheduler(torch.optim.SGD(m.parameters(), lr=0.1), 10, warmup_ratio=2.0),
+            r"scheduler.warmup_steps must be >= 0 and scheduler.warmup_ratio in \[0, 1\], got 0, 2.0",
+        ),
+    ],
+)
 def test_bad_optimizer_and_schedule_values(call, message):
     with pytest.raises(ConfigError, match=message):
         call(torch.nn.Linear(2, 2))
 
 
 def test_metric_for_best_model_needs_a_direction():
-    with pytest.raises(ConfigError, match="metric_for_best_model='accuracy' does not end in 'loss': set greater_is_better"):
+    with pytest.raises(
+        ConfigError, match="metric_for_best_model='accuracy' does not end in 'loss': set greater_is_better"
+    ):
         resolve_monitor("accuracy")
 
 
 # ------------------------------------------------------------------------------------------ combinations
 def test_packing_an_encoder_decoder_format(word_tokenizer):
     rows = [{"source": "a b", "target": "c d"}] * 4
-    d = HFDataModule(word_tokenizer, path=datasets.Dataset.from_list(rows), validation_split=0.0, packing=True)
-    with pytest.raises(ConfigError, match="^data.packing='bfd' packs causal-LM rows; the 'seq2seq' format cannot be packed$"):
+    d = HFDataModule(
+        word_tokenizer, path=datasets.Dataset.from_list(rows), validation_split=0.0, packing=True
+    )
+    with pytest.raises(
+        ConfigError, match="^data.packing='bfd' packs causal-LM rows; the 'seq2seq' format cannot be packed$"
+    ):
         d.setup("fit")
 
 
 def test_padding_free_classification(word_tokenizer):
     rows = [{"text": "a b", "label": i % 2} for i in range(4)]
-    d = HFDataModule(word_tokenizer, path=datasets.Dataset.from_list(rows), validation_split=0.0, padding_free=True)
-    with pytest.raises(ConfigError, match="data.padding_free=true flattens causal-LM rows; the 'classification' format"):
+    d = HFDataModule(
+        word_tokenizer, path=datasets.Dataset.from_list(rows), validation_split=0.0, padding_free=True
+    )
+    with pytest.raises(
+        ConfigError, match="data.padding_free=true flattens causal-LM rows; the 'classification' format"
+    ):
         d.setup("fit")
 
 
 def test_packing_a_stream():
     d = dm(path=datasets.Dataset.from_list(TOKENIZED).to_iterable_dataset(), packing="wrapped")
-    with pytest.raises(ConfigError, match="data.packing='wrapped' needs the whole dataset .* this source is a stream. Use data.padding_free=true"):
+    with pytest.raises(
+        ConfigError,
+        match="data.packing='wrapped' needs the whole dataset .* this source is a stream. Use data.padding_free=true",
+    ):
         d.setup("fit")
 
 
 def test_group_by_length_on_a_stream_sorts_within_a_bounded_buffer(caplog):
     """HF silently ignores group_by_length for an IterableDataset; here it works within a buffer and says so."""
-    d = dm(path=datasets.Dataset.from_list(TOKENIZED).to_iterable_dataset(), group_by_length=True,
-           per_device_train_batch_size=2)
+    d = dm(
+        path=datasets.Dataset.from_list(TOKENIZED).to_iterable_dataset(),
+        group_by_length=True,
+        per_device_train_batch_size=2,
+    )
     d.setup("fit")
     with caplog.at_level(logging.INFO, logger="hf_lightning"):
         batches = list(d.train_dataloader())
-    assert "group_by_length on a stream: sorting by length within buffers of 100 examples per reader" in caplog.text
+    assert (
+        "group_by_length on a stream: sorting by length within buffers of 100 examples per reader"
+        in caplog.text
+    )
     lengths = [int(n) for b in batches for n in b["attention_mask"].sum(1)]
     assert lengths == sorted(lengths, reverse=True)  # 8 rows < one buffer: one sorted run
 
@@ -119,7 +172,9 @@ def test_stream_of_unknown_length_without_max_steps(tmp_path):
         def __iter__(self):
             yield from TOKENIZED
 
-    with pytest.raises(ConfigError, match="the training data is a stream of unknown length, .*: set trainer.max_steps"):
+    with pytest.raises(
+        ConfigError, match="the training data is a stream of unknown length, .*: set trainer.max_steps"
+    ):
         fit(tmp_path, tiny_llama(vocab_size=32), dm(path=Rows()), max_steps=-1, max_epochs=1)
 
 
@@ -127,17 +182,29 @@ def test_metrics_without_a_label_key(tmp_path):
     module = HFLightningModule(tiny_llama(vocab_size=32), compute_metrics=lambda p: {"x": 0.0})
     import lightning as L
 
-    t = L.Trainer(accelerator="cpu", max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                  default_root_dir=str(tmp_path), num_sanity_val_steps=0)
-    with pytest.raises(ConfigError, match=r"metrics are configured but no label key resolves: data.label_names=\['answer'\]"):
+    t = L.Trainer(
+        accelerator="cpu",
+        max_steps=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        default_root_dir=str(tmp_path),
+        num_sanity_val_steps=0,
+    )
+    with pytest.raises(
+        ConfigError, match=r"metrics are configured but no label key resolves: data.label_names=\['answer'\]"
+    ):
         t.fit(module, datamodule=dm(validation_split=0.25, label_names=["answer"]))
 
 
 # ------------------------------------------------------------------------------------------ checkpoints and run folders
 def test_resume_last_without_a_checkpoint(tmp_path):
-    with pytest.raises(ConfigError, match=r"ckpt_path=last: no checkpoint at .*/checkpoints/last.ckpt, and .* holds no "
-                       r"stopped run to resume. Resume needs the folder of that run \(hydra.run.dir=...\); to start a "
-                       "new run here instead, drop ckpt_path"):
+    with pytest.raises(
+        ConfigError,
+        match=r"ckpt_path=last: no checkpoint at .*/checkpoints/last.ckpt, and .* holds no "
+        r"stopped run to resume. Resume needs the folder of that run \(hydra.run.dir=...\); to start a "
+        "new run here instead, drop ckpt_path",
+    ):
         find_resume_checkpoint("last", str(tmp_path))
 
 
@@ -160,11 +227,21 @@ def plant_run(run_dir, *overrides):
     (run_dir / ".hydra").mkdir(parents=True)
     (run_dir / "checkpoints").mkdir()
     # the keys a resume needs (the guard checks the file before the settings)
-    torch.save({"state_dict": {}, "optimizer_states": [{}], "lr_schedulers": [{}], "loops": {"fit_loop": {}},
-                "global_step": 3}, run_dir / "checkpoints" / "last.ckpt")
+    torch.save(
+        {
+            "state_dict": {},
+            "optimizer_states": [{}],
+            "lr_schedulers": [{}],
+            "loops": {"fit_loop": {}},
+            "global_step": 3,
+        },
+        run_dir / "checkpoints" / "last.ckpt",
+    )
     (run_dir / "metrics.csv").write_text("step\n")
     saved = compose_train(*overrides)
-    OmegaConf.save(OmegaConf.masked_copy(saved, [k for k in saved if k != "hydra"]), run_dir / ".hydra" / "config.yaml")
+    OmegaConf.save(
+        OmegaConf.masked_copy(saved, [k for k in saved if k != "hydra"]), run_dir / ".hydra" / "config.yaml"
+    )
 
 
 def test_fresh_run_in_a_folder_holding_a_run(tmp_path, capsys):
@@ -178,14 +255,18 @@ def test_fresh_run_in_a_folder_holding_a_run(tmp_path, capsys):
     before = (run_dir / "checkpoints" / "last.ckpt").read_bytes()
     guard_exit(compose_train(f"hydra.run.dir={run_dir}"), capsys)
     assert (run_dir / "checkpoints" / "last.ckpt").read_bytes() == before
-    with pytest.raises(ConfigError, match="already holds a run"):  # train() repeats it for callers without Hydra
+    with pytest.raises(
+        ConfigError, match="already holds a run"
+    ):  # train() repeats it for callers without Hydra
         check_run_folder(str(run_dir), None)
 
 
 def test_resume_into_a_folder_holding_a_different_run(tmp_path, capsys):
     run_dir = tmp_path / "run"
     plant_run(run_dir, "model.config.hidden_size=64", "optim.lr=1e-3")
-    message = guard_exit(compose_train(f"hydra.run.dir={run_dir}", "ckpt_path=last", "model.config.hidden_size=32"), capsys)
+    message = guard_exit(
+        compose_train(f"hydra.run.dir={run_dir}", "ckpt_path=last", "model.config.hidden_size=32"), capsys
+    )
     assert message == (
         f"ckpt_path=last: hydra.run.dir={run_dir} holds a different run (model.config.hidden_size: 64 -> 32; "
         "optim.lr: 0.001 -> 0.0003). Resume it with its own settings, or start a new run folder from its weights and "
@@ -199,15 +280,25 @@ def test_resume_with_the_same_run_and_a_longer_schedule_is_allowed(tmp_path, cap
     run_dir = tmp_path / "run"
     plant_run(run_dir, "trainer.max_steps=10")
     saved = (run_dir / ".hydra" / "config.yaml").read_text()
-    RunFolderGuard().on_run_start(compose_train(f"hydra.run.dir={run_dir}", "ckpt_path=last", "trainer.max_steps=20",
-                                                "data.num_workers=1"))
+    RunFolderGuard().on_run_start(
+        compose_train(
+            f"hydra.run.dir={run_dir}", "ckpt_path=last", "trainer.max_steps=20", "data.num_workers=1"
+        )
+    )
     err = capsys.readouterr().err
-    assert "hf_lightning: note: resuming with a new run length (trainer.max_steps: 10 -> 20): the learning-rate " \
+    assert (
+        "hf_lightning: note: resuming with a new run length (trainer.max_steps: 10 -> 20): the learning-rate "
         "schedule is rebuilt for it from the checkpoint's step on" in err
-    assert f"hf_lightning: note: the previous settings of this run are kept in {run_dir}/.hydra/previous-1" in err
+    )
+    assert (
+        f"hf_lightning: note: the previous settings of this run are kept in {run_dir}/.hydra/previous-1"
+        in err
+    )
     assert (run_dir / ".hydra" / "previous-1" / "config.yaml").read_text() == saved
     # a second resume keeps the first copy and adds the next one
-    RunFolderGuard().on_run_start(compose_train(f"hydra.run.dir={run_dir}", "ckpt_path=last", "trainer.max_steps=10"))
+    RunFolderGuard().on_run_start(
+        compose_train(f"hydra.run.dir={run_dir}", "ckpt_path=last", "trainer.max_steps=10")
+    )
     assert (run_dir / ".hydra" / "previous-1" / "config.yaml").read_text() == saved
     assert (run_dir / ".hydra" / "previous-2" / "config.yaml").is_file()
 
@@ -215,7 +306,9 @@ def test_resume_with_the_same_run_and_a_longer_schedule_is_allowed(tmp_path, cap
 def test_resume_with_the_same_length_says_nothing_about_it(tmp_path, capsys):
     run_dir = tmp_path / "run"
     plant_run(run_dir, "trainer.max_steps=10")
-    RunFolderGuard().on_run_start(compose_train(f"hydra.run.dir={run_dir}", "ckpt_path=last", "trainer.max_steps=10"))
+    RunFolderGuard().on_run_start(
+        compose_train(f"hydra.run.dir={run_dir}", "ckpt_path=last", "trainer.max_steps=10")
+    )
     assert "new run length" not in capsys.readouterr().err
 
 

@@ -42,7 +42,9 @@ def test_unreadable_file(word_tokenizer, tmp_path):
 def test_unsupported_file_type(word_tokenizer, tmp_path):
     path = tmp_path / "data.txt"
     path.write_text("a b c\n")
-    with pytest.raises(DataError, match=r"unsupported file type '\.txt'; expected one of \['\.csv', '\.json', '\.jsonl'"):
+    with pytest.raises(
+        DataError, match=r"unsupported file type '\.txt'; expected one of \['\.csv', '\.json', '\.jsonl'"
+    ):
         setup_dm(word_tokenizer, path)
 
 
@@ -58,7 +60,7 @@ def test_broken_json_line_in_the_middle_is_named(word_tokenizer, tmp_path):
         setup_dm(word_tokenizer, path)
     assert str(err.value) == (
         f"data.path={path}: could not be read as json: line 57 is not a JSON object "
-        "(Unterminated string starting at: column 10): '{\"text\": \"a b'"
+        '(Unterminated string starting at: column 10): \'{"text": "a b\''
     )
 
 
@@ -77,7 +79,8 @@ def test_row_of_the_wrong_type_in_the_middle_names_the_line(word_tokenizer, tmp_
     # row 56 of the file lands in one of the two shuffled splits; either way the file line is named
     assert re.fullmatch(
         rf"data.path={re.escape(str(path))} line 57 \((train|validation) row \d+\): field 'text' must be a string, "
-        r"got int \(123\)", str(err.value),
+        r"got int \(123\)",
+        str(err.value),
     ), str(err.value)
 
 
@@ -87,7 +90,9 @@ def test_null_value_names_the_line_after_blank_lines(word_tokenizer, tmp_path):
     lines = [json.dumps(r) for r in TEXT_ROWS[:10]]
     lines[7] = json.dumps({"text": None})
     path.write_text("\n\n".join(lines) + "\n")  # a blank line between rows: row 7 sits on line 15
-    with pytest.raises(DataError, match=r"line 15 \(train row 7\): field 'text' must be a string, got NoneType"):
+    with pytest.raises(
+        DataError, match=r"line 15 \(train row 7\): field 'text' must be a string, got NoneType"
+    ):
         setup_dm(word_tokenizer, path)
 
 
@@ -123,15 +128,21 @@ def test_ragged_csv_names_the_line(word_tokenizer, tmp_path):
 def test_empty_file(word_tokenizer, tmp_path):
     path = tmp_path / "empty.jsonl"
     path.write_bytes(b"")
-    with pytest.raises(DataError, match=rf"^data.path={path}: the file is empty \(0 bytes\): no rows to train on$"):
+    with pytest.raises(
+        DataError, match=rf"^data.path={path}: the file is empty \(0 bytes\): no rows to train on$"
+    ):
         setup_dm(word_tokenizer, path)
 
 
-@pytest.mark.parametrize(("name", "content"), [("blank.jsonl", "\n\n"), ("header.csv", "text,label\n"), ("list.json", "[]")])
+@pytest.mark.parametrize(
+    ("name", "content"), [("blank.jsonl", "\n\n"), ("header.csv", "text,label\n"), ("list.json", "[]")]
+)
 def test_file_without_rows(word_tokenizer, tmp_path, name, content):
     path = tmp_path / name
     path.write_text(content)
-    with pytest.raises(DataError, match=r"the file holds no rows \(only a header, an empty list, or blank lines\)"):
+    with pytest.raises(
+        DataError, match=r"the file holds no rows \(only a header, an empty list, or blank lines\)"
+    ):
         setup_dm(word_tokenizer, path)
 
 
@@ -154,13 +165,18 @@ def test_one_row_cannot_hold_out_validation(word_tokenizer):
 # ------------------------------------------------------------------------------------------ fields
 def test_wrong_field_names_for_the_format(word_tokenizer, tmp_path):
     path = write_jsonl(tmp_path / "qa.jsonl", [{"question": "a", "answer": "b"}] * 3)
-    with pytest.raises(DataError, match=r"format 'messages' needs a 'messages' field; the train split has \['question', 'answer'\]"):
+    with pytest.raises(
+        DataError,
+        match=r"format 'messages' needs a 'messages' field; the train split has \['question', 'answer'\]",
+    ):
         setup_dm(word_tokenizer, path, format="messages")
 
 
 def test_format_cannot_be_detected(word_tokenizer, tmp_path):
     path = write_jsonl(tmp_path / "qa.jsonl", [{"question": "a", "answer": "b"}] * 3)
-    with pytest.raises(DataError, match=r"cannot tell the data format from the columns \['answer', 'question'\]"):
+    with pytest.raises(
+        DataError, match=r"cannot tell the data format from the columns \['answer', 'question'\]"
+    ):
         setup_dm(word_tokenizer, path)
 
 
@@ -181,8 +197,13 @@ def test_unknown_chat_role_names_the_line(word_tokenizer, tmp_path):
 
 
 def test_system_message_out_of_order_names_the_line(word_tokenizer, tmp_path):
-    path = write_jsonl(tmp_path / "chat.jsonl", [CHAT_ROW] * 5, raw={2: json.dumps(_chat("user", "system", "assistant"))})
-    with pytest.raises(DataError, match=r"line 3 \(train row 2\): a 'system' message must come first, found one at position 1"):
+    path = write_jsonl(
+        tmp_path / "chat.jsonl", [CHAT_ROW] * 5, raw={2: json.dumps(_chat("user", "system", "assistant"))}
+    )
+    with pytest.raises(
+        DataError,
+        match=r"line 3 \(train row 2\): a 'system' message must come first, found one at position 1",
+    ):
         setup_dm(word_tokenizer, path)
 
 
@@ -196,7 +217,9 @@ def test_chat_template_that_refuses_the_role_order(tmp_path):
         "{{- raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{%- endif %}"
         "{{- m['role'][0] + ' ' + m['content'] + ' <eos> ' }}{%- endfor %}"
     )
-    path = write_jsonl(tmp_path / "chat.jsonl", [CHAT_ROW] * 6, raw={4: json.dumps(_chat("user", "user", "assistant"))})
+    path = write_jsonl(
+        tmp_path / "chat.jsonl", [CHAT_ROW] * 6, raw={4: json.dumps(_chat("user", "user", "assistant"))}
+    )
     with pytest.raises(DataError) as err:
         setup_dm(tok, path)
     assert str(err.value) == (
@@ -250,7 +273,10 @@ def test_sequences_longer_than_max_length_are_counted(word_tokenizer, tmp_path, 
     with caplog.at_level(logging.WARNING, logger="hf_lightning"):
         dm = setup_dm(word_tokenizer, path, max_length=5)
     # 3 rows x (8 - 5) tokens
-    assert "train: 3 of 7 rows were longer than data.max_length=5 and were truncated (9 tokens cut off)" in caplog.text
+    assert (
+        "train: 3 of 7 rows were longer than data.max_length=5 and were truncated (9 tokens cut off)"
+        in caplog.text
+    )
     assert max(len(x) for x in dm.train_dataset["input_ids"]) == 5
 
 
@@ -259,13 +285,18 @@ def test_classification_label_not_in_the_training_labels(word_tokenizer, tmp_pat
     val = write_jsonl(tmp_path / "val.jsonl", [{"text": "a b", "label": c} for c in "xyz"])
     with pytest.raises(DataError) as err:
         setup_dm(word_tokenizer, train, validation_path=val)
-    assert str(err.value) == f"data.path={val} line 3 (validation row 2): label 'z' is not one of the 2 training labels ['x', 'y']"
+    assert (
+        str(err.value)
+        == f"data.path={val} line 3 (validation row 2): label 'z' is not one of the 2 training labels ['x', 'y']"
+    )
 
 
 def test_tokenized_labels_of_another_length(word_tokenizer, tmp_path):
     rows = [{"input_ids": [4, 5, 6], "labels": [4, 5, 6]}] * 3 + [{"input_ids": [4, 5, 6], "labels": [4, 5]}]
     path = write_jsonl(tmp_path / "tok.jsonl", rows)
-    with pytest.raises(DataError, match=r"line 4 \(train row 3\): field 'labels' has 2 positions but 'input_ids' has 3"):
+    with pytest.raises(
+        DataError, match=r"line 4 \(train row 3\): field 'labels' has 2 positions but 'input_ids' has 3"
+    ):
         setup_dm(word_tokenizer, path)
 
 
@@ -290,7 +321,9 @@ def test_dataset_smaller_than_one_batch_with_drop_last(word_tokenizer, tmp_path)
 
 def test_stream_smaller_than_one_batch_with_drop_last(word_tokenizer, tmp_path):
     path = write_jsonl(tmp_path / "small.jsonl", TEXT_ROWS[:3])
-    dm = setup_dm(word_tokenizer, datasets.load_from_disk(_saved(path, tmp_path)), streaming=True, drop_last=True)
+    dm = setup_dm(
+        word_tokenizer, datasets.load_from_disk(_saved(path, tmp_path)), streaming=True, drop_last=True
+    )
     with pytest.raises(DataError, match="gives each rank 3 examples, fewer than one batch"):
         dm.train_dataloader()
 
@@ -310,7 +343,9 @@ def read_stream(tokenizer, path, **kwargs):
 def test_stream_with_a_broken_line(word_tokenizer, tmp_path):
     """A stream reads its file lazily: the parser error shows at setup (first row) or mid-epoch, named the same."""
     path = write_jsonl(tmp_path / "broken.jsonl", TEXT_ROWS, raw={56: '{"text": "a b'})
-    with pytest.raises(DataError, match=r"could not be read as json: line 57 is not a JSON object \(Unterminated string"):
+    with pytest.raises(
+        DataError, match=r"could not be read as json: line 57 is not a JSON object \(Unterminated string"
+    ):
         read_stream(word_tokenizer, path)
 
 
@@ -318,12 +353,18 @@ def test_unshuffled_stream_names_the_line_of_a_bad_row(word_tokenizer, tmp_path)
     path = write_jsonl(tmp_path / "typed.jsonl", TEXT_ROWS, raw={56: json.dumps({"text": 5})})
     with pytest.raises(DataError) as err:
         read_stream(word_tokenizer, path, shuffle=False)
-    assert str(err.value) == f"data.path={path} line 57 (train stream row 56): field 'text' must be a string, got int (5)"
+    assert (
+        str(err.value)
+        == f"data.path={path} line 57 (train stream row 56): field 'text' must be a string, got int (5)"
+    )
 
 
 def test_shuffled_stream_names_the_value_and_its_position(word_tokenizer, tmp_path):
     path = write_jsonl(tmp_path / "typed.jsonl", TEXT_ROWS, raw={56: json.dumps({"text": 5})})
-    with pytest.raises(DataError, match=r"\(train stream row \d+, in this epoch's shuffled order\): field 'text' must be a string, got int \(5\)"):
+    with pytest.raises(
+        DataError,
+        match=r"\(train stream row \d+, in this epoch's shuffled order\): field 'text' must be a string, got int \(5\)",
+    ):
         read_stream(word_tokenizer, path)
 
 

@@ -26,11 +26,22 @@ from tests.errors.support import one_line_error, run_train_cli, tiny_filesystem
 pytestmark = pytest.mark.slow
 
 RUN = (
-    "+experiment=clm", "trainer.max_steps=4", "trainer.max_epochs=null", "trainer.log_every_n_steps=2",
-    "callbacks.model_checkpoint.every_n_train_steps=2", "trainer.limit_val_batches=1", "trainer.val_check_interval=null",
-    "data.per_device_train_batch_size=4", "data.per_device_eval_batch_size=4", "data.max_length=32",
-    "data.validation_split=0.1", "trainer.enable_progress_bar=false", "model.config.hidden_size=64",
-    "model.config.intermediate_size=128", "model.config.num_hidden_layers=2", "model.config.num_attention_heads=2",
+    "+experiment=clm",
+    "trainer.max_steps=4",
+    "trainer.max_epochs=null",
+    "trainer.log_every_n_steps=2",
+    "callbacks.model_checkpoint.every_n_train_steps=2",
+    "trainer.limit_val_batches=1",
+    "trainer.val_check_interval=null",
+    "data.per_device_train_batch_size=4",
+    "data.per_device_eval_batch_size=4",
+    "data.max_length=32",
+    "data.validation_split=0.1",
+    "trainer.enable_progress_bar=false",
+    "model.config.hidden_size=64",
+    "model.config.intermediate_size=128",
+    "model.config.num_hidden_layers=2",
+    "model.config.num_attention_heads=2",
     "model.config.num_key_value_heads=2",
 )
 # (write, step, what the line names, the file it names relative to the run folder)
@@ -49,8 +60,11 @@ def text_file(tmp_path_factory):
     rng = random.Random(0)
     words = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog"]
     path = tmp_path_factory.mktemp("data") / "lines.jsonl"
-    path.write_text("".join(json.dumps({"text": " ".join(rng.choices(words, k=rng.randint(3, 30)))}) + "\n"
-                            for _ in range(40)))
+    path.write_text(
+        "".join(
+            json.dumps({"text": " ".join(rng.choices(words, k=rng.randint(3, 30)))}) + "\n" for _ in range(40)
+        )
+    )
     return path
 
 
@@ -64,7 +78,10 @@ def straight_rows(text_file, tmp_path_factory):
 
 def rows(run) -> list[dict[str, str]]:
     with open(run / "metrics.csv", newline="") as fh:
-        return [{k: v for k, v in r.items() if v and not k.endswith(("_per_s", "/mfu"))} for r in csv.DictReader(fh)]
+        return [
+            {k: v for k, v in r.items() if v and not k.endswith(("_per_s", "/mfu"))}
+            for r in csv.DictReader(fh)
+        ]
 
 
 def assert_intact(run, straight_rows, read_only: bool = False) -> None:
@@ -75,7 +92,9 @@ def assert_intact(run, straight_rows, read_only: bool = False) -> None:
     for name in names:
         if name.endswith(".ckpt"):
             assert checksum_problem(str(run / "checkpoints" / name)) is None, name
-            assert "state_dict" in torch.load(run / "checkpoints" / name, weights_only=False, map_location="cpu")
+            assert "state_dict" in torch.load(
+                run / "checkpoints" / name, weights_only=False, map_location="cpu"
+            )
     if (run / "metrics.csv").exists():
         got = rows(run)
         assert got == straight_rows[: len(got)]
@@ -87,17 +106,25 @@ def assert_intact(run, straight_rows, read_only: bool = False) -> None:
 
 @pytest.mark.parametrize("mode", ["full", "read_only"])
 @pytest.mark.parametrize(("write", "step", "what", "target"), CASES, ids=[c[0] for c in CASES])
-def test_a_failed_write_is_one_line_and_loses_nothing(write, step, what, target, mode, text_file, straight_rows,
-                                                      tmp_path):
+def test_a_failed_write_is_one_line_and_loses_nothing(
+    write, step, what, target, mode, text_file, straight_rows, tmp_path
+):
     with tiny_filesystem(tmp_path / "disk", "32m") as disk:
         run = disk / "run"
         proc = run_train_cli(
-            *RUN, f"data.path={text_file}", f"hydra.run.dir={run}", "+callbacks.disk._target_=tests.disk_points.DiskFault",
-            f"+callbacks.disk.write={write}", f"+callbacks.disk.mount={disk}", f"+callbacks.disk.mode={mode}",
+            *RUN,
+            f"data.path={text_file}",
+            f"hydra.run.dir={run}",
+            "+callbacks.disk._target_=tests.disk_points.DiskFault",
+            f"+callbacks.disk.write={write}",
+            f"+callbacks.disk.mount={disk}",
+            f"+callbacks.disk.mode={mode}",
             f"+callbacks.disk.step={step}",
         )
         line = one_line_error(proc)
-        assert line.startswith(f"hf_lightning: error: could not write {what} {run / target}: {REASON[mode]}; "), line
+        assert line.startswith(
+            f"hf_lightning: error: could not write {what} {run / target}: {REASON[mode]}; "
+        ), line
         assert_intact(run, straight_rows, read_only=mode == "read_only")
         if write == "export_weights":  # the line's advice works: free space (or remount), resume, done
             if mode == "full":
@@ -107,7 +134,9 @@ def test_a_failed_write_is_one_line_and_loses_nothing(write, step, what, target,
             again = run_train_cli(*RUN, f"data.path={text_file}", f"hydra.run.dir={run}", "ckpt_path=last")
             assert again.returncode == 0, again.stderr[-3000:]
             assert rows(run) == straight_rows
-            assert (run / "hf_model" / "model.safetensors").is_file() and (run / "final_metrics.json").is_file()
+            assert (run / "hf_model" / "model.safetensors").is_file() and (
+                run / "final_metrics.json"
+            ).is_file()
             assert_intact(run, straight_rows)
 
 
@@ -119,11 +148,15 @@ def test_a_disk_full_before_the_start_is_one_line(text_file, tmp_path):
         run = disk / "run"
         proc = run_train_cli(*RUN, f"data.path={text_file}", f"hydra.run.dir={run}")
         line = one_line_error(proc)
-        assert line.startswith(f"hf_lightning: error: hydra.run.dir={run} is not writable (No space left on device)")
+        assert line.startswith(
+            f"hf_lightning: error: hydra.run.dir={run} is not writable (No space left on device)"
+        )
 
 
 def test_the_tmpfs_is_real(tmp_path):
     """The control: the filesystem the tests write to really is a size-limited tmpfs."""
     with tiny_filesystem(tmp_path / "disk", "1m") as disk:
-        out = subprocess.run(["findmnt", "-n", "-o", "FSTYPE,OPTIONS", str(disk)], capture_output=True, text=True)
+        out = subprocess.run(
+            ["findmnt", "-n", "-o", "FSTYPE,OPTIONS", str(disk)], capture_output=True, text=True
+        )
         assert out.stdout.startswith("tmpfs") and "size=1024k" in out.stdout

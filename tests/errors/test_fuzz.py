@@ -61,10 +61,18 @@ def test_padding_collator(rows, multiple):
     batch = PaddingCollator(pad_token_id=0, pad_to_multiple_of=multiple)(rows)
     longest = max(len(r["input_ids"]) for r in rows)
     width = math.ceil(longest / multiple) * multiple if multiple else longest
-    assert batch["input_ids"].shape == batch["labels"].shape == batch["attention_mask"].shape == (len(rows), width)
+    assert (
+        batch["input_ids"].shape
+        == batch["labels"].shape
+        == batch["attention_mask"].shape
+        == (len(rows), width)
+    )
     for i, r in enumerate(rows):
         n = len(r["input_ids"])
-        assert batch["input_ids"][i, :n].tolist() == r["input_ids"] and batch["labels"][i, :n].tolist() == r["labels"]
+        assert (
+            batch["input_ids"][i, :n].tolist() == r["input_ids"]
+            and batch["labels"][i, :n].tolist() == r["labels"]
+        )
         assert batch["attention_mask"][i].tolist() == [1] * n + [0] * (width - n)
         assert (batch["labels"][i, n:] == IGNORE_INDEX).all()
     assert count_loss_items(batch) == causal_targets(rows)
@@ -95,11 +103,13 @@ def test_packing_and_packed_collator(rows, capacity):
     assert len(bins) >= math.ceil(sum(len(r["input_ids"]) for r in rows) / capacity)
     packed = []
     for b in bins:
-        packed.append({
-            "input_ids": [t for i in b for t in rows[i]["input_ids"]],
-            "labels": [t for i in b for t in [IGNORE_INDEX] + rows[i]["labels"][1:]],
-            "position_ids": [p for i in b for p in range(len(rows[i]["input_ids"]))],
-        })
+        packed.append(
+            {
+                "input_ids": [t for i in b for t in rows[i]["input_ids"]],
+                "labels": [t for i in b for t in [IGNORE_INDEX] + rows[i]["labels"][1:]],
+                "position_ids": [p for i in b for p in range(len(rows[i]["input_ids"]))],
+            }
+        )
     batch = PackedCollator(pad_token_id=0)(packed)
     assert count_loss_items(batch) == causal_targets(rows)
 
@@ -114,8 +124,14 @@ def test_classification_collator(labels, lengths):
 
 
 @FUZZ
-@given(junk=st.one_of(st.text(max_size=3), st.lists(st.text(max_size=2), min_size=1, max_size=3),
-                      st.lists(st.lists(st.integers(0, 3), max_size=3), min_size=2, max_size=3), st.none()))
+@given(
+    junk=st.one_of(
+        st.text(max_size=3),
+        st.lists(st.text(max_size=2), min_size=1, max_size=3),
+        st.lists(st.lists(st.integers(0, 3), max_size=3), min_size=2, max_size=3),
+        st.none(),
+    )
+)
 def test_collators_reject_junk_rows_with_a_message(junk):
     rows = [{"input_ids": [1, 2]}, {"input_ids": junk}]
     # a list of int lists is a (1, n)-style row that as_row flattens; text and None are never token ids
@@ -137,14 +153,29 @@ def test_collators_reject_junk_rows_with_a_message(junk):
 
 # ------------------------------------------------------------------------------------------ samplers
 @FUZZ
-@given(n=st.integers(1, 60), world=st.integers(1, 6), shuffle=st.booleans(), drop_last=st.booleans(),
-       grouped=st.booleans(), seed=st.integers(0, 2**16), epoch=st.integers(0, 3))
+@given(
+    n=st.integers(1, 60),
+    world=st.integers(1, 6),
+    shuffle=st.booleans(),
+    drop_last=st.booleans(),
+    grouped=st.booleans(),
+    seed=st.integers(0, 2**16),
+    epoch=st.integers(0, 3),
+)
 def test_exact_distributed_sampler(n, world, shuffle, drop_last, grouped, seed, epoch):
     lengths = [(i * 7919) % 13 for i in range(n)] if grouped else None
     shares = []
     for rank in range(world):
-        s = ExactDistributedSampler(range(n), num_replicas=world, rank=rank, shuffle=shuffle, seed=seed,
-                                    drop_last=drop_last, lengths=lengths, group_batch_size=2)
+        s = ExactDistributedSampler(
+            range(n),
+            num_replicas=world,
+            rank=rank,
+            shuffle=shuffle,
+            seed=seed,
+            drop_last=drop_last,
+            lengths=lengths,
+            group_batch_size=2,
+        )
         s.set_epoch(epoch)
         shares.append(list(s))
     assert len({len(x) for x in shares}) == 1  # every rank runs the same number of steps
@@ -167,11 +198,17 @@ def test_length_grouped_indices_is_a_permutation(lengths, batch, seed):
 
 # ------------------------------------------------------------------------------------------ loss
 @FUZZ
-@given(rows=token_rows(min_len=1), scale=st.sampled_from([1e-3, 1.0, 30.0, 1e4]), seed=st.integers(0, 99),
-       causal=st.booleans())
+@given(
+    rows=token_rows(min_len=1),
+    scale=st.sampled_from([1e-3, 1.0, 30.0, 1e4]),
+    seed=st.integers(0, 99),
+    causal=st.booleans(),
+)
 def test_token_loss_is_finite_and_exact(rows, scale, seed, causal):
     batch = PaddingCollator(pad_token_id=0)(rows)
-    logits = torch.randn(*batch["input_ids"].shape, VOCAB, generator=torch.Generator().manual_seed(seed)) * scale
+    logits = (
+        torch.randn(*batch["input_ids"].shape, VOCAB, generator=torch.Generator().manual_seed(seed)) * scale
+    )
     total = token_cross_entropy_sum(logits, batch["labels"], causal=causal)
     count = count_loss_items(batch, causal=causal)
     assert torch.isfinite(total) and total >= 0
@@ -190,14 +227,27 @@ def test_token_loss_is_finite_and_exact(rows, scale, seed, causal):
 
 # ------------------------------------------------------------------------------------------ the DataModule end to end
 @FUZZ
-@given(rows=token_rows(max_rows=12, max_len=12), mode=st.sampled_from(["pad", "bfd", "wrapped", "padding_free"]),
-       batch=st.integers(1, 4), max_length=st.integers(2, 12), group=st.booleans(), drop_last=st.booleans())
+@given(
+    rows=token_rows(max_rows=12, max_len=12),
+    mode=st.sampled_from(["pad", "bfd", "wrapped", "padding_free"]),
+    batch=st.integers(1, 4),
+    max_length=st.integers(2, 12),
+    group=st.booleans(),
+    drop_last=st.booleans(),
+)
 def test_random_datasets_through_the_datamodule(rows, mode, batch, max_length, group, drop_last):
     dm = HFDataModule(
         SimpleNamespace(pad_token_id=0, eos_token_id=None, model_input_names=["input_ids", "attention_mask"]),
-        path=datasets.Dataset.from_list(rows), validation_split=0.0, max_length=max_length, per_device_train_batch_size=batch,
-        packing=mode if mode in ("bfd", "wrapped") else False, padding_free=mode == "padding_free",
-        group_by_length=group, drop_last=drop_last, shuffle=True, seed=0,
+        path=datasets.Dataset.from_list(rows),
+        validation_split=0.0,
+        max_length=max_length,
+        per_device_train_batch_size=batch,
+        packing=mode if mode in ("bfd", "wrapped") else False,
+        padding_free=mode == "padding_free",
+        group_by_length=group,
+        drop_last=drop_last,
+        shuffle=True,
+        seed=0,
     )
     truncated = [{k: v[:max_length] for k, v in r.items()} for r in rows]
     kept = [r for r in truncated if any(t != IGNORE_INDEX for t in r["labels"][1:])]
@@ -218,8 +268,14 @@ def test_random_datasets_through_the_datamodule(rows, mode, batch, max_length, g
 
 
 # ------------------------------------------------------------------------------------------ constructor arguments
-JUNK = st.one_of(st.none(), st.booleans(), st.integers(-2, 3), st.floats(allow_nan=True, allow_infinity=True),
-                 st.text(max_size=4), st.lists(st.integers(0, 3), max_size=2))
+JUNK = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-2, 3),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=4),
+    st.lists(st.integers(0, 3), max_size=2),
+)
 ARGUMENTS = {
     "format": st.one_of(st.sampled_from(["auto", "tokenized", "text"]), JUNK),
     "validation_split": st.one_of(st.sampled_from([0.0, 0.25]), JUNK),
@@ -247,7 +303,9 @@ def test_random_datamodule_arguments(kwargs):
     """Any combination either builds batches or raises an HFLightningError that names a ``data.`` key."""
     assume(kwargs)
     rows = [{"input_ids": list(range(1, 2 + i % 5)), "labels": list(range(1, 2 + i % 5))} for i in range(10)]
-    tok = SimpleNamespace(pad_token_id=0, eos_token_id=None, model_input_names=["input_ids", "attention_mask"])
+    tok = SimpleNamespace(
+        pad_token_id=0, eos_token_id=None, model_input_names=["input_ids", "attention_mask"]
+    )
     try:
         dm = HFDataModule(tok, path=datasets.Dataset.from_list(rows), **kwargs)
         dm.setup("fit")
@@ -259,8 +317,30 @@ def test_random_datamodule_arguments(kwargs):
 
 
 # ------------------------------------------------------------------------------------------ config overrides
-VALUES = ["0", "-1", "1", "2", "1.5", "-0.5", "1e30", "nan", "inf", "true", "false", "null", "abc", "''", "[1,2]",
-          "{a: 1}", "bfd", "wrapped", "adamw", "linear", "stop", "skip"]
+VALUES = [
+    "0",
+    "-1",
+    "1",
+    "2",
+    "1.5",
+    "-0.5",
+    "1e30",
+    "nan",
+    "inf",
+    "true",
+    "false",
+    "null",
+    "abc",
+    "''",
+    "[1,2]",
+    "{a: 1}",
+    "bfd",
+    "wrapped",
+    "adamw",
+    "linear",
+    "stop",
+    "skip",
+]
 
 
 @functools.cache
@@ -286,8 +366,11 @@ LEAF_KEYS = st.deferred(lambda: st.sampled_from(_leaf_keys()))  # composed on fi
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(st.tuples(LEAF_KEYS, st.sampled_from(VALUES)), min_size=1, max_size=4,
-                unique_by=lambda kv: kv[0]))
+@given(
+    st.lists(
+        st.tuples(LEAF_KEYS, st.sampled_from(VALUES)), min_size=1, max_size=4, unique_by=lambda kv: kv[0]
+    )
+)
 def test_random_overrides_through_the_schema(overrides):
     """Any override either fails the schema with a ConfigError naming the key, or builds every object the config
     names without another kind of error (a value the schema lets through must be one the code accepts)."""

@@ -35,17 +35,34 @@ def tokenized(tmp_path, rows, raw=None):
 GOOD = {"input_ids": [4, 5, 6, 7], "labels": [-100, 5, 6, 7]}
 
 
-@pytest.mark.parametrize(("line", "row", "message"), [
-    ('{"input_ids": [4, 4.5, 6, 7]}', None, "field 'input_ids' holds 4.5, not a whole token id; token ids are integers"),
-    ('{"input_ids": [4, -3, 6, 7]}', None, "field 'input_ids' holds the negative token id -3"),
-    ('{"input_ids": [4, 5, 6, 7], "labels": [-100, 5, -7, 7]}', GOOD,
-     "field 'labels' holds the negative token id -7 (the only negative label allowed is -100: not trained on)"),
-    ('{"input_ids": [4, 5, 6, 7], "labels": [-100, 5.25, 6, 7]}', GOOD,
-     "field 'labels' holds 5.25, not a whole token id; token ids are integers"),
-    ('{"input_ids": [4, 5, 6, 7]}', GOOD,
-     "field 'labels' is missing on this row while other rows have it; give every row its labels (-100 where "
-     "nothing is trained on), or drop the field from every row (then every token is a target)"),
-], ids=["float id", "negative id", "negative label", "float label", "labels on some rows"])
+@pytest.mark.parametrize(
+    ("line", "row", "message"),
+    [
+        (
+            '{"input_ids": [4, 4.5, 6, 7]}',
+            None,
+            "field 'input_ids' holds 4.5, not a whole token id; token ids are integers",
+        ),
+        ('{"input_ids": [4, -3, 6, 7]}', None, "field 'input_ids' holds the negative token id -3"),
+        (
+            '{"input_ids": [4, 5, 6, 7], "labels": [-100, 5, -7, 7]}',
+            GOOD,
+            "field 'labels' holds the negative token id -7 (the only negative label allowed is -100: not trained on)",
+        ),
+        (
+            '{"input_ids": [4, 5, 6, 7], "labels": [-100, 5.25, 6, 7]}',
+            GOOD,
+            "field 'labels' holds 5.25, not a whole token id; token ids are integers",
+        ),
+        (
+            '{"input_ids": [4, 5, 6, 7]}',
+            GOOD,
+            "field 'labels' is missing on this row while other rows have it; give every row its labels (-100 where "
+            "nothing is trained on), or drop the field from every row (then every token is a target)",
+        ),
+    ],
+    ids=["float id", "negative id", "negative label", "float label", "labels on some rows"],
+)
 def test_bad_token_ids_name_the_file_and_line(word_tokenizer, tmp_path, line, row, message):
     """Line 4 of the file is bad; before, a float id was truncated to an int without a word, a negative id or label
     was an IndexError in the model, and a labels field on some rows only a RuntimeError in the collator."""
@@ -74,15 +91,25 @@ def test_a_non_finite_weight_after_an_update_stops_before_it_is_saved(tmp_path, 
 
     folder = tmp_path / "run" / "checkpoints"
     ckpt = ModelCheckpoint(dirpath=folder, every_n_train_steps=1, save_last=True, save_top_k=-1)
-    t, module, dm = run(tmp_path, word_tokenizer, [NonFiniteGuard(), ckpt], max_steps=3, rows=ROWS[:4] * 3,
-                        optim={"name": "sgd", "lr": 1e25}, plugins=[AtomicCheckpointIO()], enable_checkpointing=True)
+    t, module, dm = run(
+        tmp_path,
+        word_tokenizer,
+        [NonFiniteGuard(), ckpt],
+        max_steps=3,
+        rows=ROWS[:4] * 3,
+        optim={"name": "sgd", "lr": 1e25},
+        plugins=[AtomicCheckpointIO()],
+        enable_checkpointing=True,
+    )
     module.model.lm_head.weight.register_hook(lambda grad: grad * 1e15)
     with pytest.raises(TrainingError) as err:
         t.fit(module, datamodule=dm)
     message = str(err.value)
     assert message.startswith("optimizer step 1 (epoch 0): the update made ")
-    assert "non-finite (NaN/inf) while the loss and the gradient norm were finite, so training stopped before anything " \
+    assert (
+        "non-finite (NaN/inf) while the loss and the gradient norm were finite, so training stopped before anything "
         "saved them; every checkpoint already written is intact and holds finite weights" in message
+    )
     assert message.endswith("Usual cause: a learning rate too high (lr=1e+25 now)")
     assert not folder.exists() or not [n for n in os.listdir(folder) if n.endswith(".ckpt")]
     assert not all(torch.isfinite(p).all() for p in module.model.parameters())  # the update did overflow
@@ -115,8 +142,13 @@ def test_a_gpu_accelerator_without_a_gpu_is_one_config_error(compose_cfg):
 def test_a_missing_attention_package_is_named(word_tokenizer, tmp_path):
     from hf_lightning.models import build_model
 
-    config = {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
-              "num_key_value_heads": 2}
+    config = {
+        "hidden_size": 16,
+        "intermediate_size": 32,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 2,
+    }
     with pytest.raises(ModelError) as err:
         build_model(word_tokenizer, config=config, attn_implementation="flash_attention_2")
     assert str(err.value) == (
@@ -127,8 +159,12 @@ def test_a_missing_attention_package_is_named(word_tokenizer, tmp_path):
     # from a model folder too, where it used to blame the folder ("the folder must hold a complete save_pretrained")
     tiny_llama(vocab_size=30).save_pretrained(tmp_path / "model")
     word_tokenizer.save_pretrained(tmp_path / "model")
-    with pytest.raises(ModelError, match="^model.attn_implementation=flash_attention_2: its package is not installed"):
-        build_model(word_tokenizer, name_or_path=str(tmp_path / "model"), attn_implementation="flash_attention_2")
+    with pytest.raises(
+        ModelError, match="^model.attn_implementation=flash_attention_2: its package is not installed"
+    ):
+        build_model(
+            word_tokenizer, name_or_path=str(tmp_path / "model"), attn_implementation="flash_attention_2"
+        )
 
 
 # ------------------------------------------------------------------------------------------ run folders
@@ -137,7 +173,9 @@ def test_resume_weights_only_into_the_runs_own_folder_is_refused(tmp_path, capsy
     run_dir = tmp_path / "run"
     plant_run(run_dir)
     before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
-    message = guard_exit(compose_train(f"hydra.run.dir={run_dir}", "ckpt_path=last", "resume_weights_only=true"), capsys)
+    message = guard_exit(
+        compose_train(f"hydra.run.dir={run_dir}", "ckpt_path=last", "resume_weights_only=true"), capsys
+    )
     last = run_dir / "checkpoints" / "last.ckpt"
     assert message == (
         f"resume_weights_only=true starts a new run at step 0 from the weights of {last}, and hydra.run.dir={run_dir} "
@@ -145,9 +183,12 @@ def test_resume_weights_only_into_the_runs_own_folder_is_refused(tmp_path, capsy
         f"its own folder (hydra.run.dir=NEW ckpt_path={last} resume_weights_only=true), or drop resume_weights_only "
         "to continue that run"
     )
-    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file() and ".hf_lightning.lock" not in p.name} == {
-        p: b for p, b in before.items()}
-    with pytest.raises(ConfigError, match="^resume_weights_only=true starts a new run at step 0"):  # train()'s check
+    assert {
+        p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file() and ".hf_lightning.lock" not in p.name
+    } == {p: b for p, b in before.items()}
+    with pytest.raises(
+        ConfigError, match="^resume_weights_only=true starts a new run at step 0"
+    ):  # train()'s check
         check_run_folder(str(run_dir), "last", str(run_dir / "checkpoints"), weights_only=True)
     check_run_folder(str(tmp_path / "new"), str(last), None, weights_only=True)  # a new folder: fine
 
@@ -158,10 +199,14 @@ def test_paths_are_compared_as_the_file_system_sees_them(tmp_path, monkeypatch):
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "x.jsonl").write_text('{"text": "a"}\n')
     saved = OmegaConf.create({"data": {"path": "data/x.jsonl", "validation_path": str(tmp_path / "data")}})
-    same = OmegaConf.create({"data": {"path": str(tmp_path / "data" / "x.jsonl"), "validation_path": "data/"}})
+    same = OmegaConf.create(
+        {"data": {"path": str(tmp_path / "data" / "x.jsonl"), "validation_path": "data/"}}
+    )
     other = OmegaConf.create({"data": {"path": "data/y.jsonl", "validation_path": "data/"}})
     assert config_differences(saved, same) == []
-    assert config_differences(saved, other) == ["data.path: " + repr(str(tmp_path / "data" / "x.jsonl")) + " -> 'data/y.jsonl'"]
+    assert config_differences(saved, other) == [
+        "data.path: " + repr(str(tmp_path / "data" / "x.jsonl")) + " -> 'data/y.jsonl'"
+    ]
 
 
 def test_ckpt_path_last_reads_the_configured_checkpoint_folder(tmp_path, compose_cfg):
@@ -170,9 +215,17 @@ def test_ckpt_path_last_reads_the_configured_checkpoint_folder(tmp_path, compose
     assert checkpoint_dir(cfg, str(tmp_path)) == str(elsewhere)
     assert checkpoint_dir(compose_cfg("+experiment=sft"), str(tmp_path)) == str(tmp_path / "checkpoints")
     elsewhere.mkdir()
-    state = {"state_dict": {}, "optimizer_states": [{}], "lr_schedulers": [{}], "loops": {"fit_loop": {}}, "global_step": 2}
+    state = {
+        "state_dict": {},
+        "optimizer_states": [{}],
+        "lr_schedulers": [{}],
+        "loops": {"fit_loop": {}},
+        "global_step": 2,
+    }
     torch.save(state, elsewhere / "last.ckpt")
-    assert find_resume_checkpoint("last", str(tmp_path), checkpoint_dir=str(elsewhere)) == str(elsewhere / "last.ckpt")
+    assert find_resume_checkpoint("last", str(tmp_path), checkpoint_dir=str(elsewhere)) == str(
+        elsewhere / "last.ckpt"
+    )
 
 
 def test_a_run_stopped_before_its_first_checkpoint_starts_again(tmp_path, capsys):
@@ -200,18 +253,30 @@ def test_a_run_stopped_before_its_first_checkpoint_starts_again(tmp_path, capsys
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("override", "start"), [
-    ("callbacks.model_checkpoint.every_n_train_steps=-3", "callbacks.model_checkpoint.every_n_train_steps=-3: Invalid "
-     "value for every_n_train_steps=-3. Must be >= 0 (refused by lightning.pytorch.callbacks.ModelCheckpoint)"),
-    ("trainer.accelerator=gpu", "trainer.accelerator=gpu: "),
-    ("optim.lr=inf", "optim.lr=inf: allowed values: a finite number >= 0"),
-    ("trainer.limit_train_batches=0", "trainer.limit_train_batches=0: allowed values: null (every batch)"),
-], ids=["every_n_train_steps", "gpu", "lr", "limit_train_batches"])
+@pytest.mark.parametrize(
+    ("override", "start"),
+    [
+        (
+            "callbacks.model_checkpoint.every_n_train_steps=-3",
+            "callbacks.model_checkpoint.every_n_train_steps=-3: Invalid "
+            "value for every_n_train_steps=-3. Must be >= 0 (refused by lightning.pytorch.callbacks.ModelCheckpoint)",
+        ),
+        ("trainer.accelerator=gpu", "trainer.accelerator=gpu: "),
+        ("optim.lr=inf", "optim.lr=inf: allowed values: a finite number >= 0"),
+        (
+            "trainer.limit_train_batches=0",
+            "trainer.limit_train_batches=0: allowed values: null (every batch)",
+        ),
+    ],
+    ids=["every_n_train_steps", "gpu", "lr", "limit_train_batches"],
+)
 def test_the_command_line_says_each_in_one_line(tmp_path, override, start):
     """Before: Hydra's multi-line error and exit status 1 (the first two); a run that trained on, or 0 steps."""
     from tests.errors.support import one_line_error, run_train_cli
 
     if override == "trainer.accelerator=gpu" and torch.cuda.is_available():
         pytest.skip("a GPU is there: trainer.accelerator=gpu is valid")
-    line = one_line_error(run_train_cli("+experiment=sft", "trainer.max_steps=2", override, f"hydra.run.dir={tmp_path}"))
+    line = one_line_error(
+        run_train_cli("+experiment=sft", "trainer.max_steps=2", override, f"hydra.run.dir={tmp_path}")
+    )
     assert line.startswith(f"hf_lightning: error: {start}")

@@ -31,8 +31,9 @@ OWNER = (
 
 
 def start_owner(run_dir: Path) -> subprocess.Popen:
-    owner = subprocess.Popen([sys.executable, "-c", OWNER, str(run_dir)], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, text=True)
+    owner = subprocess.Popen(
+        [sys.executable, "-c", OWNER, str(run_dir)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     assert owner.stdout.readline().strip() == "held"
     return owner
 
@@ -72,7 +73,9 @@ def test_the_other_ranks_of_a_job_do_not_compete(tmp_path, monkeypatch):
     run_dir = tmp_path / "run"
     owner = start_owner(run_dir)
     try:
-        monkeypatch.setenv("LOCAL_RANK", "1")  # what Lightning's DDP launcher sets for the processes it starts
+        monkeypatch.setenv(
+            "LOCAL_RANK", "1"
+        )  # what Lightning's DDP launcher sets for the processes it starts
         assert hold_run_folder(str(run_dir)) is False
     finally:
         owner.stdin.close()
@@ -87,8 +90,12 @@ def test_two_runs_started_together_one_is_refused(tmp_path, attempt):
     at its first step, for the other to have ended: the test then cannot depend on which is faster), the other is
     refused in one line naming it, before writing anything. The folder then holds one run only."""
     run_dir, release = tmp_path / "run", tmp_path / "release"
-    args = ("trainer.max_steps=2", f"hydra.run.dir={run_dir}", "+callbacks.wait._target_=tests.kill_points.WaitForFile",
-            f"+callbacks.wait.path={release}")
+    args = (
+        "trainer.max_steps=2",
+        f"hydra.run.dir={run_dir}",
+        "+callbacks.wait._target_=tests.kill_points.WaitForFile",
+        f"+callbacks.wait.path={release}",
+    )
     results: dict[int, subprocess.CompletedProcess] = {}
 
     def start(i: int) -> None:

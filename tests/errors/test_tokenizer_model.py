@@ -65,9 +65,14 @@ def test_token_id_beyond_the_model_vocabulary(word_tokenizer, tmp_path):
 
 
 def test_label_id_beyond_the_output_layer(word_tokenizer, tmp_path):
-    rows = [{"input_ids": [4, 5, 6], "labels": [-100, 5, 6]}] * 3 + [{"input_ids": [4, 5, 6], "labels": [-100, 5, 33]}]
+    rows = [{"input_ids": [4, 5, 6], "labels": [-100, 5, 6]}] * 3 + [
+        {"input_ids": [4, 5, 6], "labels": [-100, 5, 33]}
+    ]
     dm = HFDataModule(tokenizer=word_tokenizer, path=datasets.Dataset.from_list(rows), validation_split=0.0)
-    with pytest.raises(DataError, match=r"\(train row 3\): labels holds token id 33, but LlamaForCausalLM's output layer has only 32"):
+    with pytest.raises(
+        DataError,
+        match=r"\(train row 3\): labels holds token id 33, but LlamaForCausalLM's output layer has only 32",
+    ):
         fit(tmp_path, tiny_llama(vocab_size=32), dm)
 
 
@@ -75,16 +80,27 @@ def test_pad_id_beyond_the_model_vocabulary(tmp_path):
     tok = make_word_tokenizer()
     tok.add_special_tokens({"pad_token": "<newpad>"})  # id 30, a row the 30-row model does not have
     dm = HFDataModule(tokenizer=tok, path=datasets.Dataset.from_list(TEXT_ROWS[:8]), validation_split=0.0)
-    with pytest.raises(DataError, match=r"the tokenizer's pad_token_id=30 is outside LlamaForCausalLM's input embedding \(30 rows\)"):
+    with pytest.raises(
+        DataError,
+        match=r"the tokenizer's pad_token_id=30 is outside LlamaForCausalLM's input embedding \(30 rows\)",
+    ):
         fit(tmp_path, tiny_llama(vocab_size=30), dm)
 
 
 def test_class_label_beyond_num_labels(word_tokenizer, tmp_path):
     torch.manual_seed(0)
-    model = LlamaForSequenceClassification(LlamaConfig(
-        vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-        num_key_value_heads=2, pad_token_id=0, num_labels=2,
-    ))
+    model = LlamaForSequenceClassification(
+        LlamaConfig(
+            vocab_size=32,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            pad_token_id=0,
+            num_labels=2,
+        )
+    )
     rows = [{"text": "a b", "label": i % 2} for i in range(6)] + [{"text": "c d", "label": 2}]
     dm = HFDataModule(tokenizer=word_tokenizer, path=datasets.Dataset.from_list(rows), validation_split=0.0)
     with pytest.raises(DataError) as err:
@@ -97,10 +113,19 @@ def test_class_label_beyond_num_labels(word_tokenizer, tmp_path):
 
 def test_model_whose_forward_takes_none_of_the_batch_keys(word_tokenizer, tmp_path):
     """An image model fed text: no column survives pruning against ``forward(pixel_values, ...)``."""
-    model = ViTForImageClassification(ViTConfig(
-        hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32, image_size=8, patch_size=4,
-    ))
-    dm = HFDataModule(tokenizer=word_tokenizer, path=datasets.Dataset.from_list(TEXT_ROWS[:8]), validation_split=0.0)
+    model = ViTForImageClassification(
+        ViTConfig(
+            hidden_size=16,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=32,
+            image_size=8,
+            patch_size=4,
+        )
+    )
+    dm = HFDataModule(
+        tokenizer=word_tokenizer, path=datasets.Dataset.from_list(TEXT_ROWS[:8]), validation_split=0.0
+    )
     with pytest.raises(DataError) as err:
         fit(tmp_path, model, dm)
     assert str(err.value).startswith(
@@ -112,10 +137,23 @@ def test_model_whose_forward_takes_none_of_the_batch_keys(word_tokenizer, tmp_pa
 
 def test_packing_for_a_model_without_position_ids(word_tokenizer, tmp_path):
     """An encoder-decoder (T5) cannot take packed rows: its forward has no position_ids."""
-    model = T5ForConditionalGeneration(T5Config(
-        vocab_size=32, d_model=16, d_ff=32, d_kv=8, num_layers=1, num_heads=2, decoder_start_token_id=0,
-    ))
-    dm = HFDataModule(tokenizer=word_tokenizer, path=datasets.Dataset.from_list(TEXT_ROWS[:8]), validation_split=0.0, packing=True)
+    model = T5ForConditionalGeneration(
+        T5Config(
+            vocab_size=32,
+            d_model=16,
+            d_ff=32,
+            d_kv=8,
+            num_layers=1,
+            num_heads=2,
+            decoder_start_token_id=0,
+        )
+    )
+    dm = HFDataModule(
+        tokenizer=word_tokenizer,
+        path=datasets.Dataset.from_list(TEXT_ROWS[:8]),
+        validation_split=0.0,
+        packing=True,
+    )
     with pytest.raises(ConfigError) as err:
         fit(tmp_path, model, dm)
     assert str(err.value) == (
@@ -138,7 +176,12 @@ def test_isolation_probe(backend, isolated):
 
 
 def test_padding_free_with_a_backend_that_cannot_isolate_sequences(word_tokenizer, tmp_path):
-    dm = HFDataModule(tokenizer=word_tokenizer, path=datasets.Dataset.from_list(TEXT_ROWS[:8]), validation_split=0.0, padding_free=True)
+    dm = HFDataModule(
+        tokenizer=word_tokenizer,
+        path=datasets.Dataset.from_list(TEXT_ROWS[:8]),
+        validation_split=0.0,
+        padding_free=True,
+    )
     with pytest.raises(ConfigError) as err:
         fit(tmp_path, tiny_llama(attn_implementation="leaky_sdpa"), dm)
     assert str(err.value).startswith(
@@ -149,7 +192,12 @@ def test_padding_free_with_a_backend_that_cannot_isolate_sequences(word_tokenize
 
 def test_padding_free_with_sdpa_trains(word_tokenizer, tmp_path):
     """The probe does not refuse a backend that isolates sequences: one real step runs."""
-    dm = HFDataModule(tokenizer=word_tokenizer, path=datasets.Dataset.from_list(TEXT_ROWS[:8]), validation_split=0.0, padding_free=True)
+    dm = HFDataModule(
+        tokenizer=word_tokenizer,
+        path=datasets.Dataset.from_list(TEXT_ROWS[:8]),
+        validation_split=0.0,
+        padding_free=True,
+    )
     assert fit(tmp_path, tiny_llama(attn_implementation="sdpa"), dm).global_step == 1
 
 
@@ -164,7 +212,10 @@ def model_folder(tmp_path, word_tokenizer):
 
 
 def test_model_path_that_is_not_a_folder(tmp_path):
-    with pytest.raises(ModelError, match=rf"^model.name_or_path={tmp_path}/absent: not a folder \(expected a local HF model folder\)$"):
+    with pytest.raises(
+        ModelError,
+        match=rf"^model.name_or_path={tmp_path}/absent: not a folder \(expected a local HF model folder\)$",
+    ):
         load_model_and_tokenizer(str(tmp_path / "absent"))
 
 
@@ -199,20 +250,28 @@ def test_model_folder_with_weights_missing(model_folder):
 def test_model_folder_with_truncated_weights(model_folder):
     weights = model_folder / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:100])  # a copy interrupted half-way
-    with pytest.raises(ModelError, match=rf"^model.name_or_path={model_folder}: the model could not be loaded \(.*\); the folder must hold a complete save_pretrained output"):
+    with pytest.raises(
+        ModelError,
+        match=rf"^model.name_or_path={model_folder}: the model could not be loaded \(.*\); the folder must hold a complete save_pretrained output",
+    ):
         load_model_and_tokenizer(str(model_folder))
 
 
 def test_model_folder_with_a_broken_config(model_folder):
     (model_folder / "config.json").write_text('{"model_type": "llama", ')
-    with pytest.raises(ModelError, match=rf"^model.name_or_path={model_folder}: config.json is not valid JSON \(Expecting property name enclosed in double quotes: line 1 column 25"):
+    with pytest.raises(
+        ModelError,
+        match=rf"^model.name_or_path={model_folder}: config.json is not valid JSON \(Expecting property name enclosed in double quotes: line 1 column 25",
+    ):
         load_model_and_tokenizer(str(model_folder))
 
 
 def test_model_folder_without_tokenizer(model_folder):
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         (model_folder / name).unlink(missing_ok=True)
-    with pytest.raises(ModelError, match=rf"^model.name_or_path={model_folder}: no loadable tokenizer in the folder"):
+    with pytest.raises(
+        ModelError, match=rf"^model.name_or_path={model_folder}: no loadable tokenizer in the folder"
+    ):
         load_model_and_tokenizer(str(model_folder))
 
 

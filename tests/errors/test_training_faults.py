@@ -53,7 +53,9 @@ class Weights(L.Callback):
         self.by_step: dict[int, dict[str, torch.Tensor]] = {}
 
     def _take(self, trainer, module):
-        self.by_step[trainer.global_step] = {k: v.detach().clone() for k, v in module.model.named_parameters()}
+        self.by_step[trainer.global_step] = {
+            k: v.detach().clone() for k, v in module.model.named_parameters()
+        }
 
     def on_train_start(self, trainer, module):
         self._take(trainer, module)
@@ -69,11 +71,21 @@ def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
 def run(tmp_path, word_tokenizer, callbacks, max_steps=6, accumulate=1, optim=None, rows=ROWS, **kwargs):
     model = tiny_llama(vocab_size=32)
     poison(model)
-    module = HFLightningModule(model, optim=optim or {"name": "adamw", "lr": 1e-2, "weight_decay": 0.1},
-                               scheduler={"name": "constant"})
-    dm = HFDataModule(tokenizer=word_tokenizer, path=datasets.Dataset.from_list(rows), validation_split=0.0,
-                      shuffle=False, per_device_train_batch_size=2)
-    t = trainer(tmp_path, max_steps=max_steps, accumulate_grad_batches=accumulate, callbacks=callbacks, **kwargs)
+    module = HFLightningModule(
+        model,
+        optim=optim or {"name": "adamw", "lr": 1e-2, "weight_decay": 0.1},
+        scheduler={"name": "constant"},
+    )
+    dm = HFDataModule(
+        tokenizer=word_tokenizer,
+        path=datasets.Dataset.from_list(rows),
+        validation_split=0.0,
+        shuffle=False,
+        per_device_train_batch_size=2,
+    )
+    t = trainer(
+        tmp_path, max_steps=max_steps, accumulate_grad_batches=accumulate, callbacks=callbacks, **kwargs
+    )
     return t, module, dm
 
 
@@ -84,14 +96,21 @@ def test_without_the_guard_a_nan_step_poisons_every_weight(tmp_path, word_tokeni
     t, module, dm = run(tmp_path, word_tokenizer, [weights])
     t.fit(module, datamodule=dm)
     assert all(torch.isfinite(v).all() for v in weights.by_step[2].values())
-    assert all(torch.isnan(v).any() for v in weights.by_step[3].values())  # every tensor (unused embedding rows aside)
+    assert all(
+        torch.isnan(v).any() for v in weights.by_step[3].values()
+    )  # every tensor (unused embedding rows aside)
 
 
 def test_nan_loss_stops_before_the_update_and_keeps_the_checkpoints(tmp_path, word_tokenizer):
     weights = Weights()
     ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=1, save_last=True, save_top_k=-1)
-    t, module, dm = run(tmp_path, word_tokenizer, [NonFiniteGuard(), weights, ckpt], plugins=[AtomicCheckpointIO()],
-                        enable_checkpointing=True)
+    t, module, dm = run(
+        tmp_path,
+        word_tokenizer,
+        [NonFiniteGuard(), weights, ckpt],
+        plugins=[AtomicCheckpointIO()],
+        enable_checkpointing=True,
+    )
     with pytest.raises(TrainingError) as err:
         t.fit(module, datamodule=dm)
     assert str(err.value) == (
@@ -116,8 +135,15 @@ def test_nan_loss_skips_the_step_and_counts_it(tmp_path, word_tokenizer, accumul
     guard = NonFiniteGuard(on_nonfinite="skip")
     logger = CSVLogger(tmp_path, name="", version="")
     bad_step = 3 if accumulate == 1 else 2
-    t, module, dm = run(tmp_path, word_tokenizer, [guard, weights], max_steps=5, accumulate=accumulate, logger=logger,
-                        rows=ROWS + ROWS[6:] * 2 * (accumulate - 1))
+    t, module, dm = run(
+        tmp_path,
+        word_tokenizer,
+        [guard, weights],
+        max_steps=5,
+        accumulate=accumulate,
+        logger=logger,
+        rows=ROWS + ROWS[6:] * 2 * (accumulate - 1),
+    )
     with caplog.at_level(logging.WARNING, logger="hf_lightning"):
         t.fit(module, datamodule=dm)
     assert t.global_step == 5 and guard.skipped_steps == 1
@@ -126,7 +152,10 @@ def test_nan_loss_skips_the_step_and_counts_it(tmp_path, word_tokenizer, accumul
         if step != bad_step:
             assert not same(weights.by_step[step], weights.by_step[step - 1])
     assert all(torch.isfinite(v).all() for v in weights.by_step[5].values())
-    assert f"optimizer step {bad_step} (epoch 0): the loss is nan and the gradient norm is nan; the update was skipped (1 skipped so far)" in caplog.text
+    assert (
+        f"optimizer step {bad_step} (epoch 0): the loss is nan and the gradient norm is nan; the update was skipped (1 skipped so far)"
+        in caplog.text
+    )
     with open(tmp_path / "metrics.csv") as fh:
         rows = [r for r in csv.DictReader(fh) if r.get("train/skipped_steps")]
     assert [(int(r["step"]), float(r["train/skipped_steps"])) for r in rows] == [(bad_step, 1.0)]
@@ -143,8 +172,13 @@ def test_skipped_steps_survive_a_checkpoint(tmp_path, word_tokenizer):
 
 def test_too_many_consecutive_skips_stop_the_run(tmp_path, word_tokenizer):
     rows = [{"text": "z z z"}] * 12  # every batch poisoned: the run has diverged
-    t, module, dm = run(tmp_path, word_tokenizer, [NonFiniteGuard(on_nonfinite="skip", max_consecutive_skips=3)], rows=rows)
-    with pytest.raises(TrainingError, match=r"^optimizer step 3 \(epoch 0\): 3 optimizer steps in a row had a non-finite loss or gradient"):
+    t, module, dm = run(
+        tmp_path, word_tokenizer, [NonFiniteGuard(on_nonfinite="skip", max_consecutive_skips=3)], rows=rows
+    )
+    with pytest.raises(
+        TrainingError,
+        match=r"^optimizer step 3 \(epoch 0\): 3 optimizer steps in a row had a non-finite loss or gradient",
+    ):
         t.fit(module, datamodule=dm)
 
 
@@ -152,16 +186,26 @@ def test_inf_gradient_with_a_finite_loss(tmp_path, word_tokenizer):
     weights = Weights()
     t, module, dm = run(tmp_path, word_tokenizer, [NonFiniteGuard(), weights], rows=ROWS[:4] * 3)
     calls = []
-    module.model.lm_head.weight.register_hook(lambda g: g * math.inf if len(calls.append(1) or calls) == 2 else g)
-    with pytest.raises(TrainingError, match=r"^optimizer step 2 \(epoch 0\): the gradient norm is inf, so the update was not applied"):
+    module.model.lm_head.weight.register_hook(
+        lambda g: g * math.inf if len(calls.append(1) or calls) == 2 else g
+    )
+    with pytest.raises(
+        TrainingError,
+        match=r"^optimizer step 2 \(epoch 0\): the gradient norm is inf, so the update was not applied",
+    ):
         t.fit(module, datamodule=dm)
     assert same({k: v.detach() for k, v in module.model.named_parameters()}, weights.by_step[1])
 
 
 def test_learning_rate_divergence_is_stopped(tmp_path, word_tokenizer):
     """A real divergence: SGD at lr 1e30 makes step 2's logits overflow."""
-    t, module, dm = run(tmp_path, word_tokenizer, [NonFiniteGuard()], optim={"name": "sgd", "lr": 1e30}, rows=ROWS[:4] * 3)
-    with pytest.raises(TrainingError, match=r"^optimizer step 2 \(epoch 0\): the loss is (nan|inf).*a learning rate too high \(lr=1e\+30 now\)"):
+    t, module, dm = run(
+        tmp_path, word_tokenizer, [NonFiniteGuard()], optim={"name": "sgd", "lr": 1e30}, rows=ROWS[:4] * 3
+    )
+    with pytest.raises(
+        TrainingError,
+        match=r"^optimizer step 2 \(epoch 0\): the loss is (nan|inf).*a learning rate too high \(lr=1e\+30 now\)",
+    ):
         t.fit(module, datamodule=dm)
 
 
@@ -176,7 +220,9 @@ def test_exploding_gradient_norm_is_reported(tmp_path, word_tokenizer, caplog):
     reports = [r.getMessage() for r in caplog.records if "gradient norm" in r.getMessage()]
     assert len(reports) == 1
     assert reports[0].startswith("optimizer step 5: gradient norm ")
-    assert "the median" in reports[0] and reports[0].endswith("clipped to trainer.gradient_clip_val=1 before the update")
+    assert "the median" in reports[0] and reports[0].endswith(
+        "clipped to trainer.gradient_clip_val=1 before the update"
+    )
 
 
 def test_gradient_norm_threshold(tmp_path, word_tokenizer, caplog):
@@ -188,11 +234,17 @@ def test_gradient_norm_threshold(tmp_path, word_tokenizer, caplog):
     assert "is above grad_norm_threshold=1e-09; not clipped (set trainer.gradient_clip_val" in caplog.text
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"on_nonfinite": "ignore"}, r"callbacks.nonfinite_guard.on_nonfinite='ignore'; expected one of \['stop', 'skip'\]"),
-    ({"max_consecutive_skips": 0}, "max_consecutive_skips must be a positive integer, got 0"),
-    ({"grad_norm_spike": -1.0}, r"grad_norm_spike must be > 0 or null, got -1.0"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (
+            {"on_nonfinite": "ignore"},
+            r"callbacks.nonfinite_guard.on_nonfinite='ignore'; expected one of \['stop', 'skip'\]",
+        ),
+        ({"max_consecutive_skips": 0}, "max_consecutive_skips must be a positive integer, got 0"),
+        ({"grad_norm_spike": -1.0}, r"grad_norm_spike must be > 0 or null, got -1.0"),
+    ],
+)
 def test_guard_settings_are_checked(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         NonFiniteGuard(**kwargs)
@@ -204,8 +256,14 @@ def test_gpu_out_of_memory_message_gives_the_exact_trade():
         "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.19 GiB of which 1.06 GiB is free."
     )
     gib = 2**30
-    message = out_of_memory_message(err, 16, 2, 2048, device="cuda:0",
-                                    memory={"allocated": 70 * gib, "reserved": 77.5 * gib, "total": 79.19 * gib})
+    message = out_of_memory_message(
+        err,
+        16,
+        2,
+        2048,
+        device="cuda:0",
+        memory={"allocated": 70 * gib, "reserved": 77.5 * gib, "total": 79.19 * gib},
+    )
     assert message == (
         "out of memory on cuda:0 during training (an allocation of 2.00 GiB failed; 70.00 GiB allocated, 77.50 GiB "
         "reserved of 79.19 GiB). To fit: set data.per_device_train_batch_size=8 and trainer.accumulate_grad_batches=4: "
@@ -221,8 +279,9 @@ def test_out_of_memory_with_a_micro_batch_of_one_and_in_validation():
     assert out_of_memory_message(err, 1, 1, 512).startswith(
         "out of memory during training (an allocation of 512.00 MiB failed). To fit: lower data.max_length (now 512)"
     )
-    assert "lower data.per_device_eval_batch_size (now 8); evaluation results do not depend on it" in out_of_memory_message(
-        err, 8, 1, 512, stage="validation"
+    assert (
+        "lower data.per_device_eval_batch_size (now 8); evaluation results do not depend on it"
+        in out_of_memory_message(err, 8, 1, 512, stage="validation")
     )
 
 
@@ -248,9 +307,18 @@ def test_real_allocation_failure_in_fit_becomes_a_hint(tmp_path, word_tokenizer)
 
 # ------------------------------------------------------------------------------------------ saving
 def checkpointing_run(tmp_path, word_tokenizer, callbacks, max_steps=3):
-    ckpt = ModelCheckpoint(dirpath=tmp_path / "run" / "checkpoints", every_n_train_steps=1, save_last=True, save_top_k=1)
-    return run(tmp_path, word_tokenizer, [ckpt, *callbacks], max_steps=max_steps, rows=ROWS[:4] * 3,
-               plugins=[AtomicCheckpointIO()], enable_checkpointing=True)
+    ckpt = ModelCheckpoint(
+        dirpath=tmp_path / "run" / "checkpoints", every_n_train_steps=1, save_last=True, save_top_k=1
+    )
+    return run(
+        tmp_path,
+        word_tokenizer,
+        [ckpt, *callbacks],
+        max_steps=max_steps,
+        rows=ROWS[:4] * 3,
+        plugins=[AtomicCheckpointIO()],
+        enable_checkpointing=True,
+    )
 
 
 def checkpoint_files(folder):
@@ -260,7 +328,9 @@ def checkpoint_files(folder):
 
 def assert_step_1_kept(folder):
     assert checkpoint_files(folder) in (["last.ckpt", "step=1.ckpt"], ["epoch=0-step=1.ckpt", "last.ckpt"])
-    assert not [name for name in os.listdir(folder) if name.startswith(".tmp-")]  # a failed write leaves no temp
+    assert not [
+        name for name in os.listdir(folder) if name.startswith(".tmp-")
+    ]  # a failed write leaves no temp
     last = torch.load(folder / "last.ckpt", weights_only=False)
     assert last["global_step"] == 1 and "optimizer_states" in last
 
@@ -298,7 +368,10 @@ def test_disk_full_at_save_time_keeps_the_previous_checkpoint(tmp_path, word_tok
         message = str(err.value)
         assert message.startswith(f"could not write checkpoint {run_dir}/checkpoints/")
         assert ": No space left on device (ENOSPC); " in message
-        assert "every other checkpoint already written is kept; free space there: 0.0 MiB. free space on that disk" in message
+        assert (
+            "every other checkpoint already written is kept; free space there: 0.0 MiB. free space on that disk"
+            in message
+        )
         os.remove(run_dir / "filler")
         assert_step_1_kept(run_dir / "checkpoints")
 
@@ -309,10 +382,14 @@ def test_disk_full_simulated_where_no_tmpfs_can_be_mounted(tmp_path, word_tokeni
     def full_disk():
         def save(*args, **kwargs):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
         monkeypatch.setattr(ckpt_io.torch, "save", save)
 
     t, module, dm = checkpointing_run(tmp_path, word_tokenizer, [AfterStep(1, full_disk)])
-    with pytest.raises(TrainingError, match=r"No space left on device \(ENOSPC\); nothing was overwritten and every other checkpoint"):
+    with pytest.raises(
+        TrainingError,
+        match=r"No space left on device \(ENOSPC\); nothing was overwritten and every other checkpoint",
+    ):
         t.fit(module, datamodule=dm)
     monkeypatch.setattr(ckpt_io.torch, "save", real_save)
     assert_step_1_kept(tmp_path / "run" / "checkpoints")
@@ -321,11 +398,15 @@ def test_disk_full_simulated_where_no_tmpfs_can_be_mounted(tmp_path, word_tokeni
 def test_output_folder_turns_read_only_at_save_time(tmp_path, word_tokenizer):
     """A real read-only filesystem (root cannot write there either)."""
     with tiny_filesystem(tmp_path / "run", "16m") as run_dir:
-        t, module, dm = checkpointing_run(tmp_path, word_tokenizer, [AfterStep(1, lambda: remount_read_only(run_dir))])
+        t, module, dm = checkpointing_run(
+            tmp_path, word_tokenizer, [AfterStep(1, lambda: remount_read_only(run_dir))]
+        )
         with pytest.raises(TrainingError) as err:
             t.fit(module, datamodule=dm)
         assert "Read-only file system (EROFS)" in str(err.value)
-        assert str(err.value).endswith("the filesystem is read-only: make it writable again, or choose another hydra.run.dir")
+        assert str(err.value).endswith(
+            "the filesystem is read-only: make it writable again, or choose another hydra.run.dir"
+        )
         assert_step_1_kept(run_dir / "checkpoints")
 
 
@@ -333,7 +414,9 @@ def test_output_folder_turns_read_only_at_save_time(tmp_path, word_tokenizer):
 def test_output_folder_loses_write_permission_at_save_time(tmp_path, word_tokenizer):
     folder = tmp_path / "run" / "checkpoints"
     t, module, dm = checkpointing_run(tmp_path, word_tokenizer, [AfterStep(1, lambda: folder.chmod(0o555))])
-    with pytest.raises(TrainingError, match=r"Permission denied \(EACCES\).*the folder is not writable by this user"):
+    with pytest.raises(
+        TrainingError, match=r"Permission denied \(EACCES\).*the folder is not writable by this user"
+    ):
         t.fit(module, datamodule=dm)
     folder.chmod(0o755)
     assert_step_1_kept(folder)
@@ -358,15 +441,26 @@ def test_ctrl_c_saves_at_the_step_boundary_then_stops(tmp_path, word_tokenizer, 
     signum = signal.SIGINT
     before = signal.getsignal(signum)
     ckpt = ModelCheckpoint(dirpath=tmp_path / "run" / "checkpoints", save_last=True, save_top_k=0)
-    t, module, dm = run(tmp_path, word_tokenizer, [ckpt, Preemption(), SendSignal(signum, 2)], max_steps=6, accumulate=2,
-                        rows=ROWS[:4] * 6, plugins=[AtomicCheckpointIO()], enable_checkpointing=True)
+    t, module, dm = run(
+        tmp_path,
+        word_tokenizer,
+        [ckpt, Preemption(), SendSignal(signum, 2)],
+        max_steps=6,
+        accumulate=2,
+        rows=ROWS[:4] * 6,
+        plugins=[AtomicCheckpointIO()],
+        enable_checkpointing=True,
+    )
     with caplog.at_level(logging.WARNING):
         t.fit(module, datamodule=dm)
     assert t.global_step == 2 and module.preempted
     last = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=False)
     assert last["global_step"] == 2
     assert checkpoint_files(tmp_path / "run" / "checkpoints") == ["last.ckpt"]  # no second "last-v1.ckpt"
-    assert f"received {signal.Signals(signum).name}: saving a checkpoint at the end of the current optimizer step" in caplog.text
+    assert (
+        f"received {signal.Signals(signum).name}: saving a checkpoint at the end of the current optimizer step"
+        in caplog.text
+    )
     assert "resume with ckpt_path=last in the same run folder" in caplog.text
     assert signal.getsignal(signum) == before
 
@@ -377,8 +471,15 @@ def test_a_run_ending_before_any_checkpoint_leaves_one_last_ckpt(tmp_path, word_
     it has not saved yet) must not add a ``last-v1.ckpt`` copy beside it."""
     folder = tmp_path / "run" / "checkpoints"
     ckpt = ModelCheckpoint(dirpath=folder, save_last=True, save_top_k=0)
-    t, module, dm = run(tmp_path, word_tokenizer, [ckpt, Preemption()], max_steps=3, rows=ROWS[:4] * 3,
-                        plugins=[AtomicCheckpointIO()], enable_checkpointing=True)
+    t, module, dm = run(
+        tmp_path,
+        word_tokenizer,
+        [ckpt, Preemption()],
+        max_steps=3,
+        rows=ROWS[:4] * 3,
+        plugins=[AtomicCheckpointIO()],
+        enable_checkpointing=True,
+    )
     t.fit(module, datamodule=dm)
     assert checkpoint_files(folder) == ["last.ckpt"]
     assert torch.load(folder / "last.ckpt", weights_only=False)["global_step"] == 3

@@ -51,18 +51,34 @@ class Record(L.Callback):
 
 
 def test_a_nan_loss_on_one_rank_skips_the_step_on_every_rank(tmp_path):
-    data = HFDataModule(make_word_tokenizer(), path=datasets.Dataset.from_dict({"text": TEXTS}), validation_split=0.0,
-                        per_device_train_batch_size=2, shuffle=False)
+    data = HFDataModule(
+        make_word_tokenizer(),
+        path=datasets.Dataset.from_dict({"text": TEXTS}),
+        validation_split=0.0,
+        per_device_train_batch_size=2,
+        shuffle=False,
+    )
     trainer = L.Trainer(
-        accelerator="cpu", devices=2, strategy="ddp_spawn", max_steps=4, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp_spawn",
+        max_steps=4,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
         callbacks=[NonFiniteGuard(on_nonfinite="skip"), Record(tmp_path)],
     )
-    module = NaNLossOnRank0(tiny_llama().train(), optim={"name": "adamw", "lr": 1e-2}, scheduler={"name": "constant"})
+    module = NaNLossOnRank0(
+        tiny_llama().train(), optim={"name": "adamw", "lr": 1e-2}, scheduler={"name": "constant"}
+    )
     trainer.fit(module, datamodule=data)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert [r["skipped"] for r in ranks] == [1, 1] and [r["step"] for r in ranks] == [4, 4]
     for step in map(str, range(1, 5)):
         assert ranks[0]["by_step"][step] == ranks[1]["by_step"][step]  # the replicas never drift apart
-    assert ranks[0]["by_step"][str(BAD_STEP)] == ranks[0]["by_step"][str(BAD_STEP - 1)]  # no update in that step
+    assert (
+        ranks[0]["by_step"][str(BAD_STEP)] == ranks[0]["by_step"][str(BAD_STEP - 1)]
+    )  # no update in that step
     assert ranks[0]["by_step"]["4"] != ranks[0]["by_step"][str(BAD_STEP)]

@@ -18,7 +18,11 @@ def run_cli(*overrides: str, cwd=None, timeout: int = 600) -> subprocess.Complet
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     return subprocess.run(
         [sys.executable, "-m", "hf_lightning.train", *overrides],
-        capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=cwd,
     )
 
 
@@ -30,8 +34,13 @@ def read_metrics(run_dir):
 def test_sft_default_run_folder_contract(tmp_path):
     run_dir = tmp_path / "run"
     proc = run_cli(
-        "+experiment=sft", f"hydra.run.dir={run_dir}", "trainer.max_steps=6", "trainer.max_epochs=1",
-        "trainer.log_every_n_steps=1", "trainer.val_check_interval=3", "trainer.limit_val_batches=2",
+        "+experiment=sft",
+        f"hydra.run.dir={run_dir}",
+        "trainer.max_steps=6",
+        "trainer.max_epochs=1",
+        "trainer.log_every_n_steps=1",
+        "trainer.val_check_interval=3",
+        "trainer.limit_val_batches=2",
         "data.per_device_train_batch_size=4",
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -70,12 +79,18 @@ def test_sft_default_run_folder_contract(tmp_path):
 
 def test_clm_on_a_jsonl_file(tmp_path):
     data = tmp_path / "tiny.jsonl"
-    lines = [json.dumps({"text": f"Line {i}: the quick brown fox jumps over the lazy dog."}) for i in range(40)]
+    lines = [
+        json.dumps({"text": f"Line {i}: the quick brown fox jumps over the lazy dog."}) for i in range(40)
+    ]
     data.write_text("\n".join(lines) + "\n")
     run_dir = tmp_path / "run"
     proc = run_cli(
-        "+experiment=clm", f"data.path={data}", f"hydra.run.dir={run_dir}", "trainer.max_steps=3",
-        "trainer.log_every_n_steps=1", "data.per_device_train_batch_size=4",
+        "+experiment=clm",
+        f"data.path={data}",
+        f"hydra.run.dir={run_dir}",
+        "trainer.max_steps=3",
+        "trainer.log_every_n_steps=1",
+        "data.per_device_train_batch_size=4",
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert [int(r["step"]) for r in read_metrics(run_dir) if r.get("train/loss")] == [1, 2, 3]

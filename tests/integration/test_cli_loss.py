@@ -24,18 +24,29 @@ DATA = SHARED / "alpaca-tiny" / "alpaca_tiny.json"
 
 def run(run_dir: Path, micro_batch: int, accumulation: int) -> list[dict]:
     proc = run_train_cli(
-        "+experiment=clm", f"data.path={DATA}",
-        f"hydra.run.dir={run_dir}", "data.shuffle=false", "data.max_length=160",
-        f"data.per_device_train_batch_size={micro_batch}", f"trainer.accumulate_grad_batches={accumulation}",
-        "trainer.max_steps=4", "scheduler=constant", "optim.lr=1e-3", "trainer.log_every_n_steps=1", "trainer.limit_val_batches=0",
-        "trainer.enable_progress_bar=false", "callbacks.hf_export=null",
+        "+experiment=clm",
+        f"data.path={DATA}",
+        f"hydra.run.dir={run_dir}",
+        "data.shuffle=false",
+        "data.max_length=160",
+        f"data.per_device_train_batch_size={micro_batch}",
+        f"trainer.accumulate_grad_batches={accumulation}",
+        "trainer.max_steps=4",
+        "scheduler=constant",
+        "optim.lr=1e-3",
+        "trainer.log_every_n_steps=1",
+        "trainer.limit_val_batches=0",
+        "trainer.enable_progress_bar=false",
+        "callbacks.hf_export=null",
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     with open(run_dir / "metrics.csv") as fh:
         return [r for r in csv.DictReader(fh) if r.get("train/loss")]
 
 
-@pytest.mark.skipif(not DATA.is_file(), reason=f"shared data not found at {DATA} (set HF_LIGHTNING_SHARED_DATA)")
+@pytest.mark.skipif(
+    not DATA.is_file(), reason=f"shared data not found at {DATA} (set HF_LIGHTNING_SHARED_DATA)"
+)
 def test_accumulation_and_micro_batch_split_log_the_same_loss(tmp_path):
     split = run(tmp_path / "mb2_acc4", 2, 4)
     whole = run(tmp_path / "mb8_acc1", 8, 1)

@@ -13,17 +13,29 @@ import pytest
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
 COMMON = (
-    "+experiment=sft", "trainer.max_steps=3", "trainer.limit_val_batches=0", "trainer.log_every_n_steps=1",
-    "trainer.enable_progress_bar=false", "trainer.enable_model_summary=false", "data.shuffle=false",
-    "scheduler.warmup_steps=0", "optim.lr=1e-3",
+    "+experiment=sft",
+    "trainer.max_steps=3",
+    "trainer.limit_val_batches=0",
+    "trainer.log_every_n_steps=1",
+    "trainer.enable_progress_bar=false",
+    "trainer.enable_model_summary=false",
+    "data.shuffle=false",
+    "scheduler.warmup_steps=0",
+    "optim.lr=1e-3",
 )
 
 
 def run_cli(*args: str, cwd) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     env.pop("LOCAL_RANK", None)
-    return subprocess.run([sys.executable, "-m", "hf_lightning.train", *args], capture_output=True, text=True,
-                          timeout=600, env=env, cwd=cwd)
+    return subprocess.run(
+        [sys.executable, "-m", "hf_lightning.train", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        cwd=cwd,
+    )
 
 
 def logged(run_dir, key):
@@ -35,10 +47,18 @@ def test_two_process_ddp_equals_one_process_with_twice_the_micro_batch(tmp_path)
     ddp_cwd, single_dir = tmp_path / "ddp", tmp_path / "single"
     ddp_cwd.mkdir()
     # no hydra.run.dir: the default outputs/<date>/<time> must be resolved once and shared by both ranks
-    ddp = run_cli(*COMMON, "trainer.accelerator=cpu", "trainer.devices=2", "strategy=ddp",
-                  "data.per_device_train_batch_size=2", cwd=ddp_cwd)
+    ddp = run_cli(
+        *COMMON,
+        "trainer.accelerator=cpu",
+        "trainer.devices=2",
+        "strategy=ddp",
+        "data.per_device_train_batch_size=2",
+        cwd=ddp_cwd,
+    )
     assert ddp.returncode == 0, ddp.stderr[-3000:]
-    single = run_cli(*COMMON, "data.per_device_train_batch_size=4", f"hydra.run.dir={single_dir}", cwd=tmp_path)
+    single = run_cli(
+        *COMMON, "data.per_device_train_batch_size=4", f"hydra.run.dir={single_dir}", cwd=tmp_path
+    )
     assert single.returncode == 0, single.stderr[-3000:]
 
     runs = [p for p in (ddp_cwd / "outputs").glob("*/*") if p.is_dir()]
@@ -46,7 +66,9 @@ def test_two_process_ddp_equals_one_process_with_twice_the_micro_batch(tmp_path)
     run = runs[0]
     assert (run / ".hydra" / "config.yaml").is_file()
     assert (run / "train_ddp_process_1.log").is_file()  # rank 1 ran, and logged into rank 0's folder
-    assert (run / "checkpoints" / "last.ckpt").is_file() and (run / "hf_model" / "model.safetensors").is_file()
+    assert (run / "checkpoints" / "last.ckpt").is_file() and (
+        run / "hf_model" / "model.safetensors"
+    ).is_file()
 
     # rank r takes rows r, r+2, ... of the same order: step k of 2 ranks x 2 rows is step k of 1 rank x 4 rows
     ddp_loss, single_loss = logged(run, "train/loss"), logged(single_dir, "train/loss")

@@ -43,11 +43,21 @@ def test_two_ranks_cover_every_row_once(tmp_path, stream):
         source = source.to_iterable_dataset(num_shards=3)
     data = HFDataModule(tok, path=source, validation_split=0.0, per_device_train_batch_size=2, seed=4)
     trainer = L.Trainer(
-        accelerator="cpu", devices=2, strategy="ddp_spawn", max_epochs=1, max_steps=50 if stream else -1,
-        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        callbacks=[Record(tmp_path)], default_root_dir=tmp_path,
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp_spawn",
+        max_epochs=1,
+        max_steps=50 if stream else -1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[Record(tmp_path)],
+        default_root_dir=tmp_path,
     )
-    module = HFLightningModule(tiny_llama().train(), optim={"name": "sgd", "lr": 0.01}, scheduler={"name": "constant"})
+    module = HFLightningModule(
+        tiny_llama().train(), optim={"name": "sgd", "lr": 0.01}, scheduler={"name": "constant"}
+    )
     trainer.fit(module, datamodule=data)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert ranks[0]["batches"] == ranks[1]["batches"] == 3  # ceil(11 / 2) = 6 rows per rank, batches of 2

@@ -45,7 +45,11 @@ def documented_commands() -> list[tuple[str, str, str]]:
                 command = line.removeprefix("$ ")
                 if ENTRY.match(command):
                     shown = lines[i + 1] if i + 1 < len(lines) else ""
-                    error = shown.removeprefix("hf_lightning: error: ") if shown.startswith("hf_lightning: error:") else ""
+                    error = (
+                        shown.removeprefix("hf_lightning: error: ")
+                        if shown.startswith("hf_lightning: error:")
+                        else ""
+                    )
                     found.append((path.name, " ".join(command.split()), error))
     return sorted(set(found))
 
@@ -68,7 +72,9 @@ def compose(config_name: str, overrides: list[str]):
 def overrides_of(command: str) -> tuple[str, list[str]]:
     words = shlex.split(command)
     entry = words[2].split(".")[1]
-    rest = [w for w in words[3:] if w not in ("-m", "--multirun") and not w.startswith("--cfg") and w != "job"]
+    rest = [
+        w for w in words[3:] if w not in ("-m", "--multirun") and not w.startswith("--cfg") and w != "job"
+    ]
     multirun = "-m" in words or "--multirun" in words
     # a sweep composes once per value; the first value stands for all of them
     rest = [w.split(",")[0] if multirun and "=" in w and "[" not in w else w for w in rest]
@@ -136,7 +142,9 @@ def test_every_override_in_the_tables_exists(span):
     from hf_lightning.errors import ConfigError
 
     words = span.split()
-    cfg = compose("train", words if any(w.startswith("+experiment=") for w in words) else ["+experiment=sft", *words])
+    cfg = compose(
+        "train", words if any(w.startswith("+experiment=") for w in words) else ["+experiment=sft", *words]
+    )
     try:
         validate_config(cfg)
     except ConfigError as err:
@@ -148,11 +156,15 @@ def test_every_override_in_the_tables_exists(span):
 def tutorial_blocks() -> dict[str, str]:
     text = (REPO / "docs" / "migration.md").read_text()
     blocks = dict(re.findall(r"<!-- docs-test: ([\w-]+) -->\n```\w+\n(.*?)```", text, re.S))
-    hf = re.search(r"### With HF `Trainer`\n.*?```python\n(.*?)```", text, re.S).group(1)  # its first code block
+    hf = re.search(r"### With HF `Trainer`\n.*?```python\n(.*?)```", text, re.S).group(
+        1
+    )  # its first code block
     texts = re.search(r"texts = \[\n.*?\n\]\n", hf, re.S).group(0)
     blocks["hf"] = hf
     # the prepare block says `texts = [...]  # the 20 sentences above`
-    blocks["tutorial-prepare"] = blocks["tutorial-prepare"].replace("texts = [...]  # the 20 sentences above\n", texts)
+    blocks["tutorial-prepare"] = blocks["tutorial-prepare"].replace(
+        "texts = [...]  # the 20 sentences above\n", texts
+    )
     return {k: v.replace("../shared/data", str(SHARED)) for k, v in blocks.items()}
 
 
@@ -160,8 +172,14 @@ def run_block(code: str, cwd: Path, capsys=None) -> str:
     """A shell block in bash; a Python block in this process (the imports are paid once), both from ``cwd``."""
     if code.lstrip().startswith("python -m"):
         env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-        proc = subprocess.run(["bash", "-c", code.replace("python -m", f"{sys.executable} -m")], cwd=cwd, env=env,
-                              capture_output=True, text=True, timeout=900)
+        proc = subprocess.run(
+            ["bash", "-c", code.replace("python -m", f"{sys.executable} -m")],
+            cwd=cwd,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
         assert proc.returncode == 0, proc.stderr[-4000:]
         return proc.stdout
     capsys.readouterr()
@@ -175,8 +193,14 @@ def test_the_migration_tutorial_runs_as_written(tmp_path, monkeypatch, capsys):
         pytest.skip(f"no GPT-2 tokenizer under {SHARED} (set HF_LIGHTNING_SHARED_DATA)")
     blocks = tutorial_blocks()
     monkeypatch.chdir(tmp_path)
-    assert set(blocks) >= {"tutorial-prepare", "tutorial-inspect", "tutorial-train", "tutorial-best",
-                           "tutorial-evaluate", "tutorial-python"}
+    assert set(blocks) >= {
+        "tutorial-prepare",
+        "tutorial-inspect",
+        "tutorial-train",
+        "tutorial-best",
+        "tutorial-evaluate",
+        "tutorial-python",
+    }
     run_block(blocks["tutorial-prepare"], tmp_path, capsys)
     assert (tmp_path / "gpt2-qa" / "config.json").is_file()
     assert len((tmp_path / "qa_train.jsonl").read_text().splitlines()) == 16

@@ -40,8 +40,12 @@ def run(devices, tmp_path, root):
     script.write_text(SCRIPT)
     out = tmp_path / f"metrics{devices}.json"
     proc = subprocess.run(
-        [sys.executable, str(script), str(devices), str(out)], capture_output=True, text=True, timeout=600,
-        cwd=root, env={**__import__("os").environ, "PYTHONPATH": str(root)},
+        [sys.executable, str(script), str(devices), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=root,
+        env={**__import__("os").environ, "PYTHONPATH": str(root)},
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(out.read_text())

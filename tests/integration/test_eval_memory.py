@@ -20,8 +20,13 @@ SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_eval_memory.py
 
 def peak_rss(n: int, mode: str) -> dict:
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--probe", str(n), mode], capture_output=True, text=True,
-                          timeout=600, env=env)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--probe", str(n), mode],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

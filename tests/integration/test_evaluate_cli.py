@@ -19,16 +19,41 @@ def test_evaluate_a_checkpoint_on_a_file(tmp_path):
     rows = [{"text": f"Sentence number {i} is here."} for i in range(5)]
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     train = subprocess.run(
-        [sys.executable, "-m", "hf_lightning.train", "+experiment=clm", f"data.path={data}", f"hydra.run.dir={run}",
-         "trainer.max_steps=2", "data.per_device_train_batch_size=2", "data.validation_split=0.2"],
-        capture_output=True, text=True, env=env, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "hf_lightning.train",
+            "+experiment=clm",
+            f"data.path={data}",
+            f"hydra.run.dir={run}",
+            "trainer.max_steps=2",
+            "data.per_device_train_batch_size=2",
+            "data.validation_split=0.2",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
     )
     assert train.returncode == 0, train.stderr[-2000:]
     proc = subprocess.run(
-        [sys.executable, "-m", "hf_lightning.evaluate", "+experiment=clm", f"data.path={data}",
-         f"ckpt_path={run}/checkpoints/last.ckpt", f"hydra.run.dir={run}", "data.per_device_eval_batch_size=2",
-         "generate=true", "max_new_tokens=3", "trainer.enable_progress_bar=false"],
-        capture_output=True, text=True, env=env, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "hf_lightning.evaluate",
+            "+experiment=clm",
+            f"data.path={data}",
+            f"ckpt_path={run}/checkpoints/last.ckpt",
+            f"hydra.run.dir={run}",
+            "data.per_device_eval_batch_size=2",
+            "generate=true",
+            "max_new_tokens=3",
+            "trainer.enable_progress_bar=false",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     metrics = json.loads((run / "eval_metrics.json").read_text())

@@ -71,13 +71,24 @@ def _classification_loss_is_cross_entropy() -> bool:
     from hf_lightning.module import HFLightningModule
 
     torch.manual_seed(0)
-    model = LlamaForSequenceClassification(LlamaConfig(
-        vocab_size=16, hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2,
-        num_key_value_heads=2, num_labels=3, pad_token_id=0,
-    ))
+    model = LlamaForSequenceClassification(
+        LlamaConfig(
+            vocab_size=16,
+            hidden_size=8,
+            intermediate_size=16,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            num_labels=3,
+            pad_token_id=0,
+        )
+    )
     labels = torch.tensor([0, 2, 1])
-    batch = {"input_ids": torch.tensor([[1, 2, 3], [4, 5, 6], [7, 8, 9]]), "attention_mask": torch.ones(3, 3,
-             dtype=torch.long), "labels": labels}
+    batch = {
+        "input_ids": torch.tensor([[1, 2, 3], [4, 5, 6], [7, 8, 9]]),
+        "attention_mask": torch.ones(3, 3, dtype=torch.long),
+        "labels": labels,
+    }
     try:
         loss, outputs = HFLightningModule(model).compute_loss(batch, torch.tensor(3))
     except Exception:
@@ -129,13 +140,22 @@ def test_experiment_runs_two_steps(experiment, compose_cfg, shared_data, tmp_pat
         tok = AutoTokenizer.from_pretrained(tmp_path / "hf_model")
         with open(tmp_path / "test.csv") as fh:
             # validation runs in dataset order over trainer.limit_val_batches batches
-            rows = list(csv.DictReader(fh))[: cfg.trainer.limit_val_batches * cfg.data.per_device_eval_batch_size]
+            rows = list(csv.DictReader(fh))[
+                : cfg.trainer.limit_val_batches * cfg.data.per_device_eval_batch_size
+            ]
         label2id = {v: int(k) for k, v in exported.config.id2label.items()}
-        enc = tok([r["text"] for r in rows], truncation=True, max_length=cfg.data.max_length, padding=True,
-                  return_tensors="pt")
+        enc = tok(
+            [r["text"] for r in rows],
+            truncation=True,
+            max_length=cfg.data.max_length,
+            padding=True,
+            return_tensors="pt",
+        )
         with torch.no_grad():
             logits = exported.eval()(**enc).logits
-        expected = torch.nn.functional.cross_entropy(logits, torch.tensor([label2id[r["category"]] for r in rows]))
+        expected = torch.nn.functional.cross_entropy(
+            logits, torch.tensor([label2id[r["category"]] for r in rows])
+        )
         assert metrics["val/loss"] == pytest.approx(expected.item(), rel=1e-4)
 
 

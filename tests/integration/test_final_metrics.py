@@ -16,8 +16,13 @@ def test_final_metrics_are_the_last_rows_written(compose_cfg, tmp_path):
 
     # an epoch of 3 steps, a log every 2: train/loss rows at step 2 and at step 3, the flush when the epoch (and
     # the run, by max_epochs as a full run ends) is over
-    cfg = compose_cfg("+experiment=sft", "trainer.max_steps=-1", "trainer.max_epochs=1", "trainer.limit_train_batches=3",
-                      "trainer.log_every_n_steps=2")
+    cfg = compose_cfg(
+        "+experiment=sft",
+        "trainer.max_steps=-1",
+        "trainer.max_epochs=1",
+        "trainer.limit_train_batches=3",
+        "trainer.log_every_n_steps=2",
+    )
     metrics, _ = train(cfg)
 
     with open(tmp_path / "metrics.csv") as fh:
@@ -52,7 +57,10 @@ def test_resuming_a_finished_run_says_so_and_adds_nothing(compose_cfg, tmp_path,
     before = {name: (tmp_path / name).read_text() for name in ("metrics.csv", "final_metrics.json")}
     with caplog.at_level(logging.WARNING, logger="hf_lightning.train"):
         again, _ = train(compose_cfg(*overrides, "ckpt_path=last"))
-    assert "nothing was trained: " in caplog.text and "is at optimizer step 3, where this run's limits" in caplog.text
+    assert (
+        "nothing was trained: " in caplog.text
+        and "is at optimizer step 3, where this run's limits" in caplog.text
+    )
     # no second final validation, no rows, and the finished run's final metrics kept (and returned, for sweeps)
     assert {name: (tmp_path / name).read_text() for name in before} == before
     assert again["val/loss"] == first["val/loss"] and again["train/loss"] == first["train/loss"]

@@ -16,8 +16,14 @@ NEEDS_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 
 def run_script(name, *args, cwd):
-    return subprocess.run([sys.executable, str(SCRIPTS / f"{name}.py"), *args], capture_output=True, text=True,
-                          timeout=1800, cwd=cwd, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    return subprocess.run(
+        [sys.executable, str(SCRIPTS / f"{name}.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        cwd=cwd,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without CUDA")
@@ -44,8 +50,18 @@ def test_gpu_smoke(tmp_path):
 @NEEDS_CUDA
 def test_gpu_bench_reports_mfu(tmp_path):
     out = tmp_path / "gpu_bench.json"
-    proc = run_script("gpu_bench", "--steps", "8", "--batch-size", "4", "--max-length", "512", "--json", str(out),
-                      cwd=SCRIPTS.parent)
+    proc = run_script(
+        "gpu_bench",
+        "--steps",
+        "8",
+        "--batch-size",
+        "4",
+        "--max-length",
+        "512",
+        "--json",
+        str(out),
+        cwd=SCRIPTS.parent,
+    )
     print(proc.stdout)
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads(out.read_text())
@@ -53,7 +69,10 @@ def test_gpu_bench_reports_mfu(tmp_path):
     for r in results.values():
         assert 0 < r["throughput/mfu"] < 1
     # packing removes the padding a padded batch carries
-    assert results["packed eager"]["throughput/padding_share"] < results["padded eager"]["throughput/padding_share"]
+    assert (
+        results["packed eager"]["throughput/padding_share"]
+        < results["padded eager"]["throughput/padding_share"]
+    )
 
 
 def _has_deepspeed() -> bool:

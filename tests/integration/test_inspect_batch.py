@@ -16,12 +16,17 @@ def run(*overrides, cwd):
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     return subprocess.run(
         [sys.executable, "-m", "hf_lightning.inspect_batch", *overrides, f"hydra.run.dir={cwd}"],
-        capture_output=True, text=True, timeout=600, env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
     )
 
 
 def test_sft_batch_is_printed_with_marked_spans(tmp_path):
-    proc = run("+experiment=sft", "data.per_device_train_batch_size=4", "data.group_by_length=true", cwd=tmp_path)
+    proc = run(
+        "+experiment=sft", "data.per_device_train_batch_size=4", "data.group_by_length=true", cwd=tmp_path
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
     assert "format: messages" in out

@@ -33,8 +33,11 @@ from tests.errors.support import run_train_cli
 pytestmark = pytest.mark.slow
 
 SMALL_MODEL = (
-    "model.config.hidden_size=64", "model.config.intermediate_size=128", "model.config.num_hidden_layers=2",
-    "model.config.num_attention_heads=2", "model.config.num_key_value_heads=2",
+    "model.config.hidden_size=64",
+    "model.config.intermediate_size=128",
+    "model.config.num_hidden_layers=2",
+    "model.config.num_attention_heads=2",
+    "model.config.num_key_value_heads=2",
 )
 MAX_STEPS = 14
 LOG_EVERY = 4
@@ -47,7 +50,9 @@ def kill_points(seed: int = 15) -> list[tuple[str, int, str]]:
     """``(point, step, signal)`` of every case, drawn from ``random.Random(seed)``."""
     rng = random.Random(seed)
     steps = list(range(1, MAX_STEPS + 1))
-    windows = [s for s in steps if s not in EPOCH_ENDS]  # an epoch's last window is one micro-batch: nothing inside
+    windows = [
+        s for s in steps if s not in EPOCH_ENDS
+    ]  # an epoch's last window is one micro-batch: nothing inside
     saves = list(range(SAVE_EVERY, MAX_STEPS + 1, SAVE_EVERY))
     logs = [s for s in steps if s % LOG_EVERY == 0] + [MAX_STEPS]
     draw = [
@@ -72,7 +77,9 @@ def kill_points(seed: int = 15) -> list[tuple[str, int, str]]:
         for step in sorted(rng.sample(choices, min(n, len(choices)))):
             cases.append((point, step, "SIGKILL"))
     for sig, point in (("SIGTERM", "step_end"), ("SIGTERM", "micro_batch"), ("SIGINT", "step_end")):
-        cases.append((point, rng.choice([s for s in (windows if point == "micro_batch" else steps)[1:-1]]), sig))
+        cases.append(
+            (point, rng.choice([s for s in (windows if point == "micro_batch" else steps)[1:-1]]), sig)
+        )
     return cases
 
 
@@ -87,7 +94,21 @@ def case_id(case: tuple[str, int, str]) -> str:
 @pytest.fixture(scope="module")
 def text_file(tmp_path_factory):
     rng = random.Random(0)
-    words = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "seven", "tired", "cats"]
+    words = [
+        "the",
+        "quick",
+        "brown",
+        "fox",
+        "jumps",
+        "over",
+        "a",
+        "lazy",
+        "dog",
+        "while",
+        "seven",
+        "tired",
+        "cats",
+    ]
     path = tmp_path_factory.mktemp("data") / "lines.jsonl"
     with open(path, "w") as fh:
         for _ in range(40):  # 36 train rows, 4 validation rows
@@ -97,12 +118,25 @@ def text_file(tmp_path_factory):
 
 def cli(run_dir: Path, data: Path, *overrides: str):
     return run_train_cli(
-        "+experiment=clm", f"data.path={data}", f"hydra.run.dir={run_dir}", f"trainer.max_steps={MAX_STEPS}",
-        "trainer.max_epochs=null", f"trainer.log_every_n_steps={LOG_EVERY}", "trainer.accumulate_grad_batches=2",
-        "trainer.limit_val_batches=1", "trainer.val_check_interval=null", "trainer.check_val_every_n_epoch=1",
-        f"callbacks.model_checkpoint.every_n_train_steps={SAVE_EVERY}", "callbacks.model_checkpoint.save_top_k=3",
-        "data.per_device_train_batch_size=4", "data.per_device_eval_batch_size=4", "data.max_length=32",
-        "data.validation_split=0.1", "trainer.enable_progress_bar=false", *SMALL_MODEL, *overrides,
+        "+experiment=clm",
+        f"data.path={data}",
+        f"hydra.run.dir={run_dir}",
+        f"trainer.max_steps={MAX_STEPS}",
+        "trainer.max_epochs=null",
+        f"trainer.log_every_n_steps={LOG_EVERY}",
+        "trainer.accumulate_grad_batches=2",
+        "trainer.limit_val_batches=1",
+        "trainer.val_check_interval=null",
+        "trainer.check_val_every_n_epoch=1",
+        f"callbacks.model_checkpoint.every_n_train_steps={SAVE_EVERY}",
+        "callbacks.model_checkpoint.save_top_k=3",
+        "data.per_device_train_batch_size=4",
+        "data.per_device_eval_batch_size=4",
+        "data.max_length=32",
+        "data.validation_split=0.1",
+        "trainer.enable_progress_bar=false",
+        *SMALL_MODEL,
+        *overrides,
     )
 
 
@@ -140,8 +174,13 @@ def differences(straight: Path, resumed: Path) -> list[str]:
 
     found = []
     if not (resumed / "hf_model" / "model.safetensors").is_file():
-        return [f"no hf_model/model.safetensors (hf_model/: {sorted(os.listdir(resumed / 'hf_model')) if (resumed / 'hf_model').is_dir() else 'absent'})"]
-    a, b = load_file(straight / "hf_model" / "model.safetensors"), load_file(resumed / "hf_model" / "model.safetensors")
+        return [
+            f"no hf_model/model.safetensors (hf_model/: {sorted(os.listdir(resumed / 'hf_model')) if (resumed / 'hf_model').is_dir() else 'absent'})"
+        ]
+    a, b = (
+        load_file(straight / "hf_model" / "model.safetensors"),
+        load_file(resumed / "hf_model" / "model.safetensors"),
+    )
     bad = [k for k in a if k not in b or not torch.equal(a[k], b[k])]
     if bad or a.keys() != b.keys():
         found.append(f"weights differ: {bad[:3]}")
@@ -151,12 +190,16 @@ def differences(straight: Path, resumed: Path) -> list[str]:
     if ra != rb:
         extra = [r for r in rb if r not in ra]
         missing = [r for r in ra if r not in rb]
-        found.append(f"metrics.csv rows differ: {len(rb)} rows vs {len(ra)}; extra {extra[:3]}; missing {missing[:3]}")
+        found.append(
+            f"metrics.csv rows differ: {len(rb)} rows vs {len(ra)}; extra {extra[:3]}; missing {missing[:3]}"
+        )
     if not (resumed / "final_metrics.json").is_file():
         found.append("no final_metrics.json")
     elif final_metrics(straight) != final_metrics(resumed):
         fa, fb = final_metrics(straight), final_metrics(resumed)
-        found.append(f"final_metrics.json differs: { {k: (fa.get(k), fb.get(k)) for k in fa.keys() | fb.keys() if fa.get(k) != fb.get(k)} }")
+        found.append(
+            f"final_metrics.json differs: { {k: (fa.get(k), fb.get(k)) for k in fa.keys() | fb.keys() if fa.get(k) != fb.get(k)} }"
+        )
     ca, cb = sorted(os.listdir(straight / "checkpoints")), sorted(os.listdir(resumed / "checkpoints"))
     if ca != cb:
         found.append(f"checkpoints/ holds {cb}, the straight run {ca}")
@@ -170,13 +213,21 @@ EXPECTED_EXIT = {"SIGKILL": -signal.SIGKILL, "SIGTERM": 128 + signal.SIGTERM, "S
 
 def stop_and_resume(run_dir: Path, data: Path, case: tuple[str, int, str]) -> dict[str, object]:
     point, step, sig = case
-    stopped = cli(run_dir, data, "+callbacks.kill._target_=tests.kill_points.KillAt", f"+callbacks.kill.point={point}",
-                  f"+callbacks.kill.step={step}", f"+callbacks.kill.signal={sig}")
+    stopped = cli(
+        run_dir,
+        data,
+        "+callbacks.kill._target_=tests.kill_points.KillAt",
+        f"+callbacks.kill.point={point}",
+        f"+callbacks.kill.step={step}",
+        f"+callbacks.kill.signal={sig}",
+    )
     outcome: dict[str, object] = {"stopped": stopped.returncode, "stopped_err": stopped.stderr[-2000:]}
     if stopped.returncode != EXPECTED_EXIT[sig]:
         return outcome
     resumed = cli(run_dir, data, "ckpt_path=last")
-    outcome.update(resumed=resumed.returncode, resumed_err=resumed.stderr[-3000:], resumed_out=resumed.stdout[-3000:])
+    outcome.update(
+        resumed=resumed.returncode, resumed_err=resumed.stderr[-3000:], resumed_out=resumed.stdout[-3000:]
+    )
     return outcome
 
 
@@ -194,7 +245,9 @@ def runs(text_file, straight, tmp_path_factory):
     """Every case, two processes at a time: the straight folder, the cases' root, ``{case: outcome}``."""
     root = tmp_path_factory.mktemp("kills")
     with ThreadPoolExecutor(max_workers=int(os.environ.get("KILL_HARNESS_WORKERS", "2"))) as pool:
-        futures = {case: pool.submit(stop_and_resume, root / case_id(case), text_file, case) for case in CASES}
+        futures = {
+            case: pool.submit(stop_and_resume, root / case_id(case), text_file, case) for case in CASES
+        }
         outcomes = {case: f.result() for case, f in futures.items()}
     return straight, root, outcomes
 
@@ -212,7 +265,9 @@ def test_the_draw_covers_every_kind_of_point():
 def test_stopped_and_resumed_equals_straight(case, runs):
     straight, root, outcomes = runs
     outcome = outcomes[case]
-    assert outcome["stopped"] == EXPECTED_EXIT[case[2]], f"the stop did not happen as planned: {outcome['stopped_err']}"
+    assert outcome["stopped"] == EXPECTED_EXIT[case[2]], (
+        f"the stop did not happen as planned: {outcome['stopped_err']}"
+    )
     assert outcome["resumed"] == 0, outcome["resumed_err"]
     assert differences(straight, root / case_id(case)) == []
 
@@ -252,8 +307,14 @@ def test_ckpt_path_last_finds_the_configured_checkpoint_folder(straight, text_fi
     folder (before: "no checkpoint at RUN/checkpoints/last.ckpt")."""
     run, elsewhere = tmp_path / "run", tmp_path / "elsewhere"
     where = f"callbacks.model_checkpoint.dirpath={elsewhere}"
-    stopped = cli(run, text_file, where, "+callbacks.kill._target_=tests.kill_points.KillAt",
-                  "+callbacks.kill.point=step_end", "+callbacks.kill.step=7")
+    stopped = cli(
+        run,
+        text_file,
+        where,
+        "+callbacks.kill._target_=tests.kill_points.KillAt",
+        "+callbacks.kill.point=step_end",
+        "+callbacks.kill.step=7",
+    )
     assert stopped.returncode == -signal.SIGKILL, stopped.stderr[-3000:]
     proc = cli(run, text_file, where, "ckpt_path=last")
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -14,8 +14,15 @@ def test_csv_and_tensorboard_write_the_same_metrics(compose_cfg, tmp_path):
 
     from hf_lightning.train import train
 
-    train(compose_cfg("+experiment=sft", "logger=many", "trainer.max_steps=3", "trainer.val_check_interval=3",
-                      "callbacks=none"))
+    train(
+        compose_cfg(
+            "+experiment=sft",
+            "logger=many",
+            "trainer.max_steps=3",
+            "trainer.val_check_interval=3",
+            "callbacks=none",
+        )
+    )
 
     with open(tmp_path / "metrics.csv") as fh:
         rows = list(csv.DictReader(fh))

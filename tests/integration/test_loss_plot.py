@@ -52,15 +52,30 @@ def test_plot_losses_without_loss_rows_writes_nothing(tmp_path):
 
 def fit(tmp_path, word_tokenizer, callbacks, max_epochs=1):
     data = HFDataModule(
-        word_tokenizer, path=datasets.Dataset.from_dict({"text": TEXTS}), validation_split=0.25,
-        per_device_train_batch_size=4, per_device_eval_batch_size=6, max_length=16, seed=0, shuffle=False,
+        word_tokenizer,
+        path=datasets.Dataset.from_dict({"text": TEXTS}),
+        validation_split=0.25,
+        per_device_train_batch_size=4,
+        per_device_eval_batch_size=6,
+        max_length=16,
+        seed=0,
+        shuffle=False,
     )
-    module = HFLightningModule(tiny_llama(), word_tokenizer, optim={"name": "adamw", "lr": 1e-2},
-                               scheduler={"name": "constant"})
+    module = HFLightningModule(
+        tiny_llama(), word_tokenizer, optim={"name": "adamw", "lr": 1e-2}, scheduler={"name": "constant"}
+    )
     trainer = L.Trainer(
-        accelerator="cpu", max_epochs=max_epochs, log_every_n_steps=2, val_check_interval=2,
-        logger=CSVLogger(tmp_path, name="", version=""), callbacks=callbacks, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0, use_distributed_sampler=False,
+        accelerator="cpu",
+        max_epochs=max_epochs,
+        log_every_n_steps=2,
+        val_check_interval=2,
+        logger=CSVLogger(tmp_path, name="", version=""),
+        callbacks=callbacks,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        use_distributed_sampler=False,
     )
     trainer.fit(module, datamodule=data)
     return trainer
@@ -90,17 +105,31 @@ def test_without_matplotlib_the_run_finishes_with_a_note(tmp_path, word_tokenize
         trainer = fit(tmp_path, word_tokenizer, [LossPlot(str(tmp_path / "loss.png"))])
     assert trainer.global_step == 5
     assert not (tmp_path / "loss.png").exists()
-    assert "matplotlib is not installed, so this run writes no loss.png (pip install matplotlib" in caplog.text
+    assert (
+        "matplotlib is not installed, so this run writes no loss.png (pip install matplotlib" in caplog.text
+    )
 
 
 def test_without_a_csv_logger_the_plot_is_skipped_with_a_note(tmp_path, word_tokenizer, caplog):
     pytest.importorskip("matplotlib")
-    data = HFDataModule(word_tokenizer, path=datasets.Dataset.from_dict({"text": TEXTS}), validation_split=0.0,
-                        per_device_train_batch_size=8, max_length=16)
+    data = HFDataModule(
+        word_tokenizer,
+        path=datasets.Dataset.from_dict({"text": TEXTS}),
+        validation_split=0.0,
+        per_device_train_batch_size=8,
+        max_length=16,
+    )
     module = HFLightningModule(tiny_llama(), word_tokenizer, optim={"name": "sgd", "lr": 0.1})
-    trainer = L.Trainer(accelerator="cpu", max_steps=1, logger=False, callbacks=[LossPlot(str(tmp_path / "loss.png"))],
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        use_distributed_sampler=False)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        max_steps=1,
+        logger=False,
+        callbacks=[LossPlot(str(tmp_path / "loss.png"))],
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        use_distributed_sampler=False,
+    )
     with caplog.at_level(logging.INFO, logger="hf_lightning.callbacks.loss_plot"):
         trainer.fit(module, datamodule=data)
     assert not (tmp_path / "loss.png").exists()

@@ -27,9 +27,17 @@ class Record(L.Callback):
 
 def fit(data, record, **trainer_args):
     module = HFLightningModule(tiny_llama(), optim={"name": "sgd", "lr": 0.1}, scheduler={"name": "constant"})
-    trainer = L.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False, num_sanity_val_steps=0, use_distributed_sampler=False,
-                        callbacks=[record], **trainer_args)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        use_distributed_sampler=False,
+        callbacks=[record],
+        **trainer_args,
+    )
     trainer.fit(module, datamodule=data)
     return trainer
 
@@ -37,10 +45,22 @@ def fit(data, record, **trainer_args):
 def test_eval_steps_is_val_check_interval_times_accumulation(word_tokenizer):
     """HF ``eval_steps=3`` with ``gradient_accumulation_steps=2``: ``val_check_interval=6`` micro-batches, and
     ``check_val_every_n_epoch=None`` lets the count run across epoch ends (5 micro-batches per epoch here)."""
-    data = HFDataModule(word_tokenizer, path=datasets.Dataset.from_dict({"text": TEXTS}), validation_split=0.2,
-                        per_device_train_batch_size=2, max_length=16)
+    data = HFDataModule(
+        word_tokenizer,
+        path=datasets.Dataset.from_dict({"text": TEXTS}),
+        validation_split=0.2,
+        per_device_train_batch_size=2,
+        max_length=16,
+    )
     record = Record()
-    fit(data, record, max_steps=9, accumulate_grad_batches=2, val_check_interval=6, check_val_every_n_epoch=None)
+    fit(
+        data,
+        record,
+        max_steps=9,
+        accumulate_grad_batches=2,
+        val_check_interval=6,
+        check_val_every_n_epoch=None,
+    )
     assert record.validated_at == [3, 6, 9]
 
 
@@ -58,8 +78,13 @@ def test_a_collator_of_your_own_after_setup(word_tokenizer):
             batch["labels"][:, :2] = -100
             return batch
 
-    data = HFDataModule(word_tokenizer, path=datasets.Dataset.from_dict({"text": TEXTS}), validation_split=0.2,
-                        per_device_train_batch_size=4, max_length=16)
+    data = HFDataModule(
+        word_tokenizer,
+        path=datasets.Dataset.from_dict({"text": TEXTS}),
+        validation_split=0.2,
+        per_device_train_batch_size=4,
+        max_length=16,
+    )
     data.setup("fit")
     data.train_collator = data.eval_collator = FirstTwoMasked()
     record = Record()

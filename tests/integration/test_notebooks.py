@@ -31,7 +31,11 @@ def test_notebook_runs(name, tmp_path):
 
     nb = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
     # the working folder of the kernel is tmp_path: the notebooks write their run folders under ./outputs/
-    client = NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})
+    client = NotebookClient(
+        nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    )
     client.execute()  # raises CellExecutionError, with the cell and its traceback, when a cell (or its asserts) fails
-    images = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if "image/png" in o.get("data", {})]
+    images = [
+        o for c in nb.cells if c.cell_type == "code" for o in c.outputs if "image/png" in o.get("data", {})
+    ]
     assert len(images) == 1  # the loss curve (quickstart) or the two-panel comparison (exactness)

@@ -16,7 +16,9 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_wheel_ships_every_config(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(ROOT)],
-        capture_output=True, text=True, timeout=600,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     (wheel,) = tmp_path.glob("hf_lightning-*.whl")

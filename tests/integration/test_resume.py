@@ -20,15 +20,33 @@ from tests.errors.support import run_train_cli
 pytestmark = pytest.mark.slow
 
 SMALL_MODEL = [
-    "model.config.hidden_size=64", "model.config.intermediate_size=128", "model.config.num_hidden_layers=2",
-    "model.config.num_attention_heads=2", "model.config.num_key_value_heads=2",
+    "model.config.hidden_size=64",
+    "model.config.intermediate_size=128",
+    "model.config.num_hidden_layers=2",
+    "model.config.num_attention_heads=2",
+    "model.config.num_key_value_heads=2",
 ]
 
 
 @pytest.fixture(scope="module")
 def text_file(tmp_path_factory):
     rng = random.Random(0)
-    words = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "seven", "tired", "cats", "watch"]
+    words = [
+        "the",
+        "quick",
+        "brown",
+        "fox",
+        "jumps",
+        "over",
+        "a",
+        "lazy",
+        "dog",
+        "while",
+        "seven",
+        "tired",
+        "cats",
+        "watch",
+    ]
     path = tmp_path_factory.mktemp("data") / "lines.jsonl"
     with open(path, "w") as fh:
         for _ in range(40):  # 20 micro-batches of 2 per epoch
@@ -38,10 +56,18 @@ def text_file(tmp_path_factory):
 
 def cli(run_dir, data, *overrides):
     return run_train_cli(
-        "+experiment=clm", f"data.path={data}", f"hydra.run.dir={run_dir}",
-        "trainer.max_steps=12", "trainer.log_every_n_steps=1", "trainer.limit_val_batches=0",
-        "callbacks.model_checkpoint.every_n_train_steps=3", "data.per_device_train_batch_size=2",
-        "data.max_length=32", "data.validation_split=0", *SMALL_MODEL, *overrides,
+        "+experiment=clm",
+        f"data.path={data}",
+        f"hydra.run.dir={run_dir}",
+        "trainer.max_steps=12",
+        "trainer.log_every_n_steps=1",
+        "trainer.limit_val_batches=0",
+        "callbacks.model_checkpoint.every_n_train_steps=3",
+        "data.per_device_train_batch_size=2",
+        "data.max_length=32",
+        "data.validation_split=0",
+        *SMALL_MODEL,
+        *overrides,
     )
 
 
@@ -89,8 +115,11 @@ def stop_and_resume(resumed, text_file, extra, kill, returncode, saved_step):
     return stopped
 
 
-SIGTERM_AT_7 = ("+callbacks.kill._target_=tests.resume_support.SignalAtStep", "+callbacks.kill.step=7",
-                "+callbacks.kill.signal=SIGTERM")
+SIGTERM_AT_7 = (
+    "+callbacks.kill._target_=tests.resume_support.SignalAtStep",
+    "+callbacks.kill.step=7",
+    "+callbacks.kill.signal=SIGTERM",
+)
 
 
 CASES = {
@@ -135,8 +164,13 @@ def test_sigterm_mid_epoch_with_epoch_end_validation_resumes_exactly(text_file, 
     training rows in batches of 8: 5 micro-batches per epoch (the last of 4 rows), validation at each epoch end;
     the stop comes at step 7, mid-epoch 2."""
     # the default checkpointing (at validation ends, not every n steps), as a user's run has it
-    with_validation = ("data.validation_split=0.1", "trainer.limit_val_batches=2", "data.per_device_train_batch_size=8",
-                       "trainer.max_epochs=null", "callbacks.model_checkpoint.every_n_train_steps=null")
+    with_validation = (
+        "data.validation_split=0.1",
+        "trainer.limit_val_batches=2",
+        "data.per_device_train_batch_size=8",
+        "trainer.max_epochs=null",
+        "callbacks.model_checkpoint.every_n_train_steps=null",
+    )
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     proc = cli(straight, text_file, *with_validation)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -153,4 +187,7 @@ def test_corrupt_checkpoint_names_it_and_the_newest_valid_one(text_file, tmp_pat
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert f"cannot resume: {last} is damaged: " in proc.stderr
     named = last.parent / "step000006.ckpt"
-    assert f"the newest intact checkpoint there is {named} (step 6): resume from it with ckpt_path={named}" in proc.stderr
+    assert (
+        f"the newest intact checkpoint there is {named} (step 6): resume from it with ckpt_path={named}"
+        in proc.stderr
+    )

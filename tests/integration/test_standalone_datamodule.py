@@ -22,10 +22,19 @@ class MyModule(L.LightningModule):
     def __init__(self) -> None:
         super().__init__()
         torch.manual_seed(0)
-        self.model = LlamaForCausalLM(LlamaConfig(
-            vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-            num_key_value_heads=2, max_position_embeddings=64, use_cache=False, pad_token_id=0,
-        ))
+        self.model = LlamaForCausalLM(
+            LlamaConfig(
+                vocab_size=32,
+                hidden_size=16,
+                intermediate_size=32,
+                num_hidden_layers=1,
+                num_attention_heads=2,
+                num_key_value_heads=2,
+                max_position_embeddings=64,
+                use_cache=False,
+                pad_token_id=0,
+            )
+        )
         self.train_rows: list[list[int]] = []
         self.val_batches = 0
         self.keys: set[str] = set()
@@ -46,13 +55,24 @@ class MyModule(L.LightningModule):
 
 def test_plain_module_and_plain_trainer(word_tokenizer, tmp_path):
     data = HFDataModule(
-        word_tokenizer, path=datasets.Dataset.from_dict({"text": TEXTS, "id": list(range(22))}),
-        validation_split=0.2, per_device_train_batch_size=4, per_device_eval_batch_size=3, max_length=16, seed=3,
+        word_tokenizer,
+        path=datasets.Dataset.from_dict({"text": TEXTS, "id": list(range(22))}),
+        validation_split=0.2,
+        per_device_train_batch_size=4,
+        per_device_eval_batch_size=3,
+        max_length=16,
+        seed=3,
     )
     module = MyModule()
     trainer = L.Trainer(
-        accelerator="cpu", max_epochs=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, num_sanity_val_steps=0, default_root_dir=tmp_path,
+        accelerator="cpu",
+        max_epochs=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        default_root_dir=tmp_path,
     )
     trainer.fit(module, datamodule=data)
     # the forward signature of the user's .model pruned the columns; no num_items_in_batch without count_loss_items

@@ -13,16 +13,27 @@ import yaml
 pytestmark = pytest.mark.slow
 
 TINY = (
-    "trainer.max_steps=1", "trainer.limit_val_batches=1", "trainer.val_check_interval=1",
-    "trainer.enable_progress_bar=false", "trainer.enable_model_summary=false", "callbacks=none",
-    "data.per_device_train_batch_size=4", "data.per_device_eval_batch_size=4",
+    "trainer.max_steps=1",
+    "trainer.limit_val_batches=1",
+    "trainer.val_check_interval=1",
+    "trainer.enable_progress_bar=false",
+    "trainer.enable_model_summary=false",
+    "callbacks=none",
+    "data.per_device_train_batch_size=4",
+    "data.per_device_eval_batch_size=4",
 )
 
 
 def run_cli(*args: str, cwd, timeout: int = 600) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    return subprocess.run([sys.executable, "-m", "hf_lightning.train", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env, cwd=cwd)
+    return subprocess.run(
+        [sys.executable, "-m", "hf_lightning.train", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=cwd,
+    )
 
 
 def val_loss_of(job_dir) -> float:
@@ -33,8 +44,15 @@ def val_loss_of(job_dir) -> float:
 
 def test_two_value_multirun_writes_the_summary(tmp_path):
     sweep = tmp_path / "sweep"
-    proc = run_cli("-m", "+experiment=sft", "optim.lr=1e-4,3e-3", f"hydra.sweep.dir={sweep}", *TINY,
-                   "scheduler.warmup_steps=0", cwd=tmp_path)
+    proc = run_cli(
+        "-m",
+        "+experiment=sft",
+        "optim.lr=1e-4,3e-3",
+        f"hydra.sweep.dir={sweep}",
+        *TINY,
+        "scheduler.warmup_steps=0",
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
 
     with open(sweep / "summary.csv") as fh:
@@ -53,8 +71,15 @@ def test_two_value_multirun_writes_the_summary(tmp_path):
 def test_optuna_sweep_minimizes_the_returned_metric(tmp_path):
     pytest.importorskip("hydra_plugins.hydra_optuna_sweeper", reason="the sweep extra is not installed")
     sweep = tmp_path / "sweep"
-    proc = run_cli("+experiment=sft", "hparams_search=sft_optuna", "hydra.sweeper.n_trials=2",
-                   "hydra.sweeper.sampler.n_startup_trials=2", f"hydra.sweep.dir={sweep}", *TINY, cwd=tmp_path)
+    proc = run_cli(
+        "+experiment=sft",
+        "hparams_search=sft_optuna",
+        "hydra.sweeper.n_trials=2",
+        "hydra.sweeper.sampler.n_startup_trials=2",
+        f"hydra.sweep.dir={sweep}",
+        *TINY,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     with open(sweep / "summary.csv") as fh:
         rows = list(csv.DictReader(fh))
@@ -68,8 +93,17 @@ def test_optuna_sweep_minimizes_the_returned_metric(tmp_path):
 
 def test_multirun_with_ddp_is_refused_with_the_launcher_to_use(tmp_path):
     sweep = tmp_path / "sweep"
-    proc = run_cli("-m", "+experiment=sft", "optim.lr=1e-4,3e-4", "trainer.devices=2", "strategy=ddp",
-                   f"hydra.sweep.dir={sweep}", *TINY, cwd=tmp_path, timeout=300)
+    proc = run_cli(
+        "-m",
+        "+experiment=sft",
+        "optim.lr=1e-4,3e-4",
+        "trainer.devices=2",
+        "strategy=ddp",
+        f"hydra.sweep.dir={sweep}",
+        *TINY,
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     err = proc.stderr

@@ -38,13 +38,27 @@ def test_window_count_is_attached_to_every_batch(word_tokenizer, tmp_path, optio
     source = datasets.Dataset.from_dict({"text": TEXTS})
     if options.pop("stream", False):
         source = source.to_iterable_dataset(num_shards=2)
-    data = HFDataModule(word_tokenizer, path=source, validation_split=0.0, per_device_train_batch_size=3, **options)
+    data = HFDataModule(
+        word_tokenizer, path=source, validation_split=0.0, per_device_train_batch_size=3, **options
+    )
     record = Record()
     trainer = L.Trainer(
-        accelerator="cpu", max_steps=3, accumulate_grad_batches=2, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, callbacks=[record], default_root_dir=tmp_path,
+        accelerator="cpu",
+        max_steps=3,
+        accumulate_grad_batches=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[record],
+        default_root_dir=tmp_path,
     )
-    trainer.fit(HFLightningModule(tiny_llama().train(), optim={"name": "sgd", "lr": 0.01}, scheduler={"name": "constant"}), datamodule=data)
+    trainer.fit(
+        HFLightningModule(
+            tiny_llama().train(), optim={"name": "sgd", "lr": 0.01}, scheduler={"name": "constant"}
+        ),
+        datamodule=data,
+    )
     assert len(record.seen) == 6 and trainer.global_step == 3
     for k in range(0, 6, 2):
         window = record.seen[k : k + 2]

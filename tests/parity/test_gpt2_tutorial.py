@@ -55,12 +55,23 @@ def test_hf_trainer_gpt2_loss_is_ours_times_its_count_ratio(tmp_path):
 
     from hf_lightning import HFDataModule, HFLightningModule
 
-    tok = PreTrainedTokenizerFast(tokenizer_file=str(path), eos_token="<|endoftext|>", pad_token="<|endoftext|>")
+    tok = PreTrainedTokenizerFast(
+        tokenizer_file=str(path), eos_token="<|endoftext|>", pad_token="<|endoftext|>"
+    )
 
     def gpt2():
         set_seed(42)
-        config = GPT2Config(vocab_size=len(tok), n_positions=64, n_embd=32, n_layer=1, n_head=2, resid_pdrop=0.0,
-                            embd_pdrop=0.0, attn_pdrop=0.0, eos_token_id=tok.eos_token_id)
+        config = GPT2Config(
+            vocab_size=len(tok),
+            n_positions=64,
+            n_embd=32,
+            n_layer=1,
+            n_head=2,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            eos_token_id=tok.eos_token_id,
+        )
         return GPT2LMHeadModel(config)
 
     rows = Dataset.from_dict({"text": TEXTS}).map(
@@ -78,25 +89,50 @@ def test_hf_trainer_gpt2_loss_is_ours_times_its_count_ratio(tmp_path):
 
     hf = Recording(
         model=gpt2(),
-        args=TrainingArguments(output_dir=str(tmp_path / "hf"), max_steps=STEPS, per_device_train_batch_size=4,
-                               learning_rate=5e-3, logging_steps=1, report_to="none", save_strategy="no", seed=42,
-                               use_cpu=True, disable_tqdm=True),
-        train_dataset=rows, data_collator=DataCollatorForLanguageModeling(tok, mlm=False),
+        args=TrainingArguments(
+            output_dir=str(tmp_path / "hf"),
+            max_steps=STEPS,
+            per_device_train_batch_size=4,
+            learning_rate=5e-3,
+            logging_steps=1,
+            report_to="none",
+            save_strategy="no",
+            seed=42,
+            use_cpu=True,
+            disable_tqdm=True,
+        ),
+        train_dataset=rows,
+        data_collator=DataCollatorForLanguageModeling(tok, mlm=False),
     )
     hf.train()
     hf_losses = [r["loss"] for r in hf.state.log_history if "loss" in r]
     hf_eval = hf.evaluate(eval_dataset=val)["eval_loss"]
 
     L.seed_everything(42)
-    module = HFLightningModule(gpt2(), tok, optim={"name": "adamw", "lr": 5e-3, "weight_decay": 0.0},
-                               scheduler={"name": "linear", "warmup_steps": 0})
-    trainer = L.Trainer(
-        accelerator="cpu", max_steps=STEPS, log_every_n_steps=1, gradient_clip_val=1.0, limit_val_batches=0,
-        logger=CSVLogger(tmp_path, name="ours", version=""), enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, use_distributed_sampler=False,
+    module = HFLightningModule(
+        gpt2(),
+        tok,
+        optim={"name": "adamw", "lr": 5e-3, "weight_decay": 0.0},
+        scheduler={"name": "linear", "warmup_steps": 0},
     )
-    trainer.fit(module, datamodule=HFDataModule(tok, path=rows, validation_split=0.0, per_device_train_batch_size=4,
-                                                max_length=64, seed=42))
+    trainer = L.Trainer(
+        accelerator="cpu",
+        max_steps=STEPS,
+        log_every_n_steps=1,
+        gradient_clip_val=1.0,
+        limit_val_batches=0,
+        logger=CSVLogger(tmp_path, name="ours", version=""),
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        use_distributed_sampler=False,
+    )
+    trainer.fit(
+        module,
+        datamodule=HFDataModule(
+            tok, path=rows, validation_split=0.0, per_device_train_batch_size=4, max_length=64, seed=42
+        ),
+    )
     with open(tmp_path / "ours" / "metrics.csv") as fh:
         ours = [float(r["train/loss"]) for r in csv.DictReader(fh) if r.get("train/loss")]
 
@@ -107,13 +143,20 @@ def test_hf_trainer_gpt2_loss_is_ours_times_its_count_ratio(tmp_path):
     assert ours[-1] < ours[0] - 0.5  # it trained: the comparison is not between two idle runs
 
     # evaluation: the same count, on the model both runs reached
-    evaluation = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, use_distributed_sampler=False)
-    evaluation.validate(module, datamodule=HFDataModule(tok, path=rows, validation_path=val,
-                                                        per_device_eval_batch_size=8, max_length=64))
+    evaluation = L.Trainer(
+        accelerator="cpu", logger=False, enable_progress_bar=False, use_distributed_sampler=False
+    )
+    evaluation.validate(
+        module,
+        datamodule=HFDataModule(
+            tok, path=rows, validation_path=val, per_device_eval_batch_size=8, max_length=64
+        ),
+    )
     counted = sum(len(x) for x in val["input_ids"])
     real = counted - len(val)
     assert float(evaluation.callback_metrics["val/loss"]) == pytest.approx(hf_eval * counted / real, rel=2e-5)
     # the same weights, up to float32 rounding (HF's gradient is scaled by its count, which clipping and AdamW
     # almost cancel)
-    torch.testing.assert_close(module.model.transformer.wte.weight, hf.model.transformer.wte.weight,
-                               rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(
+        module.model.transformer.wte.weight, hf.model.transformer.wte.weight, rtol=1e-4, atol=1e-5
+    )

@@ -65,7 +65,9 @@ def test_control_mean_of_micro_batch_means_differs(case):
     rows, state, ref_loss, ref_grads = case
     loss, grads = mean_of_micro_batch_means_gradient(state, rows, micro_batch=2)
     whole, _ = relative_error(grads, ref_grads)
-    print(f"control (HF fallback, mb2 x acc4): rel. gradient difference {whole:.2e}, loss {loss} vs {ref_loss}")
+    print(
+        f"control (HF fallback, mb2 x acc4): rel. gradient difference {whole:.2e}, loss {loss} vs {ref_loss}"
+    )
     assert whole > 1e-3 and abs(loss - ref_loss) > 1e-3
 
 
@@ -76,9 +78,18 @@ def _run_ddp(tmp_path, state, rows, *flags):
     repo = here.parents[1]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run(
-        [sys.executable, str(here / "ddp_gradient_worker.py"), str(tmp_path / "state.pt"), str(tmp_path / "rows.json"),
-         str(tmp_path), *flags],
-        capture_output=True, text=True, timeout=300, env=env,
+        [
+            sys.executable,
+            str(here / "ddp_gradient_worker.py"),
+            str(tmp_path / "state.pt"),
+            str(tmp_path / "rows.json"),
+            str(tmp_path),
+            *flags,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return [torch.load(tmp_path / f"grads_rank{r}.pt") for r in (0, 1)], [

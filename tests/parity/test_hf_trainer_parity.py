@@ -47,7 +47,12 @@ def runs(tmp_path_factory):
         # 20 rows / micro-batch 2 = 10 micro-batches = 2 windows of 4 + a last window of 2: 3 optimizer steps
         status = main([*flags, "--rows", "20", "--max-length", "80", "--out", str(folder)])
         report = json.loads((folder / "report.json").read_text())
-        out[name] = (status, report, torch.load(folder / "hf_weights.pt"), torch.load(folder / "ours_weights.pt"))
+        out[name] = (
+            status,
+            report,
+            torch.load(folder / "hf_weights.pt"),
+            torch.load(folder / "ours_weights.pt"),
+        )
     return out
 
 

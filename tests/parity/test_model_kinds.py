@@ -18,10 +18,22 @@ def _bart():
 
     torch.manual_seed(0)
     config = BartConfig(
-        vocab_size=40, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
-        decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=32,
-        pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2, dropout=0.0,
-        attention_dropout=0.0, activation_dropout=0.0,
+        vocab_size=40,
+        d_model=16,
+        encoder_layers=1,
+        decoder_layers=1,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=32,
+        decoder_ffn_dim=32,
+        max_position_embeddings=32,
+        pad_token_id=1,
+        bos_token_id=0,
+        eos_token_id=2,
+        decoder_start_token_id=2,
+        dropout=0.0,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
     )
     return BartForConditionalGeneration(config).eval()
 
@@ -41,7 +53,9 @@ def _rows(batch, idx):
 def test_encoder_decoder_counts_every_label_and_matches_the_model_loss():
     model = _bart()
     module = HFLightningModule(model)
-    assert module.causal is False  # HF: ForConditionalGeneration maps to the causal loss, but it is encoder-decoder
+    assert (
+        module.causal is False
+    )  # HF: ForConditionalGeneration maps to the causal loss, but it is encoder-decoder
     batch = _seq2seq_batch()
     n = module.count_loss_items(batch)
     assert n == 10  # every label != -100, none dropped for a shift
@@ -69,8 +83,14 @@ def _seq_classifier(num_labels: int):
 
     torch.manual_seed(0)
     config = LlamaConfig(
-        vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-        num_key_value_heads=2, num_labels=num_labels, pad_token_id=0,
+        vocab_size=32,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        num_labels=num_labels,
+        pad_token_id=0,
     )
     return LlamaForSequenceClassification(config)
 
@@ -91,7 +111,11 @@ def test_sequence_classification_counts_examples_and_matches_the_model_loss():
 
 def test_regression_labels_need_the_model_loss():
     module = HFLightningModule(_seq_classifier(1))
-    batch = {"input_ids": torch.tensor([[5, 6]]), "attention_mask": torch.tensor([[1, 1]]), "labels": torch.tensor([0.5])}
+    batch = {
+        "input_ids": torch.tensor([[5, 6]]),
+        "attention_mask": torch.tensor([[1, 1]]),
+        "labels": torch.tensor([0.5]),
+    }
     with pytest.raises(ConfigError, match="use_model_loss"):
         module.compute_loss(batch, 1)
     assert count_loss_items(batch) == 1
@@ -110,8 +134,9 @@ def test_label_smoothed_sum_over_the_window_count_is_hf_label_smoother(shift, ep
     labels[2, 4:] = -100
     window_count = 23  # the micro-batch is one part of a larger window
     ours = token_cross_entropy_sum(logits, labels, causal=shift, label_smoothing=eps) / window_count
-    hf = LabelSmoother(epsilon=eps)(CausalLMOutput(logits=logits), labels, shift_labels=shift,
-                                    num_items_in_batch=window_count)
+    hf = LabelSmoother(epsilon=eps)(
+        CausalLMOutput(logits=logits), labels, shift_labels=shift, num_items_in_batch=window_count
+    )
     torch.testing.assert_close(ours, hf, rtol=1e-6, atol=1e-7)
 
 

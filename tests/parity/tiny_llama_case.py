@@ -23,8 +23,16 @@ def make_model(seed: int = 0):
 
     torch.manual_seed(seed)
     config = LlamaConfig(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
         tie_word_embeddings=False,
     )
     return LlamaForCausalLM(config).float()
@@ -97,7 +105,9 @@ def per_rank_mean_gradient(state: dict, rank_rows: list[list]) -> tuple[float, d
     return float(loss.detach()), _grads(model)
 
 
-def mean_of_micro_batch_means_gradient(state: dict, rows, micro_batch: int) -> tuple[float, dict[str, torch.Tensor]]:
+def mean_of_micro_batch_means_gradient(
+    state: dict, rows, micro_batch: int
+) -> tuple[float, dict[str, torch.Tensor]]:
     """The control: HF's fallback, each micro-batch's token mean divided by the number of micro-batches."""
     model = make_model()
     model.load_state_dict(state)
@@ -116,10 +126,10 @@ def relative_error(grads: dict[str, torch.Tensor], reference: dict[str, torch.Te
     assert grads.keys() == reference.keys(), sorted(set(grads) ^ set(reference))
     diff = torch.sqrt(sum(((grads[n] - reference[n]) ** 2).sum() for n in reference))
     norm = torch.sqrt(sum((reference[n] ** 2).sum() for n in reference))
-    per_tensor = max(float((grads[n] - reference[n]).norm() / reference[n].norm().clamp(min=1e-30)) for n in reference)
+    per_tensor = max(
+        float((grads[n] - reference[n]).norm() / reference[n].norm().clamp(min=1e-30)) for n in reference
+    )
     return float(diff / norm), per_tensor
-
-
 
 
 # ------------------------------------------------------------------------------------- the Lightning side
@@ -158,8 +168,16 @@ class CaptureGradients(L.Callback):
 
 
 def run_lightning_step(
-    state: dict, rows, micro_batch: int, accumulation: int, outdir, devices: int = 1, average_tokens: bool = True,
-    model_factory=None, chunk_size: int | None = None, **module_kwargs,
+    state: dict,
+    rows,
+    micro_batch: int,
+    accumulation: int,
+    outdir,
+    devices: int = 1,
+    average_tokens: bool = True,
+    model_factory=None,
+    chunk_size: int | None = None,
+    **module_kwargs,
 ) -> None:
     """One optimizer step of HFLightningModule + HFDataModule on ``rows`` (no shuffle); writes
     ``grads_rank{r}.pt``, ``syncs_rank{r}.pt`` and ``metrics.csv`` into ``outdir``. ``model_factory`` (default
@@ -176,20 +194,39 @@ def run_lightning_step(
     model = (model_factory or make_model)()
     model.load_state_dict(state)
     module = HFLightningModule(
-        model, optim={"name": "sgd", "lr": 0.1}, scheduler={"name": "constant"},
-        average_tokens_across_devices=average_tokens, **module_kwargs,
+        model,
+        optim={"name": "sgd", "lr": 0.1},
+        scheduler={"name": "constant"},
+        average_tokens_across_devices=average_tokens,
+        **module_kwargs,
     )
     module.lean.chunk_size = chunk_size
     data = HFDataModule(
-        SimpleNamespace(pad_token_id=0), path=datasets.Dataset.from_list(rows), format="tokenized",
-        validation_split=0.0, per_device_train_batch_size=micro_batch, shuffle=False, max_length=64,
+        SimpleNamespace(pad_token_id=0),
+        path=datasets.Dataset.from_list(rows),
+        format="tokenized",
+        validation_split=0.0,
+        per_device_train_batch_size=micro_batch,
+        shuffle=False,
+        max_length=64,
     )
     strategy = "auto" if devices == 1 else DDPStrategy(start_method="spawn", process_group_backend="gloo")
     trainer = L.Trainer(
-        accelerator="cpu", devices=devices, strategy=strategy, max_steps=1, accumulate_grad_batches=accumulation,
-        logger=CSVLogger(str(outdir), name="", version=""), log_every_n_steps=1, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0,
-        use_distributed_sampler=False, gradient_clip_val=None, callbacks=[CaptureGradients(outdir)],
+        accelerator="cpu",
+        devices=devices,
+        strategy=strategy,
+        max_steps=1,
+        accumulate_grad_batches=accumulation,
+        logger=CSVLogger(str(outdir), name="", version=""),
+        log_every_n_steps=1,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        use_distributed_sampler=False,
+        gradient_clip_val=None,
+        callbacks=[CaptureGradients(outdir)],
     )
     trainer.fit(module, datamodule=data)
 

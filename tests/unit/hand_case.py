@@ -67,18 +67,32 @@ def table_datamodule(rows, micro_batch: int):
     from hf_lightning import HFDataModule
 
     return HFDataModule(
-        SimpleNamespace(pad_token_id=0), path=datasets.Dataset.from_list(rows), format="tokenized",
-        validation_split=0.0, per_device_train_batch_size=micro_batch, shuffle=False,
+        SimpleNamespace(pad_token_id=0),
+        path=datasets.Dataset.from_list(rows),
+        format="tokenized",
+        validation_split=0.0,
+        per_device_train_batch_size=micro_batch,
+        shuffle=False,
     )
 
 
 def fit(module, datamodule, accumulation: int, logdir, max_steps: int = -1, callbacks=()) -> list[dict]:
     """A real ``lightning.Trainer`` run (CPU, one process); returns the ``train/loss`` rows of metrics.csv."""
     trainer = L.Trainer(
-        accelerator="cpu", max_steps=max_steps, max_epochs=1, accumulate_grad_batches=accumulation,
-        logger=CSVLogger(logdir, name="", version=""), log_every_n_steps=1, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0,
-        use_distributed_sampler=False, gradient_clip_val=None, callbacks=list(callbacks),
+        accelerator="cpu",
+        max_steps=max_steps,
+        max_epochs=1,
+        accumulate_grad_batches=accumulation,
+        logger=CSVLogger(logdir, name="", version=""),
+        log_every_n_steps=1,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        use_distributed_sampler=False,
+        gradient_clip_val=None,
+        callbacks=list(callbacks),
     )
     trainer.fit(module, datamodule=datamodule)
     with open(f"{logdir}/metrics.csv") as fh:

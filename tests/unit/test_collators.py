@@ -102,7 +102,9 @@ def test_padding_collator_announces_uncarried_keys_once_and_stacks_numbers(caplo
     collate = PaddingCollator(0)
     with caplog.at_level(logging.WARNING):
         for _ in range(2):
-            batch = collate([{"input_ids": [1], "text": "x", "id": 7}, {"input_ids": [2, 3], "text": "y", "id": 8}])
+            batch = collate(
+                [{"input_ids": [1], "text": "x", "id": 7}, {"input_ids": [2, 3], "text": "y", "id": 8}]
+            )
     assert "text" not in batch and batch["id"].tolist() == [7, 8]
     assert caplog.text.count("cannot batch key 'text'") == 1
 
@@ -126,7 +128,9 @@ def test_classification_collator_matches_hf_data_collator_with_padding():
         assert torch.equal(ours[key], hf[key]), key
     assert ours["labels"].tolist() == [2, 0] and ours["labels"].dtype == torch.long
     assert ours["input_ids"].tolist() == [[4, 5, 6, 0], [7, 0, 0, 0]]
-    regression = ClassificationCollator(0)([{"input_ids": [4], "label": 0.5}, {"input_ids": [5], "label": 1.5}])
+    regression = ClassificationCollator(0)(
+        [{"input_ids": [4], "label": 0.5}, {"input_ids": [5], "label": 1.5}]
+    )
     assert regression["labels"].dtype == torch.float32
 
 
@@ -139,8 +143,17 @@ def test_seq2seq_collator_matches_hf_with_decoder_inputs_from_a_real_t5():
     tok = make_word_tokenizer()
     torch.manual_seed(0)
     model = T5ForConditionalGeneration(
-        T5Config(vocab_size=32, d_model=16, d_kv=4, d_ff=32, num_layers=1, num_heads=2, pad_token_id=0,
-                 decoder_start_token_id=0, eos_token_id=2)
+        T5Config(
+            vocab_size=32,
+            d_model=16,
+            d_kv=4,
+            d_ff=32,
+            num_layers=1,
+            num_heads=2,
+            pad_token_id=0,
+            decoder_start_token_id=0,
+            eos_token_id=2,
+        )
     )
     examples = [
         {"input_ids": [4, 5, 6, 2], "attention_mask": [1, 1, 1, 1], "labels": [7, 2]},

@@ -11,8 +11,15 @@ from hf_lightning.strategies.deepspeed import deepspeed_config, world_size
 
 
 def derive(**overrides):
-    args = dict(stage=2, micro_batch_size=4, accumulate_grad_batches=8, gradient_clip_val=1.0,
-                precision="bf16-mixed", devices=2, num_nodes=2)
+    args = dict(
+        stage=2,
+        micro_batch_size=4,
+        accumulate_grad_batches=8,
+        gradient_clip_val=1.0,
+        precision="bf16-mixed",
+        devices=2,
+        num_nodes=2,
+    )
     args.update(overrides)
     return deepspeed_config(**args)
 
@@ -30,10 +37,16 @@ def test_derived_fields():
     }
 
 
-@pytest.mark.parametrize(("precision", "bf16", "fp16"), [
-    ("bf16-mixed", True, False), ("bf16-true", True, False), ("16-mixed", False, True), ("32-true", False, False),
-    ("32", False, False),
-])
+@pytest.mark.parametrize(
+    ("precision", "bf16", "fp16"),
+    [
+        ("bf16-mixed", True, False),
+        ("bf16-true", True, False),
+        ("16-mixed", False, True),
+        ("32-true", False, False),
+        ("32", False, False),
+    ],
+)
 def test_precision_sections(precision, bf16, fp16):
     cfg = derive(precision=precision)
     assert cfg["bf16"] == {"enabled": bf16} and cfg["fp16"] == {"enabled": fp16}
@@ -51,24 +64,40 @@ def test_no_clipping_and_unknown_world_size():
     assert "train_batch_size" not in cfg  # known only once Lightning has counted the devices
 
 
-@pytest.mark.parametrize(("devices", "nodes", "expected"), [
-    (1, 1, 1), (4, 2, 8), ("2", 1, 2), ("0,1,3", 1, 3), ([0, 1], 3, 6), ("auto", 1, None), (-1, 1, None),
-])
+@pytest.mark.parametrize(
+    ("devices", "nodes", "expected"),
+    [
+        (1, 1, 1),
+        (4, 2, 8),
+        ("2", 1, 2),
+        ("0,1,3", 1, 3),
+        ([0, 1], 3, 6),
+        ("auto", 1, None),
+        (-1, 1, None),
+    ],
+)
 def test_world_size(devices, nodes, expected):
     assert world_size(devices, nodes) == expected
 
 
 def test_user_json_auto_fields_are_filled_and_extra_fields_kept(tmp_path):
     user = {
-        "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto", "gradient_clipping": "auto",
-        "bf16": {"enabled": "auto"}, "steps_per_print": 50,
+        "train_micro_batch_size_per_gpu": "auto",
+        "gradient_accumulation_steps": "auto",
+        "gradient_clipping": "auto",
+        "bf16": {"enabled": "auto"},
+        "steps_per_print": 50,
         "zero_optimization": {"stage": 2, "overlap_comm": False, "reduce_bucket_size": 5e7},
     }
     path = tmp_path / "ds.json"
     path.write_text(json.dumps(user))
     cfg = derive(user_config=str(path))
     assert cfg["train_micro_batch_size_per_gpu"] == 4 and cfg["gradient_accumulation_steps"] == 8
-    assert cfg["gradient_clipping"] == 1.0 and cfg["bf16"] == {"enabled": True} and cfg["fp16"] == {"enabled": False}
+    assert (
+        cfg["gradient_clipping"] == 1.0
+        and cfg["bf16"] == {"enabled": True}
+        and cfg["fp16"] == {"enabled": False}
+    )
     assert cfg["train_batch_size"] == 128 and cfg["steps_per_print"] == 50
     assert cfg["zero_optimization"] == {"stage": 2, "overlap_comm": False, "reduce_bucket_size": 5e7}
 
@@ -79,14 +108,21 @@ def test_user_mapping_is_not_modified():
     assert user == {"gradient_clipping": "auto"}
 
 
-@pytest.mark.parametrize(("field", "value", "owner"), [
-    ({"train_micro_batch_size_per_gpu": 16}, 16, "data.per_device_train_batch_size"),
-    ({"gradient_accumulation_steps": 2}, 2, "trainer.accumulate_grad_batches"),
-    ({"train_batch_size": 64}, 64, "data.per_device_train_batch_size x trainer.accumulate_grad_batches x devices"),
-    ({"gradient_clipping": 0.5}, 0.5, "trainer.gradient_clip_val"),
-    ({"fp16": {"enabled": True}}, True, "trainer.precision"),
-    ({"zero_optimization": {"stage": 3}}, 3, "strategy (deepspeed_zero2 / deepspeed_zero3)"),
-])
+@pytest.mark.parametrize(
+    ("field", "value", "owner"),
+    [
+        ({"train_micro_batch_size_per_gpu": 16}, 16, "data.per_device_train_batch_size"),
+        ({"gradient_accumulation_steps": 2}, 2, "trainer.accumulate_grad_batches"),
+        (
+            {"train_batch_size": 64},
+            64,
+            "data.per_device_train_batch_size x trainer.accumulate_grad_batches x devices",
+        ),
+        ({"gradient_clipping": 0.5}, 0.5, "trainer.gradient_clip_val"),
+        ({"fp16": {"enabled": True}}, True, "trainer.precision"),
+        ({"zero_optimization": {"stage": 3}}, 3, "strategy (deepspeed_zero2 / deepspeed_zero3)"),
+    ],
+)
 def test_a_conflicting_user_field_is_refused(field, value, owner):
     with pytest.raises(ConfigError) as info:
         derive(user_config=field)
@@ -104,7 +140,9 @@ def test_owned_sections_are_refused():
 def test_bad_inputs(tmp_path):
     with pytest.raises(ConfigError, match=r"strategy.stage=1; allowed values: \[2, 3\]"):
         derive(stage=1)
-    with pytest.raises(ConfigError, match="trainer.accumulate_grad_batches=0; allowed values: an integer >= 1"):
+    with pytest.raises(
+        ConfigError, match="trainer.accumulate_grad_batches=0; allowed values: an integer >= 1"
+    ):
         derive(accumulate_grad_batches=0)
     with pytest.raises(ConfigError, match="needs ZeRO stage 3"):
         derive(offload_parameters=True)

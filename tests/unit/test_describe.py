@@ -10,10 +10,12 @@ from hf_lightning.data.flattening import PaddingFreeCollator
 
 
 def test_padded_batch_report(word_tokenizer):
-    batch = PaddingCollator(0)([
-        {"input_ids": [4, 5, 6, 7], "labels": [-100, -100, 6, 7]},
-        {"input_ids": [8, 9], "labels": [-100, 9]},
-    ])
+    batch = PaddingCollator(0)(
+        [
+            {"input_ids": [4, 5, 6, 7], "labels": [-100, -100, 6, 7]},
+            {"input_ids": [8, 9], "labels": [-100, 9]},
+        ]
+    )
     batch["num_items_in_batch"] = 3
     text = describe_batch(batch, word_tokenizer, {"train": ["text", "id"], "validation": []})
     assert text.splitlines() == [
@@ -40,7 +42,10 @@ def test_padding_free_report_shows_the_first_sequence_only(word_tokenizer):
 
 
 def test_classification_report_names_the_class(word_tokenizer):
-    batch = {"input_ids": torch.tensor([[4, 5], [6, 0]]), "attention_mask": torch.tensor([[1, 1], [1, 0]]),
-             "labels": torch.tensor([1, 0])}
+    batch = {
+        "input_ids": torch.tensor([[4, 5], [6, 0]]),
+        "attention_mask": torch.tensor([[1, 1], [1, 0]]),
+        "labels": torch.tensor([1, 0]),
+    }
     text = describe_batch(batch, word_tokenizer, id2label={0: "ham", 1: "spam"})
     assert text.splitlines()[-2:] == ["a b", "label: 1 (spam)"]

@@ -28,10 +28,15 @@ ROWS = [
 
 def validate(module, rows, eval_batch=2, **dm_kwargs):
     dm = HFDataModule(
-        PadOnly(), path=datasets.Dataset.from_list(rows), validation_path=datasets.Dataset.from_list(rows),
-        per_device_eval_batch_size=eval_batch, **dm_kwargs,
+        PadOnly(),
+        path=datasets.Dataset.from_list(rows),
+        validation_path=datasets.Dataset.from_list(rows),
+        per_device_eval_batch_size=eval_batch,
+        **dm_kwargs,
     )
-    trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer = L.Trainer(
+        accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False
+    )
     trainer.validate(module, datamodule=dm, verbose=False)
     return {k: float(v) for k, v in trainer.callback_metrics.items()}, trainer, dm
 
@@ -71,7 +76,10 @@ def _hf_trainer(model, rows, tmp_path, **kwargs):
     from transformers import Trainer, TrainingArguments
 
     args = TrainingArguments(
-        output_dir=str(tmp_path / "hf"), per_device_eval_batch_size=2, report_to=[], use_cpu=True,
+        output_dir=str(tmp_path / "hf"),
+        per_device_eval_batch_size=2,
+        report_to=[],
+        use_cpu=True,
         **kwargs.pop("args", {}),
     )
     ds = datasets.Dataset.from_list(rows)
@@ -101,12 +109,17 @@ def test_compute_metrics_with_argmax_preprocessing_matches_hf_trainer(tmp_path):
         return {"accuracy": float((preds[:, :-1] == labels[:, 1:])[mask].mean()), "n": float(len(preds))}
 
     hf = _hf_trainer(
-        tiny_llama(vocab_size=64), rows, tmp_path, compute_metrics=compute_metrics,
+        tiny_llama(vocab_size=64),
+        rows,
+        tmp_path,
+        compute_metrics=compute_metrics,
         preprocess_logits_for_metrics=preprocess,
         data_collator=lambda feats: _hf_pad(feats),
     ).evaluate()
     hf_shape = seen["shape"]
-    module = HFLightningModule(tiny_llama(vocab_size=64), compute_metrics=compute_metrics, preprocess_logits_for_metrics=preprocess)
+    module = HFLightningModule(
+        tiny_llama(vocab_size=64), compute_metrics=compute_metrics, preprocess_logits_for_metrics=preprocess
+    )
     ours, _, _ = validate(module, rows)
     assert seen["shape"] == hf_shape == (7, 12)
     assert ours["val/accuracy"] == pytest.approx(hf["eval_accuracy"], rel=1e-6)
@@ -145,8 +158,11 @@ def test_prediction_order_is_dataset_order_even_with_shuffled_training():
     rows = ROWS
     module = HFLightningModule(TableLM())
     dm = HFDataModule(
-        PadOnly(), path=datasets.Dataset.from_list(rows), validation_path=datasets.Dataset.from_list(rows),
-        per_device_eval_batch_size=2, shuffle=True,
+        PadOnly(),
+        path=datasets.Dataset.from_list(rows),
+        validation_path=datasets.Dataset.from_list(rows),
+        per_device_eval_batch_size=2,
+        shuffle=True,
     )
     trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False)
     dm.setup("predict")
@@ -157,7 +173,9 @@ def test_prediction_order_is_dataset_order_even_with_shuffled_training():
 def test_eval_shards_cover_every_example_once():
     for n in range(0, 12):
         for world in (1, 2, 3, 4):
-            samplers = [ExactDistributedSampler(range(n), world, r, shuffle=False, top_up=False) for r in range(world)]
+            samplers = [
+                ExactDistributedSampler(range(n), world, r, shuffle=False, top_up=False) for r in range(world)
+            ]
             shards = [list(s) for s in samplers]
             # strided (what gather() undoes); a rank with no example gets one placeholder, ~0 (issue 14 item 8)
             assert shards == [list(range(r, n, world)) or ([~0] if n else []) for r in range(world)]
@@ -185,10 +203,18 @@ def test_classification_reports_example_accuracy_and_macro_f1():
     from transformers import LlamaConfig, LlamaForSequenceClassification
 
     torch.manual_seed(0)
-    model = LlamaForSequenceClassification(LlamaConfig(
-        vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-        num_key_value_heads=2, num_labels=3, pad_token_id=0,
-    )).eval()
+    model = LlamaForSequenceClassification(
+        LlamaConfig(
+            vocab_size=32,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            num_labels=3,
+            pad_token_id=0,
+        )
+    ).eval()
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(1, 32, (9, 5), generator=g).tolist()
     rows = [{"input_ids": x, "labels": i % 3} for i, x in enumerate(ids)]

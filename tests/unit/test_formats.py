@@ -38,7 +38,9 @@ def test_detection_reads_the_schema_not_the_first_row(tmp_path):
 
 
 def test_unknown_layout_names_the_columns_and_the_layouts():
-    with pytest.raises(DataError, match=r"columns \['answer', 'question'\].*prompt_completion: prompt\+completion"):
+    with pytest.raises(
+        DataError, match=r"columns \['answer', 'question'\].*prompt_completion: prompt\+completion"
+    ):
         detect_format(["question", "answer"], "gsm8k.jsonl")
 
 
@@ -49,7 +51,9 @@ def _setup(tok, rows, **kw):
 
 
 def test_prompt_completion_trains_on_the_completion_and_the_appended_eos(word_tokenizer):
-    dm = _setup(word_tokenizer, [{"prompt": "a b", "completion": " c d"}, {"prompt": "e", "completion": " f <eos>"}])
+    dm = _setup(
+        word_tokenizer, [{"prompt": "a b", "completion": " c d"}, {"prompt": "e", "completion": " f <eos>"}]
+    )
     assert dm.data_format == "prompt_completion"
     rows = dm.train_dataset.to_list()
     assert rows[0]["input_ids"] == [4, 5, 6, 7, 2]  # eos appended
@@ -65,7 +69,9 @@ def test_prompt_longer_than_max_length_is_dropped_and_counted(word_tokenizer, ca
     with caplog.at_level(logging.WARNING):
         dm = _setup(word_tokenizer, rows, max_length=3)
     # pruned to the tokenizer's inputs + labels (no model attached)
-    assert dm.train_dataset.to_list() == [{"input_ids": [4, 5, 2], "attention_mask": [1, 1, 1], "labels": [IGNORE, 5, 2]}]
+    assert dm.train_dataset.to_list() == [
+        {"input_ids": [4, 5, 2], "attention_mask": [1, 1, 1], "labels": [IGNORE, 5, 2]}
+    ]
     assert "1 of 2 rows were longer than data.max_length=3 and were truncated" in caplog.text
     assert "dropped 1 of 2 rows with no trained-on token" in caplog.text
 
@@ -107,7 +113,11 @@ def test_fastchat_dummy_file_gives_assistant_only_labels(gpt2_tokenizer):
 
 
 def test_classification_keeps_label_names_and_maps_strings_sorted(word_tokenizer):
-    rows = [{"text": "a b", "label": "spam"}, {"text": "c", "label": "ham"}, {"text": "d e f", "label": "spam"}]
+    rows = [
+        {"text": "a b", "label": "spam"},
+        {"text": "c", "label": "ham"},
+        {"text": "d e f", "label": "spam"},
+    ]
     dm = _setup(word_tokenizer, rows)
     assert dm.data_format == "classification"
     assert dm.id2label == {0: "ham", 1: "spam"}
@@ -118,7 +128,9 @@ def test_classification_keeps_label_names_and_maps_strings_sorted(word_tokenizer
 
 
 def test_classification_class_label_names_come_from_the_features(word_tokenizer):
-    features = datasets.Features({"text": datasets.Value("string"), "label": datasets.ClassLabel(names=["neg", "pos"])})
+    features = datasets.Features(
+        {"text": datasets.Value("string"), "label": datasets.ClassLabel(names=["neg", "pos"])}
+    )
     ds = datasets.Dataset.from_dict({"text": ["a", "b"], "label": [1, 0]}, features=features)
     dm = HFDataModule(word_tokenizer, path=ds, validation_split=0.0, shuffle=False)
     dm.setup()
@@ -128,12 +140,16 @@ def test_classification_class_label_names_come_from_the_features(word_tokenizer)
 
 def test_banking77_validation_labels_use_the_training_mapping(gpt2_tokenizer):
     folder = shared_data() / "banking77"
-    train = datasets.load_dataset("csv", data_files=str(folder / "train.csv"), split="train").select(range(200))
+    train = datasets.load_dataset("csv", data_files=str(folder / "train.csv"), split="train").select(
+        range(200)
+    )
     test = datasets.load_dataset("csv", data_files=str(folder / "test.csv"), split="train")
     names = sorted(set(train["category"]))
     test = test.filter(lambda c: c in names, input_columns="category").select(range(50))
     dm = HFDataModule(
-        gpt2_tokenizer, path=train.rename_column("category", "label"), validation_path=test.rename_column("category", "label"),
+        gpt2_tokenizer,
+        path=train.rename_column("category", "label"),
+        validation_path=test.rename_column("category", "label"),
         shuffle=False,
     )
     dm.setup()
@@ -142,7 +158,11 @@ def test_banking77_validation_labels_use_the_training_mapping(gpt2_tokenizer):
 
 
 def test_seq2seq_targets_are_labels_and_source_is_the_input(word_tokenizer):
-    dm = _setup(word_tokenizer, [{"source": "a b c", "target": "d"}, {"source": "e", "target": "f g"}], format="seq2seq")
+    dm = _setup(
+        word_tokenizer,
+        [{"source": "a b c", "target": "d"}, {"source": "e", "target": "f g"}],
+        format="seq2seq",
+    )
     assert dm.train_dataset["input_ids"] == [[4, 5, 6], [8]]
     assert dm.train_dataset["labels"] == [[7], [9, 10]]
     batch = next(iter(dm.train_dataloader()))

@@ -19,7 +19,10 @@ from hf_lightning.callbacks import NonFiniteGuard
 from tests.data_support import tiny_llama
 from tests.errors.support import trainer
 
-ROWS = [{"text": t} for t in ("a b c d e", "b c d", "c d e f g h", "d e", "e f g h", "a c e g", "b d f h", "h g f")] * 2
+ROWS = [
+    {"text": t}
+    for t in ("a b c d e", "b c d", "c d e f g h", "d e", "e f g h", "a c e g", "b d f h", "h g f")
+] * 2
 STEPS = 4
 
 
@@ -34,7 +37,9 @@ class Unshared(HFLightningModule):
         self._last_grad_norm = torch.nn.utils.get_total_norm(grads)
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
-        L.LightningModule.configure_gradient_clipping(self, optimizer, gradient_clip_val, gradient_clip_algorithm)
+        L.LightningModule.configure_gradient_clipping(
+            self, optimizer, gradient_clip_val, gradient_clip_algorithm
+        )
 
 
 class Record(L.Callback):
@@ -46,7 +51,9 @@ class Record(L.Callback):
 
     def on_before_optimizer_step(self, trainer, module, optimizer):
         grads = [p.grad.detach().clone() for p in module.parameters() if p.grad is not None]
-        self.norms.append(float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))))
+        self.norms.append(
+            float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))
+        )
 
     def on_train_batch_end(self, trainer, module, *args):
         if len(self.weights) < trainer.global_step:
@@ -81,13 +88,27 @@ def train(tmp_path, word_tokenizer, cls, monkeypatch, clip=0.05):
 
     monkeypatch.setattr(torch.nn.utils, "get_total_norm", counting)
     monkeypatch.setattr(torch.nn.utils.clip_grad, "_get_total_norm", counting_private)
-    module = cls(tiny_llama(vocab_size=32), optim={"name": "adamw", "lr": 1e-2, "weight_decay": 0.1},
-                 scheduler={"name": "constant"})
-    dm = HFDataModule(tokenizer=word_tokenizer, path=datasets.Dataset.from_list(ROWS), validation_split=0.0,
-                      shuffle=False, per_device_train_batch_size=2)
+    module = cls(
+        tiny_llama(vocab_size=32),
+        optim={"name": "adamw", "lr": 1e-2, "weight_decay": 0.1},
+        scheduler={"name": "constant"},
+    )
+    dm = HFDataModule(
+        tokenizer=word_tokenizer,
+        path=datasets.Dataset.from_list(ROWS),
+        validation_split=0.0,
+        shuffle=False,
+        per_device_train_batch_size=2,
+    )
     record, logged = Record(), Logged()
-    t = trainer(tmp_path / cls.__name__, max_steps=STEPS, accumulate_grad_batches=2, gradient_clip_val=clip,
-                log_every_n_steps=1, callbacks=[record, NonFiniteGuard(grad_norm_spike=None), logged])
+    t = trainer(
+        tmp_path / cls.__name__,
+        max_steps=STEPS,
+        accumulate_grad_batches=2,
+        gradient_clip_val=clip,
+        log_every_n_steps=1,
+        callbacks=[record, NonFiniteGuard(grad_norm_spike=None), logged],
+    )
     t.fit(module, datamodule=dm)
     return record, logged, len(calls)
 
@@ -100,7 +121,9 @@ def test_one_norm_pass_per_step_same_weights_and_logged_norm(tmp_path, word_toke
     # the clip is active (norms far above 0.05), so a wrong clip coefficient would show in the weights
     assert min(shared.norms) > 0.05 * 10
     for step in range(STEPS):
-        assert all(torch.equal(shared.weights[step][k], old.weights[step][k]) for k in shared.weights[step]), step
+        assert all(
+            torch.equal(shared.weights[step][k], old.weights[step][k]) for k in shared.weights[step]
+        ), step
     # the logged norm is the pre-clip norm of the step's gradients, as HF logs clip_grad_norm_'s return value
     assert shared_log.norms == pytest.approx(shared.norms, rel=1e-5)
     assert old_log.norms == pytest.approx(old.norms, rel=1e-5)
@@ -117,14 +140,21 @@ def test_value_clipping_keeps_lightnings_path(tmp_path, word_tokenizer):
         return max(float(p.grad.abs().max()) for p in module.parameters() if p.grad is not None)
 
     class Spy(HFLightningModule):
-        def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
+        def configure_gradient_clipping(
+            self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None
+        ):
             before.append(largest(self))
             super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
             after.append(largest(self))
 
     module = Spy(tiny_llama(vocab_size=32), optim={"name": "sgd", "lr": 0.1}, scheduler={"name": "constant"})
-    dm = HFDataModule(tokenizer=word_tokenizer, path=datasets.Dataset.from_list(ROWS), validation_split=0.0,
-                      shuffle=False, per_device_train_batch_size=2)
+    dm = HFDataModule(
+        tokenizer=word_tokenizer,
+        path=datasets.Dataset.from_list(ROWS),
+        validation_split=0.0,
+        shuffle=False,
+        per_device_train_batch_size=2,
+    )
     t = trainer(tmp_path, max_steps=2, gradient_clip_val=1e-3, gradient_clip_algorithm="value")
     t.fit(module, datamodule=dm)
     assert len(after) == 2 and min(before) > 1e-2

@@ -39,7 +39,9 @@ class SizedRows(Rows):
 def _source(kind: str, n: int, shards: int = 1):
     if kind == "torch":
         return Rows(n)
-    ds = datasets.Dataset.from_dict({"idx": list(range(n)), "input_ids": [[1] * (i % 7 + 2) for i in range(n)]})  # >= 2 tokens: a 1-token row has no causal target
+    ds = datasets.Dataset.from_dict(
+        {"idx": list(range(n)), "input_ids": [[1] * (i % 7 + 2) for i in range(n)]}
+    )  # >= 2 tokens: a 1-token row has no causal target
     return ds.to_iterable_dataset(num_shards=min(shards, max(n, 1)))
 
 
@@ -68,7 +70,9 @@ def test_every_example_exactly_once_across_ranks_and_workers(n, world, workers, 
     stream = ShardedStream(_source(kind, n, shards), shuffle=shuffle, seed=1, buffer_size=8)
     stream.set_epoch(epoch)
     parts = _read_all(stream, world, workers)
-    real = [r["idx"] for p in parts for r in p if "labels" not in r]  # a top-up is a masked copy (labels -100)
+    real = [
+        r["idx"] for p in parts for r in p if "labels" not in r
+    ]  # a top-up is a masked copy (labels -100)
     assert sorted(real) == list(range(n))
     assert len({len(p) for p in parts}) == 1  # every reader, so every rank, yields as many rows
     assert all(all(t == -100 for t in r["labels"]) for p in parts for r in p if "labels" in r)
@@ -148,10 +152,17 @@ def test_group_by_length_on_a_stream_says_so(word_tokenizer, caplog):
 
 
 def test_stream_validation_holdout_is_disjoint_and_stable(word_tokenizer):
-    rows = [{"text": " ".join("abcdefghij"[: i % 9 + 1]) + f" {chr(107 + i % 15)}", "id": i} for i in range(60)]
+    rows = [
+        {"text": " ".join("abcdefghij"[: i % 9 + 1]) + f" {chr(107 + i % 15)}", "id": i} for i in range(60)
+    ]
     source = datasets.Dataset.from_list(rows).to_iterable_dataset(num_shards=3)
-    dm = HFDataModule(word_tokenizer, path=source, validation_split=0.2, model_input_names=["input_ids", "id"],
-                      per_device_train_batch_size=4)
+    dm = HFDataModule(
+        word_tokenizer,
+        path=source,
+        validation_split=0.2,
+        model_input_names=["input_ids", "id"],
+        per_device_train_batch_size=4,
+    )
     dm.setup()
     loader = dm.train_dataloader()
     train = [i for b in loader for i in b["id"].tolist()]
@@ -191,11 +202,23 @@ def test_worker_knobs_need_workers(word_tokenizer):
         HFDataModule(word_tokenizer, prefetch_factor=2)
     with pytest.raises(ConfigError, match="data.persistent_workers applies to worker processes only"):
         HFDataModule(word_tokenizer, persistent_workers=True)
-    dm = _datamodule(word_tokenizer, SizedRows(12), num_workers=2, prefetch_factor=3, persistent_workers=True,
-                     pin_memory=True, drop_last=True)
+    dm = _datamodule(
+        word_tokenizer,
+        SizedRows(12),
+        num_workers=2,
+        prefetch_factor=3,
+        persistent_workers=True,
+        pin_memory=True,
+        drop_last=True,
+    )
     dm.setup()
     loader = dm.train_dataloader()
-    assert (loader.prefetch_factor, loader.persistent_workers, loader.pin_memory, loader.drop_last) == (3, True, True, True)
+    assert (loader.prefetch_factor, loader.persistent_workers, loader.pin_memory, loader.drop_last) == (
+        3,
+        True,
+        True,
+        True,
+    )
     assert len(loader) == 4 == len(list(loader))  # 6 rows per worker, 2 full batches each
 
 

@@ -24,17 +24,32 @@ class RecordModes(L.Callback):
 
 def test_a_model_saved_and_loaded_in_eval_mode_trains_with_dropout(word_tokenizer, tmp_path):
     torch.manual_seed(0)
-    GPT2LMHeadModel(GPT2Config(vocab_size=32, n_positions=32, n_embd=16, n_layer=1, n_head=2)).save_pretrained(tmp_path)
+    GPT2LMHeadModel(
+        GPT2Config(vocab_size=32, n_positions=32, n_embd=16, n_layer=1, n_head=2)
+    ).save_pretrained(tmp_path)
     model = GPT2LMHeadModel.from_pretrained(tmp_path)  # transformers returns it in eval mode
     assert not model.training and model.config.resid_pdrop == 0.1
     texts = ["a b c d e f", "b c d e", "c d e f g h", "d e f"] * 3
-    data = HFDataModule(word_tokenizer, path=datasets.Dataset.from_dict({"text": texts}), validation_split=0.25,
-                        per_device_train_batch_size=3, per_device_eval_batch_size=3, max_length=16)
+    data = HFDataModule(
+        word_tokenizer,
+        path=datasets.Dataset.from_dict({"text": texts}),
+        validation_split=0.25,
+        per_device_train_batch_size=3,
+        per_device_eval_batch_size=3,
+        max_length=16,
+    )
     modes = RecordModes()
     trainer = L.Trainer(
-        accelerator="cpu", max_steps=3, val_check_interval=2, num_sanity_val_steps=1, logger=False,
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        use_distributed_sampler=False, callbacks=[modes],
+        accelerator="cpu",
+        max_steps=3,
+        val_check_interval=2,
+        num_sanity_val_steps=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        use_distributed_sampler=False,
+        callbacks=[modes],
     )
     trainer.fit(HFLightningModule(model, word_tokenizer, optim={"name": "sgd", "lr": 0.1}), datamodule=data)
     assert modes.train_modes == [True, True, True]  # every module, including after the validation at step 2

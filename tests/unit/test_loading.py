@@ -41,8 +41,14 @@ def _rows(dm) -> list[list[int]]:
 @pytest.mark.parametrize("kind", ["jsonl", "json", "csv", "parquet", "disk"])
 @pytest.mark.parametrize("streaming", [False, True])
 def test_every_file_kind_map_style_and_streamed(word_tokenizer, tmp_path, kind, streaming):
-    dm = HFDataModule(word_tokenizer, path=str(_write(tmp_path, kind)), validation_split=0.0, shuffle=False,
-                      streaming=streaming, per_device_train_batch_size=3)
+    dm = HFDataModule(
+        word_tokenizer,
+        path=str(_write(tmp_path, kind)),
+        validation_split=0.0,
+        shuffle=False,
+        streaming=streaming,
+        per_device_train_batch_size=3,
+    )
     dm.setup()
     assert isinstance(dm.train_dataset, datasets.IterableDataset) == streaming
     assert _rows(dm) == IDS
@@ -61,10 +67,18 @@ class TorchStream(torch.utils.data.IterableDataset):
         return iter({"text": t} for t in TEXTS)
 
 
-@pytest.mark.parametrize("source", [TorchRows, TorchStream, "iterable"], ids=["torch_map", "torch_stream", "datasets_stream"])
+@pytest.mark.parametrize(
+    "source", [TorchRows, TorchStream, "iterable"], ids=["torch_map", "torch_stream", "datasets_stream"]
+)
 def test_in_memory_sources(word_tokenizer, source):
-    src = datasets.Dataset.from_dict({"text": TEXTS}).to_iterable_dataset() if source == "iterable" else source()
-    dm = HFDataModule(word_tokenizer, path=src, validation_split=0.0, shuffle=False, per_device_train_batch_size=3)
+    src = (
+        datasets.Dataset.from_dict({"text": TEXTS}).to_iterable_dataset()
+        if source == "iterable"
+        else source()
+    )
+    dm = HFDataModule(
+        word_tokenizer, path=src, validation_split=0.0, shuffle=False, per_device_train_batch_size=3
+    )
     dm.setup()
     assert dm.data_format == "text"
     assert _rows(dm) == IDS

@@ -29,7 +29,9 @@ def sgd(lr: float = 0.0, **kw):
 def ce_sum(outputs, labels):
     """A user's token loss, written out: sum of causal CE over the targets."""
     logits = outputs.logits[:, :-1]
-    return F.cross_entropy(logits.reshape(-1, 2), labels[:, 1:].reshape(-1), ignore_index=-100, reduction="sum")
+    return F.cross_entropy(
+        logits.reshape(-1, 2), labels[:, 1:].reshape(-1), ignore_index=-100, reduction="sum"
+    )
 
 
 # ------------------------------------------------------------------------------- compute_loss_func
@@ -45,7 +47,9 @@ def test_compute_loss_func_receives_the_window_count(tmp_path):
     # micro-batch 1 x accumulation 2: windows (rows 0, 1: 3 + 1 targets) and (rows 2, 3: 2 + 1)
     rows = fit(module, table_datamodule(ROWS, 1), 2, tmp_path)
     assert seen == [4, 4, 3, 3]
-    assert [float(r["train/loss"]) for r in rows] == pytest.approx([exact_loss(ROWS[:2]), exact_loss(ROWS[2:])])
+    assert [float(r["train/loss"]) for r in rows] == pytest.approx(
+        [exact_loss(ROWS[:2]), exact_loss(ROWS[2:])]
+    )
 
 
 def test_compute_loss_func_without_the_count_is_hf_fallback_with_one_warning(tmp_path, caplog):
@@ -147,8 +151,16 @@ def test_kwargs_in_forward_is_not_a_declaration(tmp_path, caplog):
 def test_a_real_llama_is_not_declared_although_its_forward_takes_kwargs():
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                         num_attention_heads=2, num_key_value_heads=2))
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=32,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+        )
+    )
     module = HFLightningModule(model)
     assert not module.model_accepts_loss_kwargs and module.loss_source == "token_cross_entropy"
     assert module.causal  # HF's rule: loss_type ForCausalLM
@@ -176,7 +188,9 @@ class WindowedRows(L.LightningDataModule):
         trainer = self.trainer
         loader = DataLoader(self.rows, batch_size=self.micro_batch, collate_fn=PaddingCollator(0))
         return AccumulationWindowLoader(
-            loader, trainer.accumulate_grad_batches, trainer.lightning_module.count_loss_items,
+            loader,
+            trainer.accumulate_grad_batches,
+            trainer.lightning_module.count_loss_items,
             max_batches=lambda: trainer.num_training_batches,
         )
 
@@ -197,7 +211,14 @@ class RecordWeights(L.Callback):
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{}, {"compute_loss_func": lambda outputs, labels: ce_sum(outputs, labels) / (labels[:, 1:] != -100).sum()}],
+    [
+        {},
+        {
+            "compute_loss_func": lambda outputs, labels: (
+                ce_sum(outputs, labels) / (labels[:, 1:] != -100).sum()
+            )
+        },
+    ],
     ids=["token_loss", "fallback_mean"],
 )
 def test_a_window_without_targets_has_zero_loss_and_zero_gradient(tmp_path, caplog, kwargs):

@@ -54,7 +54,9 @@ def test_a_shorter_last_window_is_normalised_by_its_own_count(tmp_path):
     module = HFLightningModule(TableLM(), optim={"name": "sgd", "lr": 0.0}, scheduler={"name": "constant"})
     rows = fit(module, table_datamodule(ROWS, 1), 3, tmp_path)
     assert [int(r["step"]) for r in rows] == [1, 2]
-    assert [float(r["train/loss"]) for r in rows] == pytest.approx([exact_loss(ROWS[:3]), exact_loss(ROWS[3:])], rel=1e-6)
+    assert [float(r["train/loss"]) for r in rows] == pytest.approx(
+        [exact_loss(ROWS[:3]), exact_loss(ROWS[3:])], rel=1e-6
+    )
 
 
 class NoHostReads(HFLightningModule):
@@ -89,7 +91,9 @@ class NoHostReads(HFLightningModule):
 @pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
 def test_training_step_never_reads_a_tensor_on_the_host(tmp_path, label_smoothing):
     module = NoHostReads(
-        TableLM(), optim={"name": "sgd", "lr": 0.0}, scheduler={"name": "constant"},
+        TableLM(),
+        optim={"name": "sgd", "lr": 0.0},
+        scheduler={"name": "constant"},
         label_smoothing_factor=label_smoothing,
     )
     rows = fit(module, table_datamodule(ROWS, 1), 2, tmp_path)

@@ -8,8 +8,14 @@ import torch
 from hf_lightning.errors import ModelError
 from hf_lightning.models import build_model, is_encoder_decoder, resolve_name_or_path
 
-LLAMA = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
-         "num_key_value_heads": 2, "max_position_embeddings": 64}
+LLAMA = {
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 64,
+}
 
 
 def grads(model, batch):
@@ -24,10 +30,19 @@ def test_gradient_checkpointing_recomputes_without_changing_gradients(default_to
     torch.manual_seed(0)
     plain = build_model(default_tokenizer, config={**LLAMA, "attention_dropout": 0.0})
     torch.manual_seed(0)
-    ckpt = build_model(default_tokenizer, config={**LLAMA, "attention_dropout": 0.0}, gradient_checkpointing=True)
-    flag = "is_activation_checkpointing" if hasattr(ckpt, "is_activation_checkpointing") else "is_gradient_checkpointing"
+    ckpt = build_model(
+        default_tokenizer, config={**LLAMA, "attention_dropout": 0.0}, gradient_checkpointing=True
+    )
+    flag = (
+        "is_activation_checkpointing"
+        if hasattr(ckpt, "is_activation_checkpointing")
+        else "is_gradient_checkpointing"
+    )
     assert getattr(ckpt, flag) and not getattr(plain, flag)
-    batch = {"input_ids": torch.randint(5, 200, (2, 12)), "attention_mask": torch.ones(2, 12, dtype=torch.long)}
+    batch = {
+        "input_ids": torch.randint(5, 200, (2, 12)),
+        "attention_mask": torch.ones(2, 12, dtype=torch.long),
+    }
     reference, got = grads(plain, batch), grads(ckpt, batch)
     assert reference.keys() == got.keys()
     for name in reference:
@@ -41,20 +56,31 @@ def test_compile_is_applied_in_place_and_keeps_parameter_names(default_tokenizer
 
 
 def test_tasks_and_heads(default_tokenizer):
-    with pytest.raises(ModelError, match=r"model.task='ner'; allowed values: \['causal_lm', 'seq2seq_lm', "
-                                         r"'sequence_classification'\]"):
+    with pytest.raises(
+        ModelError,
+        match=r"model.task='ner'; allowed values: \['causal_lm', 'seq2seq_lm', "
+        r"'sequence_classification'\]",
+    ):
         build_model(default_tokenizer, task="ner")
     with pytest.raises(ModelError, match="needs model.num_labels"):
         build_model(default_tokenizer, task="sequence_classification", architecture="llama", config=LLAMA)
-    clf = build_model(default_tokenizer, task="sequence_classification", architecture="llama", config=LLAMA,
-                      id2label={0: "card_arrival", 1: "top_up_failed"})
+    clf = build_model(
+        default_tokenizer,
+        task="sequence_classification",
+        architecture="llama",
+        config=LLAMA,
+        id2label={0: "card_arrival", 1: "top_up_failed"},
+    )
     assert clf.config.num_labels == 2 and clf.config.label2id == {"card_arrival": 0, "top_up_failed": 1}
     assert clf(input_ids=torch.tensor([[5, 6, 7]])).logits.shape == (1, 2)
 
 
 def test_package_folders_and_encoder_decoder_detection(tmp_path):
-    with pytest.raises(ModelError, match=r"^model.name_or_path=pkg:no_such_pkg_xyz/model needs the Python package "
-                                         r"'no_such_pkg_xyz', which is not installed here: pip install no-such-pkg-xyz$"):
+    with pytest.raises(
+        ModelError,
+        match=r"^model.name_or_path=pkg:no_such_pkg_xyz/model needs the Python package "
+        r"'no_such_pkg_xyz', which is not installed here: pip install no-such-pkg-xyz$",
+    ):
         resolve_name_or_path("pkg:no_such_pkg_xyz/model")
     assert resolve_name_or_path(str(tmp_path)) == str(tmp_path) and resolve_name_or_path(None) is None
     assert is_encoder_decoder("seq2seq_lm") and not is_encoder_decoder("causal_lm")

@@ -29,11 +29,22 @@ def test_bfd_ties_go_to_the_bin_that_came_to_that_room_first():
 
 
 def test_bfd_rows_restart_positions_and_mask_each_document_start():
-    docs = {"input_ids": [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11, 12]], "labels": [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [-100, 12]]}
+    docs = {
+        "input_ids": [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11, 12]],
+        "labels": [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [-100, 12]],
+    }
     rows = pack_bfd(datasets.Dataset.from_dict(docs), max_length=8).to_list()
     assert rows == [
-        {"input_ids": [4, 5, 6, 7, 8, 9, 10], "labels": [IGNORE, 5, 6, 7, 8, 9, 10], "position_ids": [0, 1, 2, 3, 4, 5, 6]},
-        {"input_ids": [1, 2, 3, 11, 12], "labels": [IGNORE, 2, 3, IGNORE, 12], "position_ids": [0, 1, 2, 0, 1]},
+        {
+            "input_ids": [4, 5, 6, 7, 8, 9, 10],
+            "labels": [IGNORE, 5, 6, 7, 8, 9, 10],
+            "position_ids": [0, 1, 2, 3, 4, 5, 6],
+        },
+        {
+            "input_ids": [1, 2, 3, 11, 12],
+            "labels": [IGNORE, 2, 3, IGNORE, 12],
+            "position_ids": [0, 1, 2, 0, 1],
+        },
     ]
 
 
@@ -48,8 +59,10 @@ def test_wrapped_concatenates_the_documents_as_given_and_cuts():
 
 def test_packed_collator_pads_rows_with_a_separate_position_segment():
     batch = PackedCollator(pad_token_id=0)(
-        [{"input_ids": [1, 2, 3, 4], "labels": [-100, 2, -100, 4], "position_ids": [0, 1, 0, 1]},
-         {"input_ids": [5, 6], "labels": [-100, 6], "position_ids": [0, 1]}]
+        [
+            {"input_ids": [1, 2, 3, 4], "labels": [-100, 2, -100, 4], "position_ids": [0, 1, 0, 1]},
+            {"input_ids": [5, 6], "labels": [-100, 6], "position_ids": [0, 1]},
+        ]
     )
     assert batch["input_ids"].tolist() == [[1, 2, 3, 4], [5, 6, 0, 0]]
     assert batch["labels"].tolist() == [[-100, 2, -100, 4], [-100, 6, -100, -100]]
@@ -61,16 +74,27 @@ def test_datamodule_packs_and_logs_the_efficiency(word_tokenizer, caplog):
     texts = ["a b c", "d e f g h i j", "k l", "m"]  # 3 + 7 + 2 + 1 = 13 tokens, + 4 EOS
     ds = datasets.Dataset.from_dict({"text": texts})
     with caplog.at_level(logging.INFO, logger="hf_lightning"):
-        dm = HFDataModule(word_tokenizer, path=ds, validation_split=0.0, packing="bfd", max_length=8, shuffle=False,
-                          per_device_train_batch_size=2)
+        dm = HFDataModule(
+            word_tokenizer,
+            path=ds,
+            validation_split=0.0,
+            packing="bfd",
+            max_length=8,
+            shuffle=False,
+            per_device_train_batch_size=2,
+        )
         dm.setup()
     # documents with their EOS: 4, 8, 3, 2 tokens; bins: [8] [4 + 3] [2] -> 3 rows of 8 slots, 17 real tokens
-    assert "packed 4 documents into 3 rows of 8 (bfd): efficiency 70.8% (17 real tokens / 24 slots)" in caplog.text
+    assert (
+        "packed 4 documents into 3 rows of 8 (bfd): efficiency 70.8% (17 real tokens / 24 slots)"
+        in caplog.text
+    )
     batch = next(iter(dm.train_dataloader()))
     assert batch["input_ids"].tolist() == [[7, 8, 9, 10, 11, 12, 13, 2], [4, 5, 6, 2, 14, 15, 2, 0]]
     assert batch["position_ids"].tolist() == [[0, 1, 2, 3, 4, 5, 6, 7], [0, 1, 2, 3, 0, 1, 2, 0]]
     assert batch["labels"].tolist() == [
-        [IGNORE, 8, 9, 10, 11, 12, 13, 2], [IGNORE, 5, 6, 2, IGNORE, 15, 2, IGNORE]
+        [IGNORE, 8, 9, 10, 11, 12, 13, 2],
+        [IGNORE, 5, 6, 2, IGNORE, 15, 2, IGNORE],
     ]
 
 
@@ -81,14 +105,23 @@ def test_wrapped_keeps_every_token_and_ends_only_real_documents(word_tokenizer, 
     and TRL's ``wrapped`` keep them all too)."""
     texts = ["a b c d e f g", "h i", "j k l m n"]
     with caplog.at_level(logging.INFO, logger="hf_lightning"):
-        dm = HFDataModule(word_tokenizer, path=datasets.Dataset.from_dict({"text": texts}), validation_split=0.0,
-                          packing="wrapped", max_length=4, shuffle=False)
+        dm = HFDataModule(
+            word_tokenizer,
+            path=datasets.Dataset.from_dict({"text": texts}),
+            validation_split=0.0,
+            packing="wrapped",
+            max_length=4,
+            shuffle=False,
+        )
         dm.setup()
     flat = [4, 5, 6, 7, 8, 9, 10, 2, 11, 12, 2, 13, 14, 15, 16, 17, 2]
     assert dm.train_dataset["input_ids"] == [flat[i : i + 4] for i in range(0, 17, 4)]
     assert dm.train_dataset["labels"] == dm.train_dataset["input_ids"]
     assert "truncated" not in caplog.text
-    assert "packed 3 documents into 5 rows of 4 (wrapped): efficiency 85.0% (17 real tokens / 20 slots)" in caplog.text
+    assert (
+        "packed 3 documents into 5 rows of 4 (wrapped): efficiency 85.0% (17 real tokens / 20 slots)"
+        in caplog.text
+    )
     assert "2 documents continue from one row into the next (nothing is cut off)" in caplog.text
 
 
@@ -97,8 +130,13 @@ def test_packed_text_documents_end_with_one_eos_said_once(word_tokenizer, caplog
     that already ends with EOS gets no second one; the log says it once (not once per split)."""
     texts = ["a b", "c <eos>", "d e f", "g", "h i j k"] * 4
     with caplog.at_level(logging.INFO, logger="hf_lightning"):
-        dm = HFDataModule(word_tokenizer, path=datasets.Dataset.from_dict({"text": texts}), validation_split=0.25,
-                          packing="bfd", max_length=16)
+        dm = HFDataModule(
+            word_tokenizer,
+            path=datasets.Dataset.from_dict({"text": texts}),
+            validation_split=0.25,
+            packing="bfd",
+            max_length=16,
+        )
         dm.setup()
     ends = 0
     for ids, pos in zip(dm.train_dataset["input_ids"], dm.train_dataset["position_ids"]):
@@ -116,11 +154,20 @@ def test_bfd_truncates_a_document_longer_than_a_row_and_counts_the_cut_tokens(wo
     8 + EOS = 9 into 8 (the EOS cut)."""
     texts = ["a b c d e f g h i", "a b c d e f g h", "j k"]
     with caplog.at_level(logging.WARNING, logger="hf_lightning"):
-        dm = HFDataModule(word_tokenizer, path=datasets.Dataset.from_dict({"text": texts}), validation_split=0.0,
-                          packing="bfd", max_length=8, shuffle=False)
+        dm = HFDataModule(
+            word_tokenizer,
+            path=datasets.Dataset.from_dict({"text": texts}),
+            validation_split=0.0,
+            packing="bfd",
+            max_length=8,
+            shuffle=False,
+        )
         dm.setup()
     assert sorted(dm.train_dataset["input_ids"]) == [[4, 5, 6, 7, 8, 9, 10, 11]] * 2 + [[13, 14, 2]]
-    assert "train: 2 of 3 rows were longer than data.max_length=8 and were truncated (3 tokens cut off)" in caplog.text
+    assert (
+        "train: 2 of 3 rows were longer than data.max_length=8 and were truncated (3 tokens cut off)"
+        in caplog.text
+    )
 
 
 def test_unpacked_and_padding_free_text_are_exactly_the_tokenizers_rows(gpt2_tokenizer, shared_data):
@@ -133,16 +180,30 @@ def test_unpacked_and_padding_free_text_are_exactly_the_tokenizers_rows(gpt2_tok
     texts = [json.loads(line)["text"] for line in lines][:20]
     expected = [gpt2_tokenizer(t, truncation=True, max_length=64)["input_ids"] for t in texts]
     for padding_free in (False, True):
-        dm = HFDataModule(gpt2_tokenizer, path=datasets.Dataset.from_dict({"text": texts}), validation_split=0.0,
-                          max_length=64, shuffle=False, padding_free=padding_free)
+        dm = HFDataModule(
+            gpt2_tokenizer,
+            path=datasets.Dataset.from_dict({"text": texts}),
+            validation_split=0.0,
+            max_length=64,
+            shuffle=False,
+            padding_free=padding_free,
+        )
         dm.setup()
         assert dm.train_dataset["input_ids"] == expected
 
 
 def test_packing_with_padding_free_flattens_packed_rows(word_tokenizer):
     ds = datasets.Dataset.from_dict({"text": ["a b c", "d e", "f"]})
-    dm = HFDataModule(word_tokenizer, path=ds, validation_split=0.0, packing="bfd", padding_free=True, max_length=4,
-                      shuffle=False, per_device_train_batch_size=2)
+    dm = HFDataModule(
+        word_tokenizer,
+        path=ds,
+        validation_split=0.0,
+        packing="bfd",
+        padding_free=True,
+        max_length=4,
+        shuffle=False,
+        per_device_train_batch_size=2,
+    )
     dm.setup()
     batch = next(iter(dm.train_dataloader()))
     # with EOS: a b c eos (4), d e eos (3), f eos (2); bins: [a b c eos] [d e eos] [f eos]

@@ -53,7 +53,9 @@ def test_same_loss_and_logits_through_the_lightning_module(model, training, lean
     torch.testing.assert_close(loss_f, loss_p, rtol=1e-5, atol=1e-6)
     bounds = sequence_boundaries(flat["position_ids"]).tolist()
     for i, seq in enumerate(SEQS):
-        torch.testing.assert_close(logits_f[0, bounds[i] : bounds[i + 1]], logits_p[i, : len(seq)], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            logits_f[0, bounds[i] : bounds[i + 1]], logits_p[i, : len(seq)], rtol=1e-5, atol=1e-5
+        )
 
 
 @pytest.mark.parametrize("lean_loss", [True, False])
@@ -71,12 +73,16 @@ def test_validation_step_gives_the_same_token_mean_loss(model, lean_loss):
 @settings(max_examples=25, deadline=None)
 @given(
     st.lists(
-        st.lists(st.tuples(st.integers(3, 31), st.booleans()), min_size=1, max_size=10), min_size=1, max_size=4
+        st.lists(st.tuples(st.integers(3, 31), st.booleans()), min_size=1, max_size=10),
+        min_size=1,
+        max_size=4,
     )
 )
 def test_padding_free_equals_padded_loss_on_random_batches(model, rows):
     """Random token ids; ``False`` marks a position whose label is -100 (a prompt token)."""
-    examples = [{"input_ids": [t for t, _ in r], "labels": [t if keep else -100 for t, keep in r]} for r in rows]
+    examples = [
+        {"input_ids": [t for t, _ in r], "labels": [t if keep else -100 for t, keep in r]} for r in rows
+    ]
     padded, flat = PaddingCollator(0)(examples), PaddingFreeCollator()(examples)
     assert count_loss_items(padded) == count_loss_items(flat)
     with torch.no_grad():

@@ -34,16 +34,27 @@ class Holder(L.LightningModule):
 
 
 ROWS = [
-    {"input_ids": [4, 5, 6], "attention_mask": [1, 1, 1], "labels": [4, 5, 6], "label": 1, "text": "a b c", "id": 0},
+    {
+        "input_ids": [4, 5, 6],
+        "attention_mask": [1, 1, 1],
+        "labels": [4, 5, 6],
+        "label": 1,
+        "text": "a b c",
+        "id": 0,
+    },
     {"input_ids": [7, 8], "attention_mask": [1, 1], "labels": [7, 8], "label": 0, "text": "d e", "id": 1},
 ]
 
 
 def test_the_issue_example_keeps_four_columns_and_warns_once(caplog):
-    keep = signature_columns(["input_ids", "attention_mask", "position_ids", "labels"], find_label_names(Forward4()))
+    keep = signature_columns(
+        ["input_ids", "attention_mask", "position_ids", "labels"], find_label_names(Forward4())
+    )
     ds = datasets.Dataset.from_list(ROWS)
     with caplog.at_level(logging.WARNING):
-        pruned, dropped = prune_dataset(ds, keep, ["input_ids", "attention_mask", "position_ids", "labels"], "train")
+        pruned, dropped = prune_dataset(
+            ds, keep, ["input_ids", "attention_mask", "position_ids", "labels"], "train"
+        )
     assert pruned.column_names == ["input_ids", "attention_mask", "labels", "label"]
     assert dropped == ["text", "id"]
     assert caplog.text.count("columns ['text', 'id'] are not in") == 1
@@ -51,7 +62,9 @@ def test_the_issue_example_keeps_four_columns_and_warns_once(caplog):
 
 
 def test_datamodule_reads_the_forward_signature_of_the_attached_model(word_tokenizer):
-    dm = HFDataModule(word_tokenizer, path=datasets.Dataset.from_list(ROWS), validation_split=0.0, shuffle=False)
+    dm = HFDataModule(
+        word_tokenizer, path=datasets.Dataset.from_list(ROWS), validation_split=0.0, shuffle=False
+    )
     dm.trainer = L.Trainer(accelerator="cpu", logger=False)
     dm.trainer.strategy.connect(Holder(Forward4()))
     dm.setup()
@@ -62,12 +75,17 @@ def test_datamodule_reads_the_forward_signature_of_the_attached_model(word_token
 
 def test_no_model_input_left_is_an_error_listing_columns_and_parameters():
     ds = datasets.Dataset.from_list([{"tokens": [1, 2], "text": "x"}])
-    with pytest.raises(DataError, match=r"no model input survives.*\['text', 'tokens'\].*\['input_ids', 'attention_mask'\]"):
+    with pytest.raises(
+        DataError, match=r"no model input survives.*\['text', 'tokens'\].*\['input_ids', 'attention_mask'\]"
+    ):
         prune_dataset(ds, ["input_ids", "attention_mask", "label"], ["input_ids", "attention_mask"], "train")
 
 
 def test_torch_dataset_is_pruned_per_example_by_the_collator(word_tokenizer, caplog):
-    rows = [{"input_ids": torch.tensor([4, 5]), "source": "web", "idx": 3}, {"input_ids": torch.tensor([6, 7]), "source": "x", "idx": 4}]
+    rows = [
+        {"input_ids": torch.tensor([4, 5]), "source": "web", "idx": 3},
+        {"input_ids": torch.tensor([6, 7]), "source": "x", "idx": 4},
+    ]
 
     class Plain(torch.utils.data.Dataset):
         def __len__(self):
@@ -77,7 +95,13 @@ def test_torch_dataset_is_pruned_per_example_by_the_collator(word_tokenizer, cap
             return rows[i]
 
     with caplog.at_level(logging.WARNING):
-        dm = HFDataModule(word_tokenizer, path=Plain(), validation_split=0.0, shuffle=False, model_input_names=["input_ids", "attention_mask"])
+        dm = HFDataModule(
+            word_tokenizer,
+            path=Plain(),
+            validation_split=0.0,
+            shuffle=False,
+            model_input_names=["input_ids", "attention_mask"],
+        )
         dm.setup()
         batches = list(dm.train_dataloader()) + list(dm.train_dataloader())
     assert dm.data_format == "tokenized"
@@ -89,10 +113,22 @@ def test_torch_dataset_is_pruned_per_example_by_the_collator(word_tokenizer, cap
 
 
 def test_remove_unused_columns_false_keeps_everything(word_tokenizer):
-    dm = HFDataModule(word_tokenizer, path=datasets.Dataset.from_list(ROWS), validation_split=0.0, shuffle=False,
-                      remove_unused_columns=False)
+    dm = HFDataModule(
+        word_tokenizer,
+        path=datasets.Dataset.from_list(ROWS),
+        validation_split=0.0,
+        shuffle=False,
+        remove_unused_columns=False,
+    )
     dm.setup()
-    assert set(dm.train_dataset.column_names) == {"input_ids", "attention_mask", "labels", "label", "text", "id"}
+    assert set(dm.train_dataset.column_names) == {
+        "input_ids",
+        "attention_mask",
+        "labels",
+        "label",
+        "text",
+        "id",
+    }
     batch = next(iter(dm.train_dataloader()))
     assert batch["id"].tolist() == [0, 1] and "text" not in batch  # strings cannot be batched: announced
 
@@ -111,8 +147,13 @@ def test_metrics_without_a_resolvable_label_key_stop_at_setup(word_tokenizer):
     rows = [{"input_ids": [4, 5], "score": 1.0}, {"input_ids": [6, 7], "score": 0.0}]
 
     def run(label_names, metrics):
-        dm = HFDataModule(word_tokenizer, path=datasets.Dataset.from_list(rows * 3), validation_split=0.3,
-                          label_names=label_names, model_input_names=["input_ids"])
+        dm = HFDataModule(
+            word_tokenizer,
+            path=datasets.Dataset.from_list(rows * 3),
+            validation_split=0.3,
+            label_names=label_names,
+            model_input_names=["input_ids"],
+        )
         dm.trainer = L.Trainer(accelerator="cpu", logger=False)
         dm.trainer.strategy.connect(Holder(Forward4(), metrics=metrics))
         dm.setup()

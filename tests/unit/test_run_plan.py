@@ -12,8 +12,8 @@ import lightning as L
 import pytest
 
 from hf_lightning import HFDataModule, HFLightningModule
+from hf_lightning.batch import WINDOW_LENGTH_KEY
 from hf_lightning.config.run_length import apply_max_steps_precedence
-from hf_lightning.data.windows import WINDOW_LENGTH_KEY
 from hf_lightning.module.run_plan import plan_run
 from tests.data_support import PadOnly, tiny_llama
 

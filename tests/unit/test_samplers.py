@@ -107,7 +107,9 @@ def test_drop_last_leaves_out_the_tail_and_evaluation_splits_without_padding(n, 
 
 
 def test_top_up_is_a_fully_masked_copy():
-    ds = datasets.Dataset.from_dict({"input_ids": [[1, 2, 3], [4, 5]], "labels": [[1, 2, 3], [-100, 5]], "label": [1, 0]})
+    ds = datasets.Dataset.from_dict(
+        {"input_ids": [[1, 2, 3], [4, 5]], "labels": [[1, 2, 3], [-100, 5]], "label": [1, 0]}
+    )
     view = TopUpDataset(ds)
     assert view[1] == ds[1]
     assert view[~1] == {"input_ids": [4, 5], "labels": [-100, -100], "label": -100}
@@ -127,8 +129,14 @@ def test_datamodule_groups_by_length_with_accumulation_and_measures_lengths_once
 
     # 2 to 14 tokens (a 1-token row has no causal target and would be dropped)
     texts = [" ".join("abcdefghijklmnopqrstuvwxyz"[: (i * 7) % 13 + 2]) for i in range(40)]
-    dm = HFDataModule(word_tokenizer, path=datasets.Dataset.from_dict({"text": texts}), validation_split=0.0,
-                      group_by_length=True, per_device_train_batch_size=2, seed=5)
+    dm = HFDataModule(
+        word_tokenizer,
+        path=datasets.Dataset.from_dict({"text": texts}),
+        validation_split=0.0,
+        group_by_length=True,
+        per_device_train_batch_size=2,
+        seed=5,
+    )
     trainer = L.Trainer(accelerator="cpu", accumulate_grad_batches=3, logger=False)
     dm.trainer = trainer
     dm.setup()
@@ -148,8 +156,14 @@ def test_map_style_loader_covers_each_row_once_per_rank_split_with_workers(word_
     ds = datasets.Dataset.from_dict({"text": texts, "idx": list(range(23))})
     seen = []
     for rank in range(3):
-        dm = HFDataModule(word_tokenizer, path=ds, validation_split=0.0, per_device_train_batch_size=4,
-                          num_workers=workers, model_input_names=["input_ids", "attention_mask", "idx"])
+        dm = HFDataModule(
+            word_tokenizer,
+            path=ds,
+            validation_split=0.0,
+            per_device_train_batch_size=4,
+            num_workers=workers,
+            model_input_names=["input_ids", "attention_mask", "idx"],
+        )
         dm.setup()
         dm._world = lambda rank=rank: (3, rank)
         batches = list(dm.train_dataloader())

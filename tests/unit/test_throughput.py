@@ -103,14 +103,30 @@ def test_logged_row_matches_the_batches(tmp_path, packing):
         rows.append({"input_ids": ids, "labels": ids})
     tokenizer = PadOnly()
     tokenizer.eos_token_id = None  # packing reads it
-    dm = HFDataModule(tokenizer, path=datasets.Dataset.from_list(rows), validation_split=0.0,
-                      per_device_train_batch_size=4, max_length=24, packing=packing, shuffle=False)
+    dm = HFDataModule(
+        tokenizer,
+        path=datasets.Dataset.from_list(rows),
+        validation_split=0.0,
+        per_device_train_batch_size=4,
+        max_length=24,
+        packing=packing,
+        shuffle=False,
+    )
     module = HFLightningModule(tiny_llama(vocab_size=32), optim={"lr": 1e-3}, scheduler={"name": "constant"})
     seen, meter = _Batches(), Throughput(pad_token_id=0, peak_flops=1e12)
     logger = CSVLogger(tmp_path, name="", version="")
-    trainer = L.Trainer(accelerator="cpu", max_steps=4, accumulate_grad_batches=2, log_every_n_steps=4,
-                        logger=logger, enable_progress_bar=False, enable_checkpointing=False,
-                        enable_model_summary=False, limit_val_batches=0, callbacks=[seen, meter])
+    trainer = L.Trainer(
+        accelerator="cpu",
+        max_steps=4,
+        accumulate_grad_batches=2,
+        log_every_n_steps=4,
+        logger=logger,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        callbacks=[seen, meter],
+    )
     trainer.fit(module, datamodule=dm)
 
     with open(tmp_path / "metrics.csv") as fh:
@@ -145,7 +161,9 @@ def test_logged_row_matches_the_batches(tmp_path, packing):
     assert not model.config.tie_word_embeddings
     n = sum(p.numel() for p in model.parameters()) - model.model.embed_tokens.weight.numel()
     layers, width = model.config.num_hidden_layers, model.config.hidden_size
-    assert row["throughput/mfu"] * elapsed * 1e12 == pytest.approx(6 * n * real + 12 * layers * width * squares, rel=1e-9)
+    assert row["throughput/mfu"] * elapsed * 1e12 == pytest.approx(
+        6 * n * real + 12 * layers * width * squares, rel=1e-9
+    )
     if packing:
         assert real < slots  # packed rows of one batch are padded to the longest
     # consistency: what the callback exposes is what it logged
@@ -171,9 +189,16 @@ def test_standalone_module_gets_its_own_row(tmp_path):
         def train_dataloader(self):
             return torch.utils.data.DataLoader(TokenBatches(), batch_size=4)
 
-    trainer = L.Trainer(accelerator="cpu", max_steps=4, log_every_n_steps=2, enable_progress_bar=False,
-                        logger=CSVLogger(tmp_path, name="", version=""), enable_checkpointing=False,
-                        enable_model_summary=False, callbacks=[Throughput()])
+    trainer = L.Trainer(
+        accelerator="cpu",
+        max_steps=4,
+        log_every_n_steps=2,
+        enable_progress_bar=False,
+        logger=CSVLogger(tmp_path, name="", version=""),
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        callbacks=[Throughput()],
+    )
     trainer.fit(Model())
     with open(tmp_path / "metrics.csv") as fh:
         rows = [r for r in csv.DictReader(fh) if r.get("throughput/padding_share")]

@@ -17,10 +17,22 @@ TEXTS = ["a b c d e", "b c d", "c d e f g h", "d e", "e f g h", "a c e g"]
 def test_trained_tokens_are_the_tokenized_lengths(tmp_path, word_tokenizer, layout):
     # independent count: the tokenizer's own lengths, plus the EOS that packing ends each text document with
     # (padding adds only pads)
-    expected = sum(len(word_tokenizer(t)["input_ids"]) for t in TEXTS) + (len(TEXTS) if "packing" in layout else 0)
-    module = HFLightningModule(tiny_llama(vocab_size=32), tokenizer=word_tokenizer,
-                               optim={"name": "sgd", "lr": 0.0}, scheduler={"name": "constant"})
-    dm = HFDataModule(tokenizer=word_tokenizer, path=datasets.Dataset.from_list([{"text": t} for t in TEXTS]),
-                      validation_split=0.0, shuffle=False, per_device_train_batch_size=2, **layout)
+    expected = sum(len(word_tokenizer(t)["input_ids"]) for t in TEXTS) + (
+        len(TEXTS) if "packing" in layout else 0
+    )
+    module = HFLightningModule(
+        tiny_llama(vocab_size=32),
+        tokenizer=word_tokenizer,
+        optim={"name": "sgd", "lr": 0.0},
+        scheduler={"name": "constant"},
+    )
+    dm = HFDataModule(
+        tokenizer=word_tokenizer,
+        path=datasets.Dataset.from_list([{"text": t} for t in TEXTS]),
+        validation_split=0.0,
+        shuffle=False,
+        per_device_train_batch_size=2,
+        **layout,
+    )
     trainer(tmp_path, max_epochs=1, max_steps=-1).fit(module, datamodule=dm)
     assert module.trained_tokens() == expected

@@ -21,7 +21,13 @@ def test_count_skips_the_first_position_of_each_row():
 
 
 def test_windows_attach_their_total_and_the_last_window_is_shorter():
-    batches = [_batch([0, 1, 1]), _batch([0, 1, -100]), _batch([0, 1, 1]), _batch([0, -100, -100]), _batch([0, 1, 1])]
+    batches = [
+        _batch([0, 1, 1]),
+        _batch([0, 1, -100]),
+        _batch([0, 1, 1]),
+        _batch([0, -100, -100]),
+        _batch([0, 1, 1]),
+    ]
     # per-batch counts: 2, 1, 2, 0, 2 ; windows of 2: (2+1), (2+0), (2)
     out = list(AccumulationWindowLoader(batches, 2, count_loss_items))
     assert [b["num_items_in_batch"] for b in out] == [3, 3, 2, 2, 2]
