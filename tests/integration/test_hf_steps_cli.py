@@ -1,0 +1,73 @@
+"""``eval_steps``, ``save_steps``, ``logging_steps`` as a user runs them (issue 17, item 3).
+
+10 training rows, micro-batch 2, accumulation 2: 5 micro-batches per epoch, so 3 optimizer steps per epoch (the
+last window a single micro-batch); 8 steps in all. HF's rule (``DefaultFlowCallback``): evaluations at 2, 4, 6
+and 8, saves at 4 and 8, log rows at 3 and 6 (plus our tail row at the final step 8, where HF logs its run
+summary). The old mapping ``trainer.val_check_interval=4`` (``eval_steps x K`` micro-batches) validated after
+micro-batch 8, in the middle of step 5's window.
+"""
+
+from __future__ import annotations
+
+import json
+from itertools import islice
+
+import pytest
+
+from tests.integration.test_cli import read_metrics, run_cli
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def files(tmp_path, shared_data):
+    with open(f"{shared_data}/c4-demo/c4_demo.jsonl") as fh:
+        rows = [json.loads(line)["text"] for line in islice(fh, 14)]
+    for name, part in (("train", rows[:10]), ("val", rows[10:])):
+        with open(tmp_path / f"{name}.jsonl", "w") as fh:
+            fh.writelines(json.dumps({"text": t}) + "\n" for t in part)
+    return tmp_path / "train.jsonl", tmp_path / "val.jsonl"
+
+
+def common(files, run_dir):
+    train, val = files
+    return (
+        "+experiment=clm",
+        f"data.path={train}",
+        f"data.validation_path={val}",
+        "data.shuffle=false",
+        "data.max_length=32",
+        "data.per_device_train_batch_size=2",
+        "trainer.accumulate_grad_batches=2",
+        "trainer.max_steps=8",
+        "trainer.enable_progress_bar=false",
+        "callbacks.model_checkpoint.save_top_k=-1",
+        f"hydra.run.dir={run_dir}",
+    )
+
+
+def test_steps_are_optimizer_steps_over_the_whole_run(files, tmp_path):
+    run_dir = tmp_path / "run"
+    proc = run_cli(*common(files, run_dir), "eval_steps=2", "save_steps=4", "logging_steps=3")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = read_metrics(run_dir)
+    assert [int(r["step"]) for r in rows if r.get("val/loss")] == [2, 4, 6, 8]
+    assert [int(r["step"]) for r in rows if r.get("train/loss")] == [3, 6, 8]
+    saved = sorted(p.name for p in (run_dir / "checkpoints").glob("step*.ckpt"))
+    assert saved == ["step000004.ckpt", "step000008.ckpt"]
+    assert (
+        "HF step schedule over 8 optimizer steps: eval every 2 steps and at the last"
+        in proc.stderr + proc.stdout
+    )
+
+
+def test_an_hf_key_with_the_lightning_knob_it_replaces_is_one_line(files, tmp_path):
+    run_dir = tmp_path / "run"
+    proc = run_cli(*common(files, run_dir), "eval_steps=2", "trainer.val_check_interval=4")
+    assert proc.returncode == 2
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("hf_lightning: error:")]
+    assert errors == [
+        "hf_lightning: error: eval_steps=2 and trainer.val_check_interval are both given: eval_steps counts "
+        "optimizer steps over the whole run (HF's semantics) and replaces trainer.val_check_interval; drop one"
+    ]
+    assert "Traceback" not in proc.stderr
