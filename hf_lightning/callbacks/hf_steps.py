@@ -83,6 +83,21 @@ class HFSteps(L.Callback):
     def _periodic(self, trainer: L.Trainer) -> list[ModelCheckpoint]:
         return [cb for cb in trainer.checkpoint_callbacks if getattr(cb, "monitor", None) in (None, "step")]
 
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if self.schedule.eval_strategy not in ("steps", "epoch"):
+            return
+        # Lightning reads trainer.val_check_interval == 1.0 as "validation only at epoch ends" and then lets a
+        # monitoring ModelCheckpoint / EarlyStopping act at train epoch end only; validations come at our steps,
+        # so they act after each validation (private: the constructors' save_on_train_epoch_end /
+        # check_on_train_epoch_end, which their own setup fills in when None; this callback's setup runs first)
+        from lightning.pytorch.callbacks import EarlyStopping
+
+        for cb in trainer.callbacks:
+            if isinstance(cb, ModelCheckpoint) and cb.monitor not in (None, "step"):
+                cb._save_on_train_epoch_end = False
+            elif isinstance(cb, EarlyStopping):
+                cb._check_on_train_epoch_end = False
+
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.schedule.save_strategy is not None:
             for cb in self._periodic(trainer):

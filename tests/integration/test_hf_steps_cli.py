@@ -13,6 +13,7 @@ import json
 from itertools import islice
 
 import pytest
+import torch
 
 from tests.integration.test_cli import read_metrics, run_cli
 
@@ -48,10 +49,22 @@ def common(files, run_dir):
 
 def test_steps_are_optimizer_steps_over_the_whole_run(files, tmp_path):
     run_dir = tmp_path / "run"
-    proc = run_cli(*common(files, run_dir), "eval_steps=2", "save_steps=4", "logging_steps=3")
+    proc = run_cli(
+        *common(files, run_dir),
+        "eval_steps=2",
+        "save_steps=4",
+        "logging_steps=3",
+        "metric_for_best_model=loss",
+        "greater_is_better=true",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = read_metrics(run_dir)
-    assert [int(r["step"]) for r in rows if r.get("val/loss")] == [2, 4, 6, 8]
+    val = {int(r["step"]): float(r["val/loss"]) for r in rows if r.get("val/loss")}
+    assert list(val) == [2, 4, 6, 8]
+    # without load_best_model_at_end, best.ckpt is the best of every validation, mid-epoch ones included (the
+    # highest loss here, the first validation's: Lightning's epoch-end rule would have considered 6 and 8 only)
+    best = torch.load(run_dir / "checkpoints" / "best.ckpt", map_location="cpu", weights_only=False)
+    assert best["global_step"] == max(val, key=val.get) == 2
     assert [int(r["step"]) for r in rows if r.get("train/loss")] == [3, 6, 8]
     saved = sorted(p.name for p in (run_dir / "checkpoints").glob("step*.ckpt"))
     assert saved == ["step000004.ckpt", "step000008.ckpt"]
