@@ -217,7 +217,7 @@ def test_the_migration_tutorial_runs_as_written(tmp_path, monkeypatch, capsys):
     assert [int(r["step"]) for r in rows if r["train/loss"]] == list(range(5, 61, 5))
     val = {int(r["step"]): float(r["val/loss"]) for r in rows if r["val/loss"]}
     assert sorted(val) == list(range(10, 61, 10))
-    names = sorted(p.name for p in (run / "checkpoints").iterdir())
+    names = sorted(p.name for p in (run / "checkpoints").glob("*.ckpt"))  # each has a .sha256 beside it
     # HF's load_best_model_at_end, by hand from metrics.csv: a new lowest val/loss becomes the best model when its
     # step is saved (20, 40 and the final 60)
     lowest, best_model = float("inf"), None
