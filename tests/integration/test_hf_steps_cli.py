@@ -3,8 +3,9 @@
 10 training rows, micro-batch 2, accumulation 2: 5 micro-batches per epoch, so 3 optimizer steps per epoch (the
 last window a single micro-batch); 8 steps in all. HF's rule (``DefaultFlowCallback``): evaluations at 2, 4, 6
 and 8, saves at 4 and 8, log rows at 3 and 6 (plus our tail row at the final step 8, where HF logs its run
-summary). The old mapping ``trainer.val_check_interval=4`` (``eval_steps x K`` micro-batches) validated after
-micro-batch 8, in the middle of step 5's window.
+summary). The old mapping ``trainer.val_check_interval=4 trainer.check_val_every_n_epoch=null`` (``eval_steps x
+K`` micro-batches) validated at steps 2, 4 (after micro-batch 8, inside step 5's window), 7 and the final 8
+(measured on main before this change).
 """
 
 from __future__ import annotations
