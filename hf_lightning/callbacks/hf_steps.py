@@ -77,7 +77,6 @@ class HFSteps(L.Callback):
         self.saved_steps: list[int] = []
         self._seen: int | None = None
         self._pending_save: int | None = None
-        self._evaluate_now = False
 
     # ------------------------------------------------------------------------------------------ set-up
     def _periodic(self, trainer: L.Trainer) -> list[ModelCheckpoint]:
@@ -135,9 +134,8 @@ class HFSteps(L.Callback):
 
     # ------------------------------------------------------------------------------------- per step
     def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
-        self._flush_pending(
-            trainer
-        )  # a save that waited for a validation that did not come (no validation data)
+        # a save that waited for a validation that did not come (an empty validation set)
+        self._flush_pending(trainer)
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -179,9 +177,8 @@ class HFSteps(L.Callback):
     def _save(self, trainer: L.Trainer) -> None:
         self.saved_steps.append(trainer.global_step)
         for cb in self._periodic(trainer):
-            if cb._should_skip_saving_checkpoint(
-                trainer
-            ):  # private: sanity check, not fitting, saved already
+            # private: a sanity check, not fitting, or saved at this step already
+            if cb._should_skip_saving_checkpoint(trainer):
                 continue
             candidates = cb._monitor_candidates(trainer)
             cb._save_topk_checkpoint(trainer, candidates)
