@@ -65,6 +65,7 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
     from hf_lightning.checkpointing import find_resume_checkpoint
     from hf_lightning.checkpointing.files import remove_leftovers
     from hf_lightning.config import validate_config
+    from hf_lightning.config.hf_args import prepare_schedule
     from hf_lightning.config.run_length import apply_max_steps_precedence, command_line_overrides
     from hf_lightning.optional import check_config as check_optional_packages
     from hf_lightning.run_folder import check_run_folder, checkpoint_dir
@@ -72,7 +73,7 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
 
     validate_config(cfg)
     apply_max_steps_precedence(cfg, command_line_overrides())  # HF: a given max_steps overrides the epochs
-    schedule = hf_step_schedule(cfg)  # eval_steps, save_steps, logging_steps: HF's steps, not Lightning's
+    schedule = prepare_schedule(cfg)  # eval_steps, save_steps, logging_steps: HF's steps, not Lightning's
     check_optional_packages(cfg)  # a logger, strategy or model package that is not installed: one line, now
     weights_only = bool(cfg.get("resume_weights_only"))
     output_dir = os.path.abspath(cfg.output_dir)
@@ -90,33 +91,6 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
     finally:
         if acquired:
             release_run_folder(output_dir)
-
-
-def hf_step_schedule(cfg: DictConfig) -> Any:
-    """The HF run-level keys (``eval_steps``, ``save_steps``, ``logging_steps``, ...) checked, resolved and applied
-    to Lightning's knobs (:mod:`hf_lightning.config.hf_args`); ``None`` when none is given.
-
-    Raises:
-        ConfigError: a bad value, a clash with the Lightning knob it replaces, or ``load_best_model_at_end`` under
-            a strategy whose checkpoints are not one file (FSDP, DeepSpeed).
-    """
-    from hf_lightning.config.hf_args import apply_schedule, is_active, resolve_schedule
-    from hf_lightning.config.run_length import command_line_overrides, given_keys
-
-    overrides = command_line_overrides()
-    schedule = resolve_schedule(cfg, given_keys(overrides) if overrides is not None else None)
-    if cfg.get("load_best_model_at_end"):
-        strategy = cfg.trainer.get("strategy")
-        target = str(strategy.get("_target_", "") if isinstance(strategy, DictConfig) else strategy)
-        if "fsdp" in target.lower() or "deepspeed" in target.lower():
-            raise ConfigError(
-                f"load_best_model_at_end=true with trainer.strategy={target}: not supported yet (its checkpoints "
-                "are sharded); drop load_best_model_at_end and export checkpoints/best.ckpt yourself"
-            )
-    if not is_active(schedule):
-        return None
-    apply_schedule(cfg, schedule)
-    return schedule
 
 
 def _train(

@@ -234,3 +234,29 @@ def apply_schedule(cfg: DictConfig, schedule: StepSchedule) -> None:
             checkpoint.every_n_train_steps = None
         if schedule.logging_steps is not None and schedule.logging_steps >= 1:
             cfg.trainer.log_every_n_steps = int(schedule.logging_steps)
+
+
+def prepare_schedule(cfg: DictConfig) -> StepSchedule | None:
+    """The HF run-level keys (``eval_steps``, ``save_steps``, ``logging_steps``, ...) checked, resolved and applied
+    to Lightning's knobs (:mod:`hf_lightning.config.hf_args`); ``None`` when none is given.
+
+    Raises:
+        ConfigError: a bad value, a clash with the Lightning knob it replaces, or ``load_best_model_at_end`` under
+            a strategy whose checkpoints are not one file (FSDP, DeepSpeed).
+    """
+    from hf_lightning.config.run_length import command_line_overrides, given_keys
+
+    overrides = command_line_overrides()
+    schedule = resolve_schedule(cfg, given_keys(overrides) if overrides is not None else None)
+    if cfg.get("load_best_model_at_end"):
+        strategy = cfg.trainer.get("strategy")
+        target = str(strategy.get("_target_", "") if isinstance(strategy, DictConfig) else strategy)
+        if "fsdp" in target.lower() or "deepspeed" in target.lower():
+            raise ConfigError(
+                f"load_best_model_at_end=true with trainer.strategy={target}: not supported yet (its checkpoints "
+                "are sharded); drop load_best_model_at_end and export checkpoints/best.ckpt yourself"
+            )
+    if not is_active(schedule):
+        return None
+    apply_schedule(cfg, schedule)
+    return schedule
