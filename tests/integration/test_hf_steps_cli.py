@@ -85,3 +85,35 @@ def test_an_hf_key_with_the_lightning_knob_it_replaces_is_one_line(files, tmp_pa
         "optimizer steps over the whole run (HF's semantics) and replaces trainer.val_check_interval; drop one"
     ]
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.distributed
+def test_two_ddp_ranks_keep_hf_steps_and_the_best_model(files, tmp_path):
+    """2 gloo ranks x micro-batch 1 = the single-process batch of 2: the same 3 steps per epoch, so the same
+    evaluation, save and log steps, and ``hf_model/`` holds ``best.ckpt``'s weights."""
+    from safetensors.torch import load_file
+
+    run_dir = tmp_path / "ddp"
+    args = [w for w in common(files, run_dir) if not w.startswith("data.per_device_train_batch_size")]
+    proc = run_cli(
+        *args,
+        "data.per_device_train_batch_size=1",
+        "trainer.devices=2",
+        "strategy=ddp",
+        "eval_steps=2",
+        "save_steps=4",
+        "logging_steps=3",
+        "load_best_model_at_end=true",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = read_metrics(run_dir)
+    assert [int(r["step"]) for r in rows if r.get("val/loss")] == [2, 4, 6, 8]
+    assert [int(r["step"]) for r in rows if r.get("train/loss")] == [3, 6, 8]
+    assert sorted(p.name for p in (run_dir / "checkpoints").glob("step*.ckpt")) == [
+        "step000004.ckpt",
+        "step000008.ckpt",
+    ]
+    best = torch.load(run_dir / "checkpoints" / "best.ckpt", map_location="cpu", weights_only=False)
+    exported = load_file(str(run_dir / "hf_model" / "model.safetensors"))
+    for name, tensor in exported.items():
+        torch.testing.assert_close(tensor, best["state_dict"][f"model.{name}"], rtol=0, atol=0, msg=name)
