@@ -71,6 +71,12 @@ class DiskFault(L.Callback):
             io.save_checkpoint = self._before(
                 io.save_checkpoint, lambda *a, **k: trainer.global_step == self.step
             )
+        if self.write == "final_metrics":  # after the final validation and the export, as the last write
+            import hf_lightning.run_end as run_end
+
+            run_end.write_json = self._before(
+                run_end.write_json, lambda path, *a, **k: str(path).endswith("final_metrics.json")
+            )
         if self.write == "export_weights":
             import transformers.modeling_utils as mu
 
@@ -89,7 +95,3 @@ class DiskFault(L.Callback):
                         m.get("step") == self.step and "val/loss" in m for m in w.metrics
                     ),
                 )
-
-    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self.write == "final_metrics" and trainer.state.fn == "validate":  # the final weights' validation
-            self.fault()
