@@ -32,6 +32,7 @@ from hf_lightning.module.loss import (
 from hf_lightning.module.optim import build_optimizer, build_scheduler
 from hf_lightning.module.run_plan import plan_run
 from hf_lightning.module.run_plan import report as report_plan
+from hf_lightning.adapters.checkpoint import AdapterCheckpointState
 from hf_lightning.module.train_log import TrainLogState
 
 log = logging.getLogger(__name__)
@@ -56,7 +57,7 @@ NON_MODEL_KEYS = ("labels", "shift_labels", *WINDOW_KEYS, PLACEHOLDER_KEY)
 Count = int | torch.Tensor
 
 
-class HFLightningModule(TrainLogState, EvalStepsMixin, L.LightningModule):
+class HFLightningModule(AdapterCheckpointState, TrainLogState, EvalStepsMixin, L.LightningModule):
     """Train and evaluate any HF-style model (``forward(**batch)`` returning ``.logits``).
 
     What it reproduces of HF ``Trainer``: ``training_step`` / ``compute_loss`` with the window count of

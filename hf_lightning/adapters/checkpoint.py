@@ -1,0 +1,66 @@
+"""A checkpoint of an adapter run holds what trains, not the frozen base model.
+
+Lightning writes ``LightningModule.state_dict()`` whole: with LoRA that is the base model (frozen, and read again
+from ``model.name_or_path`` by every run) plus a fraction of a percent of adapter weights. Here the checkpoint's
+``state_dict`` keeps the trainable parameters only (and the optimizer state, which holds only those: see
+:func:`hf_lightning.module.optim.parameter_groups`), and records how many frozen entries it left out. On load the
+frozen entries are filled back from the model as built, so Lightning's strict load still refuses a checkpoint
+whose trainable weights do not fit (an adapter checkpoint without ``peft``, or another rank or target list).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+KEY = "hf_lightning_adapter"
+
+
+def is_adapter_model(model: Any) -> bool:
+    """Whether ``model`` is a ``peft.PeftModel`` (checked without importing peft)."""
+    return hasattr(model, "peft_config") and hasattr(model, "get_base_model")
+
+
+def trainable_keys(module: Any) -> set[str]:
+    """``state_dict`` names of ``module``'s parameters that require grad."""
+    return {name for name, p in module.named_parameters() if p.requires_grad}
+
+
+def drop_frozen(module: Any, checkpoint: dict[str, Any]) -> None:
+    """Keep only trainable entries in ``checkpoint["state_dict"]`` when ``module.model`` is an adapter model."""
+    if not is_adapter_model(getattr(module, "model", None)) or "state_dict" not in checkpoint:
+        return
+    keep = trainable_keys(module)
+    state = checkpoint["state_dict"]
+    checkpoint["state_dict"] = {k: v for k, v in state.items() if k in keep}
+    checkpoint[KEY] = {
+        "frozen_entries_left_out": len(state) - len(checkpoint["state_dict"]),
+        "base_model": str(getattr(module.model.get_base_model().config, "_name_or_path", "") or ""),
+    }
+
+
+def fill_frozen(module: Any, checkpoint: dict[str, Any]) -> None:
+    """Put the frozen entries of ``module`` (as built) into an adapter checkpoint's ``state_dict``.
+
+    Only entries that are frozen in ``module`` and absent from the checkpoint are filled: a trainable weight the
+    checkpoint lacks stays missing, and the strict load names it.
+    """
+    if KEY not in checkpoint or "state_dict" not in checkpoint:
+        return
+    keep = trainable_keys(module)
+    state = checkpoint["state_dict"]
+    for name, value in module.state_dict().items():
+        if name not in keep and name not in state:
+            state[name] = value
+
+
+class AdapterCheckpointState:
+    """Mixin of :class:`~hf_lightning.HFLightningModule`: adapter checkpoints hold the trainable weights only
+    (:func:`drop_frozen` on save, :func:`fill_frozen` on load)."""
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(checkpoint)  # type: ignore[misc]
+        drop_frozen(self, checkpoint)
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        fill_frozen(self, checkpoint)
+        super().on_load_checkpoint(checkpoint)  # type: ignore[misc]
