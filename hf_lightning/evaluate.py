@@ -58,7 +58,9 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
     model, tokenizer = load_model_and_tokenizer(**model_cfg)
     adapters = adapter_settings(OmegaConf.to_container(cfg.peft, resolve=True) if cfg.get("peft") else None)
-    if adapters is not None:  # the checkpoint of a peft run holds the adapter: build the same adapter to load it
+    if (
+        adapters is not None
+    ):  # the checkpoint of a peft run holds the adapter: build the same adapter to load it
         model = apply_adapters(model, adapters, model_cfg.get("task", "causal_lm"))
     data_kwargs = OmegaConf.to_container(cfg.data, resolve=True)
     if data_kwargs.get("path") == "???":

@@ -74,7 +74,11 @@ def _reason(err: BaseException) -> str:
         return "it is a gated repository: request access on its hub page, then log in with `hf auth login`"
     if "RevisionNotFoundError" in names or "revision" in text and "not found" in text:
         return "the revision does not exist in that repository"
-    if "RepositoryNotFoundError" in names or "not a valid model identifier" in text or "doesn't exist" in text:
+    if (
+        "RepositoryNotFoundError" in names
+        or "not a valid model identifier" in text
+        or "doesn't exist" in text
+    ):
         if offline():
             return "offline (HF_HUB_OFFLINE=1) and not in the cache"
         return "no such repository on the hub (or it is private: log in with `hf auth login`)"
@@ -92,7 +96,9 @@ def hub_error_message(key: str, repo_id: str, kind: str, revision: str | None, e
         revision: the revision asked for (``None``: the default branch).
     """
     cache = model_cache() if kind == "model" else f"{model_cache()} and {dataset_cache()}"
-    flags = (" --repo-type dataset" if kind == "dataset" else "") + (f" --revision {revision}" if revision else "")
+    flags = (" --repo-type dataset" if kind == "dataset" else "") + (
+        f" --revision {revision}" if revision else ""
+    )
     return (
         f"{key}={repo_id}: not a local {'folder' if kind == 'model' else 'file or folder'}, and the hub {kind} "
         f"{repo_id}{f' (revision {revision})' if revision else ''} could not be loaded: {_reason(err)} (cache looked "

@@ -9,7 +9,6 @@ uses ``trainer.accumulate_grad_batches``); the first batch of the training loade
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import Any
 

@@ -128,7 +128,11 @@ def is_hub_failure(err: BaseException) -> bool:
         if any(c.__name__ in HUB_ERRORS or c.__name__.endswith("NotFoundError") for c in type(e).__mro__):
             return True
         text = str(e)
-        if "couldn't connect" in text or "not a valid model identifier" in text or "is not a local folder" in text:
+        if (
+            "couldn't connect" in text
+            or "not a valid model identifier" in text
+            or "is not a local folder" in text
+        ):
             return True
     return False
 

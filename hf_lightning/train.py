@@ -238,13 +238,13 @@ def _fit(
     cfg: DictConfig, trainer: Any, ckpt_path: str | None, weights_path: str | None = None
 ) -> tuple[dict[str, float], dict[str, Any]]:
     """Tokenizer, data, model, module, ``fit``; the final metrics."""
+    from hf_lightning.adapters import apply_adapters
+    from hf_lightning.adapters.quantization import quantization_config
+    from hf_lightning.adapters.settings import adapter_settings
     from hf_lightning.checkpointing.weights import summarize_load_error, weights_mismatch_message
     from hf_lightning.data import HFDataModule
     from hf_lightning.errors import ModelError
     from hf_lightning.faults import explain_faults
-    from hf_lightning.adapters import apply_adapters
-    from hf_lightning.adapters.quantization import quantization_config
-    from hf_lightning.adapters.settings import adapter_settings
     from hf_lightning.models import build_model, load_tokenizer
     from hf_lightning.module import HFLightningModule
     from hf_lightning.run_end import finish_run, finished_metrics, newest_logged, write_final_metrics
@@ -270,7 +270,10 @@ def _fit(
     model = build_model(tokenizer, **model_cfg, quantization_config=quantization_config(adapters))
     if adapters is not None:
         model = apply_adapters(
-            model, adapters, model_cfg.get("task", "causal_lm"), model_cfg.get("gradient_checkpointing", False)
+            model,
+            adapters,
+            model_cfg.get("task", "causal_lm"),
+            model_cfg.get("gradient_checkpointing", False),
         )
     if datamodule.train_dataset is not None:  # set up before the model existed (classification): check it now
         datamodule.check_positions(model)

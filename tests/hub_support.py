@@ -59,7 +59,9 @@ def lay_out_dataset(datasets_cache: Path, repo_id: str, files: dict[str, str]) -
     builder.download_and_prepare()
     root = Path(datasets_cache) / name
     (config,) = glob.glob(str(root / "default-*"))
-    os.rename(config, root / "default")  # a hub repo's config is "default"; local files add a hash of their names
+    os.rename(
+        config, root / "default"
+    )  # a hub repo's config is "default"; local files add a hash of their names
     target = Path(datasets_cache) / f"{namespace}___{name}"
     os.rename(root, target)
     return target

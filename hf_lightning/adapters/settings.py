@@ -109,7 +109,10 @@ def adapter_settings(node: dict[str, Any] | None) -> AdapterSettings | None:
 
 
 def apply_adapters(
-    model: torch.nn.Module, settings: AdapterSettings, task: str = "causal_lm", gradient_checkpointing: bool = False
+    model: torch.nn.Module,
+    settings: AdapterSettings,
+    task: str = "causal_lm",
+    gradient_checkpointing: bool = False,
 ) -> torch.nn.Module:
     """``peft.get_peft_model(model, settings.lora_config(task))``: the base frozen, the adapter trainable.
 

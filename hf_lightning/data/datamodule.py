@@ -242,7 +242,11 @@ class HFDataModule(L.LightningDataModule):
         self.drop_last = drop_last
         self.pad_to_multiple_of = pad_to_multiple_of
         self.seed = seed
-        self.name, self.split, self.revision = name, split, revision  # a hub dataset's config, split, revision
+        self.name, self.split, self.revision = (
+            name,
+            split,
+            revision,
+        )  # a hub dataset's config, split, revision
         self.validation_split_name = validation_split_name
         # filled by setup()
         self.train_dataset: Any = None

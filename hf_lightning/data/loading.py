@@ -91,7 +91,9 @@ def _load_hub(repo_id: str, name: str | None, revision: str | None, streaming: b
     except ValueError as err:  # an unknown config name: datasets lists the available ones
         text = " ".join(str(err).split())
         if "config" in text.lower() and name is not None:
-            raise DataError(f"data.name={name}: not a config of the hub dataset {repo_id} ({text[:300]})") from None
+            raise DataError(
+                f"data.name={name}: not a config of the hub dataset {repo_id} ({text[:300]})"
+            ) from None
         raise DataError(f"data.path={repo_id}: the hub dataset could not be loaded ({text[:300]})") from None
     except Exception as err:  # connection, cache and repository errors come in many types
         if is_hub_failure(err) or isinstance(err, (ConnectionError, FileNotFoundError)):
@@ -132,8 +134,10 @@ def load_source(
         from hf_lightning.hub import looks_like_hub_id
 
         if looks_like_hub_id(path):
-            return _as_returned(_load_hub(path, name, revision, streaming), path) if not streaming else (
-                _load_hub(path, name, revision, streaming)
+            return (
+                _as_returned(_load_hub(path, name, revision, streaming), path)
+                if not streaming
+                else (_load_hub(path, name, revision, streaming))
             )
         raise DataError(f"data.path={path}: no such file or folder (nor a hub dataset id such as org/name)")
     if os.path.isdir(path):
@@ -169,14 +173,18 @@ def split_train_validation(
     if isinstance(loaded, (datasets.DatasetDict, datasets.IterableDatasetDict)):
         if split not in loaded:
             key = "data.path" if split == "train" else "data.split"
-            raise DataError(f"{key}={path if split == 'train' else split}: no {split!r} split in {path} "
-                            f"(splits: {list(loaded)}; set data.split)")
+            raise DataError(
+                f"{key}={path if split == 'train' else split}: no {split!r} split in {path} "
+                f"(splits: {list(loaded)}; set data.split)"
+            )
         if validation_split_name is not None and validation_split_name not in loaded:
             raise DataError(
                 f"data.validation_split_name={validation_split_name}: no such split in {path} (splits: "
                 f"{list(loaded)})"
             )
-        names = [validation_split_name] if validation_split_name else [s for s in VALIDATION_SPLITS if s != split]
+        names = (
+            [validation_split_name] if validation_split_name else [s for s in VALIDATION_SPLITS if s != split]
+        )
         val = next((loaded[s] for s in names if s in loaded), None)
         train = loaded[split]
     else:

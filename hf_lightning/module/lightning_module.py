@@ -13,6 +13,7 @@ import lightning as L
 import torch
 from torch import nn
 
+from hf_lightning.adapters.checkpoint import AdapterCheckpointState
 from hf_lightning.batch import MICRO_ITEMS_KEY, NUM_ITEMS_KEY, WINDOW_KEYS, WINDOW_LENGTH_KEY
 from hf_lightning.data.describe import padding_mask
 from hf_lightning.data.placeholder import PLACEHOLDER_KEY
@@ -32,7 +33,6 @@ from hf_lightning.module.loss import (
 from hf_lightning.module.optim import build_optimizer, build_scheduler
 from hf_lightning.module.run_plan import plan_run
 from hf_lightning.module.run_plan import report as report_plan
-from hf_lightning.adapters.checkpoint import AdapterCheckpointState
 from hf_lightning.module.train_log import TrainLogState
 
 log = logging.getLogger(__name__)

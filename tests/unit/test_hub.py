@@ -117,12 +117,19 @@ def test_a_dataset_id_loads_from_the_datasets_cache_with_its_splits(hub_cache, t
 
     _, ds = hub_cache
     rows = [
-        {"messages": [{"role": "user", "content": f"question {i}"}, {"role": "assistant", "content": f"answer {i}"}]}
+        {
+            "messages": [
+                {"role": "user", "content": f"question {i}"},
+                {"role": "assistant", "content": f"answer {i}"},
+            ]
+        }
         for i in range(12)
     ]
     files = {"train": _write(tmp_path / "t.jsonl", rows[:9]), "test": _write(tmp_path / "v.jsonl", rows[9:])}
     lay_out_dataset(ds, "hf-lightning-test/chats", files)
-    dm = HFDataModule(default_tokenizer, path="hf-lightning-test/chats", validation_split_name="test", shuffle=False)
+    dm = HFDataModule(
+        default_tokenizer, path="hf-lightning-test/chats", validation_split_name="test", shuffle=False
+    )
     dm.setup("fit")
     assert len(dm.train_dataset) == 9 and len(dm.val_dataset) == 3
     text = default_tokenizer.apply_chat_template(rows[9]["messages"], tokenize=False)
@@ -132,7 +139,9 @@ def test_a_dataset_id_loads_from_the_datasets_cache_with_its_splits(hub_cache, t
     dm.setup("fit")
     assert len(dm.train_dataset) == 3 and dm.val_dataset is None
     with pytest.raises(DataError, match=r"data.validation_split_name=dev: no such split .*'train', 'test'"):
-        HFDataModule(default_tokenizer, path="hf-lightning-test/chats", validation_split_name="dev").setup("fit")
+        HFDataModule(default_tokenizer, path="hf-lightning-test/chats", validation_split_name="dev").setup(
+            "fit"
+        )
 
 
 def test_a_missing_dataset_id_is_one_line(hub_cache):
