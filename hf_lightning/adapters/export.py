@@ -44,7 +44,7 @@ def save_adapter(model: Any, folder: str, final_folder: str) -> str:
         base = os.path.abspath(final_folder)
     config.base_model_name_or_path = base
     try:
-        model.save_pretrained(folder)
+        model.save_pretrained(folder, save_embedding_layers=False)  # embeddings are frozen: the base holds them
     finally:
         config.base_model_name_or_path = previous
     return f"the adapter (base: {base})"
