@@ -4,7 +4,8 @@
   ``peft.AutoPeftModelForCausalLM.from_pretrained(hf_model)`` (which loads the base named by
   ``base_model_name_or_path``) or ``transformers.AutoModelForCausalLM.from_pretrained(hf_model)`` with peft
   installed. A base built from a config (the embedded default, no ``model.name_or_path``) has no folder to point
-  at: its weights are saved into ``hf_model/`` too, and the adapter points at that folder.
+  at: it is saved into ``hf_model/base_model/``, and the adapter points at that folder by its absolute path (move
+  the two together and edit ``base_model_name_or_path`` in ``adapter_config.json``).
 - Merged (``export.merge_adapters=true``): ``merge_and_unload`` of a copy of the model (the trained one is left
   as it is), saved with ``save_pretrained``: a plain model folder for ``AutoModelForCausalLM``. A 4-bit (QLoRA)
   base is not merged into: the base is loaded again unquantized (in the compute dtype) and the adapter merged
@@ -33,18 +34,40 @@ def _base_source(model: Any) -> str | None:
     return name if looks_like_hub_id(name) else None
 
 
+BASE_FOLDER = "base_model"
+
+
+def base_state_dict(model: Any) -> dict[str, Any]:
+    """The base model's own weights, under its own names, from a ``PeftModel`` whose LoRA layers wrap them.
+
+    peft renames a wrapped layer's weight ``x.base_layer.weight`` and a ``modules_to_save`` module's original
+    ``x.original_module.weight``; adapter tensors (``lora_*``, the trained copies of ``modules_to_save``) are left
+    out. The result loads into the base architecture with ``from_pretrained``.
+    """
+    state = {}
+    for name, value in model.get_base_model().state_dict().items():
+        if ".lora_" in name or ".modules_to_save." in name:
+            continue
+        state[name.replace(".base_layer.", ".").replace(".original_module.", ".")] = value
+    return state
+
+
 def save_adapter(model: Any, folder: str, final_folder: str) -> str:
     """Write the adapter of ``model`` into ``folder`` (which will be renamed ``final_folder``); returns what was
     written, for the log."""
     base = _base_source(model)
     config = model.peft_config["default"]
     previous = config.base_model_name_or_path
-    if base is None:
-        model.get_base_model().save_pretrained(folder)  # the random-init base: keep it beside the adapter
-        base = os.path.abspath(final_folder)
+    embeddings: str | bool = "auto"  # peft saves the embeddings when their vocabulary changed
+    if base is None:  # the random-init base: keep it beside the adapter
+        model.get_base_model().save_pretrained(
+            os.path.join(folder, BASE_FOLDER), state_dict=base_state_dict(model)
+        )
+        base = os.path.join(os.path.abspath(final_folder), BASE_FOLDER)
+        embeddings = False  # saved with the base
     config.base_model_name_or_path = base
     try:
-        model.save_pretrained(folder, save_embedding_layers=False)  # embeddings are frozen: the base holds them
+        model.save_pretrained(folder, save_embedding_layers=embeddings)
     finally:
         config.base_model_name_or_path = previous
     return f"the adapter (base: {base})"
