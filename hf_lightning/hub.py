@@ -87,21 +87,32 @@ def _reason(err: BaseException) -> str:
     return "not in the cache and the hub could not be reached"
 
 
-def hub_error_message(key: str, repo_id: str, kind: str, revision: str | None, err: BaseException) -> str:
+def hub_error_message(
+    key: str, repo_id: str, kind: str, revision: str | None, err: BaseException, name: str | None = None
+) -> str:
     """The one line for a hub id the loader refused.
 
     Args:
         key: the config key (``model.name_or_path``, ``data.path``, ...).
-        kind: ``model`` or ``dataset`` (the cache and the ``hf download`` flags differ).
+        kind: ``model`` or ``dataset`` (the cache and the way to fill it differ: ``load_dataset`` offline reads
+            only the datasets cache it prepared itself, not files fetched by ``hf download``).
         revision: the revision asked for (``None``: the default branch).
+        name: a dataset's config name (``data.name``).
     """
-    cache = model_cache() if kind == "model" else f"{model_cache()} and {dataset_cache()}"
-    flags = (" --repo-type dataset" if kind == "dataset" else "") + (
-        f" --revision {revision}" if revision else ""
+    where = f"{repo_id}{f' (revision {revision})' if revision else ''} could not be loaded: {_reason(err)}"
+    if kind == "model":
+        flags = f" --revision {revision}" if revision else ""
+        return (
+            f"{key}={repo_id}: not a local folder, and the hub model {where} (cache looked in: {model_cache()}); "
+            f"fetch it beforehand with `hf download {repo_id}{flags}` on a machine with internet and the same HF_HOME"
+        )
+    args = ", ".join(
+        [repr(repo_id), *([repr(name)] if name else []), *([f"revision={revision!r}"] if revision else [])]
     )
+    flags = " --repo-type dataset" + (f" --revision {revision}" if revision else "")
     return (
-        f"{key}={repo_id}: not a local {'folder' if kind == 'model' else 'file or folder'}, and the hub {kind} "
-        f"{repo_id}{f' (revision {revision})' if revision else ''} could not be loaded: {_reason(err)} (cache looked "
-        f"in: {cache}); fetch it beforehand with `hf download {repo_id}{flags}` on a machine with internet and the "
-        "same HF_HOME"
+        f"{key}={repo_id}: not a local file or folder, and the hub dataset {where} (cache looked in: "
+        f"{dataset_cache()}); prepare it beforehand on a machine with internet and the same HF_HOME with "
+        f'`python -c "import datasets; datasets.load_dataset({args})"` (`hf download {repo_id}{flags}` alone '
+        "fills only the hub cache, which load_dataset does not read offline)"
     )

@@ -97,7 +97,7 @@ def _load_hub(repo_id: str, name: str | None, revision: str | None, streaming: b
         raise DataError(f"data.path={repo_id}: the hub dataset could not be loaded ({text[:300]})") from None
     except Exception as err:  # connection, cache and repository errors come in many types
         if is_hub_failure(err) or isinstance(err, (ConnectionError, FileNotFoundError)):
-            raise DataError(hub_error_message("data.path", repo_id, "dataset", revision, err)) from None
+            raise DataError(hub_error_message("data.path", repo_id, "dataset", revision, err, name)) from None
         raise
 
 

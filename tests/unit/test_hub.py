@@ -153,6 +153,7 @@ def test_a_missing_dataset_id_is_one_line(hub_cache):
     message = str(caught.value)
     assert "\n" not in message and message.startswith("data.path=hf-lightning-test/absent: not a local file")
     assert str(ds) in message
+    assert """datasets.load_dataset('hf-lightning-test/absent', revision='r1')""" in message
     assert "`hf download hf-lightning-test/absent --repo-type dataset --revision r1`" in message
 
 
