@@ -70,7 +70,7 @@ def _reason(err: BaseException) -> str:
     """Why a hub id could not be loaded, in a few words, from the exception chain of the loader."""
     names = {type(e).__name__ for e in _causes(err)}
     text = " ".join(" ".join(str(e).split()) for e in _causes(err)).lower()
-    if "GatedRepoError" in names or "gated" in text:
+    if "GatedRepoError" in names or "trying to access a gated repo" in text or "is a gated" in text:
         return "it is a gated repository: request access on its hub page, then log in with `hf auth login`"
     if "RevisionNotFoundError" in names or "revision" in text and "not found" in text:
         return "the revision does not exist in that repository"
