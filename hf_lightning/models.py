@@ -178,8 +178,7 @@ def _check_folder(path: str, original: str) -> None:
                 + " to continue from it"
             )
         raise ModelError(
-            f"model.name_or_path={original}: not a folder (expected a local HF model folder or a hub id such as "
-            f"org/name){hint}"
+            f"model.name_or_path={original}: not a folder (expected a local HF model folder){hint}"
         )
     if os.path.isfile(os.path.join(path, "adapter_config.json")):
         return  # a peft adapter export: from_pretrained loads its base model and the adapter (peft installed)

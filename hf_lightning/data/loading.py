@@ -139,7 +139,7 @@ def load_source(
                 if not streaming
                 else (_load_hub(path, name, revision, streaming))
             )
-        raise DataError(f"data.path={path}: no such file or folder (nor a hub dataset id such as org/name)")
+        raise DataError(f"data.path={path}: no such file or folder")
     if os.path.isdir(path):
         loaded = _as_returned(_load_folder(path), path)  # save_to_disk keeps a format's type and columns
         return _as_stream(loaded) if streaming else loaded
@@ -172,11 +172,9 @@ def split_train_validation(
     """
     if isinstance(loaded, (datasets.DatasetDict, datasets.IterableDatasetDict)):
         if split not in loaded:
-            key = "data.path" if split == "train" else "data.split"
-            raise DataError(
-                f"{key}={path if split == 'train' else split}: no {split!r} split in {path} "
-                f"(splits: {list(loaded)}; set data.split)"
-            )
+            if split == "train":
+                raise DataError(f"data.path={path}: no 'train' split (splits: {list(loaded)})")
+            raise DataError(f"data.split={split}: no such split in {path} (splits: {list(loaded)})")
         if validation_split_name is not None and validation_split_name not in loaded:
             raise DataError(
                 f"data.validation_split_name={validation_split_name}: no such split in {path} (splits: "
