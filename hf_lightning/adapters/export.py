@@ -91,10 +91,15 @@ def _merged_from_reloaded_base(model: Any) -> Any:
 
     base = model.get_base_model()
     source = _base_source(model)
-    dtype = getattr(base.config, "quantization_config", None)
-    compute = getattr(dtype, "bnb_4bit_compute_dtype", None) or torch.bfloat16
+    quantization = getattr(base.config, "quantization_config", None)
+    if isinstance(quantization, dict):
+        compute = quantization.get("bnb_4bit_compute_dtype")
+    else:
+        compute = getattr(quantization, "bnb_4bit_compute_dtype", None)
+    if isinstance(compute, str):
+        compute = getattr(torch, compute.removeprefix("torch."), None)
     auto = getattr(transformers, type(base).__name__)
-    fresh = auto.from_pretrained(source, torch_dtype=compute)
+    fresh = auto.from_pretrained(source, dtype=compute or torch.bfloat16)
     peft_model = get_peft_model(fresh, copy.deepcopy(model.peft_config["default"]))
     set_peft_model_state_dict(peft_model, {k: v.cpu() for k, v in get_peft_model_state_dict(model).items()})
     return peft_model.merge_and_unload()
