@@ -247,6 +247,7 @@ def build_model(
     compile: bool = False,
     revision: str | None = None,
     quantization_config: Any = None,
+    tokenizer_name_or_path: str | None = None,
 ) -> Any:
     """The model of ``model.task``: loaded from a folder or hub id, or randomly initialised from ``config``.
 
@@ -262,6 +263,8 @@ def build_model(
         revision: the hub revision (branch, tag or commit) of a hub id, ``from_pretrained(revision=...)``.
         quantization_config: passed to ``from_pretrained`` (QLoRA's 4-bit ``BitsAndBytesConfig``, see
             :mod:`hf_lightning.adapters`); a model built from ``config`` refuses it.
+        tokenizer_name_or_path: not used here (``tokenizer`` is already loaded from it); accepted so that a whole
+            ``model`` config node binds to this function.
 
     Raises:
         ModelError: an unknown task, a folder that is not a model folder, or a classifier without classes; a hub
