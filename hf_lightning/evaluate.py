@@ -56,6 +56,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
 
     out_dir = cfg.output_dir
     model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
+    L.seed_everything(cfg.seed, workers=True, verbose=False)  # a base built from a config: the run's init
     model, tokenizer = load_model_and_tokenizer(**model_cfg)
     adapters = adapter_settings(OmegaConf.to_container(cfg.peft, resolve=True) if cfg.get("peft") else None)
     if (

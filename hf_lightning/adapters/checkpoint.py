@@ -25,6 +25,28 @@ def trainable_keys(module: Any) -> set[str]:
     return {name for name, p in module.named_parameters() if p.requires_grad}
 
 
+def base_fingerprint(module: Any) -> list[float]:
+    """One float64 sum per frozen parameter of ``module`` (computed once, then cached on it: the base is frozen).
+
+    A checkpoint without its base can be put on the wrong one (another ``model.name_or_path``, or a base built
+    from a config with another seed); the fingerprint tells, within the rounding of a sum on another device.
+    """
+    cached = getattr(module, "_hf_lightning_base_fingerprint", None)
+    if cached is None:
+        cached = [
+            float(p.detach().double().sum()) for _, p in module.named_parameters() if not p.requires_grad
+        ]
+        module._hf_lightning_base_fingerprint = cached
+    return cached
+
+
+def same_base(saved: list[float], current: list[float]) -> bool:
+    """Whether two fingerprints are of the same base (relative 1e-6 per sum, for sums taken on other devices)."""
+    if len(saved) != len(current):
+        return False
+    return all(abs(a - b) <= 1e-6 * max(abs(a), abs(b), 1.0) for a, b in zip(saved, current, strict=True))
+
+
 def drop_frozen(module: Any, checkpoint: dict[str, Any]) -> None:
     """Keep only trainable entries in ``checkpoint["state_dict"]`` when ``module.model`` is an adapter model."""
     if not is_adapter_model(getattr(module, "model", None)) or "state_dict" not in checkpoint:
@@ -35,6 +57,7 @@ def drop_frozen(module: Any, checkpoint: dict[str, Any]) -> None:
     checkpoint[KEY] = {
         "frozen_entries_left_out": len(state) - len(checkpoint["state_dict"]),
         "base_model": str(getattr(module.model.get_base_model().config, "_name_or_path", "") or ""),
+        "base_fingerprint": base_fingerprint(module),
     }
 
 
@@ -43,9 +66,23 @@ def fill_frozen(module: Any, checkpoint: dict[str, Any]) -> None:
 
     Only entries that are frozen in ``module`` and absent from the checkpoint are filled: a trainable weight the
     checkpoint lacks stays missing, and the strict load names it.
+
+    Raises:
+        ModelError: the checkpoint's base fingerprint (:func:`base_fingerprint`) is not the model's.
     """
     if KEY not in checkpoint or "state_dict" not in checkpoint:
         return
+    saved = checkpoint[KEY].get("base_fingerprint")
+    adapter = is_adapter_model(getattr(module, "model", None))
+    if saved is not None and adapter and not same_base(saved, base_fingerprint(module)):
+        from hf_lightning.errors import ModelError
+
+        base = checkpoint[KEY].get("base_model") or "a base built from model.config"
+        raise ModelError(
+            f"ckpt_path: this adapter checkpoint was trained on another base model ({base}); its frozen weights "
+            "differ from the ones built now. Use the run's model.name_or_path and model.* overrides (and its "
+            "seed, for a base built from a config)"
+        )
     keep = trainable_keys(module)
     state = checkpoint["state_dict"]
     for name, value in module.state_dict().items():

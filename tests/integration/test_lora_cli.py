@@ -8,7 +8,11 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -210,3 +214,49 @@ def test_two_gloo_ranks_with_lora_equal_one_process(text_file, tmp_path):
     b = load_file(tmp_path / "ddp" / "hf_model" / "adapter_model.safetensors")
     for key in a:
         torch.testing.assert_close(b[key], a[key], rtol=1e-5, atol=1e-7)
+
+
+def test_evaluate_reads_a_lora_checkpoint_and_the_adapter_export_alike(straight, text_file, tmp_path):
+    """``evaluate ckpt_path=... peft=lora`` (the base rebuilt, the adapter from the checkpoint) and ``evaluate
+    model.name_or_path=RUN/hf_model`` (transformers loads the base the adapter names, then the adapter) score the
+    same weights; another seed builds another base, which the checkpoint refuses."""
+    from tests.errors.support import one_line_error
+
+    def evaluate(name, *overrides):
+        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+        env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2]) + os.pathsep + env.get("PYTHONPATH", "")
+        return subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "hf_lightning.evaluate",
+                "+experiment=clm",
+                f"data.path={text_file}",
+                "data.max_length=32",
+                f"hydra.run.dir={tmp_path / name}",
+                *overrides,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=env,
+        )
+
+    from_ckpt = evaluate(
+        "ckpt", "peft=lora", "peft.r=4", f"ckpt_path={straight / 'checkpoints' / 'last.ckpt'}", *SMALL
+    )
+    assert from_ckpt.returncode == 0, from_ckpt.stderr[-3000:]
+    from_export = evaluate("export", f"model.name_or_path={straight / 'hf_model'}")
+    assert from_export.returncode == 0, from_export.stderr[-3000:]
+    a = json.loads((tmp_path / "ckpt" / "eval_metrics.json").read_text())
+    b = json.loads((tmp_path / "export" / "eval_metrics.json").read_text())
+    assert a["val/loss"] == pytest.approx(b["val/loss"], rel=1e-5)
+    wrong = evaluate(
+        "wrong",
+        "peft=lora",
+        "peft.r=4",
+        "seed=1",
+        f"ckpt_path={straight / 'checkpoints' / 'last.ckpt'}",
+        *SMALL,
+    )
+    assert "trained on another base model" in one_line_error(wrong)

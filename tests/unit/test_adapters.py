@@ -113,3 +113,18 @@ def test_peft_keys_are_checked(compose_cfg):
     with pytest.raises(ConfigError, match="peft.use_dora='maybe': allowed values: bool"):
         validate_config(cfg)
     validate_config(compose_cfg("+experiment=sft", "peft=lora", "peft.target_modules=[q_proj,v_proj]"))
+
+
+def test_an_adapter_checkpoint_on_another_base_is_refused():
+    """The checkpoint leaves the base out; put on another base (here another init seed) it is refused, not run."""
+    from hf_lightning.errors import ModelError
+    from hf_lightning.module import HFLightningModule
+
+    module = HFLightningModule(lora_model(seed=0))
+    checkpoint = {"state_dict": module.state_dict()}
+    drop_frozen(module, checkpoint)
+    fill_frozen(
+        HFLightningModule(lora_model(seed=0)), {**checkpoint, "state_dict": dict(checkpoint["state_dict"])}
+    )
+    with pytest.raises(ModelError, match="trained on another base model"):
+        fill_frozen(HFLightningModule(lora_model(seed=1)), checkpoint)
