@@ -47,6 +47,16 @@ def same_base(saved: list[float], current: list[float]) -> bool:
     return all(abs(a - b) <= 1e-6 * max(abs(a), abs(b), 1.0) for a, b in zip(saved, current, strict=True))
 
 
+# LoRA settings that change what the same adapter weights compute (the scaling, the DoRA magnitude)
+COMPUTE_SETTINGS = ("r", "lora_alpha", "use_rslora", "use_dora")
+
+
+def adapter_settings_of(model: Any) -> dict[str, Any]:
+    """The ``peft`` settings of ``model``'s default adapter that change its output (:data:`COMPUTE_SETTINGS`)."""
+    config = model.peft_config["default"]
+    return {k: getattr(config, k, None) for k in COMPUTE_SETTINGS}
+
+
 def drop_frozen(module: Any, checkpoint: dict[str, Any]) -> None:
     """Keep only trainable entries in ``checkpoint["state_dict"]`` when ``module.model`` is an adapter model."""
     if not is_adapter_model(getattr(module, "model", None)) or "state_dict" not in checkpoint:
@@ -58,6 +68,7 @@ def drop_frozen(module: Any, checkpoint: dict[str, Any]) -> None:
         "frozen_entries_left_out": len(state) - len(checkpoint["state_dict"]),
         "base_model": str(getattr(module.model.get_base_model().config, "_name_or_path", "") or ""),
         "base_fingerprint": base_fingerprint(module),
+        "settings": adapter_settings_of(module.model),
     }
 
 
@@ -69,6 +80,8 @@ def fill_frozen(module: Any, checkpoint: dict[str, Any]) -> None:
 
     Raises:
         ModelError: the checkpoint's base fingerprint (:func:`base_fingerprint`) is not the model's.
+        ConfigError: the model's ``peft.r`` / ``lora_alpha`` / ``use_rslora`` / ``use_dora`` are not the ones the
+            adapter was trained with (the same weights would compute another model).
     """
     if KEY not in checkpoint or "state_dict" not in checkpoint:
         return
@@ -83,6 +96,20 @@ def fill_frozen(module: Any, checkpoint: dict[str, Any]) -> None:
             "differ from the ones built now. Use the run's model.name_or_path and model.* overrides (and its "
             "seed, for a base built from a config)"
         )
+    saved_settings = checkpoint[KEY].get("settings") or {}
+    if adapter and saved_settings:
+        now = adapter_settings_of(module.model)
+        wrong = [k for k in COMPUTE_SETTINGS if k in saved_settings and saved_settings[k] != now[k]]
+        if wrong:
+            from hf_lightning.errors import ConfigError
+
+            raise ConfigError(
+                "; ".join(
+                    f"peft.{k}={now[k]} but the checkpoint's adapter was trained with {saved_settings[k]}"
+                    for k in wrong
+                )
+                + ": the same adapter weights would compute another model; use the run's peft.* overrides"
+            )
     keep = trainable_keys(module)
     state = checkpoint["state_dict"]
     for name, value in module.state_dict().items():

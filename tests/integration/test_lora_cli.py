@@ -216,6 +216,9 @@ def test_two_gloo_ranks_with_lora_equal_one_process(text_file, tmp_path):
         torch.testing.assert_close(b[key], a[key], rtol=1e-5, atol=1e-7)
 
 
+LORA = ("peft=lora", "peft.r=4", "peft.lora_alpha=8")
+
+
 def test_evaluate_reads_a_lora_checkpoint_and_the_adapter_export_alike(straight, text_file, tmp_path):
     """``evaluate ckpt_path=... peft=lora`` (the base rebuilt, the adapter from the checkpoint) and ``evaluate
     model.name_or_path=RUN/hf_model`` (transformers loads the base the adapter names, then the adapter) score the
@@ -242,21 +245,17 @@ def test_evaluate_reads_a_lora_checkpoint_and_the_adapter_export_alike(straight,
             env=env,
         )
 
-    from_ckpt = evaluate(
-        "ckpt", "peft=lora", "peft.r=4", f"ckpt_path={straight / 'checkpoints' / 'last.ckpt'}", *SMALL
-    )
+    from_ckpt = evaluate("ckpt", *LORA, f"ckpt_path={straight / 'checkpoints' / 'last.ckpt'}", *SMALL)
     assert from_ckpt.returncode == 0, from_ckpt.stderr[-3000:]
     from_export = evaluate("export", f"model.name_or_path={straight / 'hf_model'}")
     assert from_export.returncode == 0, from_export.stderr[-3000:]
     a = json.loads((tmp_path / "ckpt" / "eval_metrics.json").read_text())
     b = json.loads((tmp_path / "export" / "eval_metrics.json").read_text())
     assert a["val/loss"] == pytest.approx(b["val/loss"], rel=1e-5)
-    wrong = evaluate(
-        "wrong",
-        "peft=lora",
-        "peft.r=4",
-        "seed=1",
-        f"ckpt_path={straight / 'checkpoints' / 'last.ckpt'}",
-        *SMALL,
-    )
+    wrong = evaluate("wrong", *LORA, "seed=1", f"ckpt_path={straight / 'checkpoints' / 'last.ckpt'}", *SMALL)
     assert "trained on another base model" in one_line_error(wrong)
+    # peft's default lora_alpha (32) on an adapter trained with 8: 4x its update, refused
+    alpha = evaluate(
+        "alpha", "peft=lora", "peft.r=4", f"ckpt_path={straight / 'checkpoints' / 'last.ckpt'}", *SMALL
+    )
+    assert "peft.lora_alpha=32 but the checkpoint's adapter was trained with 8" in one_line_error(alpha)
