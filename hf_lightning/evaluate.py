@@ -47,6 +47,8 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     """Validate and predict; returns the metrics. Raises :class:`HFLightningError` on bad input."""
     import lightning as L
 
+    from hf_lightning.adapters import apply_adapters
+    from hf_lightning.adapters.settings import adapter_settings
     from hf_lightning.checkpointing.weights import load_model_weights
     from hf_lightning.data import HFDataModule
     from hf_lightning.models import load_model_and_tokenizer
@@ -54,7 +56,13 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
 
     out_dir = cfg.output_dir
     model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
+    L.seed_everything(cfg.seed, workers=True, verbose=False)  # a base built from a config: the run's init
     model, tokenizer = load_model_and_tokenizer(**model_cfg)
+    adapters = adapter_settings(OmegaConf.to_container(cfg.peft, resolve=True) if cfg.get("peft") else None)
+    if (
+        adapters is not None
+    ):  # the checkpoint of a peft run holds the adapter: build the same adapter to load it
+        model = apply_adapters(model, adapters, model_cfg.get("task", "causal_lm"))
     data_kwargs = OmegaConf.to_container(cfg.data, resolve=True)
     if data_kwargs.get("path") == "???":
         raise ConfigError("data.path is required by this experiment: the file to evaluate on")
@@ -121,5 +129,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     main()

@@ -9,7 +9,6 @@ uses ``trainer.accumulate_grad_batches``); the first batch of the training loade
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import Any
 
@@ -72,5 +71,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     main()

@@ -1,4 +1,5 @@
-"""Load a model and tokenizer from a local HF folder or an installed package, or build the embedded default."""
+"""Load a model and tokenizer from a local HF folder, a hub id (through ``from_pretrained`` and its cache), or an
+installed package, or build the embedded default."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from hf_lightning.errors import ConfigError, ModelError
+from hf_lightning.hub import hub_error_message, looks_like_hub_id
 
 log = logging.getLogger(__name__)
 
@@ -115,12 +117,36 @@ def attention_error(attn_implementation: Any, err: BaseException) -> ModelError 
     return None
 
 
-def from_pretrained(auto_class: Any, path: str, **kwargs: Any) -> Any:
+HUB_ERRORS = ("HfHubHTTPError", "LocalEntryNotFoundError", "OfflineModeIsEnabled", "EntryNotFoundError")
+
+
+def is_hub_failure(err: BaseException) -> bool:
+    """Whether a loader's exception is about reaching the hub or its cache (not about a file's content)."""
+    from hf_lightning.hub import _causes
+
+    for e in _causes(err):
+        if any(c.__name__ in HUB_ERRORS or c.__name__.endswith("NotFoundError") for c in type(e).__mro__):
+            return True
+        text = str(e)
+        if (
+            "couldn't connect" in text
+            or "not a valid model identifier" in text
+            or "is not a local folder" in text
+        ):
+            return True
+    return False
+
+
+def from_pretrained(auto_class: Any, path: str, key: str = "model.name_or_path", **kwargs: Any) -> Any:
     """``auto_class.from_pretrained(path, **kwargs)``; a folder whose files cannot be read becomes a ModelError.
+
+    ``path`` may be a hub id: ``from_pretrained`` resolves it through its cache (``HF_HUB_CACHE``) and, unless
+    ``HF_HUB_OFFLINE=1``, the hub; ``kwargs`` may carry its ``revision``.
 
     Raises:
         ModelError: weights that are truncated or corrupt, a config naming an unknown architecture, or weights
-            that do not fit the config (the loader's reason is kept).
+            that do not fit the config (the loader's reason is kept); a hub id that is neither cached nor
+            reachable (:func:`hf_lightning.hub.hub_error_message`).
     """
     try:
         return auto_class.from_pretrained(path, **kwargs)
@@ -128,6 +154,8 @@ def from_pretrained(auto_class: Any, path: str, **kwargs: Any) -> Any:
         attention = attention_error(kwargs.get("attn_implementation"), err)
         if attention is not None:
             raise attention from err
+        if looks_like_hub_id(path) and is_hub_failure(err):
+            raise ModelError(hub_error_message(key, path, "model", kwargs.get("revision"), err)) from None
         reason = " ".join(str(err).split())[:300]
         raise ModelError(
             f"model.name_or_path={path}: the model could not be loaded ({type(err).__name__}: {reason}); the folder "
@@ -136,6 +164,8 @@ def from_pretrained(auto_class: Any, path: str, **kwargs: Any) -> Any:
 
 
 def _check_folder(path: str, original: str) -> None:
+    if looks_like_hub_id(path):
+        return  # from_pretrained resolves it through the hub cache, and says so when it cannot
     if not os.path.isdir(path):
         hint = ""
         if str(original).endswith(".ckpt"):
@@ -150,6 +180,8 @@ def _check_folder(path: str, original: str) -> None:
         raise ModelError(
             f"model.name_or_path={original}: not a folder (expected a local HF model folder){hint}"
         )
+    if os.path.isfile(os.path.join(path, "adapter_config.json")):
+        return  # a peft adapter export: from_pretrained loads its base model and the adapter (peft installed)
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise ModelError(
             f"model.name_or_path={original}: no config.json, so not a model folder saved by save_pretrained"
@@ -159,28 +191,43 @@ def _check_folder(path: str, original: str) -> None:
         raise ModelError(f"model.name_or_path={original}: no weights (looked for {', '.join(WEIGHT_FILES)})")
 
 
-def load_tokenizer(name_or_path: str | None = None, tokenizer_vocab_size: int = 2048) -> Any:
-    """The tokenizer of a local folder (pad token set to eos if missing), or the embedded default.
+def load_tokenizer(
+    name_or_path: str | None = None,
+    tokenizer_vocab_size: int = 2048,
+    tokenizer_name_or_path: str | None = None,
+    revision: str | None = None,
+) -> Any:
+    """The tokenizer of a local folder or hub id (pad token set to eos if missing), or the embedded default.
+
+    Args:
+        tokenizer_name_or_path: a folder or hub id to take the tokenizer from instead of ``name_or_path``
+            (HF's separate ``tokenizer_name``); ``revision`` applies to ``name_or_path`` only.
 
     Raises:
-        ModelError: no loadable tokenizer in the folder.
+        ModelError: no loadable tokenizer in the folder; a hub id neither cached nor reachable.
     """
     from transformers import AutoTokenizer
 
-    if name_or_path is None:
+    key = "model.tokenizer_name_or_path" if tokenizer_name_or_path is not None else "model.name_or_path"
+    source = tokenizer_name_or_path if tokenizer_name_or_path is not None else name_or_path
+    if source is None:
         from hf_lightning.defaults import prepare_chatterbot, train_default_tokenizer
 
         return AutoTokenizer.from_pretrained(
             train_default_tokenizer(prepare_chatterbot()["train"], vocab_size=tokenizer_vocab_size)
         )
-    path = resolve_name_or_path(name_or_path)
-    _check_folder(path, os.fspath(name_or_path))
+    path = resolve_name_or_path(source)
+    kwargs = {"revision": revision} if revision and tokenizer_name_or_path is None else {}
+    if tokenizer_name_or_path is None:
+        _check_folder(path, os.fspath(source))
+    elif not looks_like_hub_id(path) and not os.path.isdir(path):
+        raise ModelError(f"{key}={source}: not a folder (expected a local tokenizer folder or a hub id)")
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
+        tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
     except Exception as err:
-        raise ModelError(
-            f"model.name_or_path={name_or_path}: no loadable tokenizer in the folder ({err})"
-        ) from err
+        if looks_like_hub_id(path) and is_hub_failure(err):
+            raise ModelError(hub_error_message(key, path, "model", kwargs.get("revision"), err)) from None
+        raise ModelError(f"{key}={source}: no loadable tokenizer in the folder ({err})") from err
     if tokenizer.pad_token is None and tokenizer.eos_token is not None:
         log.warning("tokenizer in %s has no pad token: using its eos token %r", path, tokenizer.eos_token)
         tokenizer.pad_token = tokenizer.eos_token
@@ -198,8 +245,11 @@ def build_model(
     id2label: Mapping[int, str] | None = None,
     gradient_checkpointing: bool = False,
     compile: bool = False,
+    revision: str | None = None,
+    quantization_config: Any = None,
+    tokenizer_name_or_path: str | None = None,
 ) -> Any:
-    """The model of ``model.task``: loaded from a folder, or randomly initialised from ``config``.
+    """The model of ``model.task``: loaded from a folder or hub id, or randomly initialised from ``config``.
 
     Args:
         tokenizer: fixes the vocabulary size and the pad / eos / start ids of a model built from a config.
@@ -210,9 +260,15 @@ def build_model(
         gradient_checkpointing: HF's activation checkpointing, non-reentrant (works with DDP and
             ``find_unused_parameters=false``). With FSDP use ``strategy.activation_checkpointing`` instead.
         compile: ``nn.Module.compile()`` in place (parameter names and the HF export are unchanged).
+        revision: the hub revision (branch, tag or commit) of a hub id, ``from_pretrained(revision=...)``.
+        quantization_config: passed to ``from_pretrained`` (QLoRA's 4-bit ``BitsAndBytesConfig``, see
+            :mod:`hf_lightning.adapters`); a model built from ``config`` refuses it.
+        tokenizer_name_or_path: not used here (``tokenizer`` is already loaded from it); accepted so that a whole
+            ``model`` config node binds to this function.
 
     Raises:
-        ModelError: an unknown task, a folder that is not a model folder, or a classifier without classes.
+        ModelError: an unknown task, a folder that is not a model folder, or a classifier without classes; a hub
+            id neither cached nor reachable.
     """
     import transformers
     from transformers import AutoConfig
@@ -237,6 +293,10 @@ def build_model(
             )
 
     if name_or_path is None:
+        if quantization_config is not None:
+            raise ModelError(
+                "peft=qlora needs pretrained weights to quantize: set model.name_or_path to a model folder or hub id"
+            )
         specials = {
             "vocab_size": len(tokenizer),
             "pad_token_id": tokenizer.pad_token_id,
@@ -258,7 +318,10 @@ def build_model(
     else:
         path = resolve_name_or_path(name_or_path)
         _check_folder(path, os.fspath(name_or_path))
-        model = from_pretrained(auto, path, attn_implementation=attn_implementation, **head)
+        extra = {"revision": revision} if revision else {}
+        if quantization_config is not None:
+            extra["quantization_config"] = quantization_config
+        model = from_pretrained(auto, path, attn_implementation=attn_implementation, **head, **extra)
         if model.config.pad_token_id is None and tokenizer.pad_token_id is not None:
             model.config.pad_token_id = tokenizer.pad_token_id
 
@@ -289,24 +352,30 @@ def load_model_and_tokenizer(
     id2label: Mapping[int, str] | None = None,
     gradient_checkpointing: bool = False,
     compile: bool = False,
+    tokenizer_name_or_path: str | None = None,
+    revision: str | None = None,
 ) -> tuple[Any, Any]:
     """``(model, tokenizer)`` for a ``model`` config node (its keys are this function's arguments).
 
     Args:
         name_or_path: a local folder saved with ``save_pretrained`` that holds a model (``config.json`` and
-            weights) and its tokenizer, or ``pkg:PACKAGE/dir`` inside an installed package. ``None``: the embedded
+            weights) and its tokenizer, a hub id (``org/name``, resolved by ``from_pretrained`` through the hub
+            cache ``HF_HUB_CACHE``; ``HF_HUB_OFFLINE=1`` reads the cache only), or ``pkg:PACKAGE/dir`` inside an
+            installed package. ``None``: the embedded
             default, a tokenizer trained on the chatterbot-corpus and a randomly initialised model built from
             ``config``.
         config: keyword arguments of the default architecture's config class; ignored with a folder.
         architecture: the ``transformers`` model type of a model built from ``config`` (``llama``, ``t5``, ...).
         tokenizer_vocab_size: vocabulary of the default tokenizer.
         attn_implementation: passed to ``transformers`` (``"sdpa"``, ``"eager"``, ...).
-        task / num_labels / id2label / gradient_checkpointing / compile: see :func:`build_model`.
+        task / num_labels / id2label / gradient_checkpointing / compile / revision: see :func:`build_model`.
+        tokenizer_name_or_path: the tokenizer's folder or hub id when it is not ``name_or_path``'s.
 
     Raises:
-        ModelError: the folder does not exist, has no ``config.json``, no weights, or no tokenizer; a bad task.
+        ModelError: the folder does not exist, has no ``config.json``, no weights, or no tokenizer; a bad task; a
+            hub id neither cached nor reachable (one line naming the id, the cache and ``hf download``).
     """
-    tokenizer = load_tokenizer(name_or_path, tokenizer_vocab_size)
+    tokenizer = load_tokenizer(name_or_path, tokenizer_vocab_size, tokenizer_name_or_path, revision)
     model = build_model(
         tokenizer,
         name_or_path,
@@ -318,5 +387,6 @@ def load_model_and_tokenizer(
         id2label,
         gradient_checkpointing,
         compile,
+        revision,
     )
     return model, tokenizer

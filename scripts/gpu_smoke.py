@@ -5,7 +5,13 @@ and their pre-clip ``grad_norm`` too (norm clipping at 1.0 is on, as HF's ``max_
 comes from the root module's ``clip_grad_norm_`` over all shards); each run's HF export must load. Exits 1 on any
 failure, and at once without CUDA.
 
-    python scripts/gpu_smoke.py [--steps 4] [--rtol 0.03] [--norm-rtol 0.1] [--out gpu_smoke] [--skip deepspeed_zero2]
+Adapters: the fp32 CPU run's export is the pretrained base of LoRA in fp32 on CPU (the reference), LoRA in bf16 on
+the GPU, and QLoRA (``peft=qlora``: the base in 4-bit NF4 with bitsandbytes), whose losses are compared to the
+reference within ``--qlora-rtol`` (the 4-bit base is not the base); the QLoRA adapter export must load with
+``AutoPeftModelForCausalLM`` and its merged export (``export.merge_adapters=true``) with ``AutoModelForCausalLM``.
+
+    python scripts/gpu_smoke.py [--steps 4] [--rtol 0.03] [--norm-rtol 0.1] [--qlora-rtol 0.15] [--out gpu_smoke]
+        [--skip deepspeed_zero2 qlora]
 """
 
 from __future__ import annotations
@@ -38,7 +44,31 @@ RUNS = {
     "gpu_bf16_logits": ["trainer=gpu", "module.lean_loss=false"],
     "fsdp": ["trainer=gpu", "strategy=fsdp"],
     "deepspeed_zero2": ["trainer=gpu", "strategy=deepspeed_zero2"],
+    # {base}: the cpu_fp32 run's export, a pretrained folder (QLoRA quantizes pretrained weights)
+    "lora_cpu_fp32": [
+        "trainer.accelerator=cpu",
+        "trainer.precision=32-true",
+        "peft=lora",
+        "model.name_or_path={base}",
+    ],
+    "lora_gpu_bf16": ["trainer=gpu", "peft=lora", "model.name_or_path={base}"],
+    "qlora": ["trainer=gpu", "peft=qlora", "model.name_or_path={base}"],
+    "qlora_merged": ["trainer=gpu", "peft=qlora", "model.name_or_path={base}", "export.merge_adapters=true"],
 }
+# the run each is compared to (default: cpu_fp32)
+REFERENCE = {"lora_gpu_bf16": "lora_cpu_fp32", "qlora": "lora_cpu_fp32", "qlora_merged": "lora_cpu_fp32"}
+
+
+def load_export(name: str, folder: Path):
+    """The run's ``hf_model/`` loaded as a user would: an adapter with ``AutoPeftModelForCausalLM``, a full or
+    merged model with ``AutoModelForCausalLM``."""
+    if (folder / "adapter_config.json").is_file():
+        from peft import AutoPeftModelForCausalLM
+
+        return AutoPeftModelForCausalLM.from_pretrained(folder)
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(folder)
 
 
 def logged(run_dir: Path, column: str) -> dict[int, float]:
@@ -64,6 +94,12 @@ def main() -> int:
     parser.add_argument(
         "--norm-rtol", type=float, default=0.1, help="bf16 vs fp32 relative grad_norm tolerance"
     )
+    parser.add_argument(
+        "--qlora-rtol",
+        type=float,
+        default=0.15,
+        help="QLoRA (4-bit base) vs fp32 LoRA relative loss tolerance",
+    )
     parser.add_argument("--out", default="gpu_smoke")
     parser.add_argument("--skip", nargs="*", default=[], choices=list(RUNS)[1:])
     args = parser.parse_args()
@@ -76,7 +112,8 @@ def main() -> int:
     print(
         f"gpu_smoke: {torch.cuda.get_device_name(0)}, torch {torch.__version__}, {args.steps} steps per run"
     )
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}  # every model here is local: never wait on the network
+    base = Path(args.out).resolve() / "cpu_fp32" / "hf_model"
     results, norms, failures = {}, {}, []
     for name, overrides in RUNS.items():
         if name in args.skip:
@@ -88,7 +125,7 @@ def main() -> int:
             "hf_lightning.train",
             *COMMON,
             f"trainer.max_steps={args.steps}",
-            *overrides,
+            *(o.replace("{base}", str(base)) for o in overrides),
             f"hydra.run.dir={run_dir}",
         ]
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -97,10 +134,8 @@ def main() -> int:
             continue
         results[name] = logged(run_dir, "train/loss")
         norms[name] = logged(run_dir, "grad_norm")
-        from transformers import AutoModelForCausalLM
-
-        exported = AutoModelForCausalLM.from_pretrained(run_dir / "hf_model")
-        if not all(torch.isfinite(p).all() for p in exported.parameters()):
+        exported = load_export(name, run_dir / "hf_model")
+        if not all(torch.isfinite(p).all() for p in exported.parameters() if p.is_floating_point()):
             failures.append(f"{name}: the HF export holds non-finite weights")
     reference = results.get("cpu_fp32")
     if reference is None:
@@ -110,11 +145,15 @@ def main() -> int:
         for step in sorted(reference):
             print(f"{step:>4} " + " ".join(f"{results[n].get(step, float('nan')):>16.6f}" for n in results))
         for name, got in results.items():
-            failures += compare(name, "train/loss", got, reference, args.rtol)
-            if not name.startswith(
-                "deepspeed"
-            ):  # the engine keeps its gradients outside p.grad: no grad_norm
-                failures += compare(name, "grad_norm", norms[name], norms["cpu_fp32"], args.norm_rtol)
+            against = REFERENCE.get(name, "cpu_fp32")
+            if against not in results:
+                failures.append(f"{name}: its reference run {against} failed")
+                continue
+            rtol = args.qlora_rtol if name.startswith("qlora") else args.rtol
+            failures += compare(name, "train/loss", got, results[against], rtol)
+            # DeepSpeed keeps its gradients outside p.grad (no grad_norm); a 4-bit base changes the gradients
+            if not name.startswith(("deepspeed", "qlora")):
+                failures += compare(name, "grad_norm", norms[name], norms[against], args.norm_rtol)
     for failure in failures:
         print(f"gpu_smoke: FAILED: {failure}", file=sys.stderr)
     print("gpu_smoke: OK" if not failures else f"gpu_smoke: {len(failures)} failure(s)")

@@ -47,12 +47,18 @@ class HFExport(L.Callback):
     template. Under FSDP and DeepSpeed ZeRO-3 the weights are gathered from every rank first
     (:func:`full_model_state_dict`), so the export is one consolidated folder.
 
+    A ``peft`` model exports its adapter, or with ``merge_adapters`` the merged model
+    (:mod:`hf_lightning.adapters.export`); the tokenizer is saved with either.
+
     Args:
         dirpath: the export folder (created).
+        merge_adapters: with ``peft``: save the base model with the adapter merged instead of the adapter
+            (``export.merge_adapters``); ignored without ``peft``.
     """
 
-    def __init__(self, dirpath: str) -> None:
+    def __init__(self, dirpath: str, merge_adapters: bool = False) -> None:
         self.dirpath = dirpath
+        self.merge_adapters = merge_adapters
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if getattr(pl_module, "preempted", False):
@@ -71,6 +77,8 @@ class HFExport(L.Callback):
         Raises:
             TrainingError: the disk refused a write (full, read-only, permissions); names the folder.
         """
+        from hf_lightning.adapters.checkpoint import is_adapter_model
+        from hf_lightning.adapters.export import save_adapter, save_merged
         from hf_lightning.checkpointing.files import atomic_folder, disk_error, write_failure_message
         from hf_lightning.errors import TrainingError
 
@@ -79,8 +87,16 @@ class HFExport(L.Callback):
             return
         try:
             os.makedirs(os.path.dirname(os.path.abspath(self.dirpath)), exist_ok=True)
+            what = "the model"
             with atomic_folder(self.dirpath) as tmp:
-                pl_module.model.save_pretrained(tmp, state_dict=state)
+                if is_adapter_model(pl_module.model):
+                    what = (
+                        save_merged(pl_module.model, tmp)
+                        if self.merge_adapters
+                        else save_adapter(pl_module.model, tmp, self.dirpath)
+                    )
+                else:
+                    pl_module.model.save_pretrained(tmp, state_dict=state)
                 tokenizer = getattr(pl_module, "tokenizer", None)
                 if tokenizer is not None:
                     tokenizer.save_pretrained(tmp)
@@ -102,4 +118,4 @@ class HFExport(L.Callback):
                     "then resume with ckpt_path=last to export",
                 )
             ) from err
-        log.info("exported the model and tokenizer to %s", self.dirpath)
+        log.info("exported %s and the tokenizer to %s", what, self.dirpath)

@@ -69,6 +69,9 @@ def load_model_weights(module: torch.nn.Module, ckpt_path: str, model_path: Any)
         raise ConfigError(f"ckpt_path={ckpt_path}: no such file") from None
     if not isinstance(state, dict) or "state_dict" not in state:
         raise ConfigError(f"ckpt_path={ckpt_path}: not a Lightning checkpoint (no state_dict)")
+    from hf_lightning.adapters.checkpoint import fill_frozen
+
+    fill_frozen(module, state)  # an adapter checkpoint holds the trainable weights only
     try:
         result = module.load_state_dict(state["state_dict"], strict=False)
     except RuntimeError as err:  # shapes differ: torch lists them after its first line

@@ -279,6 +279,21 @@ def cross_field_errors(c: Mapping[str, Any]) -> list[str]:
             )
         except ConfigError as err:
             errors.append(str(err))
+    peft = c.get("peft")
+    if isinstance(peft, Mapping) and peft.get("load_in_4bit"):
+        import torch
+
+        from hf_lightning.adapters.quantization import qlora_refusal
+        from hf_lightning.adapters.settings import AdapterSettings
+
+        refusal = qlora_refusal(AdapterSettings(load_in_4bit=True), accelerator, torch.cuda.is_available())
+        if refusal:
+            errors.append(refusal)
+        if model.get("name_or_path") is None:
+            errors.append(
+                "peft=qlora with model.name_or_path=null: QLoRA quantizes pretrained weights; set model.name_or_path "
+                "to a model folder or hub id"
+            )
     if model.get("gradient_checkpointing") and "fsdp" in target.lower():
         errors.append(
             "model.gradient_checkpointing=true with strategy=fsdp: FSDP checkpoints its wrapped layers itself; "
@@ -303,6 +318,7 @@ def validate_config(cfg: DictConfig) -> None:
     import lightning as L
     from hydra.utils import get_object
 
+    from hf_lightning.adapters import AdapterSettings
     from hf_lightning.data import HFDataModule
     from hf_lightning.models import load_model_and_tokenizer
     from hf_lightning.module import HFLightningModule
@@ -343,6 +359,7 @@ def validate_config(cfg: DictConfig) -> None:
         ("scheduler", build_scheduler, ("optimizer", "num_training_steps")),
         ("module", HFLightningModule.__init__, ("model", "tokenizer", "optim", "scheduler")),
         ("trainer", L.Trainer.__init__, ("callbacks", "logger", "plugins")),
+        ("peft", AdapterSettings.__init__, ("extra",)),
     )
     for group, target, skip in bound:
         if isinstance(c.get(group), Mapping):

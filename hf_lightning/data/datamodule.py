@@ -69,7 +69,7 @@ class HFDataModule(L.LightningDataModule):
 
     Args:
         tokenizer: a ``transformers`` tokenizer (needs a pad token; a chat template for chat data).
-        path: a json/jsonl/csv/parquet file, a ``save_to_disk`` folder, a ``datasets`` ``Dataset`` /
+        path: a json/jsonl/csv/parquet file, a ``save_to_disk`` folder, a hub dataset id (``org/name``), a ``datasets`` ``Dataset`` /
             ``DatasetDict`` / ``IterableDataset``, a torch ``Dataset`` / ``IterableDataset`` of mappings, or
             ``None`` for the embedded chatterbot-corpus chat data.
         validation_path: a separate validation source (same kinds); overrides any split of ``path``.
@@ -96,6 +96,11 @@ class HFDataModule(L.LightningDataModule):
         seed: seed of the order, of worker RNGs and of the validation hold-out.
         rename_columns: ``{source column: new name}`` applied to every split before the format is read (a
             banking77 CSV's ``category`` becomes the classification format's ``label``).
+        name / revision: a hub dataset's config name and revision when ``path`` is a hub id (``load_dataset``'s
+            ``name`` and ``revision``; resolved through the ``datasets`` cache, ``HF_HUB_OFFLINE=1`` reads it only).
+        split / validation_split_name: the training split of a dataset with splits (a hub dataset, a
+            ``DatasetDict``; default ``train``) and its validation split (default: the first of
+            validation/valid/val/test; none: ``validation_split`` of the rows is held out).
 
     Batches (``B`` examples, ``L`` tokens after padding to the longest row, all tensors int64):
 
@@ -154,6 +159,10 @@ class HFDataModule(L.LightningDataModule):
         pad_to_multiple_of: int | None = None,
         seed: int = 42,
         rename_columns: dict[str, str] | None = None,
+        name: str | None = None,
+        split: str = "train",
+        validation_split_name: str | None = None,
+        revision: str | None = None,
     ) -> None:
         super().__init__()
         check_arguments(
@@ -233,6 +242,12 @@ class HFDataModule(L.LightningDataModule):
         self.drop_last = drop_last
         self.pad_to_multiple_of = pad_to_multiple_of
         self.seed = seed
+        self.name, self.split, self.revision = (
+            name,
+            split,
+            revision,
+        )  # a hub dataset's config, split, revision
+        self.validation_split_name = validation_split_name
         # filled by setup()
         self.train_dataset: Any = None
         self.val_dataset: Any = None
@@ -267,9 +282,11 @@ class HFDataModule(L.LightningDataModule):
 
             files = prepare_chatterbot()
             path, validation_path = files["train"], files["validation"]
-        loaded = load_source(path, streaming=self.streaming)
+        loaded = load_source(path, streaming=self.streaming, name=self.name, revision=self.revision)
         split = 0.0 if validation_path is not None else self.validation_split
-        train, val, self._holdout = split_train_validation(loaded, split, self.seed, path)
+        train, val, self._holdout = split_train_validation(
+            loaded, split, self.seed, path, self.split, self.validation_split_name
+        )
         if validation_path is not None:
             val = load_source(validation_path, streaming=self.streaming)
             if isinstance(val, (datasets.DatasetDict, datasets.IterableDatasetDict)):

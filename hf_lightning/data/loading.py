@@ -1,7 +1,8 @@
 """Load a data source, with errors that name the path.
 
 Sources: a json/jsonl/csv/parquet file, a folder written by ``save_to_disk`` (read as a stream with
-``streaming=True``), an in-memory ``datasets.Dataset`` / ``DatasetDict`` / ``IterableDataset`` /
+``streaming=True``), a hub dataset id (``load_dataset(path, name, revision=..., streaming=...)`` through the
+``datasets`` cache; ``HF_HUB_OFFLINE=1`` reads the cache only), an in-memory ``datasets.Dataset`` / ``DatasetDict`` / ``IterableDataset`` /
 ``IterableDatasetDict``, a plain torch ``Dataset`` or ``IterableDataset`` of example mappings, or ``None`` for
 the embedded chatterbot-corpus default.
 """
@@ -76,7 +77,33 @@ def _as_returned(loaded: Any, name: Any) -> Any:
     return as_returned(loaded, name)
 
 
-def load_source(source: Any, streaming: bool = False) -> Any:
+def _load_hub(repo_id: str, name: str | None, revision: str | None, streaming: bool) -> Any:
+    """``datasets.load_dataset(repo_id, name, revision=revision, streaming=streaming)`` (every split).
+
+    Raises:
+        DataError: the id is neither cached nor reachable, or the config ``name`` does not exist (one line).
+    """
+    from hf_lightning.hub import hub_error_message
+    from hf_lightning.models import is_hub_failure
+
+    try:
+        return datasets.load_dataset(repo_id, name, revision=revision, streaming=streaming)
+    except ValueError as err:  # an unknown config name: datasets lists the available ones
+        text = " ".join(str(err).split())
+        if "config" in text.lower() and name is not None:
+            raise DataError(
+                f"data.name={name}: not a config of the hub dataset {repo_id} ({text[:300]})"
+            ) from None
+        raise DataError(f"data.path={repo_id}: the hub dataset could not be loaded ({text[:300]})") from None
+    except Exception as err:  # connection, cache and repository errors come in many types
+        if is_hub_failure(err) or isinstance(err, (ConnectionError, FileNotFoundError)):
+            raise DataError(hub_error_message("data.path", repo_id, "dataset", revision, err, name)) from None
+        raise
+
+
+def load_source(
+    source: Any, streaming: bool = False, name: str | None = None, revision: str | None = None
+) -> Any:
     """Load one source.
 
     Args:
@@ -85,9 +112,12 @@ def load_source(source: Any, streaming: bool = False) -> Any:
             :func:`~hf_lightning.data.formatted.as_returned`).
         streaming: read a file lazily (``load_dataset(..., streaming=True)``) or a ``save_to_disk`` folder
             as ``Dataset.to_iterable_dataset()``; the result is a ``datasets.IterableDataset``.
+        name / revision: a hub dataset's config name and revision (``load_dataset``'s ``name`` and
+            ``revision``), when ``source`` is a hub id (:func:`hf_lightning.hub.looks_like_hub_id`).
 
     Raises:
-        DataError: the path does not exist, cannot be read, or has an unsupported type.
+        DataError: the path does not exist, cannot be read, or has an unsupported type; a hub id that is
+            neither cached nor reachable.
     """
     if isinstance(source, (datasets.Dataset, datasets.DatasetDict)):
         return _as_returned(source, "<in-memory dataset>")
@@ -101,6 +131,14 @@ def load_source(source: Any, streaming: bool = False) -> Any:
             "a datasets.Dataset/IterableDataset (or a dict of them) or a torch Dataset/IterableDataset"
         ) from err
     if not os.path.exists(path):
+        from hf_lightning.hub import looks_like_hub_id
+
+        if looks_like_hub_id(path):
+            return (
+                _as_returned(_load_hub(path, name, revision, streaming), path)
+                if not streaming
+                else (_load_hub(path, name, revision, streaming))
+            )
         raise DataError(f"data.path={path}: no such file or folder")
     if os.path.isdir(path):
         loaded = _as_returned(_load_folder(path), path)  # save_to_disk keeps a format's type and columns
@@ -114,24 +152,39 @@ def is_stream(ds: Any) -> bool:
 
 
 def split_train_validation(
-    loaded: Any, validation_split: float, seed: int, path: Any
+    loaded: Any,
+    validation_split: float,
+    seed: int,
+    path: Any,
+    split: str = "train",
+    validation_split_name: str | None = None,
 ) -> tuple[Any, Any, float | None]:
     """Pick or make the train and validation splits: ``(train, validation or None, stream hold-out or None)``.
 
-    A ``DatasetDict`` / ``IterableDatasetDict`` uses its ``train`` split and its first split named
-    validation/valid/val/test. Otherwise ``validation_split`` of the rows is held out (``0`` means no
+    A ``DatasetDict`` / ``IterableDatasetDict`` uses its ``split`` split (``data.split``, default ``train``) and
+    its ``validation_split_name`` split, or by default its first split named validation/valid/val/test. Otherwise ``validation_split`` of the rows is held out (``0`` means no
     validation): a ``datasets.Dataset`` with ``Dataset.train_test_split(seed=seed)``, a torch map-style dataset
     with a permutation seeded by ``seed``, and a stream by a stable hash of each row's content (the third
     value is then the fraction, and train and validation are the same stream read with opposite filters).
 
     Raises:
-        DataError: no ``train`` split, or an empty dataset.
+        DataError: no ``split`` (or no ``validation_split_name``) split, or an empty dataset.
     """
     if isinstance(loaded, (datasets.DatasetDict, datasets.IterableDatasetDict)):
-        if "train" not in loaded:
-            raise DataError(f"data.path={path}: no 'train' split (splits: {list(loaded)})")
-        val = next((loaded[s] for s in VALIDATION_SPLITS if s in loaded), None)
-        train = loaded["train"]
+        if split not in loaded:
+            if split == "train":
+                raise DataError(f"data.path={path}: no 'train' split (splits: {list(loaded)})")
+            raise DataError(f"data.split={split}: no such split in {path} (splits: {list(loaded)})")
+        if validation_split_name is not None and validation_split_name not in loaded:
+            raise DataError(
+                f"data.validation_split_name={validation_split_name}: no such split in {path} (splits: "
+                f"{list(loaded)})"
+            )
+        names = (
+            [validation_split_name] if validation_split_name else [s for s in VALIDATION_SPLITS if s != split]
+        )
+        val = next((loaded[s] for s in names if s in loaded), None)
+        train = loaded[split]
     else:
         train, val = loaded, None
     if is_stream(train):

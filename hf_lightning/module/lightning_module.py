@@ -13,6 +13,7 @@ import lightning as L
 import torch
 from torch import nn
 
+from hf_lightning.adapters.checkpoint import AdapterCheckpointState
 from hf_lightning.batch import MICRO_ITEMS_KEY, NUM_ITEMS_KEY, WINDOW_KEYS, WINDOW_LENGTH_KEY
 from hf_lightning.data.describe import padding_mask
 from hf_lightning.data.placeholder import PLACEHOLDER_KEY
@@ -56,7 +57,7 @@ NON_MODEL_KEYS = ("labels", "shift_labels", *WINDOW_KEYS, PLACEHOLDER_KEY)
 Count = int | torch.Tensor
 
 
-class HFLightningModule(TrainLogState, EvalStepsMixin, L.LightningModule):
+class HFLightningModule(AdapterCheckpointState, TrainLogState, EvalStepsMixin, L.LightningModule):
     """Train and evaluate any HF-style model (``forward(**batch)`` returning ``.logits``).
 
     What it reproduces of HF ``Trainer``: ``training_step`` / ``compute_loss`` with the window count of

@@ -15,6 +15,7 @@ from omegaconf import OmegaConf
 
 from hf_lightning.config import validate_config
 from hf_lightning.config.compose import CONF_DIR
+from hf_lightning.errors import ConfigError
 
 # a file the experiments need but that no test should depend on: any path works for composing
 DUMMY_DATA = "dummy.jsonl"
@@ -84,6 +85,10 @@ def overrides_for(group: str, option: str) -> list[str]:
         return ["trainer=gpu", "trainer.accelerator=gpu"]  # SHRINK puts every test on the CPU
     if group == "model" and option == "minilm_classifier":
         return [f"model={option}", "model.num_labels=3"]
+    if group == "peft":
+        return [f"peft={option}", *_tiny_model_cfg()] + (
+            ["model.name_or_path=hf-lightning-test/tiny"] if option == "qlora" else []
+        )
     return [f"{group}={option}"]
 
 
@@ -104,6 +109,12 @@ def test_config_composes_validates_and_instantiates(group, option, compose_cfg, 
     cfg = compose_cfg(*overrides, hydra=hydra_group)
     if hydra_group:
         _check_hydra_node(group, option, cfg)
+        return
+    if group == "peft" and option == "qlora" and not torch.cuda.is_available():
+        with pytest.raises(
+            ConfigError, match=r"^peft=qlora \(peft.load_in_4bit=true\) on trainer.accelerator=cpu"
+        ):
+            validate_config(cfg)  # 4-bit bitsandbytes needs CUDA: refused in one line
         return
     validate_config(cfg)
 
@@ -135,6 +146,9 @@ def test_config_composes_validates_and_instantiates(group, option, compose_cfg, 
         return
     if group == "experiment":
         _build_experiment(cfg)
+        return
+    if group == "peft":
+        _build_adapters(cfg)
         return
     raise AssertionError(f"no instantiation check for the group {group!r}: add one")
 
@@ -186,6 +200,20 @@ def _build_trainer(cfg):
     trainer = instantiate(cfg.trainer, logger=False, callbacks=[])
     assert trainer.accumulate_grad_batches == cfg.trainer.accumulate_grad_batches
     assert trainer.max_steps == cfg.trainer.max_steps
+
+
+def _build_adapters(cfg):
+    """The peft node on a tiny model: only the adapter trains (a QLoRA base needs CUDA and pretrained weights)."""
+    from hf_lightning.adapters import apply_adapters
+    from hf_lightning.adapters.settings import adapter_settings
+
+    settings = adapter_settings(OmegaConf.to_container(cfg.peft, resolve=True))
+    if settings.load_in_4bit:
+        pytest.skip("QLoRA loads pretrained weights in 4 bits (composed and validated above)")
+    model, _ = _build_model(cfg)
+    model = apply_adapters(model, settings)
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
 
 
 def _build_model(cfg):
