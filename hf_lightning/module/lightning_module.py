@@ -304,7 +304,7 @@ class HFLightningModule(TrainLogState, EvalStepsMixin, L.LightningModule):
 
         Args:
             batch: the collated micro-batch (``labels`` ``(B, L)`` or ``(B,)``; the window keys of
-                :mod:`hf_lightning.data.windows` are never passed to the model).
+                :mod:`hf_lightning.data.dataloaders` are never passed to the model).
             num_items_in_batch: the window's target count (``int``, or a 0-dim int64 tensor when summed across
                 ranks), at least 1; ``None`` when the batches carry no count (HF: "not counted") or the loss is
                 HF's fallback (``loss_is_scaled_for_ga`` resolved to ``False``): the loss is then a mean over
@@ -385,7 +385,7 @@ class HFLightningModule(TrainLogState, EvalStepsMixin, L.LightningModule):
             if not self._warned_unwrapped:
                 log.warning(
                     "training batches carry no num_items_in_batch (the train dataloader is not an "
-                    "HFDataModule one, nor wrapped in hf_lightning.data.windows.AccumulationWindowLoader): each "
+                    "HFDataModule one, nor wrapped in hf_lightning.data.dataloaders.AccumulationWindowLoader): each "
                     "micro-batch is normalised by its own count and divided by the window length, HF's fallback, "
                     "which weights targets unequally"
                 )
@@ -612,17 +612,22 @@ class HFLightningModule(TrainLogState, EvalStepsMixin, L.LightningModule):
 
         Lightning's property builds the train loader through ``fit_loop.setup_data()`` while the optimizers are
         configured, before a checkpoint's loop state is restored; the loader state of a mid-epoch resume is
-        then never loaded. Here the length comes from the DataModule's own loader, and Lightning's loader is
-        left to be built after the restore.
+        then never loaded. Here the length comes from the DataModule (``HFDataModule.train_batches_per_epoch``,
+        computed without a loader; another DataModule's own loader), and Lightning's loader is built once, after
+        the restore.
         """
         trainer = self.trainer
         datamodule = trainer.datamodule
         if datamodule is None:
             return trainer.estimated_stepping_batches
+        per_epoch = getattr(datamodule, "train_batches_per_epoch", None)  # HFDataModule: no loader is built
         try:
-            batches: float = len(datamodule.train_dataloader())
+            batches: float | None = (
+                per_epoch() if per_epoch is not None else len(datamodule.train_dataloader())
+            )
         except TypeError:  # a stream of unknown length
-            batches = float("inf")
+            batches = None
+        batches = float("inf") if batches is None else batches
         limit = trainer.limit_train_batches
         if isinstance(limit, int):
             batches = min(batches, limit)

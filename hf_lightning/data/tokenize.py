@@ -1,11 +1,11 @@
-"""Tokenize a dataset in a chosen format, counting what is truncated and dropped.
+"""Tokenize a ``datasets.Dataset`` in a chosen format, counting what is truncated and dropped, and prune its columns.
 
-Two paths share the format functions of :mod:`hf_lightning.data.formatting`:
-
-- :func:`tokenize_dataset` for a ``datasets.Dataset``: ``Dataset.map`` (cached by ``datasets`` under the
-  fingerprint of the data, the function and the tokenizer), then rows with no target are dropped; truncations
-  and drops (per cause, see :mod:`~hf_lightning.data.row_report`) are logged at WARNING.
-- :class:`ExampleProcessor` for streams and plain torch datasets: one example at a time, on the fly.
+- :func:`tokenize_dataset`: the format functions of :mod:`hf_lightning.data.formats` through ``Dataset.map``
+  (cached by ``datasets`` under the fingerprint of the data, the function and the tokenizer), then rows with no
+  target are dropped; truncations and drops (per cause, see :mod:`~hf_lightning.data.row_report`) are logged at
+  WARNING. Streams and plain torch datasets take the same functions one example at a time
+  (:mod:`~hf_lightning.data.on_the_fly`).
+- :func:`prune_dataset`: HF ``remove_unused_columns``, the columns the model's ``forward`` does not take dropped.
 
 Both tokenize whole documents for ``wrapped`` packing (it cuts the concatenation, so nothing is truncated), end
 packed ``text`` documents with EOS, and take padding out of pre-tokenized rows bound for packed or padding-free
@@ -16,19 +16,18 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import datasets
-from torch.utils.data import Dataset
 
-from hf_lightning.data.file_errors import is_json_lines, jsonl_line_of_row, naming_non_utf8
-from hf_lightning.data.formatting import TOKENIZERS, check_columns
-from hf_lightning.data.row_report import ALL_PADDING, EMPTY, REPORT_COLUMNS, RowReport, has_target, row_names
-from hf_lightning.data.samplers import mask_example
+from hf_lightning.data.file_errors import is_json_lines, jsonl_line_of_row, non_utf8_error
+from hf_lightning.data.formats import TOKENIZERS, check_columns
+from hf_lightning.data.model_facts import check_inputs_survive
+from hf_lightning.data.row_report import REPORT_COLUMNS, RowReport, jsonl_lines, row_numbers
 from hf_lightning.errors import DataError
 
-__all__ = ["ExampleProcessor", "has_target", "scan_torch_dataset", "tokenize_dataset"]
+__all__ = ["prune_dataset", "tokenize_dataset"]
 
 log = logging.getLogger(__name__)
 
@@ -155,19 +154,20 @@ def tokenize_dataset(
                 f"{describe_row(ds, row, path, split)}: label {value!r} is not one of the {len(names)} training "
                 f"labels {names[:20]}{' ...' if len(names) > 20 else ''}"
             ) from err
-    with naming_non_utf8(path, split):
-        try:
-            out = _map_rows(
-                ds,
-                fmt,
-                fn_kwargs_for(fmt, tokenizer, max_length, label2id, packing, padding_free),
-                split,
-                num_proc,
-            )
-        except RowError as err:
-            raise DataError(f"{describe_row(ds, err.row, path, split)}: {err.message}") from err
-        except DataError as err:
-            raise DataError(f"data.path={path} ({split}): {err}") from err
+    try:
+        out = _map_rows(
+            ds,
+            fmt,
+            fn_kwargs_for(fmt, tokenizer, max_length, label2id, packing, padding_free),
+            split,
+            num_proc,
+        )
+    except RowError as err:
+        raise DataError(f"{describe_row(ds, err.row, path, split)}: {err.message}") from err
+    except DataError as err:
+        raise DataError(f"data.path={path} ({split}): {err}") from err
+    except UnicodeDecodeError as err:  # pyarrow may load bad bytes and fail only when they are decoded
+        raise non_utf8_error(path, split, err) from err
     report = RowReport(split, row_names(ds, path, split))
     columns = [c for c in REPORT_COLUMNS if c in out.column_names]
     keep = report.add_columns(out.select_columns(columns).to_dict())
@@ -220,115 +220,64 @@ def label_mapping(ds: Any, path: Any) -> dict[str, int] | None:
             f"data.path={path}: string class labels in a stream cannot be mapped to ids without a scan; "
             "cast the column to datasets.ClassLabel (names in order) or use integer labels"
         )
-    with naming_non_utf8(path, "train"):
+    try:
         names = sorted(set(ds["label"]))
+    except UnicodeDecodeError as err:
+        raise non_utf8_error(path, "train", err) from err
     return {name: i for i, name in enumerate(names)}
 
 
-class ExampleProcessor:
-    """Tokenizes one example on the fly (streams, plain torch datasets), as :func:`tokenize_dataset` would.
+def row_names(ds: Any, path: Any, split: str) -> Callable[[list[int]], str]:
+    """A function naming rows of ``ds`` for the log: ``data.path=F.jsonl lines 3, 8`` for a JSON Lines file we loaded
+    (one pass over the file for all rows named), ``data.path=F.csv rows 2, 7 of the file`` for another file, else
+    ``train rows 2, 7``."""
+    if not (isinstance(path, (str, os.PathLike)) and os.path.isfile(path)):
+        return lambda rows: row_numbers(f"{split} row", rows)
+    path = os.fspath(path)
 
-    Args:
-        fmt: a format name of :mod:`~hf_lightning.data.formatting`.
-        tokenizer / max_length / label2id / packing / padding_free: as for :func:`tokenize_dataset`.
+    def name(rows: list[int]) -> str:
+        src = [source_row(ds, r) for r in rows]
+        if is_json_lines(path):
+            lines = jsonl_lines(path, src)
+            if all(line is not None for line in lines):
+                return f"data.path={path} " + row_numbers("line", lines)
+        return f"data.path={path} " + row_numbers("row", src) + " of the file"
 
-    Calling it with one example mapping returns ``(example, report)``: the example keeps the columns the format does
-    not read; ``report`` holds its report columns (:mod:`~hf_lightning.data.row_report`). A row without a target
-    comes back as a zero-weight stand-in (labels all -100; one pad token when it has no real token, so that no
-    ``(B, 0)`` batch can reach a model), for streams that cannot drop it. Picklable (runs inside ``DataLoader``
-    workers).
-
-    Raises:
-        DataError: a missing field or a bad value (from the format function).
-        TypeError: an example that is not a mapping.
-    """
-
-    def __init__(
-        self,
-        fmt: str,
-        tokenizer: Any,
-        max_length: int,
-        label2id: Mapping[str, int] | None = None,
-        packing: str | None = None,
-        padding_free: bool = False,
-    ) -> None:
-        self.fmt = fmt
-        self.fn = TOKENIZERS[fmt]
-        self.kwargs = fn_kwargs_for(fmt, tokenizer, max_length, label2id, packing, padding_free)
-        self.pad_token_id = getattr(tokenizer, "pad_token_id", None) or 0
-
-    def __call__(self, example: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-        if not isinstance(example, Mapping):
-            raise TypeError(f"examples must be mappings of column -> value, got {type(example).__name__}")
-        check_columns(list(example), self.fmt, "<stream>", "streamed")
-        out = self.fn({k: [v] for k, v in example.items()}, **self.kwargs)
-        row = {k: v[0] for k, v in out.items()}
-        report = {k: row.pop(k) for k in REPORT_COLUMNS if k in row}
-        row = {**{k: v for k, v in example.items() if k not in row}, **row}
-        if report.get("untrainable"):
-            row = self.stand_in(row, report["untrainable"])
-        return row, report
-
-    def stand_in(self, row: dict[str, Any], cause: str) -> dict[str, Any]:
-        """``row`` with no loss term; a row with no real token becomes one pad token (attended, label -100)."""
-        if cause in (EMPTY, ALL_PADDING):
-            token = {"input_ids": [self.pad_token_id], "attention_mask": [1], "position_ids": [0]}
-            row = {**row, **{k: v for k, v in token.items() if k == "input_ids" or k in row}}
-        return mask_example(row)
+    return name
 
 
-class ProcessedDataset(Dataset):
-    """A plain torch map-style dataset, tokenized on the fly; rows without a target are left out.
+def prune_dataset(
+    ds: datasets.Dataset,
+    keep: Sequence[str],
+    model_input_names: Sequence[str],
+    split: str,
+    inputs_from: str = "the model inputs",
+    consumed: Sequence[str] = (),
+) -> tuple[datasets.Dataset, list[str]]:
+    """Drop the columns of ``ds`` not in ``keep``; log them once at WARNING.
 
-    Built by :func:`scan_torch_dataset`, which reads every row once to count truncations, find the rows
-    without a target and measure lengths (for ``group_by_length``); rows are tokenized again when read.
-    """
+    ``consumed``: the source columns the data format has just tokenized (``text``, ``messages``, ...). Their drop
+    is expected, so it is logged at INFO; any other dropped column is a WARNING (HF drops both silently).
 
-    def __init__(self, base: Any, processor: ExampleProcessor, indices: list[int]) -> None:
-        self.base = base
-        self.processor = processor
-        self.indices = indices
-
-    def __len__(self) -> int:
-        return len(self.indices)
-
-    def __getitem__(self, index: int) -> dict[str, Any]:
-        return self.processor(self.base[self.indices[index]])[0]
-
-
-def scan_torch_dataset(
-    base: Any, processor: ExampleProcessor, split: str, path: Any = None
-) -> tuple[ProcessedDataset, list[int]]:
-    """One pass over a torch map-style dataset: ``(view without target-less rows, token length of each kept row)``.
-
-    Truncated and dropped rows are counted and logged at WARNING (per cause), as :func:`tokenize_dataset` does.
+    Returns:
+        ``(pruned dataset, dropped column names)``.
 
     Raises:
-        DataError: a bad row (named by index) or nothing left.
+        DataError: no column left that the model takes as input (lists columns and ``forward`` parameters).
     """
-    keep: list[int] = []
-    lengths: list[int] = []
-    report = RowReport(split)
-    n = len(base)
-    for i in range(n):
-        try:
-            row, info = processor(base[i])
-        except (DataError, TypeError) as err:
-            raise DataError(f"data.path={path} ({split}), row {i}: {err}") from err
-        if not report.add(i, info):
-            keep.append(i)
-            lengths.append(len(_flat_ids(row["input_ids"])))
-    report.log(processor.kwargs["max_length"])
-    if not keep:
-        raise DataError(
-            f"data.path={path}: the {split} split is empty after tokenization: {n} rows were read and none has a "
-            f"trained-on token [{report.describe_causes()}]; raise data.max_length (now "
-            f"{processor.kwargs['max_length']}) or check which fields hold the targets"
-        )
-    return ProcessedDataset(base, processor, keep), lengths
-
-
-def _flat_ids(value: Any) -> list:
-    if hasattr(value, "reshape"):
-        return value.reshape(-1).tolist()
-    return list(value)
+    dropped = [c for c in ds.column_names if c not in keep]
+    check_inputs_survive(ds.column_names, keep, model_input_names, f"{split} split", inputs_from)
+    if dropped:
+        tokenized = [c for c in dropped if c in consumed]
+        others = [c for c in dropped if c not in consumed]
+        if tokenized:
+            log.info("%s: source columns %s were tokenized and are dropped", split, tokenized)
+        if others:
+            log.warning(
+                "%s: columns %s are not in %s and are dropped (remove_unused_columns=true)",
+                split,
+                others,
+                inputs_from,
+            )
+        ds = ds.remove_columns(dropped)
+    return ds, dropped

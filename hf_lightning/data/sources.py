@@ -1,0 +1,330 @@
+"""Sources: load the training and validation data, rename columns, and tell its format from the schema.
+
+Errors name the path (and, on the error path only, the line: :mod:`~hf_lightning.data.file_errors`).
+
+Sources: a json/jsonl/csv/parquet file, a folder written by ``save_to_disk`` (read as a stream with
+``streaming=True``), an in-memory ``datasets.Dataset`` / ``DatasetDict`` / ``IterableDataset`` /
+``IterableDatasetDict``, a plain torch ``Dataset`` or ``IterableDataset`` of example mappings, or ``None`` for
+the embedded chatterbot-corpus default.
+
+A ``datasets.Dataset`` with a format or a transform is judged on what its rows return, not on its stored
+columns: ``set_transform`` / ``with_transform`` (e.g. tokenizing on access), ``set_format(columns=[...])`` and
+``set_format("torch")`` change what ``ds[i]`` returns without changing ``ds.column_names``; ``Dataset.map``
+hands the transformed rows to its function. Reading formats and pruning off the stored columns while mapping the
+transformed ones broke both ways (``KeyError: 'text'`` when the transform tokenized the text away; the stored
+``input_ids`` used when the format showed only ``text``). HF ``Trainer`` trains on what ``ds[i]`` returns, and so
+does hf_lightning: :func:`as_returned` turns such a dataset into a plain one holding exactly those rows.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import datasets
+import torch
+
+from hf_lightning.data.file_errors import explain_load_error, read_error
+from hf_lightning.data.formats import SOURCE_COLUMNS
+from hf_lightning.errors import ConfigError, DataError
+
+log = logging.getLogger(__name__)
+
+BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
+VALIDATION_SPLITS = ("validation", "valid", "val", "test")
+
+
+def _load_file(path: str, streaming: bool = False) -> datasets.Dataset | datasets.IterableDataset:
+    p = Path(path)
+    builder = BUILDERS.get(p.suffix.lower())
+    if builder is None:
+        raise DataError(
+            f"data.path={path}: unsupported file type {p.suffix!r}; expected one of "
+            f"{sorted(BUILDERS)} or a folder written by Dataset.save_to_disk"
+        )
+    if not os.access(p, os.R_OK):
+        raise DataError(f"data.path={path}: the file exists but cannot be read (permissions)")
+    try:
+        return datasets.load_dataset(builder, data_files=str(p), split="train", streaming=streaming)
+    except Exception as err:  # datasets wraps parser errors in several types; name the file and the line
+        raise DataError(f"data.path={path}: {explain_load_error(str(p), builder, err)}") from err
+
+
+def _load_folder(path: str) -> datasets.Dataset | datasets.DatasetDict:
+    try:
+        return datasets.load_from_disk(path)
+    except Exception as err:
+        raise DataError(
+            f"data.path={path}: a folder, but not one written by Dataset.save_to_disk / "
+            f"DatasetDict.save_to_disk ({err})"
+        ) from err
+
+
+def _same(batch: dict[str, Any]) -> dict[str, Any]:
+    return batch
+
+
+def as_returned(ds: datasets.Dataset, name: Any) -> datasets.Dataset:
+    """``ds`` as plain Arrow rows equal to what ``ds[i]`` returns (``ds`` itself when it has no format).
+
+    - a format transform (``set_transform`` / ``with_transform``): the rows are read through it once, in memory
+      (``Dataset.map`` without a cache file, so a changed transform is never served from a cache), and only the
+      columns it returns are kept;
+    - ``set_format(columns=...)`` without ``output_all_columns``: only those columns;
+    - a tensor format (``torch``, ``numpy``, ...): the same values as Python lists.
+
+    One INFO line says what was done.
+
+    Raises:
+        DataError: the transform fails on the dataset's rows (the message names ``data.path`` and the error).
+    """
+    fmt = ds.format
+    stored = list(ds.column_names)
+    if fmt["type"] == "custom":
+        from datasets.fingerprint import generate_random_fingerprint
+
+        try:
+            out = ds.map(
+                _same,
+                batched=True,
+                remove_columns=stored,
+                keep_in_memory=True,
+                load_from_cache_file=False,
+                new_fingerprint=generate_random_fingerprint(),
+                desc="reading rows through the dataset's transform",
+            )
+        except Exception as err:  # the user's transform: any exception type
+            raise DataError(
+                f"data.path={name}: reading its rows through the dataset's transform (set_transform / "
+                f"with_transform) failed: {type(err).__name__}: {err}. Fix the transform, or apply it with "
+                "Dataset.map and pass the result"
+            ) from err
+        out = out.with_format(None)
+        log.info(
+            "data.path=%s: a dataset with a format transform; training on what it returns: %d rows with the "
+            "columns %s (read through the transform once; its stored columns %s are not used)",
+            name,
+            len(out),
+            out.column_names,
+            stored,
+        )
+        return out
+    columns = fmt["columns"]
+    if columns is not None and not fmt["output_all_columns"] and set(columns) != set(stored):
+        ds = ds.select_columns(list(columns))
+        hidden = [c for c in stored if c not in columns]
+        log.info(
+            "data.path=%s: the dataset's format returns the columns %s only; the stored columns %s are not used",
+            name,
+            list(columns),
+            hidden,
+        )
+    return ds.with_format(None) if ds.format["type"] is not None else ds
+
+
+IN_MEMORY = (
+    datasets.Dataset,
+    datasets.DatasetDict,
+    datasets.IterableDataset,
+    datasets.IterableDatasetDict,
+    torch.utils.data.Dataset,
+)
+
+
+def _as_stream(loaded: Any) -> Any:
+    if isinstance(loaded, datasets.Dataset):
+        return loaded.to_iterable_dataset()
+    if isinstance(loaded, datasets.DatasetDict):
+        return datasets.IterableDatasetDict({k: v.to_iterable_dataset() for k, v in loaded.items()})
+    return loaded
+
+
+def _as_returned(loaded: Any, name: Any) -> Any:
+    """Each ``datasets.Dataset`` as the rows it returns (its format or transform applied)."""
+    if isinstance(loaded, datasets.DatasetDict):
+        return datasets.DatasetDict({k: as_returned(v, f"{name} split {k!r}") for k, v in loaded.items()})
+    return as_returned(loaded, name)
+
+
+def load_source(source: Any, streaming: bool = False) -> Any:
+    """Load one source.
+
+    Args:
+        source: a path (file or ``save_to_disk`` folder) or an in-memory dataset (returned as it is; a
+            ``datasets.Dataset`` with a format or a transform as the rows it returns, see
+            :func:`as_returned`).
+        streaming: read a file lazily (``load_dataset(..., streaming=True)``) or a ``save_to_disk`` folder
+            as ``Dataset.to_iterable_dataset()``; the result is a ``datasets.IterableDataset``.
+
+    Raises:
+        DataError: the path does not exist, cannot be read, or has an unsupported type.
+    """
+    if isinstance(source, (datasets.Dataset, datasets.DatasetDict)):
+        return _as_returned(source, "<in-memory dataset>")
+    if isinstance(source, IN_MEMORY):
+        return source
+    try:
+        path = os.fspath(source)
+    except TypeError as err:
+        raise DataError(
+            f"data.path: unsupported source of type {type(source).__name__}; expected a file or folder path, "
+            "a datasets.Dataset/IterableDataset (or a dict of them) or a torch Dataset/IterableDataset"
+        ) from err
+    if not os.path.exists(path):
+        raise DataError(f"data.path={path}: no such file or folder")
+    if os.path.isdir(path):
+        loaded = _as_returned(_load_folder(path), path)  # save_to_disk keeps a format's type and columns
+        return _as_stream(loaded) if streaming else loaded
+    return _load_file(path, streaming=streaming)
+
+
+def is_stream(ds: Any) -> bool:
+    """Whether ``ds`` is read by iteration only (``datasets.IterableDataset`` or torch ``IterableDataset``)."""
+    return isinstance(ds, (datasets.IterableDataset, torch.utils.data.IterableDataset))
+
+
+def split_train_validation(
+    loaded: Any, validation_split: float, seed: int, path: Any
+) -> tuple[Any, Any, float | None]:
+    """Pick or make the train and validation splits: ``(train, validation or None, stream hold-out or None)``.
+
+    A ``DatasetDict`` / ``IterableDatasetDict`` uses its ``train`` split and its first split named
+    validation/valid/val/test. Otherwise ``validation_split`` of the rows is held out (``0`` means no
+    validation): a ``datasets.Dataset`` with ``Dataset.train_test_split(seed=seed)``, a torch map-style dataset
+    with a permutation seeded by ``seed``, and a stream by a stable hash of each row's content (the third
+    value is then the fraction, and train and validation are the same stream read with opposite filters).
+
+    Raises:
+        DataError: no ``train`` split, or an empty dataset.
+    """
+    if isinstance(loaded, (datasets.DatasetDict, datasets.IterableDatasetDict)):
+        if "train" not in loaded:
+            raise DataError(f"data.path={path}: no 'train' split (splits: {list(loaded)})")
+        val = next((loaded[s] for s in VALIDATION_SPLITS if s in loaded), None)
+        train = loaded["train"]
+    else:
+        train, val = loaded, None
+    if is_stream(train):
+        if val is None and validation_split > 0:
+            log.info(
+                "stream: holding out about %.1f%% of the rows for validation (by content hash)",
+                100 * validation_split,
+            )
+            return train, train, validation_split
+        return train, val, None
+    if len(train) == 0:
+        raise DataError(f"data.path={path}: the dataset is empty")
+    if val is None and validation_split > 0:
+        if len(train) < 2:
+            raise DataError(f"data.path={path}: {len(train)} row, too few to hold out a validation split")
+        if isinstance(train, datasets.Dataset):
+            parts = train.train_test_split(test_size=validation_split, seed=seed, shuffle=True)
+            train, val = parts["train"], parts["test"]
+        else:
+            perm = torch.randperm(len(train), generator=torch.Generator().manual_seed(seed)).tolist()
+            n_val = max(1, round(validation_split * len(train)))
+            train, val = (
+                torch.utils.data.Subset(train, perm[n_val:]),
+                torch.utils.data.Subset(train, perm[:n_val]),
+            )
+        log.info("held out %d of %d rows for validation (seed %d)", len(val), len(train) + len(val), seed)
+    return train, val, None
+
+
+def load_splits(
+    path: Any,
+    validation_path: Any,
+    validation_split: float,
+    seed: int,
+    streaming: bool,
+    rename_columns: Mapping[str, str] | None,
+) -> tuple[Any, Any, Any, float | None]:
+    """``(path, train, validation or None, stream hold-out or None)`` of the DataModule's arguments.
+
+    ``path=None`` is the embedded chatterbot-corpus data (its train and validation files);
+    ``validation_path`` overrides any split of ``path``; ``rename_columns`` is applied to both splits.
+
+    Raises:
+        ConfigError: ``rename_columns`` with a source that is not a ``datasets`` one.
+        DataError: see :func:`load_source`, :func:`split_train_validation`; a renamed column not in the source.
+    """
+    if path is None:
+        from hf_lightning.defaults import prepare_chatterbot
+
+        files = prepare_chatterbot()
+        path, validation_path = files["train"], files["validation"]
+    loaded = load_source(path, streaming=streaming)
+    split = 0.0 if validation_path is not None else validation_split
+    train, val, holdout = split_train_validation(loaded, split, seed, path)
+    if validation_path is not None:
+        val = load_source(validation_path, streaming=streaming)
+        if isinstance(val, (datasets.DatasetDict, datasets.IterableDatasetDict)):
+            val = next(iter(val.values()))
+    if rename_columns:
+        train = _renamed(train, path, rename_columns)
+        val = _renamed(val, validation_path or path, rename_columns) if val is not None else None
+    return path, train, val, holdout
+
+
+def _renamed(ds: Any, path: Any, rename_columns: Mapping[str, str]) -> Any:
+    """``ds`` with ``data.rename_columns`` applied (datasets sources only)."""
+    if not hasattr(ds, "rename_columns"):
+        raise ConfigError(
+            f"data.rename_columns needs a datasets source; data.path={path} is {type(ds).__name__}"
+        )
+    columns = column_names(ds, path)
+    missing = [c for c in rename_columns if c not in columns]
+    if missing:
+        raise DataError(f"data.rename_columns: {missing} not in data.path={path} (columns: {columns})")
+    return ds.rename_columns(dict(rename_columns))
+
+
+def column_names(ds: Any, path: Any) -> list[str]:
+    """The schema's column names; a source without a schema (torch data, some streams) shows its first row."""
+    names = getattr(ds, "column_names", None)
+    if names:
+        return list(names)
+    try:
+        first = next(iter(ds)) if is_stream(ds) else ds[0]
+    except (DataError, StopIteration):
+        raise
+    except Exception as err:  # a stream reads its file only now: a broken line shows here first
+        raise read_error(path, "train", err) from err
+    if not isinstance(first, dict):
+        raise DataError(
+            f"data.path={path}: examples must be mappings of column -> value, got {type(first).__name__}"
+        )
+    log.info("the source has no schema; reading the column names from its first row: %s", sorted(first))
+    return list(first)
+
+
+# detection order: the first format whose required columns are all present
+DETECTION_ORDER = (
+    "tokenized",
+    "messages",
+    "conversations",
+    "prompt_completion",
+    "seq2seq",
+    "classification",
+    "text",
+)
+
+
+def detect_format(columns: Sequence[str], path: Any = None) -> str:
+    """The format of a dataset with these column names (see the module table).
+
+    Raises:
+        DataError: no known layout; the message lists the columns found and the layouts expected.
+    """
+    cols = set(columns)
+    for fmt in DETECTION_ORDER:
+        if all(c in cols for c in SOURCE_COLUMNS[fmt]):
+            return fmt
+    layouts = ", ".join(f"{fmt}: {'+'.join(SOURCE_COLUMNS[fmt])}" for fmt in DETECTION_ORDER)
+    raise DataError(
+        f"data.path={path}: cannot tell the data format from the columns {sorted(cols)}; expected one of "
+        f"({layouts}), or set data.format explicitly"
+    )
