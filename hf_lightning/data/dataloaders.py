@@ -1,9 +1,9 @@
-"""The DataModule's loaders: :class:`EpochDataLoader` (epoch-aware worker seeds, stream epochs) and
-:class:`AccumulationWindowLoader` (HF's ``get_batch_samples`` look-ahead on Lightning), and :func:`batches_per_epoch`
-(their length without building them).
+"""The DataModule's loaders: its loader hooks (:class:`DataLoaderHooks`), :class:`EpochDataLoader` (epoch-aware
+worker seeds, stream epochs) and :func:`batches_per_epoch` (their length without building them). Training loaders are
+wrapped in :class:`~hf_lightning.data.windows.AccumulationWindowLoader` (``num_items_in_batch`` per window).
 
-Ours, not a plain ``DataLoader``: HF ``Trainer`` seeds workers and counts ``num_items_in_batch`` over a whole
-accumulation window inside its own loop; Lightning has no hook for either, so both live in the loader.
+Ours, not a plain ``DataLoader``: HF ``Trainer`` seeds workers per epoch inside its own loop; Lightning has no hook
+for it, so it lives in the loader.
 
 Worker seeding. PyTorch seeds each worker's ``torch``, ``random`` and ``numpy`` from a base seed drawn from the
 loader's ``generator`` plus the worker id. Here that generator is re-seeded at the start of every epoch from
@@ -15,37 +15,31 @@ set once, when the workers start.
 Epoch. Lightning calls ``set_epoch`` on the sampler of a map-style loader; the epoch is read from there. A
 stream has no sampler, so the epoch comes from ``epoch_fn`` (the trainer's epoch) or, alone, from a count of
 passes, and is handed to the dataset's ``set_epoch`` before each pass.
-
-Gradient-accumulation windows. HF `Trainer` pulls the next ``gradient_accumulation_steps`` batches from the
-iterator, counts their label targets, then runs the micro-steps (``Trainer.get_batch_samples``). Lightning's loop
-pulls one batch at a time, so :class:`AccumulationWindowLoader` does the look-ahead on the data side: it reads a whole window
-from the wrapped loader, counts it on the host (no device sync), and yields its batches with the count
-attached under ``num_items_in_batch``.
-
-Windows are aligned with Lightning's optimizer steps: Lightning steps after batch index ``i`` when
-``(i + 1) % accumulate_grad_batches == 0`` or ``i`` is the last batch of the epoch (or of
-``limit_train_batches``). So a window never spans two epochs, and the last one of an epoch may be shorter; it
-is counted over the batches it really holds.
 """
 
 from __future__ import annotations
 
 import hashlib
-import itertools
 import logging
 import math
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader
 
-from hf_lightning.batch import MICRO_ITEMS_KEY, NUM_ITEMS_KEY, WINDOW_LENGTH_KEY
 from hf_lightning.data.checks import check_fits_one_batch
-from hf_lightning.data.samplers import ExactDistributedSampler, TopUpDataset
+from hf_lightning.data.placeholder import PlaceholderAwareCollator
+from hf_lightning.data.samplers import ExactDistributedSampler, TopUpDataset, sequence_lengths
+from hf_lightning.data.sources import is_stream
 from hf_lightning.data.streams import ShardedStream, stream_batches
+from hf_lightning.data.windows import AccumulationWindowLoader
+from hf_lightning.errors import ConfigError
 
 log = logging.getLogger(__name__)
+
+# HF's mega-batch multiplier cap (``get_length_grouped_indices``); streams group within buffers this many batches long
+MEGA_BATCH_MULT = 50
 
 
 def worker_base_seed(seed: int, rank: int, epoch: int) -> int:
@@ -124,114 +118,6 @@ class EpochDataLoader(DataLoader):
         return super().__len__()
 
 
-def map_loader(
-    ds: Any,
-    *,
-    train: bool,
-    world: int,
-    rank: int,
-    batch_size: int,
-    shuffle: bool,
-    seed: int,
-    drop_last: bool,
-    lengths: list[int] | None,
-    group_batch_size: int,
-    collate_fn: Callable,
-    **loader_kwargs: Any,
-) -> EpochDataLoader:
-    """This rank's loader of a map-style split: :class:`~hf_lightning.data.samplers.ExactDistributedSampler`
-    (training: seeded order or length groups, masked top-up; evaluation: dataset order, no padding).
-
-    Raises:
-        ConfigError: a training share smaller than one batch with ``drop_last`` (no step at all).
-    """
-    drop_last = drop_last if train else False
-    sampler = ExactDistributedSampler(
-        ds,
-        num_replicas=world,
-        rank=rank,
-        shuffle=train and shuffle,
-        seed=seed,
-        drop_last=drop_last,
-        lengths=lengths,
-        group_batch_size=group_batch_size,
-        top_up=train,
-    )
-    if train:
-        check_fits_one_batch(len(sampler), batch_size, drop_last)
-    return EpochDataLoader(
-        TopUpDataset(ds, placeholder=not train) if sampler.needs_top_up else ds,
-        seed=seed,
-        rank=rank,
-        sampler=sampler,
-        batch_size=batch_size,
-        collate_fn=collate_fn,
-        drop_last=drop_last,
-        **loader_kwargs,
-    )
-
-
-def stream_loader(
-    source: Any,
-    processor: Any,
-    *,
-    train: bool,
-    world: int,
-    rank: int,
-    batch_size: int,
-    shuffle: bool,
-    seed: int,
-    buffer_size: int,
-    length_buffer: int | None,
-    holdout: tuple[float, bool] | None,
-    length: int | None,
-    name: Any,
-    drop_last: bool,
-    epoch_fn: Callable[[], int] | None,
-    collate_fn: Callable,
-    **loader_kwargs: Any,
-) -> EpochDataLoader:
-    """This rank's loader of a stream: a :class:`~hf_lightning.data.streams.ShardedStream` (exact per-reader
-    split; training: shuffle buffer, length buffers of ``length_buffer``, masked top-up).
-
-    Raises:
-        ConfigError: a training share smaller than one batch with ``drop_last`` (no step at all).
-    """
-    if length_buffer:
-        log.info(
-            "group_by_length on a stream: sorting by length within buffers of %d examples per reader "
-            "(the whole stream cannot be sorted)",
-            length_buffer,
-        )
-    stream = ShardedStream(
-        source,
-        processor,
-        rank=rank,
-        world_size=world,
-        shuffle=train and shuffle,
-        seed=seed,
-        buffer_size=buffer_size,
-        length_buffer=length_buffer,
-        holdout=holdout,
-        length=length,
-        top_up=train,
-        split="train" if train else "validation",
-        name=name,
-    )
-    if train and stream.length is not None:
-        check_fits_one_batch(stream.per_reader(loader_kwargs.get("num_workers", 0)), batch_size, drop_last)
-    return EpochDataLoader(
-        stream,
-        seed=seed,
-        rank=rank,
-        epoch_fn=epoch_fn,
-        batch_size=batch_size,
-        collate_fn=collate_fn,
-        drop_last=drop_last if train else False,
-        **loader_kwargs,
-    )
-
-
 def batches_per_epoch(
     n: int | None, *, stream: bool, world: int, batch_size: int, num_workers: int, drop_last: bool
 ) -> int | None:
@@ -246,121 +132,218 @@ def batches_per_epoch(
     return per_rank // batch_size if drop_last else math.ceil(per_rank / batch_size)
 
 
-class AccumulationWindowLoader:
-    """Wraps a train dataloader and attaches the window's label count to each batch.
+class DataLoaderHooks:
+    """The loader hooks of :class:`~hf_lightning.data.datamodule.HFDataModule` (a mixin: it reads the DataModule's
+    arguments, its prepared splits and collators, and ``self.trainer`` for the world size, rank and accumulation).
 
-    Args:
-        loader: any iterable of dict batches (usually a ``torch.utils.data.DataLoader``).
-        accumulate_grad_batches: the window length (Lightning's ``accumulate_grad_batches``, HF's
-            ``gradient_accumulation_steps``); must be >= 1.
-        count_fn: ``batch -> int``, the number of label positions of one micro-batch that get a loss term
-            (e.g. :func:`hf_lightning.module.loss.count_loss_items`).
-        max_batches: optional ``() -> int | float``, read at the start of each epoch: how many batches the
-            training loop will consume (``trainer.num_training_batches``); windows are cut there so that
-            ``limit_train_batches`` cannot leak unseen batches into the count.
-        progress: optional ``() -> (epoch, batches consumed in that epoch)``, read when a checkpoint is saved
-            (Lightning calls :meth:`state_dict`); on resume the epoch continues after those batches.
-
-    Each yielded batch is a shallow copy of the original mapping with three extra keys, all Python ``int``:
-    ``num_items_in_batch``, the count summed over the micro-batches of its window on this process (the model
-    module sums it across ranks); ``num_items_in_micro_batch``, this micro-batch's own count; and
-    ``num_batches_in_window``, the number of micro-batches in its window (``accumulate_grad_batches``, or
-    fewer for the last window of an epoch).
-
-    Raises:
-        ValueError: ``accumulate_grad_batches < 1``.
-        TypeError: a batch is not a mapping.
+    Map-style splits go through :class:`~hf_lightning.data.samplers.ExactDistributedSampler` (training: seeded order
+    or length groups, masked top-up; evaluation: dataset order, no padding), streams through
+    :class:`~hf_lightning.data.streams.ShardedStream` (exact per-reader split).
     """
 
-    def __init__(
-        self,
-        loader: Iterable[Mapping[str, Any]],
-        accumulate_grad_batches: int,
-        count_fn: Callable[[Mapping[str, Any]], int],
-        max_batches: Callable[[], int | float] | None = None,
-        progress: Callable[[], tuple[int, int]] | None = None,
-    ) -> None:
-        if accumulate_grad_batches < 1:
-            raise ValueError(f"accumulate_grad_batches must be >= 1, got {accumulate_grad_batches}")
-        self.loader = loader
-        self.accumulate_grad_batches = accumulate_grad_batches
-        self.count_fn = count_fn
-        self.max_batches = max_batches
-        self.progress = progress
-        self._resume: dict[str, int] | None = None
+    def _lengths(self, ds: Any) -> list[int]:
+        if self._train_lengths is not None:
+            return self._train_lengths
+        lengths = sequence_lengths(ds)
+        log.info("group_by_length: measured %d training lengths once (tokens of input_ids)", len(lengths))
+        return lengths
 
-    # Lightning calls ``set_epoch`` on ``.sampler``/``.batch_sampler`` and reads ``.dataset``.
-    @property
-    def sampler(self) -> Any:
-        return getattr(self.loader, "sampler", None)
+    def _first_example(self, ds: Any, holdout_keep: bool | None) -> Any:
+        if is_stream(ds):
+            name = (self.validation_path or self.path) if holdout_keep else self.path
+            stream = ShardedStream(
+                ds, self._processor, holdout=self._holdout_spec(holdout_keep), split="validation", name=name
+            )
+            return next(iter(stream), None)
+        return ds[0] if len(ds) else None
 
-    @property
-    def batch_sampler(self) -> Any:
-        return getattr(self.loader, "batch_sampler", None)
+    def _world(self) -> tuple[int, int]:
+        trainer = getattr(self, "trainer", None)
+        if trainer is None:
+            return 1, 0
+        return trainer.world_size, trainer.global_rank
 
-    @property
-    def dataset(self) -> Any:
-        return getattr(self.loader, "dataset", None)
+    def _accumulation(self) -> int:
+        trainer = getattr(self, "trainer", None)
+        return int(getattr(trainer, "accumulate_grad_batches", 1) or 1) if trainer is not None else 1
 
-    def __len__(self) -> int:
-        return len(self.loader)  # type: ignore[arg-type]
+    def _holdout_spec(self, keep: bool | None) -> tuple[float, bool] | None:
+        return (self._holdout, keep) if self._holdout and keep is not None else None
 
-    # Lightning saves and restores the state of a train loader that has both methods (``_Stateful``)
-    def state_dict(self) -> dict[str, int]:
-        if self.progress is None:
-            return {}
-        epoch, consumed = self.progress()
-        return {"epoch": int(epoch), "batches_consumed": int(consumed)}
+    def _loader_kwargs(self) -> dict[str, Any]:
+        return {
+            "num_workers": self.num_workers,
+            "pin_memory": self.pin_memory,
+            "persistent_workers": self.persistent_workers,
+            "prefetch_factor": self.prefetch_factor,
+        }
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self._resume = dict(state) if state else None
+    def _stream_loader(self, source: Any, train: bool, batch: int, collate_fn: Callable) -> EpochDataLoader:
+        world, rank = self._world()
+        length_buffer = (
+            MEGA_BATCH_MULT * batch * self._accumulation() if train and self.group_by_length else None
+        )
+        if length_buffer:
+            log.info(
+                "group_by_length on a stream: sorting by length within buffers of %d examples per reader "
+                "(the whole stream cannot be sorted)",
+                length_buffer,
+            )
+        holdout = self._holdout_spec(not train)
+        stream = ShardedStream(
+            source,
+            self._processor,
+            rank=rank,
+            world_size=world,
+            shuffle=train and self.shuffle,
+            seed=self.seed,
+            buffer_size=self.shuffle_buffer_size,
+            length_buffer=length_buffer,
+            holdout=holdout,
+            length=self._stream_length(source, holdout),
+            top_up=train,
+            split="train" if train else "validation",
+            name=self.path if train else self.validation_path or self.path,
+        )
+        if train:
+            if stream.length is not None:
+                check_fits_one_batch(stream.per_reader(self.num_workers), batch, self.drop_last)
+            self._require_known_epoch(stream.length)
+        trainer = getattr(self, "trainer", None)
+        # the fit loop's epoch (Lightning's loop progress; issue 16 moves this read into hf_lightning/compat.py)
+        epoch_fn = (
+            (lambda: trainer.fit_loop.epoch_progress.current.processed) if trainer is not None else None
+        )
+        return EpochDataLoader(
+            stream,
+            seed=self.seed,
+            rank=rank,
+            epoch_fn=epoch_fn,
+            batch_size=batch,
+            collate_fn=collate_fn,
+            drop_last=self.drop_last if train else False,
+            **self._loader_kwargs(),
+        )
 
-    def _epoch(self) -> int | None:
-        current = getattr(self.loader, "current_epoch", None)
-        if callable(current):
-            return int(current())
-        epoch = getattr(self.sampler, "epoch", None)
-        return None if epoch is None else int(epoch)
+    def _require_known_epoch(self, length: int | None) -> None:
+        trainer = getattr(self, "trainer", None)
+        if length is None and trainer is not None and (trainer.max_steps is None or trainer.max_steps < 0):
+            raise ConfigError(
+                "the training data is a stream of unknown length, so an epoch has no known number of steps: "
+                "set trainer.max_steps"
+            )
 
-    def _start(self) -> int:
-        """Batches of this epoch already consumed before a resume (0 on a fresh epoch)."""
-        resume, self._resume = self._resume, None
-        if not resume or resume.get("epoch") != self._epoch():
-            return 0
-        return int(resume.get("batches_consumed", 0))
+    @staticmethod
+    def _stream_length(source: Any, holdout: Any) -> int | None:
+        return len(source) if hasattr(source, "__len__") and holdout is None else None
 
-    def __iter__(self) -> Iterator[dict[str, Any]]:
-        # a generator: the body runs at the first next(), after Lightning has called set_epoch
-        start = self._start()
-        limit = self.max_batches() if self.max_batches is not None else float("inf")
-        if start:
-            iter_from = getattr(self.loader, "iter_from", None)
-            if iter_from is not None:
-                iterator = iter_from(start)
-            else:
-                iterator = iter(self.loader)
-                for _ in range(start):
-                    next(iterator, None)
-        else:
-            iterator = iter(self.loader)
-        remaining = limit - start
-        # after a resume inside a window (a checkpoint not taken at a step boundary) the first window is the
-        # rest of the interrupted one; its count then misses the micro-batches consumed before the stop
-        first = self.accumulate_grad_batches - start % self.accumulate_grad_batches
-        while remaining > 0:
-            size = int(min(first, remaining))
-            first = self.accumulate_grad_batches
-            window = list(itertools.islice(iterator, size))
-            if not window:
-                return
-            remaining -= len(window)
-            for batch in window:
-                if not isinstance(batch, Mapping):
-                    raise TypeError(
-                        f"AccumulationWindowLoader needs dict batches (got {type(batch).__name__}); "
-                        "the collator must return a mapping of tensors"
-                    )
-            counts = [self.count_fn(batch) for batch in window]
-            total = sum(counts)
-            for batch, count in zip(window, counts):
-                yield {**batch, NUM_ITEMS_KEY: total, MICRO_ITEMS_KEY: count, WINDOW_LENGTH_KEY: len(window)}
+    def _loader(self, ds: Any, train: bool) -> EpochDataLoader:
+        batch = self.per_device_train_batch_size if train else self.per_device_eval_batch_size
+        collate_fn = self.train_collator if train else self._eval_collate()
+        if is_stream(ds):
+            return self._stream_loader(ds, train, batch, collate_fn)
+        world, rank = self._world()
+        lengths = None
+        if train and self.group_by_length:
+            lengths = self._train_lengths = self._lengths(ds)
+        drop_last = self.drop_last if train else False
+        sampler = ExactDistributedSampler(
+            ds,
+            num_replicas=world,
+            rank=rank,
+            shuffle=train and self.shuffle,
+            seed=self.seed,
+            drop_last=drop_last,
+            lengths=lengths,
+            group_batch_size=batch * self._accumulation(),
+            top_up=train,
+        )
+        if train:
+            check_fits_one_batch(len(sampler), batch, self.drop_last)
+        return EpochDataLoader(
+            TopUpDataset(ds, placeholder=not train) if sampler.needs_top_up else ds,
+            seed=self.seed,
+            rank=rank,
+            sampler=sampler,
+            batch_size=batch,
+            collate_fn=collate_fn,
+            drop_last=drop_last,
+            **self._loader_kwargs(),
+        )
+
+    def _eval_collate(self) -> Any:
+        """The evaluation collator; marks placeholder batches for a module that handles them
+        (:mod:`~hf_lightning.data.placeholder`)."""
+        if self._binding().handles_placeholder_batches:
+            return PlaceholderAwareCollator(self.eval_collator)
+        return self.eval_collator
+
+    def train_batches_per_epoch(self) -> int | None:
+        """``len(self.train_dataloader())`` on this rank, computed without building a loader (to size the LR
+        schedule before Lightning builds the one train loader, after a checkpoint's loop state is restored).
+
+        ``None`` for a stream of unknown length. Runs :meth:`setup` when it has not run yet.
+
+        Raises:
+            ConfigError: a stream of unknown length without ``trainer.max_steps``.
+        """
+        if self.train_dataset is None:
+            self.setup("fit")
+        ds, stream = self.train_dataset, is_stream(self.train_dataset)
+        n = self._stream_length(ds, self._holdout_spec(False)) if stream else len(ds)
+        if stream:
+            self._require_known_epoch(n)
+        return batches_per_epoch(
+            n,
+            stream=stream,
+            world=self._world()[0],
+            batch_size=self.per_device_train_batch_size,
+            num_workers=self.num_workers,
+            drop_last=self.drop_last,
+        )
+
+    def train_dataloader(self) -> Any:
+        """Micro-batches of ``per_device_train_batch_size`` examples, this rank's share of the epoch's order.
+
+        Wrapped in :class:`~hf_lightning.data.windows.AccumulationWindowLoader` when a ``count_loss_items`` is
+        bound (the window keys above); a plain loader otherwise (standalone use).
+
+        Raises:
+            ConfigError: a stream of unknown length without ``trainer.max_steps``.
+        """
+        if self.train_dataset is None:
+            self.setup("fit")
+        loader = self._loader(self.train_dataset, True)
+        count = self._binding().count_loss_items
+        trainer = getattr(self, "trainer", None)
+        if count is None:
+            return loader
+        if trainer is None:  # bound but not fitting (inspect a batch): windows of accumulate_grad_batches=1
+            return AccumulationWindowLoader(loader, 1, count)
+        return AccumulationWindowLoader(
+            loader,
+            trainer.accumulate_grad_batches,
+            count,
+            max_batches=lambda: trainer.num_training_batches,
+            # the epoch being trained: current_epoch counts it as done already when a checkpoint is written after
+            # training stopped in its middle (at on_train_end), epochs started minus one does not (Lightning's
+            # loop progress: issue 16 moves these reads into hf_lightning/compat.py)
+            progress=lambda: (
+                trainer.fit_loop.epoch_progress.current.started - 1,
+                trainer.fit_loop.epoch_loop.batch_progress.current.processed,
+            ),
+        )
+
+    def val_dataloader(self) -> Any:
+        """Batches of ``per_device_eval_batch_size`` examples in dataset order, this rank's share without any
+        padding or repetition (ranks may differ by one example; a rank with none gets one placeholder batch, see
+        :mod:`~hf_lightning.data.placeholder`); ``[]`` without validation data."""
+        if self.train_dataset is None:
+            self.setup("validate")
+        if self.val_dataset is None:
+            return []
+        return self._loader(self.val_dataset, False)
+
+    def predict_dataloader(self) -> Any:
+        """The validation data in dataset order (each rank its share, no padding)."""
+        return self.val_dataloader()

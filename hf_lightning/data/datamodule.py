@@ -9,7 +9,7 @@ It wires the steps, each in its own module, in the order a batch is made:
     packing      check_packing (every packing rule), bfd / wrapped rows
     collators    padding, classification, seq2seq, padding-free (flattening.py), column pruning per example
     samplers     seeded global order, length grouping, exact distributed split    (streams.py: streams)
-    dataloaders  per-epoch worker seeds; num_items_in_batch per accumulation window; batches per epoch
+    dataloaders  the loader hooks; per-epoch worker seeds; batches per epoch  (windows.py: num_items_in_batch)
 
 What it needs from the model side arrives through :meth:`bind` (or is read once from the trainer's LightningModule
 when nobody called it); what the model side needs from it is :meth:`train_batches_per_epoch`.
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import datasets
@@ -27,56 +26,28 @@ import lightning as L
 import torch
 
 from hf_lightning.data.chat import require_chat_template
-from hf_lightning.data.checks import (
-    check_data_arguments,
-    check_label_range,
-    check_pad_token,
-    check_token_ids,
-)
+from hf_lightning.data.checks import check_data_arguments, check_label_range, check_pad_token, check_token_ids
 from hf_lightning.data.collators import PruneColumnsCollator, collator_for
-from hf_lightning.data.dataloaders import (
-    AccumulationWindowLoader,
-    EpochDataLoader,
-    batches_per_epoch,
-    map_loader,
-    stream_loader,
+from hf_lightning.data.dataloaders import DataLoaderHooks
+from hf_lightning.data.formats import FORMATS
+from hf_lightning.data.model_facts import (
+    Binding,
+    Columns,
+    binding_from_trainer,
+    find_label_names,
+    resolve_columns,
 )
-from hf_lightning.data.formats import FORMATS, SOURCE_COLUMNS
-from hf_lightning.data.model_facts import find_label_names, resolve_model_inputs, signature_columns
-from hf_lightning.data.on_the_fly import ExampleProcessor, scan_torch_dataset
-from hf_lightning.data.packing import (
-    Packing,
-    announce_document_ends,
-    check_packing,
-    pack_dataset,
-    packing_strategy,
-)
-from hf_lightning.data.placeholder import PlaceholderAwareCollator
+from hf_lightning.data.on_the_fly import ExampleProcessor
+from hf_lightning.data.packing import Packing, announce_document_ends, check_packing, packing_strategy
 from hf_lightning.data.positions import check_positions
-from hf_lightning.data.samplers import sequence_lengths
 from hf_lightning.data.sources import column_names, detect_format, is_stream, load_splits
-from hf_lightning.data.streams import ShardedStream
-from hf_lightning.data.tokenize import label_mapping, prune_dataset, tokenize_dataset
+from hf_lightning.data.tokenize import label_mapping, prepare_split
 from hf_lightning.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-# HF's mega-batch multiplier cap (``get_length_grouped_indices``); streams group within buffers this many batches long
-MEGA_BATCH_MULT = 50
 
-
-@dataclass
-class Binding:
-    """What the data needs from the model side (see :meth:`HFDataModule.bind`)."""
-
-    model: torch.nn.Module | None = None
-    count_loss_items: Callable[[Mapping[str, Any]], int] | None = None
-    forward_kwargs: dict[str, Any] = field(default_factory=dict)
-    metrics: bool = False
-    handles_placeholder_batches: bool = False
-
-
-class HFDataModule(L.LightningDataModule):
+class HFDataModule(DataLoaderHooks, L.LightningDataModule):
     """Data for HF-style models, usable with any LightningModule and ``lightning.Trainer``.
 
     Args:
@@ -120,7 +91,7 @@ class HFDataModule(L.LightningDataModule):
 
     With a ``count_loss_items(batch) -> int`` bound (:meth:`bind`; :class:`HFLightningModule` has one), training
     batches also carry three Python ``int`` keys (see
-    :class:`~hf_lightning.data.dataloaders.AccumulationWindowLoader`): ``num_items_in_batch``, the label count of
+    :class:`~hf_lightning.data.windows.AccumulationWindowLoader`): ``num_items_in_batch``, the label count of
     their whole gradient-accumulation window on this process; ``num_items_in_micro_batch``; and
     ``num_batches_in_window``.
 
@@ -215,6 +186,7 @@ class HFDataModule(L.LightningDataModule):
         self._processor: ExampleProcessor | None = None
         self._train_lengths: list[int] | None = None
         self._bound: Binding | None = None
+        self._columns: Columns | None = None
 
     def bind(
         self,
@@ -254,24 +226,9 @@ class HFDataModule(L.LightningDataModule):
         return self
 
     def _binding(self) -> Binding:
-        """The :meth:`bind` arguments, else what the trainer's LightningModule offers (public attributes only)."""
-        if self._bound is not None:
-            return self._bound
-        trainer = getattr(self, "trainer", None)
-        module = getattr(trainer, "lightning_module", None) if trainer is not None else None
-        if module is None:
-            return Binding()
-        model = getattr(module, "model", None)
-        # HFLightningModule's forward kwargs; `_forward_extra` until it names them forward_kwargs (issue 16 module side)
-        extra = getattr(module, "forward_kwargs", None)
-        if extra is None:
-            extra = getattr(module, "_forward_extra", None)
-        return Binding(
-            model if isinstance(model, torch.nn.Module) else None,
-            getattr(module, "count_loss_items", None),
-            dict(extra or {}),
-            bool(getattr(module, "compute_metrics", None) or getattr(module, "metrics", None)),
-            bool(getattr(module, "handles_placeholder_batches", False)),
+        """The :meth:`bind` arguments, else what the trainer's LightningModule offers (read at each call)."""
+        return (
+            self._bound if self._bound is not None else binding_from_trainer(getattr(self, "trainer", None))
         )
 
     # ----------------------------------------------------------------------------------------- setup
@@ -319,21 +276,17 @@ class HFDataModule(L.LightningDataModule):
         label2id = label_mapping(train, path) if fmt == "classification" else None
         if label2id is not None:
             self.id2label = {i: name for name, i in label2id.items()}
-        inputs, inputs_from = resolve_model_inputs(model, self.model_input_names, self.tokenizer)
-        self.resolved_label_names = self.label_names or (
-            find_label_names(model) if model is not None else ["labels"]
-        )
-        keep = signature_columns(inputs, self.resolved_label_names)
+        self.resolved_label_names = self.label_names or (find_label_names(model) if model else ["labels"])
+        columns = resolve_columns(model, self.model_input_names, self.resolved_label_names, self.tokenizer)
+        self._columns = columns if self.remove_unused_columns else None
         self._processor = ExampleProcessor(
             fmt, self.tokenizer, self.max_length, label2id, self.packing, self.padding_free
         )
         announce_document_ends(self.tokenizer, fmt, self.packing)
         val_path = self.validation_path or path
-        self.train_dataset = self._prepare(train, fmt, "train", path, label2id, keep, inputs, inputs_from)
+        self.train_dataset = self._prepare(train, fmt, "train", path, label2id)
         self.val_dataset = (
-            self._prepare(val, fmt, "validation", val_path, label2id, keep, inputs, inputs_from)
-            if val is not None
-            else None
+            self._prepare(val, fmt, "validation", val_path, label2id) if val is not None else None
         )
         if model is not None:  # a row longer than a position table fails in the embedding, maybe hours in
             self.check_positions(model)
@@ -348,12 +301,8 @@ class HFDataModule(L.LightningDataModule):
         base = collator_for(
             fmt, self.tokenizer.pad_token_id, model, self.packing, self.padding_free, self.pad_to_multiple_of
         )
-        self.train_collator = self._pruning_collator(
-            base, self.train_dataset, keep, inputs, "train", inputs_from
-        )
-        self.eval_collator = self._pruning_collator(
-            base, self.val_dataset, keep, inputs, "validation", inputs_from
-        )
+        self.train_collator = self._pruning_collator(base, self.train_dataset, "train")
+        self.eval_collator = self._pruning_collator(base, self.val_dataset, "validation")
         if self.group_by_length and not is_stream(self.train_dataset):
             self._train_lengths = self._lengths(self.train_dataset)
         if bound.metrics:
@@ -364,86 +313,41 @@ class HFDataModule(L.LightningDataModule):
         splits = {"train": self.train_dataset, "validation": self.val_dataset}
         check_positions(model, self.max_length, self.pad_to_multiple_of, self.padding_free, splits)
 
-    def _prepare(
-        self,
-        ds: Any,
-        fmt: str,
-        split: str,
-        path: Any,
-        label2id: Any,
-        keep: list[str],
-        inputs: list[str],
-        inputs_from: str,
-    ) -> Any:
-        if is_stream(ds):
-            return ds  # tokenized on the fly by ShardedStream
-        if not isinstance(ds, datasets.Dataset):
-            view, lengths = scan_torch_dataset(ds, self._processor, split, path)
-            if not self.packing:
-                if split == "train":
-                    self._train_lengths = lengths
-                return view
-            # packing needs the token rows side by side: the only columns it keeps, as a datasets.Dataset
-            rows = [view[i] for i in range(len(view))]
-            out = datasets.Dataset.from_dict(
-                {
-                    "input_ids": [list(r["input_ids"]) for r in rows],
-                    "labels": [list(r.get("labels") or r["input_ids"]) for r in rows],
-                }
-            )
-        else:
-            out = tokenize_dataset(
-                ds,
-                fmt,
-                self.tokenizer,
-                self.max_length,
-                split,
-                path,
-                label2id,
-                packing=self.packing,
-                padding_free=self.padding_free,
-            )
-            if self.remove_unused_columns:
-                out, dropped = prune_dataset(
-                    out, keep, inputs, split, inputs_from, consumed=SOURCE_COLUMNS.get(fmt, ())
-                )
-                self.dropped_columns[split] = dropped
-        if self.packing:
-            out = pack_dataset(out, self.packing, self.max_length, split)
+    def _prepare(self, ds: Any, fmt: str, split: str, path: Any, label2id: Any) -> Any:
+        out, dropped, lengths = prepare_split(
+            ds,
+            fmt,
+            split,
+            path,
+            tokenizer=self.tokenizer,
+            max_length=self.max_length,
+            processor=self._processor,
+            columns=self._columns,
+            packing=self.packing,
+            padding_free=self.padding_free,
+            label2id=label2id,
+        )
+        if dropped is not None:
+            self.dropped_columns[split] = dropped
+        if split == "train" and lengths is not None:
+            self._train_lengths = lengths
         return out
 
-    def _pruning_collator(
-        self, base: Any, ds: Any, keep: list[str], inputs: list[str], split: str, inputs_from: str
-    ) -> Any:
+    def _pruning_collator(self, base: Any, ds: Any, split: str) -> Any:
         """Streams and torch datasets keep their columns, so pruning happens per example in the collator.
 
         The first example is checked here, in the main process: the drop is logged once (not once per worker)
         and a dataset without model inputs fails at setup rather than in the first batch.
         """
-        if not self.remove_unused_columns or ds is None or isinstance(ds, datasets.Dataset):
+        cols = self._columns
+        if cols is None or ds is None or isinstance(ds, datasets.Dataset):
             return base
-        collator = PruneColumnsCollator(base, keep, inputs, split, inputs_from)
+        collator = PruneColumnsCollator(base, cols.keep, cols.inputs, split, cols.inputs_from)
         example = self._first_example(ds, split == "validation")
         if example is not None:
             collator.inspect(example)
         self.dropped_columns[split] = collator.dropped
         return collator
-
-    def _lengths(self, ds: Any) -> list[int]:
-        if self._train_lengths is not None:
-            return self._train_lengths
-        lengths = sequence_lengths(ds)
-        log.info("group_by_length: measured %d training lengths once (tokens of input_ids)", len(lengths))
-        return lengths
-
-    def _first_example(self, ds: Any, holdout_keep: bool | None) -> Any:
-        if is_stream(ds):
-            name = (self.validation_path or self.path) if holdout_keep else self.path
-            stream = ShardedStream(
-                ds, self._processor, holdout=self._holdout_spec(holdout_keep), split="validation", name=name
-            )
-            return next(iter(stream), None)
-        return ds[0] if len(ds) else None
 
     def _check_label_names(self) -> None:
         if self.val_dataset is None:
@@ -456,170 +360,3 @@ class HFDataModule(L.LightningDataModule):
                 f"and an evaluation batch has the keys {sorted(keys)}. Set data.label_names to the key(s) holding "
                 "the labels, or remove the metrics"
             )
-
-    # ------------------------------------------------------------------------------------ dataloaders
-    def _world(self) -> tuple[int, int]:
-        trainer = getattr(self, "trainer", None)
-        if trainer is None:
-            return 1, 0
-        return trainer.world_size, trainer.global_rank
-
-    def _accumulation(self) -> int:
-        trainer = getattr(self, "trainer", None)
-        return int(getattr(trainer, "accumulate_grad_batches", 1) or 1) if trainer is not None else 1
-
-    def _holdout_spec(self, keep: bool | None) -> tuple[float, bool] | None:
-        return (self._holdout, keep) if self._holdout and keep is not None else None
-
-    def _loader_kwargs(self) -> dict[str, Any]:
-        return {
-            "num_workers": self.num_workers,
-            "pin_memory": self.pin_memory,
-            "persistent_workers": self.persistent_workers,
-            "prefetch_factor": self.prefetch_factor,
-        }
-
-    def _stream_loader(self, source: Any, train: bool) -> EpochDataLoader:
-        world, rank = self._world()
-        batch = self.per_device_train_batch_size if train else self.per_device_eval_batch_size
-        holdout = self._holdout_spec(not train)
-        trainer = getattr(self, "trainer", None)
-        loader = stream_loader(
-            source,
-            self._processor,
-            train=train,
-            world=world,
-            rank=rank,
-            batch_size=batch,
-            shuffle=self.shuffle,
-            seed=self.seed,
-            buffer_size=self.shuffle_buffer_size,
-            length_buffer=MEGA_BATCH_MULT * batch * self._accumulation()
-            if train and self.group_by_length
-            else None,
-            holdout=holdout,
-            length=self._stream_length(source, holdout),
-            name=self.path if train else self.validation_path or self.path,
-            drop_last=self.drop_last,
-            # the fit loop's epoch (Lightning's loop progress; issue 16 moves this read into hf_lightning/compat.py)
-            epoch_fn=(lambda: trainer.fit_loop.epoch_progress.current.processed)
-            if trainer is not None
-            else None,
-            collate_fn=self.train_collator if train else self._eval_collate(),
-            **self._loader_kwargs(),
-        )
-        if train:
-            self._require_known_epoch(loader.dataset.length)
-        return loader
-
-    def _require_known_epoch(self, length: int | None) -> None:
-        trainer = getattr(self, "trainer", None)
-        if length is None and trainer is not None and (trainer.max_steps is None or trainer.max_steps < 0):
-            raise ConfigError(
-                "the training data is a stream of unknown length, so an epoch has no known number of steps: "
-                "set trainer.max_steps"
-            )
-
-    @staticmethod
-    def _stream_length(source: Any, holdout: Any) -> int | None:
-        return len(source) if hasattr(source, "__len__") and holdout is None else None
-
-    def _loader(self, ds: Any, train: bool) -> EpochDataLoader:
-        if is_stream(ds):
-            return self._stream_loader(ds, train)
-        world, rank = self._world()
-        batch = self.per_device_train_batch_size if train else self.per_device_eval_batch_size
-        lengths = None
-        if train and self.group_by_length:
-            lengths = self._train_lengths = self._lengths(ds)
-        return map_loader(
-            ds,
-            train=train,
-            world=world,
-            rank=rank,
-            batch_size=batch,
-            shuffle=self.shuffle,
-            seed=self.seed,
-            drop_last=self.drop_last,
-            lengths=lengths,
-            group_batch_size=batch * self._accumulation(),
-            collate_fn=self.train_collator if train else self._eval_collate(),
-            **self._loader_kwargs(),
-        )
-
-    def _eval_collate(self) -> Any:
-        """The evaluation collator; marks placeholder batches for a module that handles them
-        (:mod:`~hf_lightning.data.placeholder`)."""
-        if self._binding().handles_placeholder_batches:
-            return PlaceholderAwareCollator(self.eval_collator)
-        return self.eval_collator
-
-    def train_batches_per_epoch(self) -> int | None:
-        """``len(self.train_dataloader())`` on this rank, computed without building a loader (to size the LR
-        schedule before Lightning builds the one train loader, after a checkpoint's loop state is restored).
-
-        ``None`` for a stream of unknown length. Runs :meth:`setup` when it has not run yet.
-
-        Raises:
-            ConfigError: a stream of unknown length without ``trainer.max_steps``.
-        """
-        if self.train_dataset is None:
-            self.setup("fit")
-        ds, stream = self.train_dataset, is_stream(self.train_dataset)
-        n = self._stream_length(ds, self._holdout_spec(False)) if stream else len(ds)
-        if stream:
-            self._require_known_epoch(n)
-        return batches_per_epoch(
-            n,
-            stream=stream,
-            world=self._world()[0],
-            batch_size=self.per_device_train_batch_size,
-            num_workers=self.num_workers,
-            drop_last=self.drop_last,
-        )
-
-    def train_dataloader(self) -> Any:
-        """Micro-batches of ``per_device_train_batch_size`` examples, this rank's share of the epoch's order.
-
-        Wrapped in :class:`~hf_lightning.data.dataloaders.AccumulationWindowLoader` when a ``count_loss_items`` is
-        bound (the window keys above); a plain loader otherwise (standalone use).
-
-        Raises:
-            ConfigError: a stream of unknown length without ``trainer.max_steps``.
-        """
-        if self.train_dataset is None:
-            self.setup("fit")
-        loader = self._loader(self.train_dataset, True)
-        count = self._binding().count_loss_items
-        trainer = getattr(self, "trainer", None)
-        if count is None:
-            return loader
-        if trainer is None:  # bound but not fitting (inspect a batch): windows of accumulate_grad_batches=1
-            return AccumulationWindowLoader(loader, 1, count)
-        return AccumulationWindowLoader(
-            loader,
-            trainer.accumulate_grad_batches,
-            count,
-            max_batches=lambda: trainer.num_training_batches,
-            # the epoch being trained: current_epoch counts it as done already when a checkpoint is written after
-            # training stopped in its middle (at on_train_end), epochs started minus one does not (Lightning's
-            # loop progress: issue 16 moves these reads into hf_lightning/compat.py)
-            progress=lambda: (
-                trainer.fit_loop.epoch_progress.current.started - 1,
-                trainer.fit_loop.epoch_loop.batch_progress.current.processed,
-            ),
-        )
-
-    def val_dataloader(self) -> Any:
-        """Batches of ``per_device_eval_batch_size`` examples in dataset order, this rank's share without any
-        padding or repetition (ranks may differ by one example; a rank with none gets one placeholder batch, see
-        :mod:`~hf_lightning.data.placeholder`); ``[]`` without validation data."""
-        if self.train_dataset is None:
-            self.setup("validate")
-        if self.val_dataset is None:
-            return []
-        return self._loader(self.val_dataset, False)
-
-    def predict_dataloader(self) -> Any:
-        """The validation data in dataset order (each rank its share, no padding)."""
-        return self.val_dataloader()

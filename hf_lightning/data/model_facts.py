@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
+
+import torch
 
 from hf_lightning.errors import DataError
 
@@ -85,6 +88,24 @@ def check_inputs_survive(
         )
 
 
+@dataclass(frozen=True)
+class Columns:
+    """What column pruning keeps: ``keep`` (model inputs, then the label columns), ``inputs`` (the model's input
+    names) and ``inputs_from`` (where those came from, for messages)."""
+
+    keep: list[str]
+    inputs: list[str]
+    inputs_from: str
+
+
+def resolve_columns(
+    model: Any, model_input_names: Sequence[str] | None, label_names: Sequence[str], tokenizer: Any
+) -> Columns:
+    """:class:`Columns` of a model (or of ``model_input_names``, else the tokenizer's names) and ``label_names``."""
+    inputs, inputs_from = resolve_model_inputs(model, model_input_names, tokenizer)
+    return Columns(signature_columns(inputs, label_names), inputs, inputs_from)
+
+
 def resolve_model_inputs(
     model: Any, model_input_names: Sequence[str] | None, tokenizer: Any
 ) -> tuple[list[str], str]:
@@ -105,3 +126,35 @@ def resolve_model_inputs(
         names,
     )
     return names, "tokenizer.model_input_names"
+
+
+@dataclass
+class Binding:
+    """What the data needs from the model side (see :meth:`HFDataModule.bind`)."""
+
+    model: torch.nn.Module | None = None
+    count_loss_items: Callable[[Mapping[str, Any]], int] | None = None
+    forward_kwargs: dict[str, Any] = field(default_factory=dict)
+    metrics: bool = False
+    handles_placeholder_batches: bool = False
+
+
+def binding_from_trainer(trainer: Any) -> Binding:
+    """What ``trainer.lightning_module`` offers the data, from public, duck-typed attributes only: ``.model``,
+    ``count_loss_items``, ``forward_kwargs``, ``compute_metrics``/``metrics``, ``handles_placeholder_batches``
+    (an empty :class:`Binding` without a trainer or module)."""
+    module = getattr(trainer, "lightning_module", None) if trainer is not None else None
+    if module is None:
+        return Binding()
+    model = getattr(module, "model", None)
+    # HFLightningModule's forward kwargs: `_forward_extra` until it names them forward_kwargs (issue 16, module side)
+    extra = getattr(module, "forward_kwargs", None)
+    if extra is None:
+        extra = getattr(module, "_forward_extra", None)
+    return Binding(
+        model if isinstance(model, torch.nn.Module) else None,
+        getattr(module, "count_loss_items", None),
+        dict(extra or {}),
+        bool(getattr(module, "compute_metrics", None) or getattr(module, "metrics", None)),
+        bool(getattr(module, "handles_placeholder_batches", False)),
+    )

@@ -15,10 +15,36 @@ from torch.utils.data import Dataset
 from hf_lightning.data.formats import TOKENIZERS, check_columns
 from hf_lightning.data.row_report import ALL_PADDING, EMPTY, REPORT_COLUMNS, RowReport
 from hf_lightning.data.samplers import mask_example
-from hf_lightning.data.tokenize import fn_kwargs_for
 from hf_lightning.errors import DataError
 
 __all__ = ["ExampleProcessor", "ProcessedDataset", "scan_torch_dataset"]
+
+
+def fn_kwargs_for(
+    fmt: str,
+    tokenizer: Any,
+    max_length: int,
+    label2id: Mapping[str, int] | None,
+    packing: str | None = None,
+    padding_free: bool = False,
+) -> dict:
+    """The keyword arguments of format ``fmt``'s function.
+
+    ``wrapped`` packing tokenizes whole documents (``max_length=None``: the concatenation is cut, no document is
+    truncated; HF ``run_clm``'s ``group_texts`` and TRL's ``wrapped`` keep every token too); packed ``text`` ends
+    each document with EOS; packed and padding-free pre-tokenized rows lose their padding.
+    """
+    kwargs: dict[str, Any] = {
+        "tokenizer": tokenizer,
+        "max_length": None if packing == "wrapped" else max_length,
+    }
+    if fmt == "classification":
+        kwargs["label2id"] = dict(label2id) if label2id else None
+    if fmt == "text":
+        kwargs["add_eos"] = bool(packing)
+    if fmt == "tokenized":
+        kwargs["drop_padding"] = bool(packing or padding_free)
+    return kwargs
 
 
 class ExampleProcessor:

@@ -9,7 +9,7 @@
 
 Both tokenize whole documents for ``wrapped`` packing (it cuts the concatenation, so nothing is truncated), end
 packed ``text`` documents with EOS, and take padding out of pre-tokenized rows bound for packed or padding-free
-batches (:func:`fn_kwargs_for`).
+batches (:func:`~hf_lightning.data.on_the_fly.fn_kwargs_for`).
 """
 
 from __future__ import annotations
@@ -22,12 +22,15 @@ from typing import Any
 import datasets
 
 from hf_lightning.data.file_errors import is_json_lines, jsonl_line_of_row, non_utf8_error
-from hf_lightning.data.formats import TOKENIZERS, check_columns
-from hf_lightning.data.model_facts import check_inputs_survive
+from hf_lightning.data.formats import SOURCE_COLUMNS, TOKENIZERS, check_columns
+from hf_lightning.data.model_facts import Columns, check_inputs_survive
+from hf_lightning.data.on_the_fly import ExampleProcessor, fn_kwargs_for, scan_torch_dataset
+from hf_lightning.data.packing import pack_dataset
 from hf_lightning.data.row_report import REPORT_COLUMNS, RowReport, jsonl_lines, row_numbers
+from hf_lightning.data.sources import is_stream
 from hf_lightning.errors import DataError
 
-__all__ = ["prune_dataset", "tokenize_dataset"]
+__all__ = ["prepare_split", "prune_dataset", "tokenize_dataset"]
 
 log = logging.getLogger(__name__)
 
@@ -91,33 +94,6 @@ def describe_row(ds: Any, row: int, path: Any, split: str) -> str:
     return f"data.path={path} ({where})"
 
 
-def fn_kwargs_for(
-    fmt: str,
-    tokenizer: Any,
-    max_length: int,
-    label2id: Mapping[str, int] | None,
-    packing: str | None = None,
-    padding_free: bool = False,
-) -> dict:
-    """The keyword arguments of format ``fmt``'s function.
-
-    ``wrapped`` packing tokenizes whole documents (``max_length=None``: the concatenation is cut, no document is
-    truncated; HF ``run_clm``'s ``group_texts`` and TRL's ``wrapped`` keep every token too); packed ``text`` ends
-    each document with EOS; packed and padding-free pre-tokenized rows lose their padding.
-    """
-    kwargs: dict[str, Any] = {
-        "tokenizer": tokenizer,
-        "max_length": None if packing == "wrapped" else max_length,
-    }
-    if fmt == "classification":
-        kwargs["label2id"] = dict(label2id) if label2id else None
-    if fmt == "text":
-        kwargs["add_eos"] = bool(packing)
-    if fmt == "tokenized":
-        kwargs["drop_padding"] = bool(packing or padding_free)
-    return kwargs
-
-
 def tokenize_dataset(
     ds: datasets.Dataset,
     fmt: str,
@@ -133,7 +109,7 @@ def tokenize_dataset(
     """Tokenize ``ds`` in format ``fmt`` with ``Dataset.map`` (cached) and drop rows with no target.
 
     Columns the format does not read are kept (pruning against the model's ``forward`` is a separate step).
-    ``packing`` / ``padding_free``: what the rows are for (see :func:`fn_kwargs_for`).
+    ``packing`` / ``padding_free``: what the rows are for (see :func:`~hf_lightning.data.on_the_fly.fn_kwargs_for`).
 
     Returns:
         the tokenized dataset: ``input_ids`` (and ``attention_mask``, ``labels`` or ``label`` per format).
@@ -281,3 +257,57 @@ def prune_dataset(
             )
         ds = ds.remove_columns(dropped)
     return ds, dropped
+
+
+def prepare_split(
+    ds: Any,
+    fmt: str,
+    split: str,
+    path: Any,
+    *,
+    tokenizer: Any,
+    max_length: int,
+    processor: ExampleProcessor,
+    columns: Columns | None,
+    packing: str | None = None,
+    padding_free: bool = False,
+    label2id: Mapping[str, int] | None = None,
+) -> tuple[Any, list[str] | None, list[int] | None]:
+    """One split from source rows to model rows: ``(rows, dropped columns or None, token lengths or None)``.
+
+    A stream is returned as it is (tokenized on the fly by :class:`~hf_lightning.data.streams.ShardedStream`); a
+    torch map-style dataset is scanned once (:func:`~hf_lightning.data.on_the_fly.scan_torch_dataset`, which measures
+    the lengths); a ``datasets.Dataset`` is tokenized (:func:`tokenize_dataset`) and pruned to ``columns`` (``None``:
+    ``remove_unused_columns=false``). With ``packing`` the rows are then packed
+    (:func:`~hf_lightning.data.packing.pack_dataset`).
+
+    Raises:
+        DataError: see :func:`tokenize_dataset`, :func:`prune_dataset`.
+    """
+    if is_stream(ds):
+        return ds, None, None
+    dropped: list[str] | None = None  # None: not pruned here
+    if not isinstance(ds, datasets.Dataset):
+        view, lengths = scan_torch_dataset(ds, processor, split, path)
+        if not packing:
+            return view, dropped, lengths
+        # packing needs the token rows side by side: the only columns it keeps, as a datasets.Dataset
+        rows = [view[i] for i in range(len(view))]
+        out = datasets.Dataset.from_dict(
+            {
+                "input_ids": [list(r["input_ids"]) for r in rows],
+                "labels": [list(r.get("labels") or r["input_ids"]) for r in rows],
+            }
+        )
+    else:
+        out = tokenize_dataset(
+            ds, fmt, tokenizer, max_length, split, path, label2id, packing=packing, padding_free=padding_free
+        )
+        if columns is not None:
+            consumed = SOURCE_COLUMNS.get(fmt, ())
+            out, dropped = prune_dataset(
+                out, columns.keep, columns.inputs, split, columns.inputs_from, consumed
+            )
+    if packing:
+        out = pack_dataset(out, packing, max_length, split)
+    return out, dropped, None

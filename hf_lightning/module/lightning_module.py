@@ -304,7 +304,7 @@ class HFLightningModule(TrainLogState, EvalStepsMixin, L.LightningModule):
 
         Args:
             batch: the collated micro-batch (``labels`` ``(B, L)`` or ``(B,)``; the window keys of
-                :mod:`hf_lightning.data.dataloaders` are never passed to the model).
+                :mod:`hf_lightning.data.windows` are never passed to the model).
             num_items_in_batch: the window's target count (``int``, or a 0-dim int64 tensor when summed across
                 ranks), at least 1; ``None`` when the batches carry no count (HF: "not counted") or the loss is
                 HF's fallback (``loss_is_scaled_for_ga`` resolved to ``False``): the loss is then a mean over
@@ -385,7 +385,7 @@ class HFLightningModule(TrainLogState, EvalStepsMixin, L.LightningModule):
             if not self._warned_unwrapped:
                 log.warning(
                     "training batches carry no num_items_in_batch (the train dataloader is not an "
-                    "HFDataModule one, nor wrapped in hf_lightning.data.dataloaders.AccumulationWindowLoader): each "
+                    "HFDataModule one, nor wrapped in hf_lightning.data.windows.AccumulationWindowLoader): each "
                     "micro-batch is normalised by its own count and divided by the window length, HF's fallback, "
                     "which weights targets unequally"
                 )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from hf_lightning.data.dataloaders import AccumulationWindowLoader
+from hf_lightning.data.windows import AccumulationWindowLoader
 from hf_lightning.module.loss import count_loss_items
 
 
