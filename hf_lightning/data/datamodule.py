@@ -276,7 +276,9 @@ class HFDataModule(DataLoaderHooks, L.LightningDataModule):
         label2id = label_mapping(train, path) if fmt == "classification" else None
         if label2id is not None:
             self.id2label = {i: name for name, i in label2id.items()}
-        self.resolved_label_names = self.label_names or (find_label_names(model) if model else ["labels"])
+        self.resolved_label_names = self.label_names or (
+            find_label_names(model) if model is not None else ["labels"]
+        )
         columns = resolve_columns(model, self.model_input_names, self.resolved_label_names, self.tokenizer)
         self._columns = columns if self.remove_unused_columns else None
         self._processor = ExampleProcessor(
