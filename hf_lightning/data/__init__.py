@@ -1,11 +1,11 @@
-"""The data path: loading, formatting, pruning, collation, packing, sampling, streams, and the DataModule."""
+"""The data path: sources, formats, tokenize, checks, packing, collators, samplers, streams, loaders, the DataModule."""
 
 from hf_lightning.data.collators import ClassificationCollator, PaddingCollator, Seq2SeqCollator
 from hf_lightning.data.datamodule import HFDataModule
 from hf_lightning.data.flattening import PaddingFreeCollator
-from hf_lightning.data.iterable import ShardedStream
 from hf_lightning.data.packing import PackedCollator
 from hf_lightning.data.samplers import ExactDistributedSampler, length_grouped_indices
+from hf_lightning.data.streams import ShardedStream
 from hf_lightning.data.windows import AccumulationWindowLoader
 
 __all__ = [

@@ -8,7 +8,7 @@ Each check names the split, the row and the value, and says what to change.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import datasets
@@ -54,6 +54,59 @@ def check_arguments(group: str, arguments: dict[str, tuple[Any, str]]) -> None:
         test, what = KINDS[kind]
         if not test(value):
             raise ConfigError(f"{group}.{name} must be {what}, got {value!r}")
+
+
+# HFDataModule's arguments and their kinds, in the order they are checked
+DATA_ARGUMENTS = {
+    "per_device_train_batch_size": "positive int",
+    "per_device_eval_batch_size": "positive int",
+    "max_length": "positive int",
+    "shuffle_buffer_size": "positive int",
+    "validation_split": "fraction",
+    "num_workers": "int >= 0",
+    "prefetch_factor": "positive int or null",
+    "pad_to_multiple_of": "positive int or null",
+    "seed": "int >= 0",  # numpy and torch generators refuse negative seeds
+    "model_input_names": "names or null",
+    "label_names": "names or null",
+    **dict.fromkeys(
+        (
+            "shuffle",
+            "group_by_length",
+            "padding_free",
+            "streaming",
+            "remove_unused_columns",
+            "pin_memory",
+            "persistent_workers",
+            "drop_last",
+        ),
+        "bool",
+    ),
+}
+
+
+def check_data_arguments(values: Mapping[str, Any]) -> None:
+    """:func:`check_arguments` of the ``data`` group: each key of :data:`DATA_ARGUMENTS` in ``values``."""
+    check_arguments("data", {k: (values[k], kind) for k, kind in DATA_ARGUMENTS.items()})
+
+
+def check_pad_token(tokenizer: Any) -> None:
+    """Refuse a tokenizer without a pad token (saying what to set).
+
+    Raises:
+        ConfigError: no ``pad_token_id``.
+    """
+    if getattr(tokenizer, "pad_token_id", None) is not None:
+        return
+    if getattr(tokenizer, "eos_token", None) is not None:
+        hint = "set tokenizer.pad_token (for example to its eos_token)"
+    else:
+        # nothing to fall back on: the model folder's tokenizer needs a token named for padding
+        hint = (
+            "it has no eos_token either: set tokenizer.pad_token and tokenizer.eos_token (for example "
+            "both to its end-of-text token, such as '<|endoftext|>' for GPT-2)"
+        )
+    raise ConfigError(f"the tokenizer has no pad token; {hint} and save it into the model folder")
 
 
 def check_fits_one_batch(n_per_rank: int, batch_size: int, drop_last: bool, split: str = "train") -> None:

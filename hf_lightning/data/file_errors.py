@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from hf_lightning.errors import DataError
@@ -120,17 +119,13 @@ def non_utf8_message(path: str) -> str | None:
     )
 
 
-@contextmanager
-def naming_non_utf8(path: Any, split: str) -> Iterator[None]:
-    """Turn a ``UnicodeDecodeError`` raised while reading rows (pyarrow may load bad bytes and fail only when
-    they are decoded) into a :class:`DataError` that names the file line."""
-    try:
-        yield
-    except UnicodeDecodeError as err:
-        detail = None
-        if isinstance(path, (str, os.PathLike)) and os.path.isfile(path):
-            detail = non_utf8_message(os.fspath(path))
-        raise DataError(f"data.path={path} ({split}): {detail or f'text that is not UTF-8 ({err})'}") from err
+def non_utf8_error(path: Any, split: str, err: UnicodeDecodeError) -> DataError:
+    """A :class:`DataError` naming the file line for a ``UnicodeDecodeError`` raised while reading rows (pyarrow
+    may load bad bytes and fail only when they are decoded)."""
+    detail = None
+    if isinstance(path, (str, os.PathLike)) and os.path.isfile(path):
+        detail = non_utf8_message(os.fspath(path))
+    return DataError(f"data.path={path} ({split}): {detail or f'text that is not UTF-8 ({err})'}")
 
 
 def explain_load_error(path: str, builder: str, err: BaseException) -> str:

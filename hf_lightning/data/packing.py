@@ -40,18 +40,128 @@ import bisect
 import logging
 from collections import deque
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import datasets
 import torch
 
 from hf_lightning.batch import IGNORE_INDEX
+from hf_lightning.data.checks import check_sequence_isolation
 from hf_lightning.data.collators import flatten_rows, pad_flat, round_up, row_mask
+from hf_lightning.data.formats import CAUSAL_FORMATS
+from hf_lightning.data.model_facts import forward_parameters
 from hf_lightning.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
 STRATEGIES = ("bfd", "wrapped")
+#: the values ``data.packing`` takes (``HFDataModule``'s annotation says the same)
+Packing = bool | Literal["bfd", "wrapped"]
+
+
+def packing_strategy(packing: Any) -> str | None:
+    """``data.packing`` as a strategy: ``True`` is ``"bfd"``, ``False``/``None`` no packing.
+
+    Raises:
+        ConfigError: a value that is none of ``false, true, "bfd", "wrapped"``.
+    """
+    if packing is True:
+        return "bfd"
+    if packing is False or packing is None:
+        return None
+    if packing not in STRATEGIES:
+        raise ConfigError(
+            f"data.packing={packing!r}; expected false, true (= bfd) or one of {list(STRATEGIES)}"
+        )
+    return packing
+
+
+def check_packing(
+    packing: Any,
+    padding_free: bool = False,
+    *,
+    fmt: str | None = None,
+    stream: bool | None = None,
+    task: str | None = None,
+    encoder_decoder: bool | None = None,
+    model: Any = None,
+    forward_kwargs: Mapping[str, Any] | None = None,
+) -> str | None:
+    """Every rule of ``data.packing`` (and of ``data.padding_free``, which shares the model's part), in one place.
+
+    A rule runs when its facts are given (``None``: not known yet), so the config schema calls it before anything
+    is built (``packing``, ``task``, ``encoder_decoder``) and ``HFDataModule.setup`` once with the data and the
+    model (``fmt``, ``stream``, ``model``, ``forward_kwargs``).
+
+    Args:
+        packing / padding_free: the two options as given.
+        fmt: the data format (:mod:`~hf_lightning.data.formats`); only causal formats can be packed or flattened.
+        stream: whether the training source is a stream (packing needs the whole dataset).
+        task / encoder_decoder: the model's task (``model.task``) and whether it is an encoder-decoder.
+        model: the ``nn.Module``; its ``forward`` must take ``position_ids`` and its attention must keep packed
+            sequences apart (:func:`~hf_lightning.data.checks.check_sequence_isolation`, a probe forward).
+        forward_kwargs: what the LightningModule passes to every forward (``use_cache=False`` keeps the sequences
+            apart; without it one WARNING, else one INFO line).
+
+    Returns:
+        the strategy (``"bfd"``, ``"wrapped"``) or ``None`` (no packing).
+
+    Raises:
+        ConfigError: one line naming the option, the value and what to change.
+    """
+    strategy = packing_strategy(packing)
+    if strategy and encoder_decoder:
+        raise ConfigError(
+            f"data.packing={strategy!r} with an encoder-decoder model (model.task={task}): packing concatenates "
+            "examples into one causal sequence, which an encoder-decoder cannot attend correctly; allowed "
+            "values: false"
+        )
+    if strategy and task == "sequence_classification":
+        raise ConfigError(
+            f"data.packing={strategy!r} with model.task=sequence_classification; allowed values: false"
+        )
+    if strategy and fmt is not None and fmt not in CAUSAL_FORMATS:
+        raise ConfigError(
+            f"data.packing={strategy!r} packs causal-LM rows; the {fmt!r} format cannot be packed"
+        )
+    if strategy and stream:
+        # packing on the fly would give each rank a content-dependent number of rows, so ranks would run
+        # different numbers of steps (DDP hangs) and the exact per-rank split would be lost
+        raise ConfigError(
+            f"data.packing={strategy!r} needs the whole dataset (a map-style source) so that every rank "
+            "gets the same number of packed rows; this source is a stream. Use data.padding_free=true for "
+            "streams (no padding either), or data.streaming=false"
+        )
+    if padding_free and fmt is not None and fmt not in CAUSAL_FORMATS:
+        raise ConfigError(
+            f"data.padding_free=true flattens causal-LM rows; the {fmt!r} format cannot be flattened"
+        )
+    if (strategy or padding_free) and model is not None:
+        _check_model_separates_sequences(
+            model, "data.packing" if strategy else "data.padding_free", forward_kwargs
+        )
+    return strategy
+
+
+def _check_model_separates_sequences(
+    model: Any, option: str, forward_kwargs: Mapping[str, Any] | None
+) -> None:
+    if "position_ids" not in forward_parameters(model):
+        raise ConfigError(
+            f"{type(model).__name__}.forward takes no position_ids, so packed or padding-free batches "
+            "cannot mark where sequences start; set data.packing=false and data.padding_free=false"
+        )
+    check_sequence_isolation(model, option)
+    if getattr(getattr(model, "config", None), "use_cache", False):
+        # HFLightningModule turns the cache off itself: nothing for its user to do (INFO); any other
+        # LightningModule must do it, or packed sequences attend to each other (WARNING)
+        handled = (forward_kwargs or {}).get("use_cache") is False
+        (log.info if handled else log.warning)(
+            "packed/padding-free batches: transformers only separates sequences by position_ids when "
+            "no KV cache is built; %s.config.use_cache is true, so the LightningModule must call the "
+            "model with use_cache=False (HFLightningModule does) or sequences will attend to each other",
+            type(model).__name__,
+        )
 
 
 def best_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int]]:
@@ -181,10 +291,9 @@ def pack_dataset(
     they are named in the log.
 
     Raises:
-        ConfigError: an unknown strategy.
+        KeyError: a strategy not in :data:`STRATEGIES` (:func:`check_packing` refuses it first).
     """
-    if strategy not in STRATEGIES:
-        raise ConfigError(f"data.packing={strategy!r}; expected false or one of {list(STRATEGIES)}")
+    pack = {"bfd": pack_bfd, "wrapped": pack_wrapped}[strategy]
     left = [c for c in ds.column_names if c not in ("input_ids", "attention_mask", "labels")]
     if left:
         log.warning(
@@ -193,7 +302,7 @@ def pack_dataset(
             left,
         )
     n_docs = len(ds)
-    packed = pack_bfd(ds, max_length) if strategy == "bfd" else pack_wrapped(ds, max_length)
+    packed = pack(ds, max_length)
     tokens = sum(len(x) for x in packed["input_ids"])
     slots = len(packed) * max_length
     log.info(

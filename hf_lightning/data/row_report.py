@@ -1,6 +1,6 @@
 """What tokenization did to each row, and the log lines that count it per split.
 
-Every format function of :mod:`~hf_lightning.data.formatting` returns, beside the token columns, one value per row
+Every format function of :mod:`~hf_lightning.data.formats` returns, beside the token columns, one value per row
 in each of these columns (the caller counts them with :class:`RowReport` and removes them):
 
 - ``truncated``: how many tokens truncation to ``data.max_length`` cut off (0: none);
@@ -18,12 +18,10 @@ ranks stay in step). The warning names each cause with its count and its first r
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from hf_lightning.batch import IGNORE_INDEX
-from hf_lightning.data.file_errors import is_json_lines
 
 log = logging.getLogger(__name__)
 
@@ -76,34 +74,13 @@ def has_content(ids: Sequence[int], special: set[int]) -> bool:
     return any(t not in special for t in ids)
 
 
-def row_names(ds: Any, path: Any, split: str) -> Callable[[list[int]], str]:
-    """A function naming rows of ``ds`` for the log: ``data.path=F.jsonl lines 3, 8`` for a JSON Lines file we loaded
-    (one pass over the file for all rows named), ``data.path=F.csv rows 2, 7 of the file`` for another file, else
-    ``train rows 2, 7``."""
-    from hf_lightning.data.preprocess import source_row  # preprocess imports this module
-
-    if not (isinstance(path, (str, os.PathLike)) and os.path.isfile(path)):
-        return lambda rows: row_numbers(f"{split} row", rows)
-    path = os.fspath(path)
-
-    def name(rows: list[int]) -> str:
-        src = [source_row(ds, r) for r in rows]
-        if is_json_lines(path):
-            lines = _jsonl_lines(path, src)
-            if all(line is not None for line in lines):
-                return f"data.path={path} " + row_numbers("line", lines)
-        return f"data.path={path} " + row_numbers("row", src) + " of the file"
-
-    return name
-
-
 def row_numbers(noun: str, values: Sequence[int]) -> str:
     """``rows 1, 3, 8`` (``noun`` ``rows``); at most :data:`SHOWN_ROWS` numbers, then ``...``."""
     more = "" if len(values) <= SHOWN_ROWS else ", ..."
     return f"{noun}{'s' if len(values) > 1 else ''} {', '.join(str(v) for v in values[:SHOWN_ROWS])}{more}"
 
 
-def _jsonl_lines(path: str, rows: Sequence[int]) -> list[int | None]:
+def jsonl_lines(path: str, rows: Sequence[int]) -> list[int | None]:
     """The 1-based lines of source rows ``rows`` of a JSON Lines file (blank lines are not rows), in one pass."""
     wanted = set(rows)
     found: dict[int, int] = {}

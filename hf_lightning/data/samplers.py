@@ -1,5 +1,9 @@
 """Samplers for map-style data: one global order, identical on every rank, split so each index is seen once.
 
+Ours, not ``DistributedSampler`` / HF's ``LengthGroupedSampler``: those pad a short rank with *real* repeated
+examples (trained twice per epoch); here every example is used exactly once per epoch, and short ranks get a
+masked top-up copy that adds nothing to the loss. The length-grouped order itself is HF's function.
+
 - Training order: a random permutation seeded by ``seed + epoch`` (``torch.randperm``, as
   ``torch.utils.data.DistributedSampler``), or HF's length grouping (:func:`length_grouped_indices`) with a
   generator seeded the same way. Every rank computes the same order; rank ``r`` takes positions
@@ -33,6 +37,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 from torch.utils.data import Dataset, DistributedSampler
+from transformers.trainer_pt_utils import get_length_grouped_indices
 
 from hf_lightning.batch import IGNORE_INDEX
 
@@ -45,7 +50,8 @@ def length_grouped_indices(
     generator: torch.Generator | None = None,
     mega_batch_mult: int | None = None,
 ) -> list[int]:
-    """HF's ``transformers.trainer_pt_utils.get_length_grouped_indices``, reproduced exactly.
+    """HF's ``transformers.trainer_pt_utils.get_length_grouped_indices`` (called, not copied), and ``[]`` for no
+    rows (HF's ``argmax`` of an empty tensor raises).
 
     A random permutation (``torch.randperm`` with ``generator``) cut into mega-batches of
     ``mega_batch_mult * batch_size`` indices (default ``min(N // (4 * batch_size), 50)``, at least 1), each
@@ -55,21 +61,11 @@ def length_grouped_indices(
     Returns:
         a permutation of ``range(len(lengths))``.
     """
-    n = len(lengths)
-    if mega_batch_mult is None:
-        mega_batch_mult = max(min(n // (batch_size * 4), 50), 1)
-    indices = torch.randperm(n, generator=generator).tolist()
-    size = mega_batch_mult * batch_size
-    megabatches = [
-        sorted(indices[i : i + size], key=lambda j: lengths[j], reverse=True) for i in range(0, n, size)
-    ]
-    if not megabatches:
+    if len(lengths) == 0:
         return []
-    # the first mega-batch whose head is the longest (argmax takes the first maximum, as HF's torch.argmax)
-    heads = [lengths[m[0]] for m in megabatches]
-    top = heads.index(max(heads))
-    megabatches[0][0], megabatches[top][0] = megabatches[top][0], megabatches[0][0]
-    return [i for m in megabatches for i in m]
+    return get_length_grouped_indices(
+        lengths, batch_size, mega_batch_mult=mega_batch_mult, generator=generator
+    )
 
 
 def _leaf_counts(arr: pa.Array) -> np.ndarray:

@@ -1,8 +1,11 @@
 """Gradient-accumulation windows: count ``num_items_in_batch`` before the first forward of a step.
 
-HF `Trainer` pulls the next ``gradient_accumulation_steps`` batches from the iterator, counts their label
-targets, then runs the micro-steps (``Trainer.get_batch_samples``). Lightning's loop pulls one batch at a
-time, so :class:`AccumulationWindowLoader` does the look-ahead on the data side: it reads a whole window
+Ours: HF ``Trainer`` does this look-ahead inside its own loop (``Trainer.get_batch_samples``); Lightning's loop
+has no hook for it, so it lives in the train loader.
+
+HF `Trainer` pulls the next ``gradient_accumulation_steps`` batches from the
+iterator, counts their label targets, then runs the micro-steps (``Trainer.get_batch_samples``). Lightning's loop
+pulls one batch at a time, so :class:`AccumulationWindowLoader` does the look-ahead on the data side: it reads a whole window
 from the wrapped loader, counts it on the host (no device sync), and yields its batches with the count
 attached under ``num_items_in_batch``.
 
@@ -18,7 +21,7 @@ import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
-from hf_lightning.batch import MICRO_ITEMS_KEY, NUM_ITEMS_KEY, WINDOW_KEYS, WINDOW_LENGTH_KEY  # noqa: F401
+from hf_lightning.batch import MICRO_ITEMS_KEY, NUM_ITEMS_KEY, WINDOW_LENGTH_KEY
 
 
 class AccumulationWindowLoader:

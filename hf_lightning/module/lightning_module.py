@@ -621,17 +621,22 @@ class HFLightningModule(AdapterCheckpointState, TrainLogState, EvalStepsMixin, L
 
         Lightning's property builds the train loader through ``fit_loop.setup_data()`` while the optimizers are
         configured, before a checkpoint's loop state is restored; the loader state of a mid-epoch resume is
-        then never loaded. Here the length comes from the DataModule's own loader, and Lightning's loader is
-        left to be built after the restore.
+        then never loaded. Here the length comes from the DataModule (``HFDataModule.train_batches_per_epoch``,
+        computed without a loader; another DataModule's own loader), and Lightning's loader is built once, after
+        the restore.
         """
         trainer = self.trainer
         datamodule = trainer.datamodule
         if datamodule is None:
             return trainer.estimated_stepping_batches
+        per_epoch = getattr(datamodule, "train_batches_per_epoch", None)  # HFDataModule: no loader is built
         try:
-            batches: float = len(datamodule.train_dataloader())
+            batches: float | None = (
+                per_epoch() if per_epoch is not None else len(datamodule.train_dataloader())
+            )
         except TypeError:  # a stream of unknown length
-            batches = float("inf")
+            batches = None
+        batches = float("inf") if batches is None else batches
         limit = trainer.limit_train_batches
         if isinstance(limit, int):
             batches = min(batches, limit)

@@ -184,3 +184,10 @@ def test_valid_configs_pass(compose_cfg):
             "trainer.precision=16-mixed",
         )
     )
+
+
+def test_a_packing_value_outside_its_annotation_is_refused_before_anything_is_built(compose_cfg):
+    """``HFDataModule``'s ``packing: bool | Literal["bfd", "wrapped"]`` is the allowed set the schema reads."""
+    message = rejected(compose_cfg, "data.packing=greedy")
+    assert "data.packing='greedy'" in message
+    assert "'bfd', 'wrapped'" in message

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hf_lightning.data.formatting import chat_labels, tokenize_chat
+from hf_lightning.data.chat import chat_labels, tokenize_chat
 from hf_lightning.defaults.tokenizer import CHATML_TEMPLATE
 
 IGNORE = -100

@@ -9,7 +9,7 @@ import datasets
 import pytest
 
 from hf_lightning import DataError, HFDataModule
-from hf_lightning.data.formatting import detect_format
+from hf_lightning.data.sources import detect_format
 from tests.data_support import shared_data
 
 IGNORE = -100

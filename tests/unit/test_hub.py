@@ -145,7 +145,7 @@ def test_a_dataset_id_loads_from_the_datasets_cache_with_its_splits(hub_cache, t
 
 
 def test_a_missing_dataset_id_is_one_line(hub_cache):
-    from hf_lightning.data.loading import load_source
+    from hf_lightning.data.sources import load_source
 
     _, ds = hub_cache
     with pytest.raises(DataError) as caught:

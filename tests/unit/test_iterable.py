@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 from torch.utils.data import IterableDataset
 
 from hf_lightning import ConfigError, HFDataModule
-from hf_lightning.data.iterable import ShardedStream
-from hf_lightning.data.loader import EpochDataLoader
+from hf_lightning.data.dataloaders import EpochDataLoader
 from hf_lightning.data.samplers import ExactDistributedSampler
+from hf_lightning.data.streams import ShardedStream
 
 
 class Rows(IterableDataset):

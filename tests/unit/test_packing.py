@@ -240,3 +240,27 @@ def test_a_plain_torch_dataset_packs_like_a_datasets_dataset(word_tokenizer):
         dm.setup()
         rows.append(dm.train_dataset.to_list())
     assert rows[0] == rows[1] and len(rows[0]) == 3  # with their EOS: 4, 8, 3, 2 tokens -> [8] [4 + 3] [2]
+
+
+def test_check_packing_holds_the_rules_the_schema_and_the_datamodule_share():
+    """One function, every rule: the schema calls it with the model's task before anything is built, the
+    DataModule once at setup with the format, the source kind and the model."""
+    from hf_lightning.data.packing import check_packing
+
+    assert check_packing(True) == "bfd"
+    assert check_packing("wrapped") == "wrapped"
+    assert check_packing(False, fmt="seq2seq", stream=True, encoder_decoder=True) is None
+    with pytest.raises(ConfigError, match=r"^data.packing='greedy'; expected false, true \(= bfd\)"):
+        check_packing("greedy")
+    with pytest.raises(
+        ConfigError, match=r"with an encoder-decoder model \(model.task=seq2seq_lm\).*allowed values"
+    ):
+        check_packing("bfd", task="seq2seq_lm", encoder_decoder=True)
+    with pytest.raises(ConfigError, match="model.task=sequence_classification; allowed values: false"):
+        check_packing(True, task="sequence_classification", encoder_decoder=False)
+    with pytest.raises(ConfigError, match="the 'classification' format cannot be packed"):
+        check_packing("bfd", fmt="classification")
+    with pytest.raises(ConfigError, match="this source is a stream"):
+        check_packing("wrapped", fmt="text", stream=True)
+    with pytest.raises(ConfigError, match="the 'seq2seq' format cannot be flattened"):
+        check_packing(False, padding_free=True, fmt="seq2seq")

@@ -23,17 +23,24 @@ def _gen(seed):
     return torch.Generator().manual_seed(seed)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(
-    lengths=st.lists(st.integers(1, 50), min_size=1, max_size=300),
+    lengths=st.lists(st.integers(1, 50), min_size=0, max_size=300),
     batch_size=st.integers(1, 16),
     seed=st.integers(0, 2**31),
 )
-def test_length_grouped_indices_equal_hf_with_the_same_generator(lengths, batch_size, seed):
-    ours = length_grouped_indices(lengths, batch_size, generator=_gen(seed))
-    hf = get_length_grouped_indices(lengths, batch_size, generator=_gen(seed))
-    assert ours == hf
-    assert sorted(ours) == list(range(len(lengths)))
+def test_length_grouped_indices_are_a_permutation_grouped_by_length(lengths, batch_size, seed):
+    """HF's function (called by ours) on any input, and no rows at all (HF's argmax of nothing raises)."""
+    order = length_grouped_indices(lengths, batch_size, generator=_gen(seed))
+    assert sorted(order) == list(range(len(lengths)))
+    if lengths:
+        assert lengths[order[0]] == max(lengths)  # the longest row leads the first batch
+
+
+def test_no_rows_give_an_empty_order():
+    with pytest.raises((RuntimeError, IndexError)):  # the guard is needed: HF alone fails on an empty dataset
+        get_length_grouped_indices([], 4, generator=_gen(0))
+    assert length_grouped_indices([], 4, generator=_gen(0)) == []
 
 
 def test_length_grouping_by_hand():

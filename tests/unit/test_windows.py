@@ -66,7 +66,7 @@ def test_resume_state_of_another_epoch_is_ignored():
 
 
 def test_sampler_jump_reads_nothing_before_the_resume_point():
-    from hf_lightning.data.loader import EpochDataLoader
+    from hf_lightning.data.dataloaders import EpochDataLoader
     from hf_lightning.data.samplers import ExactDistributedSampler
 
     read = []

@@ -1,6 +1,7 @@
-"""Formats: detect what a dataset holds and tokenize it into ``input_ids`` / ``attention_mask`` / ``labels``.
+"""Formats: tokenize the rows of each data format into ``input_ids`` / ``attention_mask`` / ``labels``.
 
-Detection reads the schema (column names), never the first row; the first matching rule wins:
+The formats, the columns that select them (:func:`~hf_lightning.data.sources.detect_format` reads the schema, never
+the first row; the first matching rule wins) and what is trained on:
 
 ============================  ====================  =========================================================
 columns                       format                targets
@@ -44,7 +45,7 @@ from hf_lightning.data.row_report import (
 )
 from hf_lightning.errors import DataError
 
-__all__ = ["FORMATS", "SOURCE_COLUMNS", "TOKENIZERS", "chat_labels", "detect_format", "tokenize_chat"]
+__all__ = ["FORMATS", "SOURCE_COLUMNS", "TOKENIZERS", "chat_labels", "tokenize_chat"]
 
 
 def _strings(batch: Mapping[str, list], field: str) -> list[str]:
@@ -366,33 +367,6 @@ SOURCE_COLUMNS = {
 }
 # formats whose labels are shifted by the model (the first label position is never a target)
 CAUSAL_FORMATS = ("text", "prompt_completion", "messages", "conversations", "tokenized")
-# detection order: the first format whose required columns are all present
-DETECTION_ORDER = (
-    "tokenized",
-    "messages",
-    "conversations",
-    "prompt_completion",
-    "seq2seq",
-    "classification",
-    "text",
-)
-
-
-def detect_format(columns: Sequence[str], path: Any = None) -> str:
-    """The format of a dataset with these column names (see the module table).
-
-    Raises:
-        DataError: no known layout; the message lists the columns found and the layouts expected.
-    """
-    cols = set(columns)
-    for fmt in DETECTION_ORDER:
-        if all(c in cols for c in SOURCE_COLUMNS[fmt]):
-            return fmt
-    layouts = ", ".join(f"{fmt}: {'+'.join(SOURCE_COLUMNS[fmt])}" for fmt in DETECTION_ORDER)
-    raise DataError(
-        f"data.path={path}: cannot tell the data format from the columns {sorted(cols)}; expected one of "
-        f"({layouts}), or set data.format explicitly"
-    )
 
 
 def check_columns(columns: Sequence[str], fmt: str, path: Any, split: str) -> None:

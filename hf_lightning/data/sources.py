@@ -1,25 +1,35 @@
-"""Load a data source, with errors that name the path.
+"""Sources: load the training and validation data, rename columns, and tell its format from the schema.
+
+Errors name the path (and, on the error path only, the line: :mod:`~hf_lightning.data.file_errors`).
 
 Sources: a json/jsonl/csv/parquet file, a folder written by ``save_to_disk`` (read as a stream with
-``streaming=True``), a hub dataset id (``load_dataset(path, name, revision=..., streaming=...)`` through the
-``datasets`` cache; ``HF_HUB_OFFLINE=1`` reads the cache only), an in-memory ``datasets.Dataset`` / ``DatasetDict`` / ``IterableDataset`` /
+``streaming=True``), an in-memory ``datasets.Dataset`` / ``DatasetDict`` / ``IterableDataset`` /
 ``IterableDatasetDict``, a plain torch ``Dataset`` or ``IterableDataset`` of example mappings, or ``None`` for
 the embedded chatterbot-corpus default.
+
+A ``datasets.Dataset`` with a format or a transform is judged on what its rows return, not on its stored
+columns: ``set_transform`` / ``with_transform`` (e.g. tokenizing on access), ``set_format(columns=[...])`` and
+``set_format("torch")`` change what ``ds[i]`` returns without changing ``ds.column_names``; ``Dataset.map``
+hands the transformed rows to its function. Reading formats and pruning off the stored columns while mapping the
+transformed ones broke both ways (``KeyError: 'text'`` when the transform tokenized the text away; the stored
+``input_ids`` used when the format showed only ``text``). HF ``Trainer`` trains on what ``ds[i]`` returns, and so
+does hf_lightning: :func:`as_returned` turns such a dataset into a plain one holding exactly those rows.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import datasets
 import torch
 
-from hf_lightning.data.file_errors import explain_load_error
-from hf_lightning.data.formatted import as_returned
-from hf_lightning.errors import DataError
+from hf_lightning.data.file_errors import explain_load_error, read_error
+from hf_lightning.data.formats import SOURCE_COLUMNS
+from hf_lightning.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +61,68 @@ def _load_folder(path: str) -> datasets.Dataset | datasets.DatasetDict:
             f"data.path={path}: a folder, but not one written by Dataset.save_to_disk / "
             f"DatasetDict.save_to_disk ({err})"
         ) from err
+
+
+def _same(batch: dict[str, Any]) -> dict[str, Any]:
+    return batch
+
+
+def as_returned(ds: datasets.Dataset, name: Any) -> datasets.Dataset:
+    """``ds`` as plain Arrow rows equal to what ``ds[i]`` returns (``ds`` itself when it has no format).
+
+    - a format transform (``set_transform`` / ``with_transform``): the rows are read through it once, in memory
+      (``Dataset.map`` without a cache file, so a changed transform is never served from a cache), and only the
+      columns it returns are kept;
+    - ``set_format(columns=...)`` without ``output_all_columns``: only those columns;
+    - a tensor format (``torch``, ``numpy``, ...): the same values as Python lists.
+
+    One INFO line says what was done.
+
+    Raises:
+        DataError: the transform fails on the dataset's rows (the message names ``data.path`` and the error).
+    """
+    fmt = ds.format
+    stored = list(ds.column_names)
+    if fmt["type"] == "custom":
+        from datasets.fingerprint import generate_random_fingerprint
+
+        try:
+            out = ds.map(
+                _same,
+                batched=True,
+                remove_columns=stored,
+                keep_in_memory=True,
+                load_from_cache_file=False,
+                new_fingerprint=generate_random_fingerprint(),
+                desc="reading rows through the dataset's transform",
+            )
+        except Exception as err:  # the user's transform: any exception type
+            raise DataError(
+                f"data.path={name}: reading its rows through the dataset's transform (set_transform / "
+                f"with_transform) failed: {type(err).__name__}: {err}. Fix the transform, or apply it with "
+                "Dataset.map and pass the result"
+            ) from err
+        out = out.with_format(None)
+        log.info(
+            "data.path=%s: a dataset with a format transform; training on what it returns: %d rows with the "
+            "columns %s (read through the transform once; its stored columns %s are not used)",
+            name,
+            len(out),
+            out.column_names,
+            stored,
+        )
+        return out
+    columns = fmt["columns"]
+    if columns is not None and not fmt["output_all_columns"] and set(columns) != set(stored):
+        ds = ds.select_columns(list(columns))
+        hidden = [c for c in stored if c not in columns]
+        log.info(
+            "data.path=%s: the dataset's format returns the columns %s only; the stored columns %s are not used",
+            name,
+            list(columns),
+            hidden,
+        )
+    return ds.with_format(None) if ds.format["type"] is not None else ds
 
 
 IN_MEMORY = (
@@ -109,7 +181,7 @@ def load_source(
     Args:
         source: a path (file or ``save_to_disk`` folder) or an in-memory dataset (returned as it is; a
             ``datasets.Dataset`` with a format or a transform as the rows it returns, see
-            :func:`~hf_lightning.data.formatted.as_returned`).
+            :func:`as_returned`).
         streaming: read a file lazily (``load_dataset(..., streaming=True)``) or a ``save_to_disk`` folder
             as ``Dataset.to_iterable_dataset()``; the result is a ``datasets.IterableDataset``.
         name / revision: a hub dataset's config name and revision (``load_dataset``'s ``name`` and
@@ -134,11 +206,8 @@ def load_source(
         from hf_lightning.hub import looks_like_hub_id
 
         if looks_like_hub_id(path):
-            return (
-                _as_returned(_load_hub(path, name, revision, streaming), path)
-                if not streaming
-                else (_load_hub(path, name, revision, streaming))
-            )
+            loaded = _load_hub(path, name, revision, streaming)
+            return loaded if streaming else _as_returned(loaded, path)
         raise DataError(f"data.path={path}: no such file or folder")
     if os.path.isdir(path):
         loaded = _as_returned(_load_folder(path), path)  # save_to_disk keeps a format's type and columns
@@ -212,3 +281,106 @@ def split_train_validation(
             )
         log.info("held out %d of %d rows for validation (seed %d)", len(val), len(train) + len(val), seed)
     return train, val, None
+
+
+def load_splits(
+    path: Any,
+    validation_path: Any,
+    validation_split: float,
+    seed: int,
+    streaming: bool,
+    rename_columns: Mapping[str, str] | None,
+    *,
+    name: str | None = None,
+    revision: str | None = None,
+    split: str = "train",
+    validation_split_name: str | None = None,
+) -> tuple[Any, Any, Any, float | None]:
+    """``(path, train, validation or None, stream hold-out or None)`` of the DataModule's arguments.
+
+    ``path=None`` is the embedded chatterbot-corpus data (its train and validation files);
+    ``validation_path`` overrides any split of ``path``; ``rename_columns`` is applied to both splits;
+    ``name``, ``revision``, ``split``, ``validation_split_name``: see :func:`load_source` and
+    :func:`split_train_validation`.
+
+    Raises:
+        ConfigError: ``rename_columns`` with a source that is not a ``datasets`` one.
+        DataError: see :func:`load_source`, :func:`split_train_validation`; a renamed column not in the source.
+    """
+    if path is None:
+        from hf_lightning.defaults import prepare_chatterbot
+
+        files = prepare_chatterbot()
+        path, validation_path = files["train"], files["validation"]
+    loaded = load_source(path, streaming=streaming, name=name, revision=revision)
+    fraction = 0.0 if validation_path is not None else validation_split
+    train, val, holdout = split_train_validation(loaded, fraction, seed, path, split, validation_split_name)
+    if validation_path is not None:
+        val = load_source(validation_path, streaming=streaming)
+        if isinstance(val, (datasets.DatasetDict, datasets.IterableDatasetDict)):
+            val = next(iter(val.values()))
+    if rename_columns:
+        train = _renamed(train, path, rename_columns)
+        val = _renamed(val, validation_path or path, rename_columns) if val is not None else None
+    return path, train, val, holdout
+
+
+def _renamed(ds: Any, path: Any, rename_columns: Mapping[str, str]) -> Any:
+    """``ds`` with ``data.rename_columns`` applied (datasets sources only)."""
+    if not hasattr(ds, "rename_columns"):
+        raise ConfigError(
+            f"data.rename_columns needs a datasets source; data.path={path} is {type(ds).__name__}"
+        )
+    columns = column_names(ds, path)
+    missing = [c for c in rename_columns if c not in columns]
+    if missing:
+        raise DataError(f"data.rename_columns: {missing} not in data.path={path} (columns: {columns})")
+    return ds.rename_columns(dict(rename_columns))
+
+
+def column_names(ds: Any, path: Any) -> list[str]:
+    """The schema's column names; a source without a schema (torch data, some streams) shows its first row."""
+    names = getattr(ds, "column_names", None)
+    if names:
+        return list(names)
+    try:
+        first = next(iter(ds)) if is_stream(ds) else ds[0]
+    except (DataError, StopIteration):
+        raise
+    except Exception as err:  # a stream reads its file only now: a broken line shows here first
+        raise read_error(path, "train", err) from err
+    if not isinstance(first, dict):
+        raise DataError(
+            f"data.path={path}: examples must be mappings of column -> value, got {type(first).__name__}"
+        )
+    log.info("the source has no schema; reading the column names from its first row: %s", sorted(first))
+    return list(first)
+
+
+# detection order: the first format whose required columns are all present
+DETECTION_ORDER = (
+    "tokenized",
+    "messages",
+    "conversations",
+    "prompt_completion",
+    "seq2seq",
+    "classification",
+    "text",
+)
+
+
+def detect_format(columns: Sequence[str], path: Any = None) -> str:
+    """The format of a dataset with these column names (see the module table).
+
+    Raises:
+        DataError: no known layout; the message lists the columns found and the layouts expected.
+    """
+    cols = set(columns)
+    for fmt in DETECTION_ORDER:
+        if all(c in cols for c in SOURCE_COLUMNS[fmt]):
+            return fmt
+    layouts = ", ".join(f"{fmt}: {'+'.join(SOURCE_COLUMNS[fmt])}" for fmt in DETECTION_ORDER)
+    raise DataError(
+        f"data.path={path}: cannot tell the data format from the columns {sorted(cols)}; expected one of "
+        f"({layouts}), or set data.format explicitly"
+    )

@@ -1,5 +1,8 @@
 """Streams (``datasets.IterableDataset``, ``streaming=true`` files, plain torch ``IterableDataset``): sharded.
 
+Ours, not ``datasets.distributed.split_dataset_by_node``: that splits by files when it can (unequal counts per
+rank) and never tops up, so ranks could run different numbers of steps; here the split is exact per reader.
+
 :class:`ShardedStream` is what the ``DataLoader`` iterates. Inside every process and every ``DataLoader``
 worker it reads the whole source in the same order and keeps one example in ``S = world_size x workers``:
 stream position ``j`` goes to rank ``(j mod S) // workers``, worker ``(j mod S) mod workers``. So every
@@ -89,13 +92,32 @@ def _length(example: Mapping[str, Any]) -> int:
     return int(value.numel()) if hasattr(value, "numel") else len(torch.as_tensor(value).reshape(-1))
 
 
+def per_reader(length: int | None, world_size: int, num_workers: int) -> int | None:
+    """Examples each of the ``world_size x max(num_workers, 1)`` readers yields per epoch (top-ups included)."""
+    if length is None:
+        return None
+    return math.ceil(length / (world_size * max(num_workers, 1)))
+
+
+def stream_batches(
+    length: int | None, world_size: int, batch_size: int, num_workers: int, drop_last: bool
+) -> int | None:
+    """Batches one rank's ``DataLoader`` yields from a stream of ``length`` rows (each worker batches its share);
+    ``None`` when the length is unknown."""
+    n = per_reader(length, world_size, num_workers)
+    if n is None:
+        return None
+    per_worker = n // batch_size if drop_last else math.ceil(n / batch_size)
+    return per_worker * max(num_workers, 1)
+
+
 class ShardedStream(IterableDataset):
     """One reader's share of a stream: examples ``j`` with ``j mod S`` equal to this reader's index.
 
     Args:
         source: a ``datasets.IterableDataset`` or a torch ``IterableDataset`` (yielding mappings). A torch
             stream must yield the full stream in every process: this class does the sharding.
-        processor: ``example -> (example, report)`` (an :class:`~hf_lightning.data.preprocess.ExampleProcessor`,
+        processor: ``example -> (example, report)`` (an :class:`~hf_lightning.data.on_the_fly.ExampleProcessor`,
             which returns a zero-weight stand-in for a row without a target) or ``None`` to yield rows as they are.
         rank / world_size: this process and the number of processes.
         shuffle / seed / buffer_size: buffered shuffling, seeded by ``seed + epoch``.
@@ -156,17 +178,11 @@ class ShardedStream(IterableDataset):
     # ----------------------------------------------------------------------------------------- sizes
     def per_reader(self, num_workers: int) -> int | None:
         """Examples each reader yields this epoch (top-ups included), when the stream length is known."""
-        if self.length is None:
-            return None
-        return math.ceil(self.length / (self.world_size * max(num_workers, 1)))
+        return per_reader(self.length, self.world_size, num_workers)
 
     def num_batches(self, batch_size: int, num_workers: int, drop_last: bool) -> int | None:
         """Batches one rank's ``DataLoader`` yields: each worker batches its own share."""
-        n = self.per_reader(num_workers)
-        if n is None:
-            return None
-        per_worker = n // batch_size if drop_last else math.ceil(n / batch_size)
-        return per_worker * max(num_workers, 1)
+        return stream_batches(self.length, self.world_size, batch_size, num_workers, drop_last)
 
     def __len__(self) -> int:
         n = self.per_reader(1)  # examples per rank with one reader; DataLoader length comes from num_batches

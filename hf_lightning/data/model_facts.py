@@ -1,9 +1,10 @@
-"""Column pruning against the model's ``forward`` signature (HF ``remove_unused_columns``).
+"""What the data needs to know about the model: its input and label names (HF ``remove_unused_columns``).
 
 HF ``Trainer`` keeps the ``forward`` parameters plus ``label``, ``label_ids`` and ``label_names`` and drops the
-rest, logging the dropped columns at INFO (so most users never see it). Here the drop is logged once at
-WARNING, and a dataset left with no model input is an error that lists what was found, instead of an empty
-batch deep inside the model.
+rest, logging the dropped columns at INFO (so most users never see it). Here the drop is logged once at WARNING
+(:func:`~hf_lightning.data.tokenize.prune_dataset`, :class:`~hf_lightning.data.collators.PruneColumnsCollator`),
+and a dataset left with no model input is an error that lists what was found (:func:`check_inputs_survive`),
+instead of an empty batch deep inside the model.
 
 Example: ``forward(input_ids, attention_mask, position_ids, labels)`` with columns
 ``input_ids, attention_mask, labels, label, text, id`` keeps ``input_ids, attention_mask, labels, label`` and
@@ -15,9 +16,10 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-import datasets
+import torch
 
 from hf_lightning.errors import DataError
 
@@ -36,6 +38,11 @@ def unwrap_model(model: Any) -> Any:
     if hasattr(model, "get_base_model"):
         model = model.get_base_model()
     return model
+
+
+def is_sequence_classifier(model: Any) -> bool:
+    """A ``*ForSequenceClassification`` model (one class per row, not token labels)."""
+    return model is not None and type(model).__name__.endswith("ForSequenceClassification")
 
 
 def forward_parameters(model: Any) -> list[str]:
@@ -61,7 +68,7 @@ def signature_columns(model_input_names: Iterable[str], label_names: Iterable[st
     return keep
 
 
-def _check_inputs_survive(
+def check_inputs_survive(
     columns: Sequence[str],
     keep: Sequence[str],
     model_input_names: Sequence[str],
@@ -81,90 +88,22 @@ def _check_inputs_survive(
         )
 
 
-def prune_dataset(
-    ds: datasets.Dataset,
-    keep: Sequence[str],
-    model_input_names: Sequence[str],
-    split: str,
-    inputs_from: str = "the model inputs",
-    consumed: Sequence[str] = (),
-) -> tuple[datasets.Dataset, list[str]]:
-    """Drop the columns of ``ds`` not in ``keep``; log them once at WARNING.
+@dataclass(frozen=True)
+class Columns:
+    """What column pruning keeps: ``keep`` (model inputs, then the label columns), ``inputs`` (the model's input
+    names) and ``inputs_from`` (where those came from, for messages)."""
 
-    ``consumed``: the source columns the data format has just tokenized (``text``, ``messages``, ...). Their drop
-    is expected, so it is logged at INFO; any other dropped column is a WARNING (HF drops both silently).
-
-    Returns:
-        ``(pruned dataset, dropped column names)``.
-
-    Raises:
-        DataError: no column left that the model takes as input (lists columns and ``forward`` parameters).
-    """
-    dropped = [c for c in ds.column_names if c not in keep]
-    _check_inputs_survive(ds.column_names, keep, model_input_names, f"{split} split", inputs_from)
-    if dropped:
-        tokenized = [c for c in dropped if c in consumed]
-        others = [c for c in dropped if c not in consumed]
-        if tokenized:
-            log.info("%s: source columns %s were tokenized and are dropped", split, tokenized)
-        if others:
-            log.warning(
-                "%s: columns %s are not in %s and are dropped (remove_unused_columns=true)",
-                split,
-                others,
-                inputs_from,
-            )
-        ds = ds.remove_columns(dropped)
-    return ds, dropped
+    keep: list[str]
+    inputs: list[str]
+    inputs_from: str
 
 
-class PruneColumnsCollator:
-    """Collator wrapper that filters each example mapping to ``keep`` (HF's ``RemoveColumnsCollator``).
-
-    For datasets whose columns cannot be removed up front (streams, plain torch datasets). The first batch
-    that loses a key logs the dropped keys once at WARNING; :attr:`dropped` records them.
-
-    Raises:
-        DataError: an example with no model input left (lists keys and ``forward`` parameters).
-    """
-
-    def __init__(
-        self,
-        collator: Callable[[list[Mapping[str, Any]]], Any],
-        keep: Sequence[str],
-        model_input_names: Sequence[str],
-        split: str = "train",
-        inputs_from: str = "the model inputs",
-    ) -> None:
-        self.collator = collator
-        self.keep = list(keep)
-        self.model_input_names = list(model_input_names)
-        self.split = split
-        self.inputs_from = inputs_from
-        self.dropped: list[str] = []
-        self._checked = False
-
-    def inspect(self, example: Mapping[str, Any]) -> None:
-        """Check one example: raise if no model input survives, log keys dropped for the first time."""
-        if not self._checked:
-            _check_inputs_survive(
-                list(example), self.keep, self.model_input_names, f"{self.split} examples", self.inputs_from
-            )
-            self._checked = True
-        extra = [k for k in example if k not in self.keep and k not in self.dropped]
-        if extra:
-            self.dropped += extra
-            log.warning(
-                "%s: keys %s are not in %s and are dropped from every example (remove_unused_columns=true)",
-                self.split,
-                extra,
-                self.inputs_from,
-            )
-
-    def __call__(self, examples: Sequence[Mapping[str, Any]]) -> Any:
-        for ex in examples:
-            self.inspect(ex)
-        return self.collator([{k: v for k, v in ex.items() if k in self.keep} for ex in examples])
+def resolve_columns(
+    model: Any, model_input_names: Sequence[str] | None, label_names: Sequence[str], tokenizer: Any
+) -> Columns:
+    """:class:`Columns` of a model (or of ``model_input_names``, else the tokenizer's names) and ``label_names``."""
+    inputs, inputs_from = resolve_model_inputs(model, model_input_names, tokenizer)
+    return Columns(signature_columns(inputs, label_names), inputs, inputs_from)
 
 
 def resolve_model_inputs(
@@ -187,3 +126,35 @@ def resolve_model_inputs(
         names,
     )
     return names, "tokenizer.model_input_names"
+
+
+@dataclass
+class Binding:
+    """What the data needs from the model side (see :meth:`HFDataModule.bind`)."""
+
+    model: torch.nn.Module | None = None
+    count_loss_items: Callable[[Mapping[str, Any]], int] | None = None
+    forward_kwargs: dict[str, Any] = field(default_factory=dict)
+    metrics: bool = False
+    handles_placeholder_batches: bool = False
+
+
+def binding_from_trainer(trainer: Any) -> Binding:
+    """What ``trainer.lightning_module`` offers the data, from public, duck-typed attributes only: ``.model``,
+    ``count_loss_items``, ``forward_kwargs``, ``compute_metrics``/``metrics``, ``handles_placeholder_batches``
+    (an empty :class:`Binding` without a trainer or module)."""
+    module = getattr(trainer, "lightning_module", None) if trainer is not None else None
+    if module is None:
+        return Binding()
+    model = getattr(module, "model", None)
+    # HFLightningModule's forward kwargs: `_forward_extra` until it names them forward_kwargs (issue 16, module side)
+    extra = getattr(module, "forward_kwargs", None)
+    if extra is None:
+        extra = getattr(module, "_forward_extra", None)
+    return Binding(
+        model if isinstance(model, torch.nn.Module) else None,
+        getattr(module, "count_loss_items", None),
+        dict(extra or {}),
+        bool(getattr(module, "compute_metrics", None) or getattr(module, "metrics", None)),
+        bool(getattr(module, "handles_placeholder_batches", False)),
+    )

@@ -1,0 +1,349 @@
+"""The DataModule's loaders: its loader hooks (:class:`DataLoaderHooks`), :class:`EpochDataLoader` (epoch-aware
+worker seeds, stream epochs) and :func:`batches_per_epoch` (their length without building them). Training loaders are
+wrapped in :class:`~hf_lightning.data.windows.AccumulationWindowLoader` (``num_items_in_batch`` per window).
+
+Ours, not a plain ``DataLoader``: HF ``Trainer`` seeds workers per epoch inside its own loop; Lightning has no hook
+for it, so it lives in the loader.
+
+Worker seeding. PyTorch seeds each worker's ``torch``, ``random`` and ``numpy`` from a base seed drawn from the
+loader's ``generator`` plus the worker id. Here that generator is re-seeded at the start of every epoch from
+``(seed, rank, epoch)``, so random draws inside workers differ across workers, epochs and ranks, and repeat
+with the same seed, including after a resume at an epoch boundary. (Lightning's ``seed_everything(workers=True)``
+worker init derives its seeds from the same base seed, so it composes.) With persistent workers the seeds are
+set once, when the workers start.
+
+Epoch. Lightning calls ``set_epoch`` on the sampler of a map-style loader; the epoch is read from there. A
+stream has no sampler, so the epoch comes from ``epoch_fn`` (the trainer's epoch) or, alone, from a count of
+passes, and is handed to the dataset's ``set_epoch`` before each pass.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from hf_lightning.data.checks import check_fits_one_batch
+from hf_lightning.data.placeholder import PlaceholderAwareCollator
+from hf_lightning.data.samplers import ExactDistributedSampler, TopUpDataset, sequence_lengths
+from hf_lightning.data.sources import is_stream
+from hf_lightning.data.streams import ShardedStream, stream_batches
+from hf_lightning.data.windows import AccumulationWindowLoader
+from hf_lightning.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+# HF's mega-batch multiplier cap (``get_length_grouped_indices``); streams group within buffers this many batches long
+MEGA_BATCH_MULT = 50
+
+
+def worker_base_seed(seed: int, rank: int, epoch: int) -> int:
+    """A 63-bit seed that mixes ``seed``, ``rank`` and ``epoch`` (no two nearby triples collide in practice)."""
+    digest = hashlib.blake2b(f"{seed}:{rank}:{epoch}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+class EpochDataLoader(DataLoader):
+    """``torch.utils.data.DataLoader`` with per-epoch worker seeds and stream epochs.
+
+    Args:
+        dataset: any dataset ``DataLoader`` takes.
+        seed / rank: mixed with the epoch into the worker base seed.
+        epoch_fn: ``() -> int``, the current epoch for a stream (e.g. the trainer's); ``None`` counts passes.
+        **kwargs: ``DataLoader`` arguments (``batch_size``, ``sampler``, ``collate_fn``, ``num_workers``...).
+
+    ``len()`` of a :class:`~hf_lightning.data.streams.ShardedStream` loader is exact when the stream length is
+    known (each worker batches its own share); otherwise it raises ``TypeError`` like any unsized loader.
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        seed: int = 0,
+        rank: int = 0,
+        epoch_fn: Callable[[], int] | None = None,
+        generator: torch.Generator | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            dataset, generator=generator if generator is not None else torch.Generator(), **kwargs
+        )
+        self.seed = seed
+        self.rank = rank
+        self.epoch_fn = epoch_fn
+        self._passes = 0
+
+    def current_epoch(self) -> int:
+        sampler_epoch = getattr(self.sampler, "epoch", None)
+        if sampler_epoch is not None:
+            return int(sampler_epoch)
+        if self.epoch_fn is not None:
+            return int(self.epoch_fn())
+        return self._passes
+
+    def __iter__(self) -> Any:
+        epoch = self.current_epoch()
+        self._passes += 1
+        self.generator.manual_seed(worker_base_seed(self.seed, self.rank, epoch))
+        if isinstance(self.dataset, ShardedStream):
+            self.dataset.set_epoch(epoch)
+        return super().__iter__()
+
+    def iter_from(self, start_batch: int) -> Any:
+        """An iterator that begins at batch ``start_batch`` of this epoch (resume).
+
+        A map-style sampler with a ``start`` position jumps there: the skipped examples are neither read nor
+        collated. A stream has no index to jump to, so its first ``start_batch`` batches are read and dropped.
+        """
+        sampler = self.sampler
+        if start_batch and hasattr(sampler, "start") and self.batch_size:
+            sampler.start = start_batch * self.batch_size  # consumed by the sampler's next pass
+            return iter(self)
+        iterator = iter(self)
+        for _ in range(start_batch):
+            next(iterator, None)
+        return iterator
+
+    def __len__(self) -> int:
+        if isinstance(self.dataset, ShardedStream):
+            n = self.dataset.num_batches(self.batch_size or 1, self.num_workers, self.drop_last)
+            if n is None:
+                raise TypeError("the length of this stream is unknown")
+            return n
+        return super().__len__()
+
+
+def batches_per_epoch(
+    n: int | None, *, stream: bool, world: int, batch_size: int, num_workers: int, drop_last: bool
+) -> int | None:
+    """``len()`` of the training loader, without building it: ``n`` rows (``None``: a stream of unknown length,
+    then ``None``) split over ``world`` ranks as :class:`~hf_lightning.data.samplers.ExactDistributedSampler`
+    (map-style: ``ceil(n / world)`` with the masked top-up, ``n // world`` with ``drop_last``) or
+    :class:`~hf_lightning.data.streams.ShardedStream` (per reader, ``world x workers`` readers) does, then batched.
+    """
+    if stream:
+        return stream_batches(n, world, batch_size, num_workers, drop_last)
+    per_rank = n // world if drop_last else math.ceil(n / world)
+    return per_rank // batch_size if drop_last else math.ceil(per_rank / batch_size)
+
+
+class DataLoaderHooks:
+    """The loader hooks of :class:`~hf_lightning.data.datamodule.HFDataModule` (a mixin: it reads the DataModule's
+    arguments, its prepared splits and collators, and ``self.trainer`` for the world size, rank and accumulation).
+
+    Map-style splits go through :class:`~hf_lightning.data.samplers.ExactDistributedSampler` (training: seeded order
+    or length groups, masked top-up; evaluation: dataset order, no padding), streams through
+    :class:`~hf_lightning.data.streams.ShardedStream` (exact per-reader split).
+    """
+
+    def _lengths(self, ds: Any) -> list[int]:
+        if self._train_lengths is not None:
+            return self._train_lengths
+        lengths = sequence_lengths(ds)
+        log.info("group_by_length: measured %d training lengths once (tokens of input_ids)", len(lengths))
+        return lengths
+
+    def _first_example(self, ds: Any, holdout_keep: bool | None) -> Any:
+        if is_stream(ds):
+            name = (self.validation_path or self.path) if holdout_keep else self.path
+            stream = ShardedStream(
+                ds, self._processor, holdout=self._holdout_spec(holdout_keep), split="validation", name=name
+            )
+            return next(iter(stream), None)
+        return ds[0] if len(ds) else None
+
+    def _world(self) -> tuple[int, int]:
+        trainer = getattr(self, "trainer", None)
+        if trainer is None:
+            return 1, 0
+        return trainer.world_size, trainer.global_rank
+
+    def _accumulation(self) -> int:
+        trainer = getattr(self, "trainer", None)
+        return int(getattr(trainer, "accumulate_grad_batches", 1) or 1) if trainer is not None else 1
+
+    def _holdout_spec(self, keep: bool | None) -> tuple[float, bool] | None:
+        return (self._holdout, keep) if self._holdout and keep is not None else None
+
+    def _loader_kwargs(self) -> dict[str, Any]:
+        return {
+            "num_workers": self.num_workers,
+            "pin_memory": self.pin_memory,
+            "persistent_workers": self.persistent_workers,
+            "prefetch_factor": self.prefetch_factor,
+        }
+
+    def _stream_loader(self, source: Any, train: bool, batch: int, collate_fn: Callable) -> EpochDataLoader:
+        world, rank = self._world()
+        length_buffer = (
+            MEGA_BATCH_MULT * batch * self._accumulation() if train and self.group_by_length else None
+        )
+        if length_buffer:
+            log.info(
+                "group_by_length on a stream: sorting by length within buffers of %d examples per reader "
+                "(the whole stream cannot be sorted)",
+                length_buffer,
+            )
+        holdout = self._holdout_spec(not train)
+        stream = ShardedStream(
+            source,
+            self._processor,
+            rank=rank,
+            world_size=world,
+            shuffle=train and self.shuffle,
+            seed=self.seed,
+            buffer_size=self.shuffle_buffer_size,
+            length_buffer=length_buffer,
+            holdout=holdout,
+            length=self._stream_length(source, holdout),
+            top_up=train,
+            split="train" if train else "validation",
+            name=self.path if train else self.validation_path or self.path,
+        )
+        if train:
+            if stream.length is not None:
+                check_fits_one_batch(stream.per_reader(self.num_workers), batch, self.drop_last)
+            self._require_known_epoch(stream.length)
+        trainer = getattr(self, "trainer", None)
+        # the fit loop's epoch (Lightning's loop progress; issue 16 moves this read into hf_lightning/compat.py)
+        epoch_fn = (
+            (lambda: trainer.fit_loop.epoch_progress.current.processed) if trainer is not None else None
+        )
+        return EpochDataLoader(
+            stream,
+            seed=self.seed,
+            rank=rank,
+            epoch_fn=epoch_fn,
+            batch_size=batch,
+            collate_fn=collate_fn,
+            drop_last=self.drop_last if train else False,
+            **self._loader_kwargs(),
+        )
+
+    def _require_known_epoch(self, length: int | None) -> None:
+        trainer = getattr(self, "trainer", None)
+        if length is None and trainer is not None and (trainer.max_steps is None or trainer.max_steps < 0):
+            raise ConfigError(
+                "the training data is a stream of unknown length, so an epoch has no known number of steps: "
+                "set trainer.max_steps"
+            )
+
+    @staticmethod
+    def _stream_length(source: Any, holdout: Any) -> int | None:
+        return len(source) if hasattr(source, "__len__") and holdout is None else None
+
+    def _loader(self, ds: Any, train: bool) -> EpochDataLoader:
+        batch = self.per_device_train_batch_size if train else self.per_device_eval_batch_size
+        collate_fn = self.train_collator if train else self._eval_collate()
+        if is_stream(ds):
+            return self._stream_loader(ds, train, batch, collate_fn)
+        world, rank = self._world()
+        lengths = None
+        if train and self.group_by_length:
+            lengths = self._train_lengths = self._lengths(ds)
+        drop_last = self.drop_last if train else False
+        sampler = ExactDistributedSampler(
+            ds,
+            num_replicas=world,
+            rank=rank,
+            shuffle=train and self.shuffle,
+            seed=self.seed,
+            drop_last=drop_last,
+            lengths=lengths,
+            group_batch_size=batch * self._accumulation(),
+            top_up=train,
+        )
+        if train:
+            check_fits_one_batch(len(sampler), batch, self.drop_last)
+        return EpochDataLoader(
+            TopUpDataset(ds, placeholder=not train) if sampler.needs_top_up else ds,
+            seed=self.seed,
+            rank=rank,
+            sampler=sampler,
+            batch_size=batch,
+            collate_fn=collate_fn,
+            drop_last=drop_last,
+            **self._loader_kwargs(),
+        )
+
+    def _eval_collate(self) -> Any:
+        """The evaluation collator; marks placeholder batches for a module that handles them
+        (:mod:`~hf_lightning.data.placeholder`)."""
+        if self._binding().handles_placeholder_batches:
+            return PlaceholderAwareCollator(self.eval_collator)
+        return self.eval_collator
+
+    def train_batches_per_epoch(self) -> int | None:
+        """``len(self.train_dataloader())`` on this rank, computed without building a loader (to size the LR
+        schedule before Lightning builds the one train loader, after a checkpoint's loop state is restored).
+
+        ``None`` for a stream of unknown length. Runs :meth:`setup` when it has not run yet.
+
+        Raises:
+            ConfigError: a stream of unknown length without ``trainer.max_steps``.
+        """
+        if self.train_dataset is None:
+            self.setup("fit")
+        ds, stream = self.train_dataset, is_stream(self.train_dataset)
+        n = self._stream_length(ds, self._holdout_spec(False)) if stream else len(ds)
+        if stream:
+            self._require_known_epoch(n)
+        return batches_per_epoch(
+            n,
+            stream=stream,
+            world=self._world()[0],
+            batch_size=self.per_device_train_batch_size,
+            num_workers=self.num_workers,
+            drop_last=self.drop_last,
+        )
+
+    def train_dataloader(self) -> Any:
+        """Micro-batches of ``per_device_train_batch_size`` examples, this rank's share of the epoch's order.
+
+        Wrapped in :class:`~hf_lightning.data.windows.AccumulationWindowLoader` when a ``count_loss_items`` is
+        bound (the window keys above); a plain loader otherwise (standalone use).
+
+        Raises:
+            ConfigError: a stream of unknown length without ``trainer.max_steps``.
+        """
+        if self.train_dataset is None:
+            self.setup("fit")
+        loader = self._loader(self.train_dataset, True)
+        count = self._binding().count_loss_items
+        trainer = getattr(self, "trainer", None)
+        if count is None:
+            return loader
+        if trainer is None:  # bound but not fitting (inspect a batch): windows of accumulate_grad_batches=1
+            return AccumulationWindowLoader(loader, 1, count)
+        return AccumulationWindowLoader(
+            loader,
+            trainer.accumulate_grad_batches,
+            count,
+            max_batches=lambda: trainer.num_training_batches,
+            # the epoch being trained: current_epoch counts it as done already when a checkpoint is written after
+            # training stopped in its middle (at on_train_end), epochs started minus one does not (Lightning's
+            # loop progress: issue 16 moves these reads into hf_lightning/compat.py)
+            progress=lambda: (
+                trainer.fit_loop.epoch_progress.current.started - 1,
+                trainer.fit_loop.epoch_loop.batch_progress.current.processed,
+            ),
+        )
+
+    def val_dataloader(self) -> Any:
+        """Batches of ``per_device_eval_batch_size`` examples in dataset order, this rank's share without any
+        padding or repetition (ranks may differ by one example; a rank with none gets one placeholder batch, see
+        :mod:`~hf_lightning.data.placeholder`); ``[]`` without validation data."""
+        if self.train_dataset is None:
+            self.setup("validate")
+        if self.val_dataset is None:
+            return []
+        return self._loader(self.val_dataset, False)
+
+    def predict_dataloader(self) -> Any:
+        """The validation data in dataset order (each rank its share, no padding)."""
+        return self.val_dataloader()

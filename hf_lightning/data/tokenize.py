@@ -1,0 +1,313 @@
+"""Tokenize a ``datasets.Dataset`` in a chosen format, counting what is truncated and dropped, and prune its columns.
+
+- :func:`tokenize_dataset`: the format functions of :mod:`hf_lightning.data.formats` through ``Dataset.map``
+  (cached by ``datasets`` under the fingerprint of the data, the function and the tokenizer), then rows with no
+  target are dropped; truncations and drops (per cause, see :mod:`~hf_lightning.data.row_report`) are logged at
+  WARNING. Streams and plain torch datasets take the same functions one example at a time
+  (:mod:`~hf_lightning.data.on_the_fly`).
+- :func:`prune_dataset`: HF ``remove_unused_columns``, the columns the model's ``forward`` does not take dropped.
+
+Both tokenize whole documents for ``wrapped`` packing (it cuts the concatenation, so nothing is truncated), end
+packed ``text`` documents with EOS, and take padding out of pre-tokenized rows bound for packed or padding-free
+batches (:func:`~hf_lightning.data.on_the_fly.fn_kwargs_for`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import datasets
+
+from hf_lightning.data.file_errors import is_json_lines, jsonl_line_of_row, non_utf8_error
+from hf_lightning.data.formats import SOURCE_COLUMNS, TOKENIZERS, check_columns
+from hf_lightning.data.model_facts import Columns, check_inputs_survive
+from hf_lightning.data.on_the_fly import ExampleProcessor, fn_kwargs_for, scan_torch_dataset
+from hf_lightning.data.packing import pack_dataset
+from hf_lightning.data.row_report import REPORT_COLUMNS, RowReport, jsonl_lines, row_numbers
+from hf_lightning.data.sources import is_stream
+from hf_lightning.errors import DataError
+
+__all__ = ["prepare_split", "prune_dataset", "tokenize_dataset"]
+
+log = logging.getLogger(__name__)
+
+
+class RowError(DataError):
+    """A :class:`DataError` raised by one row of a batch; ``row`` is its index in the dataset being mapped."""
+
+    def __init__(self, row: int, message: str) -> None:
+        super().__init__(row, message)  # both in args, so the error pickles across map(num_proc=...) workers
+        self.row = row
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"row {self.row}: {self.message}"
+
+
+def tokenize_rows(batch: dict[str, list], indices: list[int], fmt: str, **kwargs: Any) -> dict[str, list]:
+    """``TOKENIZERS[fmt]`` for ``Dataset.map(batched=True, with_indices=True)``; a bad row is named.
+
+    The batch is tokenized in one call; only when that raises is it tokenized again row by row, to find the
+    first row that fails (no cost on the good path).
+
+    Raises:
+        RowError: the first failing row, by its index in the mapped dataset.
+    """
+    fn = TOKENIZERS[fmt]
+    try:
+        return fn(batch, **kwargs)
+    except DataError as err:
+        for k, index in enumerate(indices):
+            try:
+                fn({c: v[k : k + 1] for c, v in batch.items()}, **kwargs)
+            except DataError as row_err:
+                raise RowError(index, str(row_err)) from row_err
+        raise err
+
+
+def source_row(ds: Any, row: int) -> int:
+    """Row ``row`` of ``ds`` as a row of the table it was selected from (``train_test_split``/``select`` keep an
+    indices mapping over the loaded file's table); ``row`` itself when there is no mapping."""
+    indices = getattr(ds, "_indices", None)  # datasets' selection mapping; absent on an unselected dataset
+    if indices is None:
+        return row
+    try:
+        return int(indices.column(0)[row].as_py())
+    except Exception:  # a datasets version that stores the mapping differently: the split row is still right
+        return row
+
+
+def describe_row(ds: Any, row: int, path: Any, split: str) -> str:
+    """``data.path=FILE line 57 (train row 12)`` for a JSON Lines file we loaded, else ``... (train row 12)``."""
+    where = f"{split} row {row}"
+    if isinstance(path, (str, os.PathLike)) and os.path.isfile(path):
+        path = os.fspath(path)
+        src = source_row(ds, row)
+        if is_json_lines(path):
+            line = jsonl_line_of_row(path, src)
+            if line is not None:
+                return f"data.path={path} line {line} ({where})"
+        return f"data.path={path} row {src} of the file ({where})"
+    return f"data.path={path} ({where})"
+
+
+def tokenize_dataset(
+    ds: datasets.Dataset,
+    fmt: str,
+    tokenizer: Any,
+    max_length: int,
+    split: str,
+    path: Any = None,
+    label2id: Mapping[str, int] | None = None,
+    num_proc: int | None = None,
+    packing: str | None = None,
+    padding_free: bool = False,
+) -> datasets.Dataset:
+    """Tokenize ``ds`` in format ``fmt`` with ``Dataset.map`` (cached) and drop rows with no target.
+
+    Columns the format does not read are kept (pruning against the model's ``forward`` is a separate step).
+    ``packing`` / ``padding_free``: what the rows are for (see :func:`~hf_lightning.data.on_the_fly.fn_kwargs_for`).
+
+    Returns:
+        the tokenized dataset: ``input_ids`` (and ``attention_mask``, ``labels`` or ``label`` per format).
+
+    Raises:
+        DataError: a missing field, a bad value (the message names the path and split), or an empty result.
+    """
+    check_columns(ds.column_names, fmt, path, split)
+    feature = ds.features.get("label")
+    if fmt == "classification" and label2id and getattr(feature, "dtype", None) in ("string", "large_string"):
+        # class names -> ids with the training mapping, kept in the schema (ClassLabel) for later reference
+        names = sorted(label2id, key=label2id.__getitem__)
+        try:
+            ds = ds.cast_column("label", datasets.ClassLabel(names=names))
+        except ValueError as err:
+            row, value = next((i, v) for i, v in enumerate(ds["label"]) if v not in label2id)
+            raise DataError(
+                f"{describe_row(ds, row, path, split)}: label {value!r} is not one of the {len(names)} training "
+                f"labels {names[:20]}{' ...' if len(names) > 20 else ''}"
+            ) from err
+    try:
+        out = _map_rows(
+            ds,
+            fmt,
+            fn_kwargs_for(fmt, tokenizer, max_length, label2id, packing, padding_free),
+            split,
+            num_proc,
+        )
+    except RowError as err:
+        raise DataError(f"{describe_row(ds, err.row, path, split)}: {err.message}") from err
+    except DataError as err:
+        raise DataError(f"data.path={path} ({split}): {err}") from err
+    except UnicodeDecodeError as err:  # pyarrow may load bad bytes and fail only when they are decoded
+        raise non_utf8_error(path, split, err) from err
+    report = RowReport(split, row_names(ds, path, split))
+    columns = [c for c in REPORT_COLUMNS if c in out.column_names]
+    keep = report.add_columns(out.select_columns(columns).to_dict())
+    report.log(max_length)
+    out = out.remove_columns(columns)
+    if not keep:
+        raise DataError(
+            f"data.path={path}: the {split} split is empty after tokenization: {len(ds)} rows were read and none has "
+            f"a trained-on token [{report.describe_causes()}]; raise data.max_length (now {max_length}) or check "
+            "which fields hold the targets"
+        )
+    if len(keep) < len(out):
+        out = out.select(keep)
+    log.info("%s: %d examples (%s format)", split, len(out), fmt)
+    return out
+
+
+def _map_rows(
+    ds: datasets.Dataset, fmt: str, kwargs: dict, split: str, num_proc: int | None
+) -> datasets.Dataset:
+    return ds.map(
+        tokenize_rows,
+        batched=True,
+        with_indices=True,
+        fn_kwargs={"fmt": fmt, **kwargs},
+        num_proc=num_proc,
+        desc=f"tokenizing {split} ({fmt})",
+    )
+
+
+def label_mapping(ds: Any, path: Any) -> dict[str, int] | None:
+    """``label2id`` of a classification source: its ``ClassLabel`` names, or the sorted distinct string labels.
+
+    Integer or float labels need no mapping (``None``). Sorting the distinct names is what HF's
+    ``run_glue.py`` does, so ids do not depend on row order.
+
+    Raises:
+        DataError: string labels in a source whose rows cannot be scanned (a stream or torch dataset).
+    """
+    features = getattr(ds, "features", None)
+    feature = features.get("label") if features else None
+    if isinstance(feature, datasets.ClassLabel):
+        return {name: i for i, name in enumerate(feature.names)}
+    if feature is not None and getattr(feature, "dtype", None) not in ("string", "large_string"):
+        return None
+    if not isinstance(ds, datasets.Dataset):
+        if feature is None:
+            return None  # no schema: labels are checked row by row (a string label raises there)
+        raise DataError(
+            f"data.path={path}: string class labels in a stream cannot be mapped to ids without a scan; "
+            "cast the column to datasets.ClassLabel (names in order) or use integer labels"
+        )
+    try:
+        names = sorted(set(ds["label"]))
+    except UnicodeDecodeError as err:
+        raise non_utf8_error(path, "train", err) from err
+    return {name: i for i, name in enumerate(names)}
+
+
+def row_names(ds: Any, path: Any, split: str) -> Callable[[list[int]], str]:
+    """A function naming rows of ``ds`` for the log: ``data.path=F.jsonl lines 3, 8`` for a JSON Lines file we loaded
+    (one pass over the file for all rows named), ``data.path=F.csv rows 2, 7 of the file`` for another file, else
+    ``train rows 2, 7``."""
+    if not (isinstance(path, (str, os.PathLike)) and os.path.isfile(path)):
+        return lambda rows: row_numbers(f"{split} row", rows)
+    path = os.fspath(path)
+
+    def name(rows: list[int]) -> str:
+        src = [source_row(ds, r) for r in rows]
+        if is_json_lines(path):
+            lines = jsonl_lines(path, src)
+            if all(line is not None for line in lines):
+                return f"data.path={path} " + row_numbers("line", lines)
+        return f"data.path={path} " + row_numbers("row", src) + " of the file"
+
+    return name
+
+
+def prune_dataset(
+    ds: datasets.Dataset,
+    keep: Sequence[str],
+    model_input_names: Sequence[str],
+    split: str,
+    inputs_from: str = "the model inputs",
+    consumed: Sequence[str] = (),
+) -> tuple[datasets.Dataset, list[str]]:
+    """Drop the columns of ``ds`` not in ``keep``; log them once at WARNING.
+
+    ``consumed``: the source columns the data format has just tokenized (``text``, ``messages``, ...). Their drop
+    is expected, so it is logged at INFO; any other dropped column is a WARNING (HF drops both silently).
+
+    Returns:
+        ``(pruned dataset, dropped column names)``.
+
+    Raises:
+        DataError: no column left that the model takes as input (lists columns and ``forward`` parameters).
+    """
+    dropped = [c for c in ds.column_names if c not in keep]
+    check_inputs_survive(ds.column_names, keep, model_input_names, f"{split} split", inputs_from)
+    if dropped:
+        tokenized = [c for c in dropped if c in consumed]
+        others = [c for c in dropped if c not in consumed]
+        if tokenized:
+            log.info("%s: source columns %s were tokenized and are dropped", split, tokenized)
+        if others:
+            log.warning(
+                "%s: columns %s are not in %s and are dropped (remove_unused_columns=true)",
+                split,
+                others,
+                inputs_from,
+            )
+        ds = ds.remove_columns(dropped)
+    return ds, dropped
+
+
+def prepare_split(
+    ds: Any,
+    fmt: str,
+    split: str,
+    path: Any,
+    *,
+    tokenizer: Any,
+    max_length: int,
+    processor: ExampleProcessor,
+    columns: Columns | None,
+    packing: str | None = None,
+    padding_free: bool = False,
+    label2id: Mapping[str, int] | None = None,
+) -> tuple[Any, list[str] | None, list[int] | None]:
+    """One split from source rows to model rows: ``(rows, dropped columns or None, token lengths or None)``.
+
+    A stream is returned as it is (tokenized on the fly by :class:`~hf_lightning.data.streams.ShardedStream`); a
+    torch map-style dataset is scanned once (:func:`~hf_lightning.data.on_the_fly.scan_torch_dataset`, which measures
+    the lengths); a ``datasets.Dataset`` is tokenized (:func:`tokenize_dataset`) and pruned to ``columns`` (``None``:
+    ``remove_unused_columns=false``). With ``packing`` the rows are then packed
+    (:func:`~hf_lightning.data.packing.pack_dataset`).
+
+    Raises:
+        DataError: see :func:`tokenize_dataset`, :func:`prune_dataset`.
+    """
+    if is_stream(ds):
+        return ds, None, None
+    dropped: list[str] | None = None  # None: not pruned here
+    if not isinstance(ds, datasets.Dataset):
+        view, lengths = scan_torch_dataset(ds, processor, split, path)
+        if not packing:
+            return view, dropped, lengths
+        # packing needs the token rows side by side: the only columns it keeps, as a datasets.Dataset
+        rows = [view[i] for i in range(len(view))]
+        out = datasets.Dataset.from_dict(
+            {
+                "input_ids": [list(r["input_ids"]) for r in rows],
+                "labels": [list(r.get("labels") or r["input_ids"]) for r in rows],
+            }
+        )
+    else:
+        out = tokenize_dataset(
+            ds, fmt, tokenizer, max_length, split, path, label2id, packing=packing, padding_free=padding_free
+        )
+        if columns is not None:
+            consumed = SOURCE_COLUMNS.get(fmt, ())
+            out, dropped = prune_dataset(
+                out, columns.keep, columns.inputs, split, columns.inputs_from, consumed
+            )
+    if packing:
+        out = pack_dataset(out, packing, max_length, split)
+    return out, dropped, None
