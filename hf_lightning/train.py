@@ -276,6 +276,7 @@ def _fit(
         tokenizer=tokenizer,
         optim=optim,
         scheduler=OmegaConf.to_container(cfg.scheduler, resolve=True),
+        metric_for_best_model=cfg.get("metric_for_best_model"),  # drives reduce_lr_on_plateau / greedy, as HF
         **module_kwargs,
     )
 

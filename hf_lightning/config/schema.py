@@ -105,7 +105,11 @@ def _rules() -> list[Rule]:
             "trainer.gradient_clip_val", lambda v: v is None or (_num(v) and v >= 0), "null or a number >= 0"
         ),
         Rule("trainer.gradient_clip_algorithm", lambda v: v in ("norm", "value"), "norm, value"),
-        Rule("optim.name", lambda v: v in OPTIMIZERS, ", ".join(OPTIMIZERS)),
+        Rule(
+            "optim.name",
+            lambda v: v is None or v in OPTIMIZERS,
+            ", ".join(OPTIMIZERS) + ", null (optim.optimizer)",
+        ),
         Rule("optim.lr", lambda v: _num(v) and math.isfinite(v) and v >= 0, "a finite number >= 0"),
         Rule(
             "trainer.limit_train_batches",
@@ -114,15 +118,18 @@ def _rules() -> list[Rule]:
             ">= 1: 0 trains nothing (to only evaluate, use python -m hf_lightning.evaluate)",
         ),
         Rule("optim.weight_decay", lambda v: _num(v) and v >= 0, "a number >= 0"),
-        Rule("optim.eps", lambda v: _num(v) and v > 0, "a number > 0"),
+        Rule("optim.eps", lambda v: v is None or (_num(v) and v > 0), "null or a number > 0"),
         Rule(
             "optim.betas",
             lambda v: (
-                isinstance(v, (list, tuple, ListConfig))
-                and len(v) == 2
-                and all(_num(b) and 0 <= b < 1 for b in v)
+                v is None
+                or (
+                    isinstance(v, (list, tuple, ListConfig))
+                    and len(v) == 2
+                    and all(_num(b) and 0 <= b < 1 for b in v)
+                )
             ),
-            "two numbers in [0, 1)",
+            "null or two numbers in [0, 1)",
         ),
         Rule("optim.fused", lambda v: v is None or isinstance(v, bool), "null (fused on CUDA), true, false"),
         Rule("scheduler.name", lambda v: v in SCHEDULERS, ", ".join(SCHEDULERS)),
@@ -284,7 +291,25 @@ def cross_field_errors(c: Mapping[str, Any]) -> list[str]:
             "model.gradient_checkpointing=true with strategy=fsdp: FSDP checkpoints its wrapped layers itself; "
             "use strategy.activation_checkpointing=true (allowed: model.gradient_checkpointing=false)"
         )
+    errors += _optimizer_device_errors(c.get("optim") or {}, accelerator)
     return errors
+
+
+def _optimizer_device_errors(optim: Mapping[str, Any], accelerator: Any) -> list[str]:
+    """bitsandbytes optimizers need CUDA: refused on ``trainer.accelerator=cpu`` (or ``auto`` without CUDA)."""
+    import torch
+
+    from hf_lightning.module.optim import CUDA_ONLY
+
+    name = optim.get("name")
+    if name not in CUDA_ONLY:
+        return []
+    if accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available()):
+        return [
+            f"optim.name={name} is a bitsandbytes optimizer and runs on CUDA only (trainer.accelerator={accelerator}); "
+            "use trainer.accelerator=gpu, or an optimizer that runs here: adamw_torch, adafactor, sgd, ..."
+        ]
+    return []
 
 
 # ------------------------------------------------------------------------------------------------ the pass
