@@ -480,4 +480,9 @@ def check_command_line(args: list[str]) -> None:
 if __name__ == "__main__":
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     check_command_line(sys.argv[1:])
+    from hf_lightning.strategies.launch import other_rank_overrides
+
+    sys.argv += other_rank_overrides(
+        sys.argv[1:]
+    )  # torchrun / SLURM ranks > 0: their own log file, as Lightning's
     main()
