@@ -44,6 +44,17 @@ def rejected(compose_cfg, *overrides) -> str:
             "optim.name=adamw_8bit is a bitsandbytes optimizer and runs on CUDA only (trainer.accelerator=cpu)",
         ),
         (
+            ["scheduler=reduce_lr_on_plateau", "trainer.limit_val_batches=0"],
+            "scheduler.name=reduce_lr_on_plateau steps on a validation metric after each validation, but "
+            "validation is off (trainer.limit_val_batches=0)",
+        ),
+        (
+            ["scheduler.name=greedy", "data.validation_split=0"],
+            "scheduler.name=greedy steps on a validation metric after each validation, but validation is off "
+            "(data.validation_split=0)",
+        ),
+        (["optim.betas=[0.9,1.5]"], "optim.betas=[0.9, 1.5]: allowed values: null or two numbers in [0, 1)"),
+        (
             ["scheduler.name=step"],
             "scheduler.name='step': allowed values: linear, cosine, cosine_with_restarts, polynomial, constant",
         ),

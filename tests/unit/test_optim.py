@@ -14,7 +14,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArgumen
 
 from hf_lightning.errors import ConfigError
 from hf_lightning.module.optim import build_optimizer, parse_optim_args
-from hf_lightning.module.schedules import build_scheduler, metric_key
+from hf_lightning.module.schedules import build_scheduler, metric_key, step_on_validation
 
 CPU_NAMES = ("adamw_torch", "adamw_torch_fused", "adafactor", "sgd", "adagrad", "rmsprop")
 
@@ -193,3 +193,26 @@ def test_the_plateau_metric_is_hfs_metric_for_best_model():
     assert metric_key(None) == "val/loss"  # HF: metric_for_best_model defaults to "loss" for this schedule
     assert metric_key("eval_accuracy") == "val/accuracy" and metric_key("loss") == "val/loss"
     assert metric_key("val/f1") == "val/f1"
+
+
+def test_the_plateau_steps_on_the_named_metric_and_refuses_a_missing_one(model):
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    plateau = build_scheduler(
+        optimizer, 10, name="reduce_lr_on_plateau", kwargs={"factor": 0.5, "patience": 0}
+    )
+    step_on_validation(plateau, {"val/loss": 2.0, "train/loss": 9.0}, "val/loss")
+    step_on_validation(plateau, {"val/loss": 3.0}, "val/loss")  # worse: a plateau with patience 0
+    assert optimizer.param_groups[0]["lr"] == 0.5
+    with pytest.raises(
+        ConfigError, match=r"val/bleu drives the learning-rate schedule but validation logged only"
+    ):
+        step_on_validation(plateau, {"val/loss": 1.0, "val/accuracy": 0.5}, "val/bleu")
+
+
+@pytest.mark.parametrize("experiment", ["sft", "seq2seq", "classification"])
+@pytest.mark.parametrize("choice", ["cosine", "reduce_lr_on_plateau", "cosine_with_min_lr"])
+def test_a_scheduler_group_choice_wins_over_the_experiment(compose_cfg, experiment, choice):
+    """Before: every experiment set ``scheduler.name: linear`` after the group choice, so ``scheduler=cosine``
+    trained with ``linear``, silently."""
+    cfg = compose_cfg(f"+experiment={experiment}", f"scheduler={choice}")
+    assert cfg.scheduler.name == choice
