@@ -59,7 +59,10 @@ CASES = {
     "adamw_torch-warmup_stable_decay": ("adamw_torch", None, "warmup_stable_decay", {"num_decay_steps": 3}),
     "sgd-reduce_lr_on_plateau": ("sgd", None, "reduce_lr_on_plateau", PLATEAU),
     "adamw_torch-greedy": ("adamw_torch", None, "greedy", {**PLATEAU, "factor": 0.8}),
+    # any class: HF's Trainer(optimizer_cls_and_kwargs=(NAdam, ...)), ours optim.optimizer={_target_, _partial_}
+    "custom_nadam-linear": ("custom_nadam", None, "linear", {}),
 }
+NADAM = {"momentum_decay": 0.01}
 METRIC_DRIVEN = ("reduce_lr_on_plateau", "greedy")
 
 
@@ -84,7 +87,7 @@ def run_hf(model, pad_id, train_rows, val_rows, optim, optim_args, scheduler, sc
         learning_rate=RATES.get(optim, LR),
         weight_decay=0.01,
         max_grad_norm=0.0,
-        optim=optim,
+        optim="adamw_torch" if optim == "custom_nadam" else optim,
         optim_args=optim_args,
         lr_scheduler_type=scheduler,
         lr_scheduler_kwargs=sched_kwargs,
@@ -106,6 +109,9 @@ def run_hf(model, pad_id, train_rows, val_rows, optim, optim_args, scheduler, sc
         train_dataset=datasets.Dataset.from_list(train_rows),
         eval_dataset=datasets.Dataset.from_list(val_rows) if evaluate else None,
         data_collator=HELPERS["pad_collate"](pad_id),
+        optimizer_cls_and_kwargs=(torch.optim.NAdam, {"lr": LR, **NADAM})
+        if optim == "custom_nadam"
+        else None,
     )
     trainer.train()
     return [float(h["learning_rate"]) for h in trainer.state.log_history if "loss" in h]
@@ -123,7 +129,14 @@ def run_ours(model, pad_id, train_rows, val_rows, optim, optim_args, scheduler, 
     evaluate = scheduler in METRIC_DRIVEN
     module = HFLightningModule(
         model,
-        optim={"name": optim, "lr": RATES.get(optim, LR), "weight_decay": 0.01, "kwargs": optim_args},
+        optim={"name": optim, "lr": RATES.get(optim, LR), "weight_decay": 0.01, "kwargs": optim_args}
+        if optim != "custom_nadam"
+        else {
+            "name": None,
+            "lr": LR,
+            "weight_decay": 0.01,
+            "optimizer": {"_target_": "torch.optim.NAdam", "_partial_": True, **NADAM},
+        },
         scheduler={
             "name": scheduler,
             "warmup_steps": 0 if scheduler in ("constant", *METRIC_DRIVEN) else WARMUP,
