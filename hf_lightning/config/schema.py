@@ -231,6 +231,7 @@ def _target_nodes(cfg: Mapping[str, Any]) -> Iterable[tuple[str, Mapping[str, An
 def cross_field_errors(c: Mapping[str, Any]) -> list[str]:
     """Rules that involve more than one key."""
     from hf_lightning.models import is_encoder_decoder
+    from hf_lightning.module.optim import optim_config_errors
 
     errors: list[str] = []
     data, model, trainer = c.get("data") or {}, c.get("model") or {}, c.get("trainer") or {}
@@ -291,41 +292,7 @@ def cross_field_errors(c: Mapping[str, Any]) -> list[str]:
             "model.gradient_checkpointing=true with strategy=fsdp: FSDP checkpoints its wrapped layers itself; "
             "use strategy.activation_checkpointing=true (allowed: model.gradient_checkpointing=false)"
         )
-    errors += _optimizer_errors(c, accelerator)
-    return errors
-
-
-def _optimizer_errors(c: Mapping[str, Any], accelerator: Any) -> list[str]:
-    """bitsandbytes optimizers need CUDA: refused on ``trainer.accelerator=cpu`` (or ``auto`` without CUDA).
-    ``reduce_lr_on_plateau`` / ``greedy`` step on a validation metric: refused without validation (HF: "requires
-    an eval strategy")."""
-    import torch
-
-    from hf_lightning.module.optim import CUDA_ONLY
-    from hf_lightning.module.schedules import METRIC_DRIVEN
-
-    errors = []
-    name = (c.get("optim") or {}).get("name")
-    if name in CUDA_ONLY and (
-        accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
-    ):
-        errors.append(
-            f"optim.name={name} is a bitsandbytes optimizer and runs on CUDA only (trainer.accelerator={accelerator}); "
-            "use trainer.accelerator=gpu, or an optimizer that runs here: adamw_torch, adafactor, sgd, ..."
-        )
-    schedule = (c.get("scheduler") or {}).get("name")
-    data, trainer = c.get("data") or {}, c.get("trainer") or {}
-    no_split = data.get("validation_split") == 0 and not data.get("validation_path")
-    if schedule in METRIC_DRIVEN and (trainer.get("limit_val_batches") == 0 or no_split):
-        off = (
-            "trainer.limit_val_batches=0"
-            if trainer.get("limit_val_batches") == 0
-            else "data.validation_split=0"
-        )
-        errors.append(
-            f"scheduler.name={schedule} steps on a validation metric after each validation, but validation is off "
-            f"({off}); turn validation on, or choose a schedule of its own (linear, cosine, ...)"
-        )
+    errors += optim_config_errors(c)  # hf_lightning.module.optim: CUDA-only names, metric-driven schedules
     return errors
 
 

@@ -273,3 +273,36 @@ def build_optimizer(
     if "betas" in options:
         options["betas"] = tuple(options["betas"])
     return cls(parameter_groups(model, weight_decay), lr=lr, **options)
+
+
+def optim_config_errors(config: Mapping[str, Any]) -> list[str]:
+    """Cross-field rules of the ``optim`` / ``scheduler`` groups on a composed config (a plain container), for
+    the schema pass before anything is built: a bitsandbytes ``optim.name`` on ``trainer.accelerator=cpu`` (or
+    ``auto`` without CUDA), and ``reduce_lr_on_plateau`` / ``greedy``, which step on a validation metric, without
+    validation (HF: "requires an eval strategy").
+
+    Returns:
+        one message per problem (empty: none).
+    """
+    from hf_lightning.module.schedules import METRIC_DRIVEN
+
+    errors = []
+    data, trainer = config.get("data") or {}, config.get("trainer") or {}
+    name, accelerator = (config.get("optim") or {}).get("name"), trainer.get("accelerator")
+    if name in CUDA_ONLY and (
+        accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
+    ):
+        errors.append(
+            f"optim.name={name} is a bitsandbytes optimizer and runs on CUDA only (trainer.accelerator={accelerator}); "
+            "use trainer.accelerator=gpu, or an optimizer that runs here: adamw_torch, adafactor, sgd, ..."
+        )
+    schedule = (config.get("scheduler") or {}).get("name")
+    no_val_batches = trainer.get("limit_val_batches") == 0
+    no_split = data.get("validation_split") == 0 and not data.get("validation_path")
+    if schedule in METRIC_DRIVEN and (no_val_batches or no_split):
+        off = "trainer.limit_val_batches=0" if no_val_batches else "data.validation_split=0"
+        errors.append(
+            f"scheduler.name={schedule} steps on a validation metric after each validation, but validation is off "
+            f"({off}); turn validation on, or choose a schedule of its own (linear, cosine, ...)"
+        )
+    return errors
