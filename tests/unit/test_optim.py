@@ -216,3 +216,17 @@ def test_a_scheduler_group_choice_wins_over_the_experiment(compose_cfg, experime
     trained with ``linear``, silently."""
     cfg = compose_cfg(f"+experiment={experiment}", f"scheduler={choice}")
     assert cfg.scheduler.name == choice
+
+
+@pytest.mark.parametrize("name", ["adafactor", "rmsprop", "sgd"])
+def test_migrate_carries_every_optim_name_over(tmp_path, capsys, name):
+    """Before: every HF name but adamw_torch(_fused) and sgd became adamw ("not carried over"); HF reads the Adam
+    betas for the AdamW names only, so they are not written for these."""
+    from hf_lightning.migrate import main
+
+    args = TrainingArguments(output_dir=str(tmp_path / "o"), optim=name, adam_beta2=0.95)
+    path = tmp_path / "args.json"
+    path.write_text(args.to_json_string())
+    assert main([str(path)]) == 0
+    out = capsys.readouterr().out
+    assert f"optim.name={name}" in out and "not carried over" not in out and "optim.betas" not in out
