@@ -29,9 +29,9 @@ ALWAYS_SO = {
 }
 # fields we have no equivalent for, with the reason or the way to get it
 REASONS = {
-    "optim_args": "optimizer arguments as a string are not read: use optim.* keys",
+    "optim_args": "not carried over: give the same string as optim.kwargs='k=v,...'",
     "optim_target_modules": "GaLore / APOLLO optimizers are not built in",
-    "lr_scheduler_kwargs": "the built-in schedules take no extra arguments",
+    "lr_scheduler_kwargs": "not carried over: give each as +scheduler.kwargs.KEY=VALUE",
     "bf16_full_eval": "evaluation runs in trainer.precision",
     "fp16_full_eval": "evaluation runs in trainer.precision",
     "tf32": "not set by hf_lightning: torch.backends.cuda.matmul.allow_tf32 in your own launcher",
