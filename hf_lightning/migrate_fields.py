@@ -29,9 +29,9 @@ ALWAYS_SO = {
 }
 # fields we have no equivalent for, with the reason or the way to get it
 REASONS = {
-    "optim_args": "optimizer arguments as a string are not read: use optim.* keys",
+    "optim_args": "not carried over: give the same string as optim.kwargs='k=v,...'",
     "optim_target_modules": "GaLore / APOLLO optimizers are not built in",
-    "lr_scheduler_kwargs": "the built-in schedules take no extra arguments",
+    "lr_scheduler_kwargs": "not carried over: give each as +scheduler.kwargs.KEY=VALUE",
     "bf16_full_eval": "evaluation runs in trainer.precision",
     "fp16_full_eval": "evaluation runs in trainer.precision",
     "tf32": "not set by hf_lightning: torch.backends.cuda.matmul.allow_tf32 in your own launcher",
@@ -158,23 +158,30 @@ def _batches(take, changed, out, dropped, notes) -> None:
 
 
 def _optimizer(take, changed, out, dropped, notes) -> None:
+    from hf_lightning.module.optim import SPECS
+
     (name,) = take("optim")
     if name in ("adamw_torch_fused", "adamw_torch"):
         out.append("optim.name=adamw")
         if name == "adamw_torch":
             out.append("optim.fused=false")
-    elif name == "sgd":
-        out.append("optim.name=sgd")
+    elif name in SPECS:
+        out.append(f"optim.name={name}")
     else:
         dropped.append(
-            ("optim", name, "not built in: adamw is used (subclass HFLightningModule for another)")
+            (
+                "optim",
+                name,
+                "not built in: adamw is used (optim=custom optim.optimizer._target_=CLASS for another)",
+            )
         )
         out.append("optim.name=adamw")
+    knobs = SPECS.get(name, SPECS["adamw"]).knobs  # HF reads adam_beta1/2, adam_epsilon for these only
     lr, wd, b1, b2, eps = take("learning_rate", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon")
     out += [f"optim.lr={_num(lr)}", f"optim.weight_decay={_num(wd)}"]
-    if changed("adam_beta1") or changed("adam_beta2"):
+    if (changed("adam_beta1") or changed("adam_beta2")) and "betas" in knobs:
         out.append(f"optim.betas=[{_num(b1)},{_num(b2)}]")
-    if changed("adam_epsilon"):
+    if changed("adam_epsilon") and "eps" in knobs:
         out.append(f"optim.eps={_num(eps)}")
     (clip,) = take("max_grad_norm")
     out.append(f"trainer.gradient_clip_val={_num(clip) if clip else 'null'}")

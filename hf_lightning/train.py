@@ -309,6 +309,7 @@ def _fit(
         tokenizer=tokenizer,
         optim=optim,
         scheduler=OmegaConf.to_container(cfg.scheduler, resolve=True),
+        metric_for_best_model=cfg.get("metric_for_best_model"),  # drives reduce_lr_on_plateau / greedy, as HF
         **module_kwargs,
     )
 
@@ -516,4 +517,9 @@ def check_command_line(args: list[str]) -> None:
 
 if __name__ == "__main__":
     check_command_line(sys.argv[1:])
+    from hf_lightning.strategies.launch import other_rank_overrides
+
+    sys.argv += other_rank_overrides(
+        sys.argv[1:]
+    )  # torchrun / SLURM ranks > 0: their own log file, as Lightning's
     main()

@@ -1,5 +1,6 @@
 """GPU smoke test: a few optimizer steps each of bf16 single-GPU (with the lean loss, the default, and with the loss
-from the full logits, ``module.lean_loss=false``), FSDP and DeepSpeed ZeRO-2 (one GPU is enough),
+from the full logits, ``module.lean_loss=false``), bitsandbytes' 8-bit AdamW (``optim.name=adamw_8bit``: its
+checkpoint must hold uint8 optimizer state), FSDP and DeepSpeed ZeRO-2 (one GPU is enough),
 with their per-step train/loss compared to the fp32 CPU run of the same data and init, within bf16 tolerance,
 and their pre-clip ``grad_norm`` too (norm clipping at 1.0 is on, as HF's ``max_grad_norm``: under FSDP the norm
 comes from the root module's ``clip_grad_norm_`` over all shards); each run's HF export must load. Exits 1 on any
@@ -42,6 +43,8 @@ RUNS = {
     # the lean loss (the default; FSDP and DeepSpeed fall back to the logits) and the loss from the full logits
     "gpu_bf16": ["trainer=gpu"],
     "gpu_bf16_logits": ["trainer=gpu", "module.lean_loss=false"],
+    # HF's optim="adamw_8bit" (bitsandbytes): 8-bit state, so the losses track fp32 AdamW's within bf16 tolerance
+    "gpu_adamw_8bit": ["trainer=gpu", "optim.name=adamw_8bit"],
     "fsdp": ["trainer=gpu", "strategy=fsdp"],
     "deepspeed_zero2": ["trainer=gpu", "strategy=deepspeed_zero2"],
     # {base}: the cpu_fp32 run's export, a pretrained folder (QLoRA quantizes pretrained weights)
@@ -87,6 +90,20 @@ def compare(
     return [f"{name}: relative {column} difference {worst:.2e} > {rtol:g}"] if worst > rtol else []
 
 
+#: runs that need an optional package (``--skip`` them where it is not installed)
+NEEDS = {"gpu_adamw_8bit": "bitsandbytes", "deepspeed_zero2": "deepspeed"}
+
+
+def eight_bit_state(run_dir: Path) -> int:
+    """How many uint8 tensors the optimizer state of ``last.ckpt`` holds (bitsandbytes' quantized moments)."""
+    state = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    count = 0
+    for optimizer in state.get("optimizer_states", []):
+        for per_param in optimizer.get("state", {}).values():
+            count += sum(1 for v in per_param.values() if torch.is_tensor(v) and v.dtype == torch.uint8)
+    return count
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=4)
@@ -130,8 +147,17 @@ def main() -> int:
         ]
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if proc.returncode != 0:
-            failures.append(f"{name}: exit {proc.returncode}: {proc.stderr.strip().splitlines()[-1:]}")
+            hint = (
+                f" (needs {NEEDS[name]}: pip install {NEEDS[name]}, or --skip {name})"
+                if name in NEEDS
+                else ""
+            )
+            failures.append(f"{name}: exit {proc.returncode}: {proc.stderr.strip().splitlines()[-1:]}{hint}")
             continue
+        if name == "gpu_adamw_8bit" and not eight_bit_state(run_dir):
+            failures.append(
+                f"{name}: last.ckpt holds no uint8 optimizer state: the 8-bit optimizer did not run"
+            )
         results[name] = logged(run_dir, "train/loss")
         norms[name] = logged(run_dir, "grad_norm")
         exported = load_export(name, run_dir / "hf_model")

@@ -105,7 +105,11 @@ def _rules() -> list[Rule]:
             "trainer.gradient_clip_val", lambda v: v is None or (_num(v) and v >= 0), "null or a number >= 0"
         ),
         Rule("trainer.gradient_clip_algorithm", lambda v: v in ("norm", "value"), "norm, value"),
-        Rule("optim.name", lambda v: v in OPTIMIZERS, ", ".join(OPTIMIZERS)),
+        Rule(
+            "optim.name",
+            lambda v: v is None or v in OPTIMIZERS,
+            ", ".join(OPTIMIZERS) + ", null (optim.optimizer)",
+        ),
         Rule("optim.lr", lambda v: _num(v) and math.isfinite(v) and v >= 0, "a finite number >= 0"),
         Rule(
             "trainer.limit_train_batches",
@@ -114,15 +118,18 @@ def _rules() -> list[Rule]:
             ">= 1: 0 trains nothing (to only evaluate, use python -m hf_lightning.evaluate)",
         ),
         Rule("optim.weight_decay", lambda v: _num(v) and v >= 0, "a number >= 0"),
-        Rule("optim.eps", lambda v: _num(v) and v > 0, "a number > 0"),
+        Rule("optim.eps", lambda v: v is None or (_num(v) and v > 0), "null or a number > 0"),
         Rule(
             "optim.betas",
             lambda v: (
-                isinstance(v, (list, tuple, ListConfig))
-                and len(v) == 2
-                and all(_num(b) and 0 <= b < 1 for b in v)
+                v is None
+                or (
+                    isinstance(v, (list, tuple, ListConfig))
+                    and len(v) == 2
+                    and all(_num(b) and 0 <= b < 1 for b in v)
+                )
             ),
-            "two numbers in [0, 1)",
+            "null or two numbers in [0, 1)",
         ),
         Rule("optim.fused", lambda v: v is None or isinstance(v, bool), "null (fused on CUDA), true, false"),
         Rule("scheduler.name", lambda v: v in SCHEDULERS, ", ".join(SCHEDULERS)),
@@ -224,6 +231,7 @@ def _target_nodes(cfg: Mapping[str, Any]) -> Iterable[tuple[str, Mapping[str, An
 def cross_field_errors(c: Mapping[str, Any]) -> list[str]:
     """Rules that involve more than one key."""
     from hf_lightning.models import is_encoder_decoder
+    from hf_lightning.module.optim import optim_config_errors
 
     errors: list[str] = []
     data, model, trainer = c.get("data") or {}, c.get("model") or {}, c.get("trainer") or {}
@@ -299,6 +307,7 @@ def cross_field_errors(c: Mapping[str, Any]) -> list[str]:
             "model.gradient_checkpointing=true with strategy=fsdp: FSDP checkpoints its wrapped layers itself; "
             "use strategy.activation_checkpointing=true (allowed: model.gradient_checkpointing=false)"
         )
+    errors += optim_config_errors(c)  # hf_lightning.module.optim: CUDA-only names, metric-driven schedules
     return errors
 
 

@@ -33,6 +33,7 @@ from hf_lightning.module.loss import (
 from hf_lightning.module.optim import build_optimizer, build_scheduler
 from hf_lightning.module.run_plan import plan_run
 from hf_lightning.module.run_plan import report as report_plan
+from hf_lightning.module.schedules import is_metric_driven, metric_key, step_on_validation
 from hf_lightning.module.train_log import TrainLogState
 
 log = logging.getLogger(__name__)
@@ -171,6 +172,7 @@ class HFLightningModule(AdapterCheckpointState, TrainLogState, EvalStepsMixin, L
         eval_accumulation_steps: int | None = None,
         batch_eval_metrics: bool = False,
         lean_loss: bool = True,
+        metric_for_best_model: str | None = None,
     ) -> None:
         super().__init__()
         if not 0.0 <= label_smoothing_factor < 1.0:
@@ -193,6 +195,8 @@ class HFLightningModule(AdapterCheckpointState, TrainLogState, EvalStepsMixin, L
         self.tokenizer = tokenizer
         self.optim = dict(optim or {})
         self.scheduler = dict(scheduler or {})
+        #: the logged metric that steps reduce_lr_on_plateau / greedy after each validation (HF's)
+        self.schedule_metric = metric_key(metric_for_best_model)
         self.average_tokens_across_devices = average_tokens_across_devices
         self.compute_loss_func = compute_loss_func
         self.label_smoothing_factor = float(label_smoothing_factor)
@@ -612,7 +616,31 @@ class HFLightningModule(AdapterCheckpointState, TrainLogState, EvalStepsMixin, L
             raise ValueError("the number of training steps is unknown: set trainer.max_steps")
         self.planned_steps = int(total)  # HF's max_steps, for the eval/save/logging step ratios (HFSteps)
         scheduler = build_scheduler(optimizer, int(total), **self.scheduler)
+        if is_metric_driven(scheduler):
+            if self.trainer.limit_val_batches == 0:
+                raise ConfigError(
+                    f"scheduler.name={self.scheduler.get('name')} steps on the validation metric "
+                    f"{self.schedule_metric}, but validation is off (trainer.limit_val_batches=0): turn it on"
+                )
+            # stepped by on_validation_epoch_end with the metric, as HF steps it after each evaluation
+            config = {"scheduler": scheduler, "interval": "step", "reduce_on_plateau": False}
+            return {"optimizer": optimizer, "lr_scheduler": config}
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def lr_scheduler_step(self, scheduler: Any, metric: Any) -> None:
+        """Lightning's per-step call; a metric-driven schedule waits for the validation instead."""
+        if is_metric_driven(scheduler):
+            return
+        super().lr_scheduler_step(scheduler, metric)
+
+    def on_validation_epoch_end(self) -> None:
+        super().on_validation_epoch_end()
+        trainer = self.trainer
+        if trainer.sanity_checking or trainer.state.fn != "fit":
+            return
+        for config in trainer.lr_scheduler_configs:
+            if is_metric_driven(config.scheduler):
+                step_on_validation(config.scheduler, self.last_logged, self.schedule_metric)
 
     def total_training_steps(self) -> float:
         """Optimizer steps of the whole run, for the LR schedule (:func:`~hf_lightning.module.run_plan.plan_run`:

@@ -1,23 +1,83 @@
-"""Optimizers and LR schedules, built as HF `Trainer` builds them.
+"""Optimizers, built as HF ``Trainer.create_optimizer`` builds them (LR schedules: :mod:`.schedules`).
 
-Parameter groups follow ``Trainer.get_decay_parameter_names``: no weight decay for parameters inside
-``nn.LayerNorm`` modules or whose name matches bias / layernorm / rmsnorm / norm (HF's own
-``get_parameter_names`` is called with HF's patterns). Schedules are ``transformers.get_scheduler``.
+``optim.name`` takes HF's ``TrainingArguments.optim`` names that run without an accelerator-specific build
+(``transformers.trainer_optimizer`` handlers): ``adamw_torch``, ``adamw_torch_fused``, ``adafactor``, ``sgd``,
+``adagrad``, ``rmsprop``; and, on CUDA with ``bitsandbytes`` installed, ``adamw_8bit`` / ``adamw_bnb_8bit``,
+``paged_adamw_8bit``, ``lion_8bit``. ``adamw`` is ours: ``adamw_torch``, fused on CUDA (HF's default optimizer
+on torch >= 2.8 is ``adamw_torch_fused``). Any other ``torch.optim.Optimizer`` class comes through
+``optim.optimizer`` (a ``_target_`` node with ``_partial_: true``, or a callable in Python), as HF's
+``Trainer(optimizer_cls_and_kwargs=...)``.
+
+Every optimizer gets HF's two parameter groups (``Trainer.get_decay_parameter_names``): no weight decay for
+parameters inside ``nn.LayerNorm`` modules or whose name matches bias / layernorm / rmsnorm / norm; parameters
+that do not require grad are left out.
 """
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
 
 from hf_lightning.errors import ConfigError
+from hf_lightning.module.schedules import SCHEDULERS, build_scheduler  # noqa: F401  (re-exported)
 
 NO_DECAY_PATTERNS = [r"bias", r"layernorm", r"rmsnorm", r"(?:^|\.)norm(?:$|\.)", r"_norm(?:$|\.)"]
-OPTIMIZERS = ("adamw", "sgd")
-SCHEDULERS = ("constant", "constant_with_warmup", "linear", "cosine")
+#: the knobs with a top-level key (``optim.betas``...); everything else goes through ``optim.kwargs``
+KNOBS = ("betas", "eps", "momentum", "fused")
+#: keys ``optim.kwargs`` may not hold: other keys own them
+OWNED = {"params": "the model", "lr": "optim.lr", "weight_decay": "optim.weight_decay (HF's decay groups)"}
+BNB_INSTALL = "pip install bitsandbytes (a CUDA build of torch is needed too)"
+
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+    """One ``optim.name``: the class (``module:attr``), HF's fixed keyword arguments, the top-level knobs it
+    takes and their HF defaults (``TrainingArguments.adam_beta1/2``, ``adam_epsilon``), and whether it needs
+    CUDA."""
+
+    cls: str
+    fixed: Mapping[str, Any] = field(default_factory=dict)
+    knobs: Mapping[str, Any] = field(default_factory=dict)
+    cuda: bool = False
+
+
+_ADAM = {"betas": (0.9, 0.999), "eps": 1e-8}
+SPECS: dict[str, OptimizerSpec] = {
+    "adamw": OptimizerSpec("torch.optim:AdamW", knobs={**_ADAM, "fused": None}),
+    "adamw_torch": OptimizerSpec("torch.optim:AdamW", knobs={**_ADAM, "fused": None}),
+    "adamw_torch_fused": OptimizerSpec("torch.optim:AdamW", fixed={"fused": True}, knobs=dict(_ADAM)),
+    "adafactor": OptimizerSpec(
+        "transformers.optimization:Adafactor", fixed={"scale_parameter": False, "relative_step": False}
+    ),
+    "sgd": OptimizerSpec("torch.optim:SGD", knobs={"momentum": None, "fused": None}),
+    "adagrad": OptimizerSpec("torch.optim:Adagrad", knobs={"fused": None}),
+    "rmsprop": OptimizerSpec("torch.optim:RMSprop", knobs={"momentum": None}),
+    "adamw_8bit": OptimizerSpec(
+        "bitsandbytes.optim:AdamW", fixed={"optim_bits": 8, "is_paged": False}, knobs=dict(_ADAM), cuda=True
+    ),
+    "adamw_bnb_8bit": OptimizerSpec(
+        "bitsandbytes.optim:AdamW", fixed={"optim_bits": 8, "is_paged": False}, knobs=dict(_ADAM), cuda=True
+    ),
+    "paged_adamw_8bit": OptimizerSpec(
+        "bitsandbytes.optim:AdamW", fixed={"optim_bits": 8, "is_paged": True}, knobs=dict(_ADAM), cuda=True
+    ),
+    # HF passes (adam_beta1, adam_beta2) to Lion: (0.9, 0.999), not bitsandbytes' own (0.9, 0.99)
+    "lion_8bit": OptimizerSpec(
+        "bitsandbytes.optim:Lion",
+        fixed={"optim_bits": 8, "is_paged": False},
+        knobs={"betas": (0.9, 0.999)},
+        cuda=True,
+    ),
+}
+OPTIMIZERS = tuple(SPECS)
+CUDA_ONLY = tuple(n for n, s in SPECS.items() if s.cuda)
 
 
 def decay_parameter_names(model: nn.Module) -> set[str]:
@@ -37,60 +97,212 @@ def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     ]
 
 
-def build_optimizer(
-    model: nn.Module,
-    name: str = "adamw",
-    lr: float = 5e-5,
-    weight_decay: float = 0.0,
-    betas: Sequence[float] = (0.9, 0.999),
-    eps: float = 1e-8,
-    momentum: float = 0.0,
-    fused: bool | None = None,
-) -> torch.optim.Optimizer:
-    """The optimizer named by ``optim.name``, with HF's parameter groups.
-
-    Defaults are HF ``TrainingArguments``' (``learning_rate=5e-5``, ``adam_beta1/2``, ``adam_epsilon``).
+def parse_optim_args(value: Mapping[str, Any] | str | None) -> dict[str, Any]:
+    """``optim.kwargs`` as a dict: a mapping as given, or HF's ``optim_args`` string ``"k=v,k2=v2"`` with each
+    value read as an int, float, bool (``true``/``false``) or left a string.
 
     Raises:
-        ConfigError: an unknown ``optim.name`` or a negative ``lr`` / ``weight_decay``.
+        ConfigError: a string entry without ``=``, or a value that is neither.
+    """
+    if value is None:
+        return {}
+    if isinstance(value, Mapping):
+        return dict(value)
+    if not isinstance(value, str):
+        raise ConfigError(f"optim.kwargs={value!r}: allowed values: a mapping or HF's 'key=value,...' string")
+    out: dict[str, Any] = {}
+    for item in filter(None, value.replace(" ", "").split(",")):
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"optim.kwargs={value!r}: {item!r} is not key=value (HF's optim_args format)")
+        out[key] = _literal(raw)
+    return out
+
+
+def _literal(raw: str) -> Any:
+    if raw.lower() in ("true", "false"):
+        return raw.lower() == "true"
+    for kind in (int, float):
+        try:
+            return kind(raw)
+        except ValueError:
+            pass
+    return raw
+
+
+def _import(path: str, key: str) -> Any:
+    module, _, attr = path.partition(":") if ":" in path else path.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as err:
+        hint = f"; {BNB_INSTALL}" if module.startswith("bitsandbytes") else ""
+        raise ConfigError(f"{key}={path!r} cannot be imported ({str(err).splitlines()[0]}){hint}") from err
+
+
+def resolve_optimizer(optimizer: Any) -> tuple[Callable[..., torch.optim.Optimizer], dict[str, Any]]:
+    """``optim.optimizer`` as ``(class or callable, its fixed keyword arguments)``.
+
+    Takes a ``torch.optim.Optimizer`` subclass, a ``functools.partial`` of one (what Hydra's ``_partial_: true``
+    builds), or the mapping ``{"_target_": "torch.optim.NAdam", "_partial_": true, **kwargs}`` as it comes from
+    the config (imported here, so the library needs no Hydra).
+
+    Raises:
+        ConfigError: a mapping without ``_target_``, ``_partial_: false``, or a target that does not import.
+    """
+    import functools
+
+    if isinstance(optimizer, Mapping):
+        node = dict(optimizer)
+        if "_target_" not in node:
+            raise ConfigError(f"optim.optimizer={optimizer!r}: a mapping needs _target_ (an optimizer class)")
+        if node.pop("_partial_", True) is not True:
+            raise ConfigError(
+                "optim.optimizer._partial_ must be true: the parameters are given when the model exists"
+            )
+        target = node.pop("_target_")
+        return _import(target, "optim.optimizer._target_"), node
+    if isinstance(optimizer, functools.partial):
+        if optimizer.args:
+            raise ConfigError("optim.optimizer: a partial with positional arguments; give keywords only")
+        return optimizer.func, dict(optimizer.keywords)
+    if callable(optimizer):
+        return optimizer, {}
+    raise ConfigError(
+        f"optim.optimizer={optimizer!r}: allowed values: an optimizer class, a partial, a _target_"
+    )
+
+
+def _accepted(cls: Callable) -> tuple[set[str], bool]:
+    """Keyword arguments of ``cls``'s constructor, and whether it takes ``**kwargs``."""
+    try:
+        params = inspect.signature(cls).parameters
+    except (TypeError, ValueError):
+        return set(), True
+    names = {n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    return names, any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
+def _on_cuda(model: nn.Module) -> bool:
+    return any(p.is_cuda for p in model.parameters())
+
+
+def build_optimizer(
+    model: nn.Module,
+    name: str | None = "adamw",
+    lr: float = 5e-5,
+    weight_decay: float = 0.0,
+    betas: Sequence[float] | None = None,
+    eps: float | None = None,
+    momentum: float | None = None,
+    fused: bool | None = None,
+    kwargs: Mapping[str, Any] | str | None = None,
+    optimizer: Any = None,
+) -> torch.optim.Optimizer:
+    """The optimizer named by ``optim.name`` (HF ``Trainer.get_optimizer_cls_and_kwargs``), or the class of
+    ``optim.optimizer``, over HF's two parameter groups (``weight_decay`` on the first, 0 on the second).
+
+    Args:
+        model: its trainable parameters are optimized.
+        name: an HF ``optim`` name (:data:`OPTIMIZERS`); ``None`` with ``optimizer``.
+        lr: the peak learning rate (HF ``learning_rate``; default HF's 5e-5).
+        weight_decay: decoupled / L2 decay of the decayed group, as the class applies it.
+        betas, eps: HF's ``adam_beta1/2`` and ``adam_epsilon`` (``None``: HF's 0.9, 0.999, 1e-8) for the AdamW
+            names and Lion (betas only); for ``optim.optimizer`` passed when given.
+        momentum: SGD / RMSprop momentum (``None``: 0, as HF, whose ``optim_args`` sets it).
+        fused: torch's fused kernel (``adamw``, ``adamw_torch``, ``sgd``, ``adagrad``; ``None``: torch's choice).
+        kwargs: more keyword arguments of the optimizer class (HF's ``optim_args``: a mapping, or the
+            ``"momentum=0.9,nesterov=true"`` string); checked against the class's signature.
+        optimizer: another optimizer class (see :func:`resolve_optimizer`); ``name`` must then be ``None``.
+
+    Raises:
+        ConfigError: an unknown ``name`` (the allowed list in the message), ``name`` and ``optimizer`` both or
+            neither given, a negative or non-finite ``lr`` / ``weight_decay``, a knob or ``kwargs`` key the
+            optimizer does not take, a ``bitsandbytes`` name on a model not on CUDA, or ``bitsandbytes`` missing.
     """
     if not (math.isfinite(lr) and lr >= 0 and weight_decay >= 0):
         raise ConfigError(
             f"optim.lr must be a finite number >= 0 and optim.weight_decay >= 0, got lr={lr}, weight_decay={weight_decay}"
         )
-    groups = parameter_groups(model, weight_decay)
-    if name == "adamw":
-        return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps, fused=fused)
-    if name == "sgd":
-        return torch.optim.SGD(groups, lr=lr, momentum=momentum)
-    raise ConfigError(f"optim.name={name!r}; expected one of {list(OPTIMIZERS)}")
+    given = {k: v for k, v in (("betas", betas), ("eps", eps), ("momentum", momentum), ("fused", fused))}
+    given = {k: v for k, v in given.items() if v is not None}
+    extra = parse_optim_args(kwargs)
+    if optimizer is not None:
+        if name is not None:
+            raise ConfigError(
+                f"optim.name={name!r} and optim.optimizer both choose the optimizer; set optim.name=null "
+                "(or use optim=custom)"
+            )
+        cls, fixed = resolve_optimizer(optimizer)
+        label = f"optim.optimizer ({getattr(cls, '__name__', cls)})"
+        knobs = dict.fromkeys(KNOBS)
+    else:
+        if name not in SPECS:
+            raise ConfigError(
+                f"optim.name={name!r}; expected one of {list(OPTIMIZERS)} (or optim.name=null with "
+                "optim.optimizer._target_=<an optimizer class>)"
+            )
+        spec = SPECS[name]
+        if spec.cuda and not _on_cuda(model):
+            raise ConfigError(
+                f"optim.name={name} is a bitsandbytes optimizer and runs on CUDA only; this model is on "
+                f"{next(model.parameters()).device.type}: use a GPU (trainer.accelerator=gpu) or another optim.name"
+            )
+        cls, fixed, knobs = _import(spec.cls, "optim.name"), dict(spec.fixed), dict(spec.knobs)
+        label = f"optim.name={name}"
+    accepted, open_kwargs = _accepted(cls)
+    for key in given:
+        if key not in knobs or not (open_kwargs or key in accepted):
+            raise ConfigError(
+                f"optim.{key}={given[key]!r} does not apply to {label}; set it to null "
+                f"(its knobs: {sorted(k for k in knobs if open_kwargs or k in accepted) or 'none'})"
+            )
+    for key, value in extra.items():
+        if key in OWNED:
+            raise ConfigError(f"optim.kwargs.{key}: set by {OWNED[key]}, not optim.kwargs")
+        if key in given or key in fixed:
+            raise ConfigError(f"optim.kwargs.{key} is given twice (also optim.{key} or by {label}); keep one")
+        if not (open_kwargs or key in accepted):
+            raise ConfigError(
+                f"optim.kwargs.{key}={value!r}: {label} takes no {key!r} "
+                f"(it takes: {', '.join(sorted(accepted - set(OWNED)))})"
+            )
+    for key in set(fixed) & set(OWNED):
+        raise ConfigError(f"optim.optimizer.{key}: set by {OWNED[key]}; remove it from the optimizer node")
+    defaults = {k: v for k, v in knobs.items() if v is not None and k not in given}
+    options = {**defaults, **given, **fixed, **extra}
+    if "betas" in options:
+        options["betas"] = tuple(options["betas"])
+    return cls(parameter_groups(model, weight_decay), lr=lr, **options)
 
 
-def build_scheduler(
-    optimizer: torch.optim.Optimizer,
-    num_training_steps: int,
-    name: str = "linear",
-    warmup_steps: int = 0,
-    warmup_ratio: float = 0.0,
-):
-    """``transformers.get_scheduler`` for ``scheduler.name``; steps are optimizer steps.
+def optim_config_errors(config: Mapping[str, Any]) -> list[str]:
+    """Cross-field rules of the ``optim`` / ``scheduler`` groups on a composed config (a plain container), for
+    the schema pass before anything is built: a bitsandbytes ``optim.name`` on ``trainer.accelerator=cpu`` (or
+    ``auto`` without CUDA), and ``reduce_lr_on_plateau`` / ``greedy``, which step on a validation metric, without
+    validation (HF: "requires an eval strategy").
 
-    ``warmup_steps`` wins over ``warmup_ratio`` (HF ``TrainingArguments.get_warmup_steps``:
-    ``ceil(num_training_steps * warmup_ratio)``).
-
-    Raises:
-        ConfigError: an unknown ``scheduler.name`` or a negative warmup.
+    Returns:
+        one message per problem (empty: none).
     """
-    import math
+    from hf_lightning.module.schedules import METRIC_DRIVEN
 
-    from transformers import get_scheduler
-
-    if name not in SCHEDULERS:
-        raise ConfigError(f"scheduler.name={name!r}; expected one of {list(SCHEDULERS)}")
-    if warmup_steps < 0 or not 0 <= warmup_ratio <= 1:
-        raise ConfigError(
-            f"scheduler.warmup_steps must be >= 0 and scheduler.warmup_ratio in [0, 1], "
-            f"got {warmup_steps}, {warmup_ratio}"
+    errors = []
+    data, trainer = config.get("data") or {}, config.get("trainer") or {}
+    name, accelerator = (config.get("optim") or {}).get("name"), trainer.get("accelerator")
+    if name in CUDA_ONLY and (
+        accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
+    ):
+        errors.append(
+            f"optim.name={name} is a bitsandbytes optimizer and runs on CUDA only (trainer.accelerator={accelerator}); "
+            "use trainer.accelerator=gpu, or an optimizer that runs here: adamw_torch, adafactor, sgd, ..."
         )
-    warmup = warmup_steps if warmup_steps > 0 else math.ceil(num_training_steps * warmup_ratio)
-    return get_scheduler(name, optimizer, num_warmup_steps=warmup, num_training_steps=num_training_steps)
+    schedule = (config.get("scheduler") or {}).get("name")
+    no_val_batches = trainer.get("limit_val_batches") == 0
+    no_split = data.get("validation_split") == 0 and not data.get("validation_path")
+    if schedule in METRIC_DRIVEN and (no_val_batches or no_split):
+        off = "trainer.limit_val_batches=0" if no_val_batches else "data.validation_split=0"
+        errors.append(
+            f"scheduler.name={schedule} steps on a validation metric after each validation, but validation is off "
+            f"({off}); turn validation on, or choose a schedule of its own (linear, cosine, ...)"
+        )
+    return errors

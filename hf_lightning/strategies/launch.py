@@ -10,6 +10,8 @@ task per device; Lightning's SLURM environment then launches nothing), or ``torc
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from typing import Any
 
 from hf_lightning.errors import ConfigError
@@ -41,3 +43,29 @@ def refuse_multirun_relaunch(trainer: Any, multirun: bool) -> None:
         "launches nothing), or run each setting as a single run "
         "(python -m hf_lightning.train ... without -m); single-process jobs (trainer.devices=1) sweep fine"
     )
+
+
+def other_rank_overrides(args: list[str], environ: Mapping[str, str] | None = None) -> list[str]:
+    """Hydra overrides for rank > 0 of a job whose ranks a cluster launcher started (torchrun, SLURM's ``srun``, or
+    ``NODE_RANK`` set by hand on each machine), so they share rank 0's run folder as Lightning's own DDP children do
+    (``_hydra_subprocess_cmd``): the log goes to ``train_rank_N.log`` (``train_node_N.log`` when only
+    ``NODE_RANK`` is known), and ``.hydra/`` is left to rank 0. Nothing for rank 0, a single process, or a command
+    line that already names ``hydra.job.name`` (Lightning's children).
+
+    Returns:
+        ``["hydra.job.name=train_rank_1", "hydra.output_subdir=null"]`` or ``[]``.
+    """
+    env = os.environ if environ is None else environ
+    if any(a.startswith(("hydra.job.name=", "hydra.output_subdir=")) for a in args):
+        return []
+    for key, prefix in (
+        ("RANK", "train_rank_"),
+        ("SLURM_PROCID", "train_rank_"),
+        ("NODE_RANK", "train_node_"),
+    ):
+        value = env.get(key, "")
+        if value.isdigit():
+            if int(value) == 0:
+                return []
+            return [f"hydra.job.name={prefix}{value}", "hydra.output_subdir=null"]
+    return []

@@ -35,10 +35,28 @@ def rejected(compose_cfg, *overrides) -> str:
             ["trainer.accumulate_grad_batches=0"],
             "trainer.accumulate_grad_batches=0: allowed values: an integer >= 1",
         ),
-        (["optim.name=adam"], "optim.name='adam': allowed values: adamw, sgd"),
         (
-            ["scheduler.name=polynomial"],
-            "scheduler.name='polynomial': allowed values: constant, constant_with_warmup, linear, cosine",
+            ["optim.name=adam"],
+            "optim.name='adam': allowed values: adamw, adamw_torch, adamw_torch_fused, adafactor, sgd, adagrad",
+        ),
+        (
+            ["optim.name=adamw_8bit"],
+            "optim.name=adamw_8bit is a bitsandbytes optimizer and runs on CUDA only (trainer.accelerator=cpu)",
+        ),
+        (
+            ["scheduler=reduce_lr_on_plateau", "trainer.limit_val_batches=0"],
+            "scheduler.name=reduce_lr_on_plateau steps on a validation metric after each validation, but "
+            "validation is off (trainer.limit_val_batches=0)",
+        ),
+        (
+            ["scheduler.name=greedy", "data.validation_split=0"],
+            "scheduler.name=greedy steps on a validation metric after each validation, but validation is off "
+            "(data.validation_split=0)",
+        ),
+        (["optim.betas=[0.9,1.5]"], "optim.betas=[0.9, 1.5]: allowed values: null or two numbers in [0, 1)"),
+        (
+            ["scheduler.name=step"],
+            "scheduler.name='step': allowed values: linear, cosine, cosine_with_restarts, polynomial, constant",
         ),
         (["optim.lr=-0.1"], "optim.lr=-0.1: allowed values: a finite number >= 0"),
         (["optim.lr=inf"], "optim.lr=inf: allowed values: a finite number >= 0"),

@@ -1,0 +1,161 @@
+"""LR schedules: ``transformers.get_scheduler`` for every ``SchedulerType``, as HF ``Trainer.create_scheduler``.
+
+Steps are optimizer steps. ``scheduler.kwargs`` is HF's ``lr_scheduler_kwargs`` (``scheduler_specific_kwargs``),
+checked against the schedule function's signature here instead of failing inside it. ``reduce_lr_on_plateau``
+and ``greedy`` are driven by a validation metric, as HF drives them: stepped once after each validation during
+training with ``metric_for_best_model`` (default ``eval_loss``), never per optimizer step
+(:func:`step_on_validation`).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from hf_lightning.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+#: every ``transformers.trainer_utils.SchedulerType`` value (transformers 5.x)
+SCHEDULERS = (
+    "linear",
+    "cosine",
+    "cosine_with_restarts",
+    "polynomial",
+    "constant",
+    "constant_with_warmup",
+    "inverse_sqrt",
+    "reduce_lr_on_plateau",
+    "cosine_with_min_lr",
+    "cosine_warmup_with_min_lr",
+    "warmup_stable_decay",
+    "greedy",
+)
+#: stepped with a validation metric after each validation (HF ``Trainer._evaluate``)
+METRIC_DRIVEN = ("reduce_lr_on_plateau", "greedy")
+#: get_scheduler passes no warmup to these (HF ignores ``warmup_steps`` for them)
+NO_WARMUP = ("constant", "reduce_lr_on_plateau", "greedy")
+#: get_scheduler passes no ``scheduler_specific_kwargs`` to these
+NO_KWARGS = ("constant", "constant_with_warmup")
+#: arguments get_scheduler fills itself
+_FILLED = {"optimizer", "num_warmup_steps", "num_training_steps", "last_epoch"}
+
+
+def _schedule_function(name: str):
+    from transformers.optimization import TYPE_TO_SCHEDULER_FUNCTION
+    from transformers.trainer_utils import SchedulerType
+
+    return TYPE_TO_SCHEDULER_FUNCTION[SchedulerType(name)]
+
+
+def _schedule_arguments(name: str) -> set[str] | None:
+    """The ``scheduler.kwargs`` keys schedule ``name`` takes (``None``: any, it forwards ``**kwargs``)."""
+    fn = _schedule_function(name)
+    if name == "reduce_lr_on_plateau":
+        fn = torch.optim.lr_scheduler.ReduceLROnPlateau
+    elif name == "greedy":
+        from transformers.optimization import GreedyLR
+
+        fn = GreedyLR
+    params = inspect.signature(fn).parameters
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return None
+    return {n for n in params if n not in _FILLED}
+
+
+def build_scheduler(
+    optimizer: torch.optim.Optimizer,
+    num_training_steps: int,
+    name: str = "linear",
+    warmup_steps: int = 0,
+    warmup_ratio: float = 0.0,
+    kwargs: Mapping[str, Any] | None = None,
+):
+    """``transformers.get_scheduler(name, optimizer, warmup, num_training_steps, scheduler_specific_kwargs=kwargs)``.
+
+    ``warmup_steps`` wins over ``warmup_ratio`` (HF ``TrainingArguments.get_warmup_steps``:
+    ``ceil(num_training_steps * warmup_ratio)``). A warmup given to ``constant``, ``reduce_lr_on_plateau`` or
+    ``greedy`` (which HF ignores) gets one WARNING. ``reduce_lr_on_plateau`` / ``greedy`` return the scheduler
+    unstepped: :func:`step_on_validation` steps it.
+
+    Raises:
+        ConfigError: an unknown ``name`` (the allowed list in the message), a negative warmup, a ``kwargs`` key the
+            schedule does not take, ``kwargs`` for ``constant`` / ``constant_with_warmup`` (HF drops them), or a
+            value the schedule refuses (e.g. ``cosine_with_min_lr`` without ``min_lr`` / ``min_lr_rate``).
+    """
+    from transformers import get_scheduler
+
+    if name not in SCHEDULERS:
+        raise ConfigError(f"scheduler.name={name!r}; expected one of {list(SCHEDULERS)}")
+    if warmup_steps < 0 or not 0 <= warmup_ratio <= 1:
+        raise ConfigError(
+            f"scheduler.warmup_steps must be >= 0 and scheduler.warmup_ratio in [0, 1], "
+            f"got {warmup_steps}, {warmup_ratio}"
+        )
+    kwargs = dict(kwargs or {})
+    if kwargs and name in NO_KWARGS:
+        raise ConfigError(
+            f"scheduler.kwargs={kwargs} with scheduler.name={name}: this schedule takes none "
+            "(HF's get_scheduler drops them); remove scheduler.kwargs"
+        )
+    accepted = _schedule_arguments(name)
+    unknown = sorted(set(kwargs) - accepted) if accepted is not None else []
+    if unknown:
+        raise ConfigError(
+            f"scheduler.kwargs.{unknown[0]}: scheduler.name={name} takes no {unknown[0]!r} "
+            f"(it takes: {', '.join(sorted(accepted)) or 'nothing'})"
+        )
+    warmup = warmup_steps if warmup_steps > 0 else math.ceil(num_training_steps * warmup_ratio)
+    if warmup and name in NO_WARMUP:
+        log.warning(
+            "scheduler.name=%s has no warmup: scheduler.warmup_steps / warmup_ratio (%d steps) are not used "
+            "(HF ignores them too)%s",
+            name,
+            warmup,
+            "; constant_with_warmup warms up" if name == "constant" else "",
+        )
+    try:
+        return get_scheduler(
+            name,
+            optimizer,
+            num_warmup_steps=warmup,
+            num_training_steps=num_training_steps,
+            scheduler_specific_kwargs=kwargs,
+        )
+    except (TypeError, ValueError) as err:
+        raise ConfigError(
+            f"scheduler.name={name} with scheduler.kwargs={kwargs}: {str(err).splitlines()[0]}"
+        ) from err
+
+
+def is_metric_driven(scheduler: Any) -> bool:
+    """Whether ``scheduler`` steps on a validation metric (``ReduceLROnPlateau``, HF's ``GreedyLR``)."""
+    from transformers.optimization import GreedyLR
+
+    return isinstance(scheduler, (torch.optim.lr_scheduler.ReduceLROnPlateau, GreedyLR))
+
+
+def metric_key(metric_for_best_model: str | None) -> str:
+    """The logged key of HF's ``metric_for_best_model`` (``None``: ``eval_loss``, HF's default for these
+    schedules): ``loss`` / ``eval_loss`` -> ``val/loss``; ``val/...`` names pass through."""
+    name = metric_for_best_model or "eval_loss"
+    return name if "/" in name else "val/" + name.removeprefix("eval_")
+
+
+def step_on_validation(scheduler: Any, metrics: Mapping[str, float], key: str) -> None:
+    """Step a metric-driven scheduler with ``metrics[key]`` (HF ``Trainer._evaluate`` after each evaluation).
+
+    Raises:
+        ConfigError: ``key`` not among the validation metrics (the message lists them).
+    """
+    if key not in metrics:
+        raise ConfigError(
+            f"metric_for_best_model: {key} drives the learning-rate schedule but validation logged only "
+            f"{sorted(k for k in metrics if k.startswith('val/'))}; name one of them"
+        )
+    scheduler.step(float(metrics[key]))
