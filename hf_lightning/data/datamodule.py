@@ -23,6 +23,7 @@ import datasets
 import lightning as L
 import torch
 
+from hf_lightning.compat import batches_processed, epoch_being_trained, epochs_processed
 from hf_lightning.data.chat import require_chat_template
 from hf_lightning.data.checks import (
     check_arguments,
@@ -406,7 +407,7 @@ class HFDataModule(L.LightningDataModule):
                 module = getattr(trainer, "lightning_module", None) if trainer is not None else None
                 # HFLightningModule turns the cache off itself: nothing for its user to do (INFO); any other
                 # LightningModule must do it, or packed sequences attend to each other (WARNING)
-                handled = getattr(module, "_forward_extra", {}).get("use_cache") is False
+                handled = getattr(module, "forward_kwargs", {}).get("use_cache") is False
                 (log.info if handled else log.warning)(
                     "packed/padding-free batches: transformers only separates sequences by position_ids when "
                     "no KV cache is built; %s.config.use_cache is true, so the LightningModule must call the "
@@ -589,9 +590,7 @@ class HFDataModule(L.LightningDataModule):
                 "the training data is a stream of unknown length, so an epoch has no known number of steps: "
                 "set trainer.max_steps"
             )
-        epoch_fn = (
-            (lambda: trainer.fit_loop.epoch_progress.current.processed) if trainer is not None else None
-        )
+        epoch_fn = (lambda: epochs_processed(trainer)) if trainer is not None else None
         return EpochDataLoader(
             stream,
             seed=self.seed,
@@ -669,8 +668,8 @@ class HFDataModule(L.LightningDataModule):
             # the epoch being trained: current_epoch counts it as done already when a checkpoint is written after
             # training stopped in its middle (at on_train_end), epochs started minus one does not
             progress=lambda: (
-                trainer.fit_loop.epoch_progress.current.started - 1,
-                trainer.fit_loop.epoch_loop.batch_progress.current.processed,
+                epoch_being_trained(trainer),
+                batches_processed(trainer),
             ),
         )
 
@@ -688,3 +687,20 @@ class HFDataModule(L.LightningDataModule):
     def predict_dataloader(self) -> Any:
         """The validation data in dataset order (each rank its share, no padding)."""
         return self.val_dataloader()
+
+    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
+        """A flat ``dict`` batch (every batch of this DataModule) moves in one comprehension.
+
+        Lightning's default walks the batch with ``apply_to_collection``, whose fast path needs a dict of
+        tensors only; the window counts (``int``) send every batch down its slow path (ABC ``isinstance``
+        checks per value, per micro-batch). Any other batch type keeps Lightning's behaviour. Here rather than
+        in the LightningModule: Lightning warns on every fit when both define it.
+        """
+        if type(batch) is not dict:
+            return super().transfer_batch_to_device(batch, device, dataloader_idx)
+        # as Lightning: non-blocking copies except to the CPU / MPS (blocking device types)
+        non_blocking = device.type not in ("cpu", "mps")
+        return {
+            k: v.to(device, non_blocking=non_blocking) if isinstance(v, torch.Tensor) else v
+            for k, v in batch.items()
+        }

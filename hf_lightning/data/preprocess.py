@@ -22,6 +22,7 @@ from typing import Any
 import datasets
 from torch.utils.data import Dataset
 
+from hf_lightning.compat import selection_indices
 from hf_lightning.data.file_errors import is_json_lines, jsonl_line_of_row, naming_non_utf8
 from hf_lightning.data.formatting import TOKENIZERS, check_columns
 from hf_lightning.data.row_report import ALL_PADDING, EMPTY, REPORT_COLUMNS, RowReport, has_target, row_names
@@ -69,7 +70,7 @@ def tokenize_rows(batch: dict[str, list], indices: list[int], fmt: str, **kwargs
 def source_row(ds: Any, row: int) -> int:
     """Row ``row`` of ``ds`` as a row of the table it was selected from (``train_test_split``/``select`` keep an
     indices mapping over the loaded file's table); ``row`` itself when there is no mapping."""
-    indices = getattr(ds, "_indices", None)  # datasets' selection mapping; absent on an unselected dataset
+    indices = selection_indices(ds)  # datasets' selection mapping; None on an unselected dataset
     if indices is None:
         return row
     try:

@@ -19,6 +19,7 @@ from typing import Any
 
 import datasets
 
+from hf_lightning.compat import unwrap_compiled
 from hf_lightning.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -32,7 +33,7 @@ AUXILIARY_INPUTS = ("attention_mask", "token_type_ids", "position_ids", "decoder
 
 def unwrap_model(model: Any) -> Any:
     """The module whose ``forward`` defines the inputs: through ``torch.compile`` and PEFT wrappers."""
-    model = getattr(model, "_orig_mod", model)
+    model = unwrap_compiled(model)
     if hasattr(model, "get_base_model"):
         model = model.get_base_model()
     return model

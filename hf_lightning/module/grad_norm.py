@@ -23,6 +23,8 @@ import torch
 from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy
 
+from hf_lightning.compat import unscales_gradients_itself
+
 
 def params_with_grad(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
     """The optimizer's parameters that hold a gradient."""
@@ -79,9 +81,7 @@ class StepGradNorm:
             not fsdp and type(plugin).clip_grad_by_norm is not Precision.clip_grad_by_norm
         ):
             return False
-        if getattr(plugin, "scaler", None) is not None and getattr(
-            optimizer, "_step_supports_amp_scaling", False
-        ):
+        if getattr(plugin, "scaler", None) is not None and unscales_gradients_itself(optimizer):
             return False
         norm = self.get(trainer, optimizer)
         params = params_with_grad(optimizer)  # none left when NonFiniteGuard dropped this step's gradients
@@ -97,3 +97,33 @@ def _norm_clip_value(trainer: L.Trainer) -> float | None:
     if not value or (algorithm is not None and algorithm != "norm"):  # a str enum: compares by value
         return None
     return float(value)
+
+
+class SharedGradNorm:
+    """Mixin of :class:`~hf_lightning.HFLightningModule` (a ``LightningModule`` with ``self._grad_norm``, a
+    :class:`StepGradNorm` reset at every step's end): the step's norm for every reader, and norm clipping with it."""
+
+    def step_gradient_norm(self, optimizer: torch.optim.Optimizer) -> torch.Tensor | None:
+        """The total gradient 2-norm of the optimizer step being taken (before clipping; 0-dim float tensor on
+        the gradients' device, no host sync), computed once per step and shared by the ``grad_norm`` log column,
+        norm clipping and :class:`~hf_lightning.callbacks.NonFiniteGuard` (:mod:`hf_lightning.module.grad_norm`).
+        ``None`` without gradients or under DeepSpeed. Valid between ``backward`` and ``optimizer.step``."""
+        return self._grad_norm.get(self.trainer, optimizer)
+
+    def configure_gradient_clipping(
+        self,
+        optimizer: torch.optim.Optimizer,
+        gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: str | None = None,
+    ) -> None:
+        """Norm clipping with the step's shared norm (``clip_grad_norm_``'s result, one pass fewer); under FSDP
+        through the root module's ``clip_grad_norm_``. Value clipping and the cases the shared norm cannot serve
+        keep Lightning's ``clip_gradients``."""
+        by_norm = gradient_clip_algorithm is None or gradient_clip_algorithm == "norm"
+        if (
+            gradient_clip_val
+            and by_norm
+            and self._grad_norm.clip(self.trainer, optimizer, float(gradient_clip_val))
+        ):
+            return
+        super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)

@@ -20,6 +20,8 @@ import torch
 import torch.nn.functional as F
 
 from hf_lightning.batch import IGNORE_INDEX  # noqa: F401  (re-exported for callers of module.loss)
+from hf_lightning.compat import loss_is_causal_lm
+from hf_lightning.errors import ConfigError
 
 
 def count_loss_items(batch: Mapping[str, torch.Tensor], causal: bool = True) -> int:
@@ -124,9 +126,7 @@ def loss_shifts_labels(model: Any) -> bool:
         return False
     if not hasattr(model, "loss_type"):
         return True
-    from transformers.loss.loss_utils import LOSS_MAPPING, ForCausalLMLoss
-
-    return LOSS_MAPPING.get(model.loss_type, ForCausalLMLoss) is ForCausalLMLoss
+    return loss_is_causal_lm(model)
 
 
 def declares_num_items_support(model: Any) -> bool:
@@ -151,3 +151,89 @@ def accepts_num_items(fn: Callable[..., Any]) -> bool:
         inspect.Parameter.POSITIONAL_OR_KEYWORD,
         inspect.Parameter.KEYWORD_ONLY,
     )
+
+
+def loss_source(module: Any) -> str:
+    """Where :class:`~hf_lightning.HFLightningModule`'s loss comes from, first match wins: ``"compute_loss"`` (a
+    subclass overrides ``compute_loss``), ``"compute_loss_func"``, ``"model"`` (``use_model_loss``) or
+    ``"token_cross_entropy"`` (the built-in loss)."""
+    from hf_lightning.module.lightning_module import HFLightningModule
+
+    if type(module).compute_loss is not HFLightningModule.compute_loss:
+        return "compute_loss"
+    if module.compute_loss_func is not None:
+        return "compute_loss_func"
+    return "model" if module.use_model_loss else "token_cross_entropy"
+
+
+def loss_is_share(module: Any) -> tuple[bool, str | None]:
+    """``(share, why not)``: does the module's ``compute_loss`` return a share of the window loss (a sum divided by
+    ``num_items_in_batch``), or a per-micro-batch mean (HF's fallback, with the reason)? HF ``Trainer`` decides the
+    same in ``__init__`` (``model_accepts_loss_kwargs``, ``compute_loss_func``) and names it
+    ``loss_is_scaled_for_ga``, which a subclass may set to override this."""
+    source = loss_source(module)
+    if module.loss_is_scaled_for_ga is not None:
+        share = bool(module.loss_is_scaled_for_ga)
+        return share, None if share else f"{type(module).__name__}.loss_is_scaled_for_ga is False"
+    if source == "compute_loss_func" and not accepts_num_items(module.compute_loss_func):
+        return False, "compute_loss_func has no num_items_in_batch parameter"
+    if source == "model" and not module.model_accepts_loss_kwargs:
+        return False, (
+            f"use_model_loss=True but {type(module.model).__name__} is not declared to honour "
+            "num_items_in_batch (model_accepts_loss_kwargs / accepts_loss_kwargs)"
+        )
+    return True, None
+
+
+#: the WARNING of HF's fallback, ``%s`` = the reason of :func:`loss_is_share`
+FALLBACK_WARNING = (
+    "%s: the loss is a mean over each micro-batch, so, as HF Trainer does, each micro-batch mean is "
+    "divided by the number of micro-batches in its accumulation window. This weights the targets of a "
+    "micro-batch with few targets more than those of a full one: the loss and gradient change with "
+    "the micro-batch size, accumulate_grad_batches and the number of ranks. For the exact token mean, "
+    "take num_items_in_batch and return sum / num_items_in_batch (or use the built-in token loss)."
+)
+
+
+def check_loss_arguments(
+    compute_loss_func: Callable[..., Any] | None, use_model_loss: bool | None, label_smoothing_factor: float
+) -> None:
+    """Refuse loss arguments of :class:`~hf_lightning.HFLightningModule` that conflict or are out of range.
+
+    Raises:
+        ConfigError: naming the ``module.*`` key(s).
+    """
+    if not 0.0 <= label_smoothing_factor < 1.0:
+        raise ConfigError(f"module.label_smoothing_factor must be in [0, 1), got {label_smoothing_factor!r}")
+    if compute_loss_func is not None and not callable(compute_loss_func):
+        raise ConfigError(f"module.compute_loss_func must be callable, got {compute_loss_func!r}")
+    if compute_loss_func is not None and use_model_loss:
+        raise ConfigError(
+            "module.compute_loss_func and module.use_model_loss=true both define the loss; pick one"
+        )
+    if label_smoothing_factor and (compute_loss_func is not None or use_model_loss):
+        # HF ignores label smoothing silently in these cases; a silent no-op is a bug here
+        raise ConfigError(
+            "module.label_smoothing_factor applies to the built-in token loss only; it cannot be combined "
+            "with module.compute_loss_func or module.use_model_loss=true"
+        )
+
+
+def resolve_model_loss(
+    model: Any,
+    model_accepts_loss_kwargs: bool | None,
+    use_model_loss: bool | None,
+    compute_loss_func: Callable[..., Any] | None,
+    label_smoothing_factor: float,
+) -> tuple[bool, bool]:
+    """``(model_accepts_loss_kwargs, use_model_loss)`` with their ``None`` defaults resolved: the model is declared
+    to honour ``num_items_in_batch`` per :func:`declares_num_items_support`, and its own loss is used only when it
+    is declared so, with no ``compute_loss_func`` and no label smoothing."""
+    accepts = (
+        declares_num_items_support(model)
+        if model_accepts_loss_kwargs is None
+        else bool(model_accepts_loss_kwargs)
+    )
+    if use_model_loss is None:
+        use_model_loss = accepts and compute_loss_func is None and not label_smoothing_factor
+    return accepts, bool(use_model_loss)

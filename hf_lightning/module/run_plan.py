@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -90,3 +91,30 @@ def report(plan: RunPlan, max_epochs: int | None) -> None:
             plan.short_steps,
             plan.total_steps,
         )
+
+
+def training_steps(trainer: Any) -> float:
+    """Optimizer steps of the whole run, for the LR schedule (:func:`plan_run`: ``trainer.estimated_stepping_batches``'s
+    formula); logs :func:`report` on rank zero. ``inf`` for a stream of unknown length without ``max_steps``.
+
+    Lightning's property builds the train loader through ``fit_loop.setup_data()`` while the optimizers are
+    configured, before a checkpoint's loop state is restored; the loader state of a mid-epoch resume is then never
+    loaded. Here the length comes from the DataModule's own loader, and Lightning's loader is left to be built after
+    the restore.
+    """
+    datamodule = trainer.datamodule
+    if datamodule is None:
+        return trainer.estimated_stepping_batches
+    try:
+        batches: float = len(datamodule.train_dataloader())
+    except TypeError:  # a stream of unknown length
+        batches = INF
+    limit = trainer.limit_train_batches
+    if isinstance(limit, int):
+        batches = min(batches, limit)
+    elif limit is not None and batches != INF:
+        batches = int(batches * limit)
+    plan = plan_run(batches, trainer.accumulate_grad_batches, trainer.max_epochs, trainer.max_steps)
+    if trainer.is_global_zero:
+        report(plan, trainer.max_epochs)
+    return plan.total_steps
