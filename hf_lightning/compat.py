@@ -1,9 +1,10 @@
 """Every use of a private attribute of Lightning, transformers, datasets or torch, one function each.
 
-Why one module: an upgrade of one of these libraries that renames or drops an internal then fails one named test
-(``tests/unit/test_compat.py``, one test per function, run on the installed versions) instead of a user's run, and
-a reader sees in one file what we rely on beyond the public API. ``tests/unit/test_private_access.py`` fails when a
-private library attribute appears anywhere else in ``hf_lightning/``.
+Why one module: an upgrade of one of these libraries that renames or drops an internal then fails one named
+test (``tests/unit/test_compat.py``, one test per function, run on the installed versions) instead of a user's
+run, and a reader sees in one file what we rely on beyond the public API.
+``tests/unit/test_private_access.py`` fails when a private library attribute appears anywhere else in
+``hf_lightning/``.
 
 Each function says what it reads, why no public API serves, and (where one exists) what it falls back to.
 Versions read: lightning 2.6, transformers 5.24, datasets 5.2, torch 2.13.
@@ -18,13 +19,14 @@ from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 
 # ------------------------------------------------------------------------------------- Lightning: fit loop
 # Lightning exposes no public view of where the fit loop stands inside an epoch; its progress objects
-# (``lightning.pytorch.loops.progress``) are attributes of the loops without a leading underscore but not part of
-# the documented API.
+# (``lightning.pytorch.loops.progress``) are attributes of the loops without a leading underscore but not part
+# of the documented API.
 
 
 def is_last_batch(trainer: Any) -> bool:
-    """Whether the batch being trained is the last of its epoch (``fit_loop.epoch_loop.batch_progress.is_last_batch``,
-    set by the data fetcher's look-ahead before the batch's ``training_step``)."""
+    """Whether the batch being trained is the last of its epoch
+    (``fit_loop.epoch_loop.batch_progress.is_last_batch``, set by the data fetcher's look-ahead before the
+    batch's ``training_step``)."""
     return bool(trainer.fit_loop.epoch_loop.batch_progress.is_last_batch)
 
 
@@ -35,8 +37,8 @@ def batches_ready(trainer: Any) -> int:
 
 
 def batches_processed(trainer: Any) -> int:
-    """Batches of the current epoch whose training step finished (``batch_progress.current.processed``): what the
-    train loader's state must skip on a resume."""
+    """Batches of the current epoch whose training step finished (``batch_progress.current.processed``): what
+    the train loader's state must skip on a resume."""
     return int(trainer.fit_loop.epoch_loop.batch_progress.current.processed)
 
 
@@ -47,15 +49,16 @@ def epochs_processed(trainer: Any) -> int:
 
 
 def epoch_being_trained(trainer: Any) -> int:
-    """The epoch being trained, ``epoch_progress.current.started - 1``. Unlike ``trainer.current_epoch`` it does not
-    move on when training stops in the middle of an epoch (Lightning then counts the epoch as processed)."""
+    """The epoch being trained, ``epoch_progress.current.started - 1``. Unlike ``trainer.current_epoch`` it
+    does not move on when training stops in the middle of an epoch (Lightning then counts the epoch as
+    processed)."""
     return int(trainer.fit_loop.epoch_progress.current.started) - 1
 
 
 def closes_accumulation_window(trainer: Any) -> bool:
     """Whether the micro-batch being trained ends its gradient-accumulation window: ``not
-    fit_loop._should_accumulate()``, Lightning's own rule (every ``accumulate_grad_batches`` batches and at the
-    epoch's last batch). Needed by DeepSpeed's engine before its backward."""
+    fit_loop._should_accumulate()``, Lightning's own rule (every ``accumulate_grad_batches`` batches and at
+    the epoch's last batch). Needed by DeepSpeed's engine before its backward."""
     return not trainer.fit_loop._should_accumulate()
 
 
@@ -67,9 +70,10 @@ def validates_after_this_batch(trainer: Any) -> bool:
 
 
 def epoch_progress_state(checkpoint: dict[str, Any]) -> dict[str, Any] | None:
-    """The fit loop's epoch counters in a Lightning checkpoint, ``checkpoint["loops"]["fit_loop"]["epoch_progress"]``
-    (``_Progress.state_dict``: ``{"total": {...}, "current": {"ready", "started", "processed", "completed"}}``);
-    ``None`` when absent. The dict is the checkpoint's own: changing it changes the checkpoint."""
+    """The fit loop's epoch counters in a Lightning checkpoint,
+    ``checkpoint["loops"]["fit_loop"]["epoch_progress"]`` (``_Progress.state_dict``: ``{"total": {...},
+    "current": {"ready", "started", "processed", "completed"}}``); ``None`` when absent. The dict is the
+    checkpoint's own: changing it changes the checkpoint."""
     fit = (checkpoint.get("loops") or {}).get("fit_loop") or {}
     return fit.get("epoch_progress") or None
 
@@ -81,16 +85,16 @@ def evaluation_results(loop: Any) -> list[dict[str, float]] | None:
 
 
 def uses_script_launcher(strategy: Any) -> bool:
-    """Whether the strategy starts its other ranks with ``_SubprocessScriptLauncher`` (re-running ``sys.argv``;
-    Lightning has no public flag for it)."""
+    """Whether the strategy starts its other ranks with ``_SubprocessScriptLauncher`` (re-running
+    ``sys.argv``; Lightning has no public flag for it)."""
     from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 
     return isinstance(getattr(strategy, "launcher", None), _SubprocessScriptLauncher)
 
 
 def attached_trainer(module: Any) -> Any:
-    """``module.trainer``, or ``None`` for a LightningModule not attached to a ``Trainer`` (the public property
-    raises then). No private attribute: the public property, its ``RuntimeError`` caught."""
+    """``module.trainer``, or ``None`` for a LightningModule not attached to a ``Trainer`` (the public
+    property raises then). No private attribute: the public property, its ``RuntimeError`` caught."""
     try:
         return module.trainer
     except RuntimeError:
@@ -101,9 +105,10 @@ def attached_trainer(module: Any) -> Any:
 
 
 def save_last_checkpoint(callback: Any, trainer: Any) -> None:
-    """Write ``last.ckpt`` now through the callback's own bookkeeping (``ModelCheckpoint._save_last_checkpoint``
-    with ``_monitor_candidates``, the path its ``on_train_end`` takes): a ``trainer.save_checkpoint`` behind its
-    back makes it write ``last-v1.ckpt`` beside an unknown ``last.ckpt`` later."""
+    """Write ``last.ckpt`` now through the callback's own bookkeeping
+    (``ModelCheckpoint._save_last_checkpoint`` with ``_monitor_candidates``, the path its ``on_train_end``
+    takes): a ``trainer.save_checkpoint`` behind its back makes it write ``last-v1.ckpt`` beside an unknown
+    ``last.ckpt`` later."""
     callback._save_last_checkpoint(trainer, callback._monitor_candidates(trainer))
 
 
@@ -114,8 +119,8 @@ def last_saved_step(callback: Any) -> int:
 
 
 def mark_saved_at(callback: Any, step: int) -> None:
-    """Tell a ``ModelCheckpoint`` its saves of ``step`` are done (``_last_global_step_saved``; the counter is not in
-    Lightning's checkpoint, so a resumed callback would save the same step again)."""
+    """Tell a ``ModelCheckpoint`` its saves of ``step`` are done (``_last_global_step_saved``; the counter is
+    not in Lightning's checkpoint, so a resumed callback would save the same step again)."""
     callback._last_global_step_saved = step
 
 
@@ -123,9 +128,9 @@ def mark_saved_at(callback: Any, step: int) -> None:
 
 
 class KeepingExperimentWriter(ExperimentWriter):
-    """Lightning's CSV ``ExperimentWriter`` that does not delete an existing ``metrics.csv`` when it starts: its
-    private start-up check ``_check_log_dir_exists`` (warn, then delete the file) calls :meth:`found_metrics_file`
-    instead, when the file exists."""
+    """Lightning's CSV ``ExperimentWriter`` that does not delete an existing ``metrics.csv`` when it starts:
+    its private start-up check ``_check_log_dir_exists`` (warn, then delete the file) calls
+    :meth:`found_metrics_file` instead, when the file exists."""
 
     def _check_log_dir_exists(self) -> None:
         if os.path.isfile(self.metrics_file_path):
@@ -137,7 +142,8 @@ class KeepingExperimentWriter(ExperimentWriter):
 
 def csv_experiment(logger: Any, make_writer: Any) -> Any:
     """A ``CSVLogger``'s experiment writer, made by ``make_writer(log_dir)`` on first use (the body of
-    ``CSVLogger.experiment`` with another writer: ``_experiment`` caches it, ``_fs`` creates the root folder)."""
+    ``CSVLogger.experiment`` with another writer: ``_experiment`` caches it, ``_fs`` creates the root
+    folder)."""
     if logger._experiment is None:
         logger._fs.makedirs(logger.root_dir, exist_ok=True)
         logger._experiment = make_writer(logger.log_dir)
@@ -153,26 +159,28 @@ def zero3_full_state_dict(engine: Any) -> dict[str, Any]:
     return engine._zero3_consolidated_16bit_state_dict()
 
 
-# ------------------------------------------------------------------------------------------------ transformers
+# ------------------------------------------------------------------------------------------------
+# transformers
 
 
 def loss_is_causal_lm(model: Any) -> bool:
-    """Whether ``model.loss_function`` is ``ForCausalLMLoss``: ``transformers.loss.loss_utils.LOSS_MAPPING`` (an
-    internal table) maps ``model.loss_type``, falling back to ``ForCausalLMLoss`` for an unset or unknown type, as
-    ``PreTrainedModel.loss_function`` does."""
+    """Whether ``model.loss_function`` is ``ForCausalLMLoss``: ``transformers.loss.loss_utils.LOSS_MAPPING``
+    (an internal table) maps ``model.loss_type``, falling back to ``ForCausalLMLoss`` for an unset or unknown
+    type, as ``PreTrainedModel.loss_function`` does."""
     from transformers.loss.loss_utils import LOSS_MAPPING, ForCausalLMLoss
 
     return LOSS_MAPPING.get(model.loss_type, ForCausalLMLoss) is ForCausalLMLoss
 
 
 def attention_backend(model: Any) -> str | None:
-    """The attention implementation a transformers model runs (``config._attn_implementation``), for messages."""
+    """The attention implementation a transformers model runs (``config._attn_implementation``), for
+    messages."""
     return getattr(getattr(model, "config", None), "_attn_implementation", None)
 
 
 def no_split_modules(module: Any) -> list[str]:
-    """The block classes a transformers model declares must not be split across devices (``_no_split_modules``;
-    HF's FSDP wrap default); ``[]`` when it declares none."""
+    """The block classes a transformers model declares must not be split across devices
+    (``_no_split_modules``; HF's FSDP wrap default); ``[]`` when it declares none."""
     return list(getattr(module, "_no_split_modules", None) or [])
 
 
@@ -180,14 +188,15 @@ def no_split_modules(module: Any) -> list[str]:
 
 
 def dataset_fingerprint(ds: Any) -> str | None:
-    """A ``datasets.Dataset``'s fingerprint (``_fingerprint``: the hash of its data and the transforms that made
-    it); ``None`` for other datasets."""
+    """A ``datasets.Dataset``'s fingerprint (``_fingerprint``: the hash of its data and the transforms that
+    made it); ``None`` for other datasets."""
     return getattr(ds, "_fingerprint", None)
 
 
 def selection_indices(ds: Any) -> Any:
-    """A ``datasets.Dataset``'s indices mapping (``_indices``, a pyarrow table whose first column maps rows to rows
-    of the table it was selected from by ``select``/``train_test_split``/``shuffle``); ``None`` when unselected."""
+    """A ``datasets.Dataset``'s indices mapping (``_indices``, a pyarrow table whose first column maps rows to
+    rows of the table it was selected from by ``select``/``train_test_split``/``shuffle``); ``None`` when
+    unselected."""
     return getattr(ds, "_indices", None)
 
 
@@ -200,8 +209,8 @@ def unwrap_compiled(model: Any) -> Any:
 
 
 def unscales_gradients_itself(optimizer: Any) -> bool:
-    """Whether the optimizer unscales AMP gradients inside its own ``step`` (``_step_supports_amp_scaling``, set by
-    fused Adam/AdamW/SGD): the gradients are still scaled when a clip would read them."""
+    """Whether the optimizer unscales AMP gradients inside its own ``step`` (``_step_supports_amp_scaling``,
+    set by fused Adam/AdamW/SGD): the gradients are still scaled when a clip would read them."""
     return bool(getattr(optimizer, "_step_supports_amp_scaling", False))
 
 

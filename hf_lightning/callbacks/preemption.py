@@ -47,7 +47,8 @@ def save_last(trainer: L.Trainer) -> str:
 def _validates_here_anyway(trainer: L.Trainer) -> bool:
     """Whether Lightning would validate after this batch even without a stop (``val_check_interval``, epoch end).
 
-    Lightning's own decision, asked with ``should_stop`` off (:func:`~hf_lightning.compat.validates_after_this_batch`)."""
+    Lightning's own decision, asked with ``should_stop`` off
+    (:func:`~hf_lightning.compat.validates_after_this_batch`)."""
     trainer.should_stop = False
     try:
         return validates_after_this_batch(trainer)

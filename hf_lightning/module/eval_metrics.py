@@ -1,11 +1,11 @@
 """Evaluation metrics that stay flat in memory, with HF's ``compute_metrics`` hooks still working.
 
-The default path keeps only metric states (sums and counts, torchmetrics: synced across ranks, never a tensor of
-logits kept): :class:`TokenMeanLoss`, :class:`TokenAccuracy`. An HF-style ``compute_metrics(EvalPrediction)`` needs
-predictions for the whole set; :class:`PredictionCollector` collects them the way HF ``Trainer.evaluation_loop``
-does (after ``preprocess_logits_for_metrics``, padded with ``-100`` along dim 1, moved to the CPU every
-``eval_accumulation_steps`` batches), with one difference: evaluation samplers never pad a rank's shard, so no
-example is counted twice and nothing needs de-duplicating.
+The default path keeps only metric states (sums and counts, torchmetrics: synced across ranks, never a tensor
+of logits kept): :class:`TokenMeanLoss`, :class:`TokenAccuracy`. An HF-style
+``compute_metrics(EvalPrediction)`` needs predictions for the whole set; :class:`PredictionCollector` collects
+them the way HF ``Trainer.evaluation_loop`` does (after ``preprocess_logits_for_metrics``, padded with
+``-100`` along dim 1, moved to the CPU every ``eval_accumulation_steps`` batches), with one difference:
+evaluation samplers never pad a rank's shard, so no example is counted twice and nothing needs de-duplicating.
 """
 
 from __future__ import annotations
@@ -70,8 +70,8 @@ class TokenAccuracy(Metric):
         correct: torch.Tensor | int | None = None,
         total: torch.Tensor | int | None = None,
     ) -> None:
-        """``update(logits (B, L, V), labels (B, L))``, or ``update(correct=, total=)`` with counts computed elsewhere
-        (the lean path's argmax per chunk of tokens)."""
+        """``update(logits (B, L, V), labels (B, L))``, or ``update(correct=, total=)`` with counts computed
+        elsewhere (the lean path's argmax per chunk of tokens)."""
         if correct is not None:
             self.correct += correct
             self.total += total

@@ -12,24 +12,22 @@ import lightning as L
 import torch
 from torch import nn
 
-from hf_lightning.batch import IGNORE_INDEX, MICRO_ITEMS_KEY, NUM_ITEMS_KEY, WINDOW_KEYS, WINDOW_LENGTH_KEY
+from hf_lightning.batch import MICRO_ITEMS_KEY, NUM_ITEMS_KEY, WINDOW_LENGTH_KEY
 from hf_lightning.compat import attached_trainer
 from hf_lightning.data.describe import padding_mask
-from hf_lightning.data.placeholder import PLACEHOLDER_KEY
-from hf_lightning.errors import ConfigError, ModelError
 from hf_lightning.module.eval_steps import EvalStepsMixin
 from hf_lightning.module.grad_norm import SharedGradNorm, StepGradNorm
 from hf_lightning.module.lean_loss import LeanLoss, arguments_reason, strategy_reason
 from hf_lightning.module.loss import (
     FALLBACK_WARNING,
+    ComputeLoss,
+    Count,
     check_loss_arguments,
-    count_loss_items,
+    logits_of,
     loss_is_share,
     loss_shifts_labels,
     loss_source,
-    loss_targets,
     resolve_model_loss,
-    token_cross_entropy_sum,
 )
 from hf_lightning.module.optim import build_optimizer, build_scheduler
 from hf_lightning.module.run_plan import training_steps
@@ -37,14 +35,10 @@ from hf_lightning.module.train_log import TrainLog, warn_empty_window
 
 log = logging.getLogger(__name__)
 
-NON_MODEL_KEYS = ("labels", "shift_labels", *WINDOW_KEYS, PLACEHOLDER_KEY)
 
-Count = int | torch.Tensor
-
-
-class HFLightningModule(TrainLog, SharedGradNorm, EvalStepsMixin, L.LightningModule):
-    """Train and evaluate any HF-style model (``forward(**batch)`` returning ``.logits``) with HF ``Trainer``'s
-    loss semantics. Losses are in nats per target token.
+class HFLightningModule(ComputeLoss, TrainLog, SharedGradNorm, EvalStepsMixin, L.LightningModule):
+    """Train and evaluate any HF-style model (``forward(**batch)`` returning ``.logits``) with HF
+    ``Trainer``'s loss semantics. Losses are in nats per target token.
 
     Reproduced from HF ``Trainer``: ``training_step`` / ``compute_loss`` with the window count of
     ``get_batch_samples`` (:meth:`training_step`, the one place the step's loss scale is decided),
@@ -52,18 +46,18 @@ class HFLightningModule(TrainLog, SharedGradNorm, EvalStepsMixin, L.LightningMod
     ``prediction_step`` for ``compute_metrics`` (:class:`~hf_lightning.module.eval_steps.EvalStepsMixin`), and
     ``model.train()`` before training (``from_pretrained`` returns the model in eval mode).
 
-    The loss of one optimizer step is the sum of the loss terms over every micro-batch of the accumulation window
-    divided by ``num_items_in_batch``, the window's number of targets summed across data-parallel ranks: it does
-    not depend on how the window is split into micro-batches or ranks. Where the loss comes from, first match
-    wins (:func:`~hf_lightning.module.loss.loss_source`): a subclass overriding :meth:`compute_loss`; HF's
-    ``compute_loss_func(outputs, labels, num_items_in_batch)``; the model's own ``outputs.loss`` when
+    The loss of one optimizer step is the sum of the loss terms over every micro-batch of the accumulation
+    window divided by ``num_items_in_batch``, the window's number of targets summed across data-parallel
+    ranks: it does not depend on how the window is split into micro-batches or ranks. Where the loss comes
+    from, first match wins (:func:`~hf_lightning.module.loss.loss_source`): a subclass overriding :meth:`compute_loss`;
+    HF's ``compute_loss_func(outputs, labels, num_items_in_batch)``; the model's own ``outputs.loss`` when
     ``use_model_loss`` (by default: when the model is *declared* to honour ``num_items_in_batch``,
-    ``model_accepts_loss_kwargs`` or ``accepts_loss_kwargs = True``; never inferred from a bare ``**kwargs`` as
-    HF does, since a model that swallows it inflates the gradients by accumulation x world size); otherwise the
-    token cross-entropy from the logits (:func:`~hf_lightning.module.loss.token_cross_entropy_sum`, HF's
-    ``LabelSmoother`` when ``label_smoothing_factor > 0``), computed without the ``(tokens x vocab)`` logits for a
-    causal LM whose head ``get_output_embeddings()`` reaches (``lean_loss``). A loss that does not take the count
-    is HF's fallback, a mean per micro-batch divided by the window length, with one warning.
+    ``model_accepts_loss_kwargs`` or ``accepts_loss_kwargs = True``; never inferred from a bare ``**kwargs``
+    as HF does, since a model that swallows it inflates the gradients by accumulation x world size); otherwise
+    the token cross-entropy from the logits (:func:`~hf_lightning.module.loss.token_cross_entropy_sum`, HF's
+    ``LabelSmoother`` when ``label_smoothing_factor > 0``), computed without the ``(tokens x vocab)`` logits
+    for a causal LM whose head ``get_output_embeddings()`` reaches (``lean_loss``). A loss that does not take
+    the count is HF's fallback, a mean per micro-batch divided by the window length, with one warning.
 
     Args:
         model: an ``nn.Module`` whose ``forward(**batch)`` returns an object with ``.logits`` ``(B, L, V)``
@@ -92,18 +86,18 @@ class HFLightningModule(TrainLog, SharedGradNorm, EvalStepsMixin, L.LightningMod
         eval_accumulation_steps: move collected predictions to the CPU every this many batches (HF's).
         batch_eval_metrics: call ``compute_metrics(EvalPrediction, compute_result=is_last_batch)`` per batch
             instead of once (HF's); the last call's result is logged.
-        lean_loss: the built-in token loss (and ``val/loss``, ``val/accuracy``) from the final hidden states and
-            the LM head in chunks of tokens, never holding the ``(tokens x vocab)`` logits
-            (:class:`~hf_lightning.module.lean_loss.LeanLoss`, which says with one INFO line when it falls back to
-            the logits); ``compute_loss`` then returns outputs whose ``logits`` is ``None``.
+        lean_loss: the built-in token loss (and ``val/loss``, ``val/accuracy``) from the final hidden states
+            and the LM head in chunks of tokens, never holding the ``(tokens x vocab)`` logits
+            (:class:`~hf_lightning.module.lean_loss.LeanLoss`, which says with one INFO line when it falls
+            back to the logits); ``compute_loss`` then returns outputs whose ``logits`` is ``None``.
 
     Raises:
         ConfigError: conflicting or out-of-range loss arguments (named).
 
-    Logged (x-axis ``step`` = optimizer steps done, as HF; :mod:`~hf_lightning.module.train_log`): ``train/loss``
-    (mean of the window losses since the last row, over ranks: HF's ``loss``), ``lr`` (the rate used in that
-    step), ``grad_norm`` (before clipping; logged steps only); ``val/loss`` (token-weighted mean over the whole
-    validation set), ``val/perplexity``, ``val/accuracy``.
+    Logged (x-axis ``step`` = optimizer steps done, as HF; :mod:`~hf_lightning.module.train_log`):
+    ``train/loss`` (mean of the window losses since the last row, over ranks: HF's ``loss``), ``lr`` (the rate
+    used in that step), ``grad_norm`` (before clipping; logged steps only); ``val/loss`` (token-weighted mean
+    over the whole validation set), ``val/perplexity``, ``val/accuracy``.
     """
 
     #: HF ``Trainer``'s attribute: whether :meth:`compute_loss` returns a share of the window loss (``True``)
@@ -145,12 +139,12 @@ class HFLightningModule(TrainLog, SharedGradNorm, EvalStepsMixin, L.LightningMod
         )
         self.causal = loss_shifts_labels(model) if causal is None else bool(causal)
         self._encoder_decoder = bool(getattr(getattr(model, "config", None), "is_encoder_decoder", False))
-        #: keyword arguments every ``model(...)`` call gets: ``use_cache=False`` when ``forward`` takes it (no KV
-        #: cache in training, which packed batches need); read by the DataModule's packing message
+        #: keyword arguments every ``model(...)`` call gets: ``use_cache=False`` when ``forward`` takes it (no
+        #: KV cache in training, which packed batches need); read by the DataModule's packing message
         self.forward_kwargs = (
             {"use_cache": False} if "use_cache" in inspect.signature(model.forward).parameters else {}
         )
-        #: whether :meth:`compute_loss` returns a share of the window loss (else HF's fallback, see loss_is_share)
+        #: whether :meth:`compute_loss` returns a share of the window loss (else HF's fallback)
         self.loss_is_share, self._fallback_reason = loss_is_share(self)
         decoder_only = self.causal and not self._encoder_decoder
         self.lean = LeanLoss(model, arguments_reason(lean_loss, self.loss_source, decoder_only))
@@ -169,7 +163,8 @@ class HFLightningModule(TrainLog, SharedGradNorm, EvalStepsMixin, L.LightningMod
 
     @property
     def loss_source(self) -> str:
-        """``"compute_loss"`` (a subclass override), ``"compute_loss_func"``, ``"model"`` or ``"token_cross_entropy"``."""
+        """``"compute_loss"`` (a subclass override), ``"compute_loss_func"``, ``"model"`` or
+        ``"token_cross_entropy"``."""
         return loss_source(self)
 
     def _say_lean(self) -> None:
@@ -179,35 +174,39 @@ class HFLightningModule(TrainLog, SharedGradNorm, EvalStepsMixin, L.LightningMod
 
     # ------------------------------------------------------------------------------- the step's loss
     def training_step(self, batch: Mapping[str, Any], batch_idx: int) -> torch.Tensor:
-        """The loss Lightning back-propagates for one micro-batch: every factor of the step's loss scale, here.
+        """The loss Lightning back-propagates for one micro-batch: every factor of the step's loss scale.
 
-        HF ``Trainer.training_step`` / ``compute_loss`` with the count of ``get_batch_samples``, step by step;
-        the gradient applied is exactly d(window loss)/dθ, the window loss being Σ loss terms / ``num_items_in_batch``.
+        HF ``Trainer.training_step`` / ``compute_loss`` with the count of ``get_batch_samples``, step by step
+        (transformers 5.24 function names). The gradient applied is exactly d(window loss)/dθ, with
+        window loss = Σ loss terms over the window's micro-batches and ranks / ``num_items_in_batch``.
+        Returns a 0-dim float tensor.
         """
         k, world = self.trainer.accumulate_grad_batches, self.trainer.world_size
-        # (1) the count, HF get_batch_samples: label targets (labels != -100; labels[..., 1:] when the loss shifts)
-        #     over the whole window, counted on the host by data.windows.AccumulationWindowLoader before the
-        #     window's first forward. None: the batches carry no count (HF's "not counted")
+        # (1) the count, HF get_batch_samples: label targets (labels != -100; labels[..., 1:] when the loss
+        #     shifts) over the whole window, counted on the host by data.windows.AccumulationWindowLoader
+        #     before the window's first forward. None: the batches carry no count (HF's "not counted")
         # (2) summed across ranks when average_tokens_across_devices (HF: gather + sum), once per window
         across = self.average_tokens_across_devices and world > 1
         count = self._window_count_of(batch, batch_idx, across)
-        # (3) compute_loss returns this micro-batch's share: its summed loss / count (HF's compute_loss contract)
+        # (3) compute_loss returns this micro-batch's share: its summed loss / count (HF's compute_loss)
         scaled = self.loss_is_share and count is not None
         if not scaled and batch.get(MICRO_ITEMS_KEY) == 0:
-            # the fallback's mean over no targets is NaN (it would poison the weights): this micro-batch adds 0
-            share = _logits(self(batch)).sum() * 0.0
+            # the fallback's mean over no targets is NaN (it would poison the weights): this one adds 0
+            share = logits_of(self(batch)).sum() * 0.0
         else:
             share, _ = self.compute_loss(batch, count if scaled else None)
         if not scaled:
-            # HF's fallback: a per-micro-batch mean divided by the window's length (current_gradient_accumulation_steps)
+            # HF's fallback: a micro-batch mean / the window's length (current_gradient_accumulation_steps)
             share = share / _window_length(batch, batch_idx, self.trainer)
-        # (4) HF's compute_loss multiplies by the number of processes when the count spans ranks: DDP, FSDP and
-        #     DeepSpeed average gradients over ranks. The log gets the same, so its mean over ranks is the window loss
+        # (4) HF's compute_loss multiplies by the number of processes when the count spans ranks: DDP, FSDP
+        #     and DeepSpeed average gradients over ranks. The log gets the same: its mean over ranks is the
+        #     window loss
         rank_factor = world if scaled and self.average_tokens_across_devices else 1
         self.add_window_share(share.detach() * rank_factor)
         self._count_tokens(batch)
         # (5) Lightning's automatic optimization divides by k, always k (a short last window, DeepSpeed too:
-        #     HFDeepSpeedStrategy passes scale_wrt_gas=False so the engine does not divide again, as HF): cancel it
+        #     HFDeepSpeedStrategy passes scale_wrt_gas=False so the engine does not divide again, as HF):
+        #     cancel it
         return share * (k * rank_factor)
 
     def _window_count_of(self, batch: Mapping[str, Any], batch_idx: int, across: bool) -> Count | None:
@@ -239,115 +238,10 @@ class HFLightningModule(TrainLog, SharedGradNorm, EvalStepsMixin, L.LightningMod
         return self._window_count
 
     def _count_tokens(self, batch: Mapping[str, Any]) -> None:
-        """Real tokens as the throughput figures define them (:func:`~hf_lightning.data.describe.padding_mask`)."""
+        """Real tokens, as the throughput figures count them (``data.describe.padding_mask``)."""
         if "input_ids" in batch:
             real = (~padding_mask(batch, getattr(self.tokenizer, "pad_token_id", None))).sum()
             self.tokens_seen = self.tokens_seen.to(self.device) + real
-
-    def count_loss_items(self, batch: Mapping[str, Any]) -> int:
-        """Targets in one micro-batch (host side); the DataModule sums it over a window."""
-        return count_loss_items(batch, causal=self.causal)
-
-    # ------------------------------------------------------------------------------------------ loss
-    def _model_inputs(self, batch: Mapping[str, Any]) -> dict[str, Any]:
-        inputs = {k: v for k, v in batch.items() if k not in NON_MODEL_KEYS}
-        if (
-            self._encoder_decoder
-            and "decoder_input_ids" not in inputs
-            and batch.get("labels") is not None
-            and hasattr(self.model, "prepare_decoder_input_ids_from_labels")
-        ):
-            # the decoder is fed the labels shifted right, as the model does itself when given labels
-            inputs["decoder_input_ids"] = self.model.prepare_decoder_input_ids_from_labels(
-                labels=batch["labels"]
-            )
-        return inputs
-
-    def forward(self, batch: Mapping[str, Any]) -> Any:
-        """``model(**inputs, **forward_kwargs)`` without the labels and the window keys; the model's output
-        (``.logits`` ``(B, L, V)``, or ``(B, C)`` for classification)."""
-        return self.model(**self._model_inputs(batch), **self.forward_kwargs)
-
-    def compute_loss(
-        self, batch: Mapping[str, Any], num_items_in_batch: Count | None
-    ) -> tuple[torch.Tensor, Any]:
-        """``(loss, model outputs)`` for one micro-batch.
-
-        Args:
-            batch: the collated micro-batch (``labels`` ``(B, L)`` or ``(B,)``; the window keys of
-                :mod:`hf_lightning.data.windows` are never passed to the model).
-            num_items_in_batch: the window's target count (``int``, or a 0-dim int64 tensor when summed across
-                ranks), at least 1; ``None`` when the batches carry no count (HF: "not counted") or the loss is
-                HF's fallback (``loss_is_scaled_for_ga`` resolved to ``False``): the loss is then a mean over
-                this micro-batch, which ``training_step`` divides by the window length.
-
-        Returns:
-            The micro-batch's share of the window loss (a sum over its items divided by ``num_items_in_batch``)
-            as a 0-dim float tensor, and the model outputs. An override must return the same (or set
-            ``loss_is_scaled_for_ga = False`` and return a per-micro-batch mean) for the step to stay exact.
-        """
-        if self.compute_loss_func is not None:
-            outputs = self(batch)
-            if not self.loss_is_share:
-                return self.compute_loss_func(outputs, batch.get("labels")), outputs
-            return self.compute_loss_func(
-                outputs, batch.get("labels"), num_items_in_batch=num_items_in_batch
-            ), outputs
-        if self.use_model_loss:
-            return self._model_loss(batch, num_items_in_batch)
-        labels = batch["labels"]
-        if labels.is_floating_point():
-            raise ConfigError(
-                "labels are floating point (regression or multi-label): the built-in token cross-entropy needs "
-                "integer class ids; set module.use_model_loss=true or pass module.compute_loss_func"
-            )
-        loss_sum, outputs = self._token_loss_sum(batch, labels)
-        if num_items_in_batch is None:
-            # HF's "not counted" path: this micro-batch's own targets, counted on the device (no sync)
-            targets = loss_targets(labels, self.causal, batch.get("shift_labels"))
-            num_items_in_batch = (targets != IGNORE_INDEX).sum().clamp(min=1)
-        return loss_sum / num_items_in_batch, outputs
-
-    def _token_loss_sum(self, batch: Mapping[str, Any], labels: torch.Tensor) -> tuple[torch.Tensor, Any]:
-        """The summed token CE of the micro-batch and the model outputs: lean when it can be, else from the logits."""
-        if self.lean.active:
-            targets = loss_targets(labels, self.causal, batch.get("shift_labels"))
-            lean = self.lean.forward(lambda: self(batch), targets.shape)
-            if lean is not None:
-                # the window loader's count of this micro-batch lets the head skip the non-target rows without a
-                # host-device sync; it counts the targets when count_loss_items is ours
-                own_count = type(self).count_loss_items is HFLightningModule.count_loss_items
-                count = batch.get(MICRO_ITEMS_KEY) if own_count else None
-                return self.lean.loss_sum(lean[1], targets, self.label_smoothing_factor, count), lean[0]
-            self._say_lean()  # the model did not fit: say why
-        outputs = self(batch)
-        loss_sum = token_cross_entropy_sum(
-            _logits(outputs),
-            labels,
-            causal=self.causal,
-            shift_labels=batch.get("shift_labels"),
-            label_smoothing=self.label_smoothing_factor,
-        )
-        return loss_sum, outputs
-
-    def _model_loss(
-        self, batch: Mapping[str, Any], num_items_in_batch: Count | None
-    ) -> tuple[torch.Tensor, Any]:
-        inputs = self._model_inputs(batch)
-        inputs["labels"] = batch["labels"]
-        if self.model_accepts_loss_kwargs:
-            if "shift_labels" in batch:
-                inputs["shift_labels"] = batch["shift_labels"]
-            if num_items_in_batch is not None:
-                inputs["num_items_in_batch"] = num_items_in_batch
-        outputs = self.model(**inputs, **self.forward_kwargs)
-        loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs[0]
-        if loss is None or not isinstance(loss, torch.Tensor) or loss.dim() != 0:
-            raise ModelError(
-                f"use_model_loss=True but {type(self.model).__name__}(labels=...) returned no scalar loss; "
-                "leave module.use_model_loss unset to use the built-in token loss"
-            )
-        return loss, outputs
 
     # ------------------------------------------------------------------------------ fit and optimizer
     def on_fit_start(self) -> None:
@@ -379,8 +273,9 @@ class HFLightningModule(TrainLog, SharedGradNorm, EvalStepsMixin, L.LightningMod
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def total_training_steps(self) -> float:
-        """Optimizer steps of the whole run, for the LR schedule (:func:`~hf_lightning.module.run_plan.training_steps`,
-        which logs when ``max_epochs`` ends the run first and when windows are shorter than asked)."""
+        """Optimizer steps of the whole run, for the LR schedule
+        (:func:`~hf_lightning.module.run_plan.training_steps`, which logs when ``max_epochs`` ends the run
+        first and when windows are shorter than asked)."""
         return training_steps(self.trainer)
 
     def trained_tokens(self) -> int:
@@ -396,11 +291,3 @@ def _window_length(batch: Mapping[str, Any], batch_idx: int, trainer: Any) -> in
     total = trainer.num_training_batches
     start = batch_idx // k * k
     return k if not math.isfinite(total) else int(min(k, total - start))
-
-
-def _logits(outputs: Any) -> torch.Tensor:
-    """``outputs.logits`` of a ``ModelOutput``, a dict or a tuple (first element)."""
-    if isinstance(outputs, Mapping):
-        return outputs["logits"]
-    logits = getattr(outputs, "logits", None)
-    return logits if logits is not None else outputs[0]

@@ -1,10 +1,10 @@
 """How many optimizer steps a run takes, how many of them close a short accumulation window, and the log lines
 that say so.
 
-Lightning steps the optimizer after every ``accumulate_grad_batches`` micro-batches and after the last micro-batch
-of an epoch, so an epoch of ``B`` micro-batches takes ``ceil(B / k)`` steps and, when ``B % k != 0``, its last
-window holds ``B % k`` micro-batches (HF ``Trainer`` cuts its windows per epoch the same way). The run ends at
-``trainer.max_steps`` or after ``trainer.max_epochs`` epochs, whichever comes first.
+Lightning steps the optimizer after every ``accumulate_grad_batches`` micro-batches and after the last
+micro-batch of an epoch, so an epoch of ``B`` micro-batches takes ``ceil(B / k)`` steps and, when ``B % k !=
+0``, its last window holds ``B % k`` micro-batches (HF ``Trainer`` cuts its windows per epoch the same way).
+The run ends at ``trainer.max_steps`` or after ``trainer.max_epochs`` epochs, whichever comes first.
 """
 
 from __future__ import annotations
@@ -48,15 +48,17 @@ class RunPlan:
 
     @property
     def short_steps(self) -> int:
-        """Optimizer steps of the run that close a short window: the last step of each epoch the run reaches."""
+        """Optimizer steps of the run that close a short window: the last step of each epoch the run
+        reaches."""
         if not self.short_window or not math.isfinite(self.total_steps):
             return 0
         return int(self.total_steps // self.steps_per_epoch)
 
 
 def plan_run(batches_per_epoch: float, accumulation: int, max_epochs: int | None, max_steps: int) -> RunPlan:
-    """The :class:`RunPlan` of ``batches_per_epoch`` micro-batches per epoch (``inf`` if unknown) with Lightning's
-    resolved limits (``max_epochs`` ``-1`` or ``None``: no epoch limit; ``max_steps`` ``-1``: no step limit).
+    """The :class:`RunPlan` of ``batches_per_epoch`` micro-batches per epoch (``inf`` if unknown) with
+    Lightning's resolved limits (``max_epochs`` ``-1`` or ``None``: no epoch limit; ``max_steps`` ``-1``: no
+    step limit).
 
     Example: 5 micro-batches per epoch, accumulation 2, 2 epochs: windows of 2, 2, 1 per epoch, 3 steps per
     epoch, 6 in all, 2 of them short.
@@ -94,13 +96,14 @@ def report(plan: RunPlan, max_epochs: int | None) -> None:
 
 
 def training_steps(trainer: Any) -> float:
-    """Optimizer steps of the whole run, for the LR schedule (:func:`plan_run`: ``trainer.estimated_stepping_batches``'s
-    formula); logs :func:`report` on rank zero. ``inf`` for a stream of unknown length without ``max_steps``.
+    """Optimizer steps of the whole run, for the LR schedule (:func:`plan_run`:
+    ``trainer.estimated_stepping_batches``'s formula); logs :func:`report` on rank zero. ``inf`` for a stream
+    of unknown length without ``max_steps``.
 
     Lightning's property builds the train loader through ``fit_loop.setup_data()`` while the optimizers are
-    configured, before a checkpoint's loop state is restored; the loader state of a mid-epoch resume is then never
-    loaded. Here the length comes from the DataModule's own loader, and Lightning's loader is left to be built after
-    the restore.
+    configured, before a checkpoint's loop state is restored; the loader state of a mid-epoch resume is then
+    never loaded. Here the length comes from the DataModule's own loader, and Lightning's loader is left to be
+    built after the restore.
     """
     datamodule = trainer.datamodule
     if datamodule is None:

@@ -1,15 +1,16 @@
-"""The train log of :class:`~hf_lightning.HFLightningModule`: window losses since the last row, HF's ``logging_steps``.
+"""The train log of :class:`~hf_lightning.HFLightningModule`: window losses since the last row, HF's
+``logging_steps``.
 
-Ours rather than ``self.log``: HF's ``loss`` is the mean of the *window* losses of the optimizer steps since the
-previous row (not of micro-batch values), written every ``trainer.log_every_n_steps`` optimizer steps counted
-across epochs, with ``step`` = optimizer steps done; and the row survives a stop:
+Ours rather than ``self.log``: HF's ``loss`` is the mean of the *window* losses of the optimizer steps since
+the previous row (not of micro-batch values), written every ``trainer.log_every_n_steps`` optimizer steps
+counted across epochs, with ``step`` = optimizer steps done; and the row survives a stop:
 
-- the losses accumulated since the last row (every rank's, gathered), the ``lr``/``grad_norm``/``epoch`` of the
-  newest step and the step whose validation was logged last are saved with each checkpoint and restored on
+- the losses accumulated since the last row (every rank's, gathered), the ``lr``/``grad_norm``/``epoch`` of
+  the newest step and the step whose validation was logged last are saved with each checkpoint and restored on
   resume (:meth:`TrainLog.on_save_checkpoint`, :meth:`TrainLog.on_load_checkpoint`);
-- a checkpoint saved at the end of an optimizer step first ends that step's bookkeeping, writing its row when it
-  is a log step: the row of step N is on disk before checkpoint N, so a kill just after the checkpoint cannot
-  lose it (a kill between the two leaves a row that the resume from the older checkpoint truncates);
+- a checkpoint saved at the end of an optimizer step first ends that step's bookkeeping, writing its row when
+  it is a log step: the row of step N is on disk before checkpoint N, so a kill just after the checkpoint
+  cannot lose it (a kill between the two leaves a row that the resume from the older checkpoint truncates);
 - a stop on a signal writes no partial row (the accumulated losses are in ``last.ckpt``).
 
 Zero-target windows are warned about here too: summed across ranks, the count is only read on the host at the
@@ -46,8 +47,8 @@ class TrainLog:
     """Mixin of :class:`~hf_lightning.HFLightningModule` (a ``LightningModule``): the ``train/loss`` rows.
 
     ``training_step`` hands each micro-batch's logged share to :meth:`add_window_share`; at the end of every
-    optimizer step the window's loss joins the row, and a log step writes the row (``train/loss``: the mean over
-    the steps since the last row and over ranks; ``lr``; ``grad_norm``; ``epoch``; a callback's
+    optimizer step the window's loss joins the row, and a log step writes the row (``train/loss``: the mean
+    over the steps since the last row and over ranks; ``lr``; ``grad_norm``; ``epoch``; a callback's
     :meth:`add_train_metrics`).
     """
 
@@ -74,8 +75,8 @@ class TrainLog:
         self._unchecked_counts.append((step, count))
 
     def add_train_metrics(self, metrics: Mapping[str, float]) -> None:
-        """Add ``metrics`` (host floats) to the next train log row, so that a callback's figures for a step share
-        the row of ``train/loss`` (e.g. :class:`~hf_lightning.callbacks.Throughput`)."""
+        """Add ``metrics`` (host floats) to the next train log row, so that a callback's figures for a step
+        share the row of ``train/loss`` (e.g. :class:`~hf_lightning.callbacks.Throughput`)."""
         self._extra_train_metrics.update(metrics)
 
     def is_log_step(self, step: int) -> bool:
@@ -103,7 +104,8 @@ class TrainLog:
             self._bar_loss = None
 
     def _end_step(self) -> None:
-        """The bookkeeping of a finished optimizer step: its window loss joins the next row; a log step writes it."""
+        """The bookkeeping of a finished optimizer step: its window loss joins the next row; a log step
+        writes it."""
         self._steps_seen = self.global_step
         # the epoch of the step's batches: by the final flush (on_train_end) Lightning has already counted the
         # epoch a stop or the last batch ended, and the row would show the next one
@@ -122,8 +124,8 @@ class TrainLog:
 
     # -------------------------------------------------------------------------------------- writing
     def flush_train_log(self, progress_bar: bool = True) -> None:
-        """Write the row of the steps since the last one (nothing when there are none); every rank must call it
-        (the mean over ranks is a collective)."""
+        """Write the row of the steps since the last one (nothing when there are none); every rank must call
+        it (the mean over ranks is a collective)."""
         if self._unchecked_counts:
             steps = [s for s, c in self._unchecked_counts]
             counts = torch.stack([c for s, c in self._unchecked_counts]).tolist()
@@ -150,9 +152,9 @@ class TrainLog:
         self.log_to_loggers(metrics)
 
     def log_to_loggers(self, metrics: Mapping[str, float | None]) -> None:
-        """Write to every logger with ``step`` = optimizer steps done (HF's ``global_step``); ``None`` values are
-        left out. Direct ``logger.log_metrics`` + ``save``: ``self.log`` would write at Lightning's step (one less
-        inside ``on_train_batch_end``) and cannot write from ``on_train_end``."""
+        """Write to every logger with ``step`` = optimizer steps done (HF's ``global_step``); ``None`` values
+        are left out. Direct ``logger.log_metrics`` + ``save``: ``self.log`` would write at Lightning's step
+        (one less inside ``on_train_batch_end``) and cannot write from ``on_train_end``."""
         clean = {k: float(v) for k, v in metrics.items() if v is not None}
         self.last_logged.update(clean)
         for logger in self.loggers:
@@ -192,7 +194,8 @@ class TrainLog:
         trainer = attached_trainer(self)
         world = trainer.world_size if trainer is not None else 1
         rank = trainer.global_rank if trainer is not None else 0
-        # the same ranks: each its own values; another world size: the mean over ranks, so the logged mean is kept
+        # the same ranks: each its own values; another world size: the mean over ranks, so the logged mean is
+        # kept
         row = pending[rank] if pending.shape[0] == world else pending.mean(0)
         self._loss_since_log = list(row.to(self.device).unbind(0))
         self._last_lr = state.get("lr")

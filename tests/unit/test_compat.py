@@ -1,8 +1,9 @@
-"""One test per function of ``hf_lightning/compat.py``, on the installed Lightning, transformers, datasets and torch.
+"""One test per function of ``hf_lightning/compat.py``, on the installed Lightning, transformers, datasets and
+torch.
 
-An upgrade that renames or drops one of the internals we read fails the test named after it. Expected values come
-from the libraries' documented behaviour (a fit of known length, a file on disk, a hand-made selection), or from the
-library's own public computation side by side.
+An upgrade that renames or drops one of the internals we read fails the test named after it. Expected values
+come from the libraries' documented behaviour (a fit of known length, a file on disk, a hand-made selection),
+or from the library's own public computation side by side.
 """
 
 from __future__ import annotations
@@ -148,8 +149,8 @@ def test_attached_trainer(fitted):
 
 
 def test_evaluation_results(tmp_path):
-    """The list read at ``on_validation_epoch_end`` is the one ``trainer.validate()`` returns (the loop swaps it
-    out before ``on_validation_end``, where HFLightningModule adds its values)."""
+    """The list read at ``on_validation_epoch_end`` is the one ``trainer.validate()`` returns (the loop swaps
+    it out before ``on_validation_end``, where HFLightningModule adds its values)."""
 
     class Adds(Tiny):
         def on_validation_epoch_end(self):
@@ -163,7 +164,8 @@ def test_evaluation_results(tmp_path):
 
 
 def test_epoch_progress_state(tmp_path):
-    """The epoch counters of a checkpoint written by a 2-epoch fit: 2 epochs started, processed and completed."""
+    """The epoch counters of a checkpoint written by a 2-epoch fit: 2 epochs started, processed and
+    completed."""
     trainer = _trainer(tmp_path, max_epochs=2, limit_val_batches=0)
     trainer.fit(Tiny(), _loader())
     path = tmp_path / "end.ckpt"
@@ -205,7 +207,8 @@ def test_save_last_checkpoint(tmp_path):
 
 
 def test_last_saved_step_and_mark_saved_at(tmp_path):
-    """``mark_saved_at`` makes Lightning skip the periodic save of that step; ``last_saved_step`` reads it back."""
+    """``mark_saved_at`` makes Lightning skip the periodic save of that step; ``last_saved_step`` reads it
+    back."""
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=2, save_top_k=-1)
@@ -223,7 +226,8 @@ def test_last_saved_step_and_mark_saved_at(tmp_path):
 
 
 def test_keeping_experiment_writer(tmp_path):
-    """Lightning's writer deletes an existing ``metrics.csv`` at start-up; ours keeps it and calls the hook."""
+    """Lightning's writer deletes an existing ``metrics.csv`` at start-up; ours keeps it and calls the
+    hook."""
     from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 
     metrics = tmp_path / "metrics.csv"

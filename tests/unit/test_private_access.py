@@ -1,4 +1,5 @@
-"""Guard: private attributes of Lightning, transformers, datasets and torch are used in ``hf_lightning/compat.py`` only.
+"""Guard: private attributes of Lightning, transformers, datasets and torch are used in
+``hf_lightning/compat.py`` only.
 
 What counts as a use, found by walking the AST of every ``hf_lightning`` module but ``compat.py``:
 
@@ -6,7 +7,8 @@ What counts as a use, found by walking the AST of every ``hf_lightning`` module 
 - ``obj._name`` on anything but ``self`` / ``cls``, and ``getattr/hasattr/setattr(obj, "_name")`` likewise;
 - ``self._name`` (read, written or a method defined) in a class that subclasses a library class defining
   ``_name`` (found by reading the library bases' attributes and sources on the installed versions);
-- internals without a leading underscore (:data:`INTERNALS`): Lightning's loop progress and transformers' loss table.
+- internals without a leading underscore (:data:`INTERNALS`): Lightning's loop progress and transformers' loss
+table.
 
 Run ``python tests/unit/test_private_access.py [PACKAGE_DIR]`` to list the uses (the closing-note figure).
 """
@@ -20,7 +22,7 @@ import re
 import sys
 from pathlib import Path
 
-#: attributes that are library internals without a leading underscore (undocumented, may change in any release)
+#: attributes that are library internals without a leading underscore (undocumented, may change)
 INTERNALS = {"fit_loop", "epoch_loop", "batch_progress", "epoch_progress", "LOSS_MAPPING"}
 ALLOWED_FILES = {"compat.py"}
 SELF_NAMES = {"self", "cls"}
@@ -31,7 +33,8 @@ def _private(name: str) -> bool:
 
 
 def _library_privates(cls: type) -> set[str]:
-    """Private names the non-hf_lightning bases of ``cls`` define (class attributes, or ``self._x`` in their code)."""
+    """Private names the non-hf_lightning bases of ``cls`` define (class attributes, or ``self._x`` in their
+    code)."""
     names: set[str] = set()
     for base in cls.__mro__[1:]:
         module = getattr(base, "__module__", "") or ""
@@ -55,7 +58,8 @@ def _classes(module_name: str) -> dict[str, type]:
 
 
 def private_accesses(root: Path) -> list[str]:
-    """``file:line: what`` for every private library attribute used under ``root`` (the ``hf_lightning`` folder)."""
+    """``file:line: what`` for every private library attribute used under ``root`` (the ``hf_lightning``
+    folder)."""
     found: list[str] = []
     for path in sorted(root.rglob("*.py")):
         rel = path.relative_to(root.parent)
@@ -154,7 +158,8 @@ def test_the_guard_finds_each_kind_of_use(tmp_path):
 
 
 def test_the_guard_finds_a_private_of_a_library_base_class():
-    """``self._trainer`` in a LightningModule subclass is Lightning's private attribute, though it reads as ours."""
+    """``self._trainer`` in a LightningModule subclass is Lightning's private attribute, though it reads as
+    ours."""
     import lightning as L
 
     class Probe(L.LightningModule):
