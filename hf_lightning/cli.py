@@ -18,15 +18,9 @@ HIDDEN_WARNINGS = (
     (r"The number of training batches \(\d+\) is smaller than the logging interval", Warning),
 )
 
-_installed = False
-
 
 def hide_library_warnings() -> None:
-    """Install the filters of :data:`HIDDEN_WARNINGS` in this process (once; a Hydra multirun calls each job's
-    ``main`` in the same process)."""
-    global _installed
-    if _installed:
-        return
+    """Install the filters of :data:`HIDDEN_WARNINGS` in this process. Calling it again (a Hydra multirun runs
+    each job's ``main`` in the same process) adds nothing: ``warnings.filterwarnings`` replaces an equal filter."""
     for message, category in HIDDEN_WARNINGS:
         warnings.filterwarnings("ignore", message=message, category=category)
-    _installed = True
