@@ -55,6 +55,12 @@ def epoch_being_trained(trainer: Any) -> int:
     return int(trainer.fit_loop.epoch_progress.current.started) - 1
 
 
+def total_batch_index(trainer: Any) -> int:
+    """Index of the batch being trained counted over the whole fit, all epochs (``epoch_loop.total_batch_idx``):
+    what Lightning's ``val_check_batch`` rule counts when ``check_val_every_n_epoch`` is ``None``."""
+    return int(trainer.fit_loop.epoch_loop.total_batch_idx)
+
+
 def closes_accumulation_window(trainer: Any) -> bool:
     """Whether the micro-batch being trained ends its gradient-accumulation window: ``not
     fit_loop._should_accumulate()``, Lightning's own rule (every ``accumulate_grad_batches`` batches and at
@@ -122,6 +128,39 @@ def mark_saved_at(callback: Any, step: int) -> None:
     """Tell a ``ModelCheckpoint`` its saves of ``step`` are done (``_last_global_step_saved``; the counter is
     not in Lightning's checkpoint, so a resumed callback would save the same step again)."""
     callback._last_global_step_saved = step
+
+
+def acts_after_every_validation(callback: Any) -> None:
+    """Make a monitoring ``ModelCheckpoint`` or ``EarlyStopping`` act after every validation, not only at train epoch
+    ends (``_save_on_train_epoch_end`` / ``_check_on_train_epoch_end`` = False: what their constructors'
+    ``save_on_train_epoch_end`` / ``check_on_train_epoch_end`` set, which their own ``setup`` fills in when
+    ``None``). Any other callback is left alone."""
+    from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+
+    if isinstance(callback, ModelCheckpoint):
+        callback._save_on_train_epoch_end = False
+    elif isinstance(callback, EarlyStopping):
+        callback._check_on_train_epoch_end = False
+
+
+def stop_own_triggers(callback: Any) -> None:
+    """Turn off a ``ModelCheckpoint``'s own periodic triggers (``_every_n_train_steps``, ``_every_n_epochs``,
+    ``_train_time_interval``): another callback decides when it saves (:func:`save_checkpoint_now`)."""
+    callback._every_n_train_steps = 0
+    callback._every_n_epochs = 0
+    callback._train_time_interval = None
+
+
+def save_checkpoint_now(callback: Any, trainer: Any) -> None:
+    """Save through a ``ModelCheckpoint`` now, as its own trigger would: unless it must skip
+    (``_should_skip_saving_checkpoint``: a sanity check, not fitting, or saved at this step already), its top-k
+    checkpoint and ``last.ckpt`` with the current monitor candidates (``_save_topk_checkpoint``,
+    ``_save_last_checkpoint``, ``_monitor_candidates``)."""
+    if callback._should_skip_saving_checkpoint(trainer):
+        return
+    candidates = callback._monitor_candidates(trainer)
+    callback._save_topk_checkpoint(trainer, candidates)
+    callback._save_last_checkpoint(trainer, candidates)
 
 
 # ------------------------------------------------------------------------------------- Lightning: CSVLogger

@@ -100,6 +100,11 @@ class HFLightningModule(ComputeLoss, TrainLog, SharedGradNorm, EvalStepsMixin, L
     over the whole validation set), ``val/perplexity``, ``val/accuracy``.
     """
 
+    # HF's logging_first_step: a train/loss row after the first optimizer step too (set by HFSteps)
+    logging_first_step: bool = False
+    # the run's optimizer steps, known once configure_optimizers has run
+    planned_steps: int | None = None
+
     #: HF ``Trainer``'s attribute: whether :meth:`compute_loss` returns a share of the window loss (``True``)
     #: or a per-micro-batch mean (``False``, HF's fallback). ``None``: decided from the loss source; a
     #: subclass overriding :meth:`compute_loss` counts as ``True`` unless it sets this.
@@ -269,6 +274,7 @@ class HFLightningModule(ComputeLoss, TrainLog, SharedGradNorm, EvalStepsMixin, L
         total = self.total_training_steps()
         if not math.isfinite(total):
             raise ValueError("the number of training steps is unknown: set trainer.max_steps")
+        self.planned_steps = int(total)  # HF's max_steps, for the eval/save/logging step ratios (HFSteps)
         scheduler = build_scheduler(optimizer, int(total), **self.scheduler)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 

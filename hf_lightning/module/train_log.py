@@ -81,8 +81,11 @@ class TrainLog:
 
     def is_log_step(self, step: int) -> bool:
         """Whether the train row is written after optimizer step ``step`` (1-based): every
-        ``trainer.log_every_n_steps`` steps across epochs (HF's ``logging_steps``), and at ``max_steps``."""
+        ``trainer.log_every_n_steps`` steps across epochs (HF's ``logging_steps``), at ``max_steps``, and after the
+        first step with ``logging_first_step``."""
         trainer = self.trainer
+        if step == 1 and self.logging_first_step:  # HF's logging_first_step (set by HFSteps)
+            return True
         return step % max(trainer.log_every_n_steps, 1) == 0 or step >= trainer.max_steps > 0
 
     def wants_grad_norm(self) -> bool:

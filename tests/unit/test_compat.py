@@ -37,6 +37,7 @@ class Tiny(L.LightningModule):
                 "epochs_processed": compat.epochs_processed(trainer),
                 "being_trained": compat.epoch_being_trained(trainer),
                 "closes_window": compat.closes_accumulation_window(trainer),
+                "total_index": compat.total_batch_index(trainer),
                 "attached": compat.attached_trainer(self) is trainer,
             }
         )
@@ -132,6 +133,11 @@ def test_closes_accumulation_window(fitted):
     seen, _ = fitted
     expected = [(i + 1) % K == 0 or i == BATCHES - 1 for i in range(BATCHES)] * EPOCHS
     assert [s["closes_window"] for s in seen] == expected
+
+
+def test_total_batch_index(fitted):
+    seen, _ = fitted
+    assert [s["total_index"] for s in seen] == list(range(BATCHES * EPOCHS))
 
 
 def test_validates_after_this_batch(fitted):
@@ -348,3 +354,36 @@ def test_foreach_norm():
         got = compat.foreach_norm(tensors, ord)
         expected = [torch.linalg.vector_norm(t, ord) for t in tensors]
         torch.testing.assert_close(torch.stack(got), torch.stack(expected), equal_nan=True)
+
+
+def test_acts_after_every_validation():
+    """The attributes exist on the installed classes (a rename would make the assignment a silent no-op)."""
+    from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+
+    checkpoint, stopping = ModelCheckpoint(monitor="val/loss"), EarlyStopping(monitor="val/loss")
+    assert hasattr(checkpoint, "_save_on_train_epoch_end") and hasattr(stopping, "_check_on_train_epoch_end")
+    compat.acts_after_every_validation(checkpoint)
+    compat.acts_after_every_validation(stopping)
+    assert checkpoint._save_on_train_epoch_end is False and stopping._check_on_train_epoch_end is False
+
+
+def test_stop_own_triggers_and_save_checkpoint_now(tmp_path):
+    """With its triggers off, a ``ModelCheckpoint(every_n_train_steps=1)`` saves only when told to (step 2)."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=1, save_top_k=-1)
+    assert all(
+        hasattr(checkpoint, a) for a in ("_every_n_train_steps", "_every_n_epochs", "_train_time_interval")
+    )
+
+    class Decides(L.Callback):  # runs before ModelCheckpoint (Lightning runs checkpoint callbacks last)
+        def on_fit_start(self, trainer, pl_module):
+            compat.stop_own_triggers(checkpoint)
+
+        def on_train_batch_end(self, trainer, *args):
+            if trainer.global_step == 2:
+                compat.save_checkpoint_now(checkpoint, trainer)
+                compat.save_checkpoint_now(checkpoint, trainer)  # skipped: saved at this step already
+
+    _checkpoint_trainer(tmp_path, [Decides(), checkpoint], max_steps=3).fit(Tiny(), _loader())
+    assert sorted(os.listdir(tmp_path / "ckpt")) == ["epoch=0-step=2.ckpt"]
