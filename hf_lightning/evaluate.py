@@ -15,6 +15,7 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from hf_lightning.cli import hide_library_warnings
 from hf_lightning.errors import ConfigError, HFLightningError
 
 log = logging.getLogger("hf_lightning.evaluate")
@@ -120,6 +121,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="evaluate")
 def main(cfg: DictConfig) -> None:
+    hide_library_warnings()
     try:
         evaluate(cfg)
     except HFLightningError as err:

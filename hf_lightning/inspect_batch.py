@@ -15,6 +15,7 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from hf_lightning.cli import hide_library_warnings
 from hf_lightning.errors import HFLightningError
 
 
@@ -59,6 +60,7 @@ def first_batch(cfg: DictConfig) -> tuple[Any, Any]:
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> None:
+    hide_library_warnings()
     from hf_lightning.data.describe import describe_batch
 
     try:

@@ -22,6 +22,7 @@ from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.utilities import rank_zero_only
 
 from hf_lightning.checkpointing.files import atomic_file, write_failure_message
+from hf_lightning.compat import KeepingExperimentWriter, csv_experiment
 from hf_lightning.errors import TrainingError
 
 
@@ -50,10 +51,9 @@ def logged_at(path: str, step: int) -> set[str]:
     }
 
 
-class _AppendingWriter(ExperimentWriter):
-    def _check_log_dir_exists(self) -> None:
-        if os.path.isfile(self.metrics_file_path):
-            self.metrics_keys = sorted(read_rows(self.metrics_file_path)[0])
+class _AppendingWriter(KeepingExperimentWriter):
+    def found_metrics_file(self) -> None:
+        self.metrics_keys = sorted(read_rows(self.metrics_file_path)[0])
 
     def _fail(self, err: OSError) -> TrainingError:
         self.metrics = []  # Lightning's teardown saves again: the rows that could not be written are dropped
@@ -138,10 +138,7 @@ class ResumableCSVLogger(CSVLogger):
     @property
     @rank_zero_experiment
     def experiment(self) -> ExperimentWriter:
-        if self._experiment is None:
-            self._fs.makedirs(self.root_dir, exist_ok=True)
-            self._experiment = _AppendingWriter(log_dir=self.log_dir)
-        return self._experiment
+        return csv_experiment(self, lambda log_dir: _AppendingWriter(log_dir=log_dir))
 
     @rank_zero_only
     def truncate_after(self, step: int) -> None:

@@ -78,7 +78,7 @@ def finish_run(
     if trainer.world_size > 1:
         logged = trainer.strategy.broadcast(logged)
     if module.has_pending_train_log and "train/loss" not in logged:
-        module._flush_train_logs(progress_bar=False)
+        module.flush_train_log(progress_bar=False)
         done.append(f"the train/loss row of step {step}")
     validating = trainer.limit_val_batches and getattr(datamodule, "val_dataset", None) is not None
     if validating and not any(k.startswith("val/") for k in logged):

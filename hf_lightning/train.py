@@ -20,6 +20,7 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from hf_lightning.cli import hide_library_warnings
 from hf_lightning.errors import ConfigError, HFLightningError
 
 log = logging.getLogger("hf_lightning.train")
@@ -489,6 +490,7 @@ def _report_log_file_errors() -> None:
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> float | None:
+    hide_library_warnings()
     _report_log_file_errors()
     try:
         metrics, objects = train(cfg)

@@ -21,6 +21,7 @@ Each real update is recorded: which micro-batches (by backward call) it applied 
 from __future__ import annotations
 
 import contextlib
+import importlib.machinery
 import logging
 import sys
 import types
@@ -84,6 +85,8 @@ class EmulatedEngine(torch.nn.Module):
 def fake_deepspeed() -> types.ModuleType:
     """A ``deepspeed`` module whose ``initialize`` returns an :class:`EmulatedEngine` (kept in ``.engines``)."""
     ds = types.ModuleType("deepspeed")
+    # a spec, so that importlib.util.find_spec (hf_lightning.optional.is_missing) finds it as installed
+    ds.__spec__ = importlib.machinery.ModuleSpec("deepspeed", None)
     ds.__version__ = "0.16.0"
     ds.engines = []
 

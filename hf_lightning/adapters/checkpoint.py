@@ -11,8 +11,11 @@ whose trainable weights do not fit (an adapter checkpoint without ``peft``, or a
 from __future__ import annotations
 
 from typing import Any
+from weakref import WeakKeyDictionary
 
 KEY = "hf_lightning_adapter"
+# the frozen base's fingerprint per LightningModule, computed once (the base does not change)
+_FINGERPRINTS: WeakKeyDictionary = WeakKeyDictionary()
 
 
 def is_adapter_model(model: Any) -> bool:
@@ -31,12 +34,12 @@ def base_fingerprint(module: Any) -> list[float]:
     A checkpoint without its base can be put on the wrong one (another ``model.name_or_path``, or a base built
     from a config with another seed); the fingerprint tells, within the rounding of a sum on another device.
     """
-    cached = getattr(module, "_hf_lightning_base_fingerprint", None)
+    cached = _FINGERPRINTS.get(module)
     if cached is None:
         cached = [
             float(p.detach().double().sum()) for _, p in module.named_parameters() if not p.requires_grad
         ]
-        module._hf_lightning_base_fingerprint = cached
+        _FINGERPRINTS[module] = cached
     return cached
 
 
@@ -66,7 +69,7 @@ def drop_frozen(module: Any, checkpoint: dict[str, Any]) -> None:
     checkpoint["state_dict"] = {k: v for k, v in state.items() if k in keep}
     checkpoint[KEY] = {
         "frozen_entries_left_out": len(state) - len(checkpoint["state_dict"]),
-        "base_model": str(getattr(module.model.get_base_model().config, "_name_or_path", "") or ""),
+        "base_model": str(getattr(module.model.get_base_model().config, "name_or_path", "") or ""),
         "base_fingerprint": base_fingerprint(module),
         "settings": adapter_settings_of(module.model),
     }

@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 
 def _base_source(model: Any) -> str | None:
     """The folder or hub id the base model was loaded from, if it can be loaded again."""
-    name = getattr(model.get_base_model().config, "_name_or_path", None)
+    name = getattr(model.get_base_model().config, "name_or_path", None)
     if not name:
         return None
     from hf_lightning.hub import looks_like_hub_id

@@ -7,6 +7,8 @@ from typing import Any
 
 import lightning as L
 
+from hf_lightning.compat import batches_ready, is_last_batch
+
 log = logging.getLogger(__name__)
 
 
@@ -17,8 +19,7 @@ def is_final_step(trainer: L.Trainer) -> bool:
         return True
     if trainer.max_epochs in (None, -1) or trainer.current_epoch + 1 < trainer.max_epochs:
         return False
-    progress = trainer.fit_loop.epoch_loop.batch_progress
-    return progress.is_last_batch or progress.current.ready >= trainer.num_training_batches
+    return is_last_batch(trainer) or batches_ready(trainer) >= trainer.num_training_batches
 
 
 class FinalValidation(L.Callback):

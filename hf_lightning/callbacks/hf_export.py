@@ -8,6 +8,8 @@ from typing import Any
 
 import lightning as L
 
+from hf_lightning.compat import zero3_full_state_dict
+
 log = logging.getLogger(__name__)
 
 
@@ -25,7 +27,7 @@ def full_model_state_dict(trainer: L.Trainer, pl_module: L.LightningModule) -> d
     strategy = trainer.strategy
     name = type(strategy).__name__
     if "DeepSpeed" in name and getattr(strategy, "zero_stage_3", False):
-        state = strategy.deepspeed_engine._zero3_consolidated_16bit_state_dict()
+        state = zero3_full_state_dict(strategy.deepspeed_engine)
     elif "FSDP" in name:
         from torch.distributed.fsdp import FullStateDictConfig, StateDictType
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP

@@ -27,6 +27,14 @@ import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from hf_lightning.callbacks.final_validation import is_final_step
+from hf_lightning.compat import (
+    acts_after_every_validation,
+    batches_ready,
+    is_last_batch,
+    save_checkpoint_now,
+    stop_own_triggers,
+    total_batch_index,
+)
 from hf_lightning.config.hf_args import StepSchedule
 
 log = logging.getLogger(__name__)
@@ -34,8 +42,7 @@ log = logging.getLogger(__name__)
 
 def is_epoch_end(trainer: L.Trainer) -> bool:
     """Whether the optimizer step just taken is the last of its epoch (valid in ``on_train_batch_end``)."""
-    progress = trainer.fit_loop.epoch_loop.batch_progress
-    return progress.is_last_batch or progress.current.ready >= trainer.num_training_batches
+    return is_last_batch(trainer) or batches_ready(trainer) >= trainer.num_training_batches
 
 
 def fires(strategy: str | None, every: int | None, step: int, epoch_end: bool, final: bool) -> bool:
@@ -92,17 +99,15 @@ class HFSteps(L.Callback):
         from lightning.pytorch.callbacks import EarlyStopping
 
         for cb in trainer.callbacks:
-            if isinstance(cb, ModelCheckpoint) and cb.monitor not in (None, "step"):
-                cb._save_on_train_epoch_end = False
-            elif isinstance(cb, EarlyStopping):
-                cb._check_on_train_epoch_end = False
+            if (isinstance(cb, ModelCheckpoint) and cb.monitor not in (None, "step")) or isinstance(
+                cb, EarlyStopping
+            ):
+                acts_after_every_validation(cb)
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.schedule.save_strategy is not None:
             for cb in self._periodic(trainer):
-                cb._every_n_train_steps = 0  # private: ModelCheckpoint's own triggers, off (see class doc)
-                cb._every_n_epochs = 0
-                cb._train_time_interval = None
+                stop_own_triggers(cb)  # ModelCheckpoint's own triggers, off (see class doc)
         if self.schedule.logging_first_step:
             pl_module.logging_first_step = True
 
@@ -150,8 +155,7 @@ class HFSteps(L.Callback):
             evaluate = fires(s.eval_strategy, self.steps.get("eval"), step, epoch_end, final)
             save = fires(s.save_strategy, self.steps.get("save"), step, epoch_end, final)
         if self.schedule.eval_strategy in ("steps", "epoch"):
-            loop = trainer.fit_loop.epoch_loop
-            index = loop.total_batch_idx if trainer.check_val_every_n_epoch is None else batch_idx
+            index = total_batch_index(trainer) if trainer.check_val_every_n_epoch is None else batch_idx
             # Lightning validates after this micro-batch iff (index + 1) % val_check_batch == 0
             trainer.val_check_batch = index + 1 if evaluate else index + 2
             if evaluate:
@@ -177,12 +181,7 @@ class HFSteps(L.Callback):
     def _save(self, trainer: L.Trainer) -> None:
         self.saved_steps.append(trainer.global_step)
         for cb in self._periodic(trainer):
-            # private: a sanity check, not fitting, or saved at this step already
-            if cb._should_skip_saving_checkpoint(trainer):
-                continue
-            candidates = cb._monitor_candidates(trainer)
-            cb._save_topk_checkpoint(trainer, candidates)
-            cb._save_last_checkpoint(trainer, candidates)
+            save_checkpoint_now(cb, trainer)  # not in a sanity check, nor twice at one step
 
     def is_save_step(self, step: int) -> bool:
         """Whether a periodic checkpoint is (or will be, after this step's validation) written at ``step``."""

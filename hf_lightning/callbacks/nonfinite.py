@@ -35,6 +35,7 @@ from typing import Any
 import lightning as L
 import torch
 
+from hf_lightning.compat import foreach_norm
 from hf_lightning.errors import ConfigError, TrainingError
 from hf_lightning.module.grad_norm import gradients_outside_params, params_with_grad
 
@@ -196,7 +197,7 @@ class NonFiniteGuard(L.Callback):
             return
         # max |w| per tensor (torch's foreach kernel, one launch per dtype/device group): NaN or inf exactly when
         # the tensor holds one; a 2-norm would overflow on large finite weights
-        finite = torch.isfinite(torch.stack([m.float() for m in torch._foreach_norm(params, float("inf"))]))
+        finite = torch.isfinite(torch.stack([m.float() for m in foreach_norm(params, float("inf"))]))
         bad = not bool(finite.all())  # one host sync per optimizer step
         if trainer.world_size > 1:  # sharded weights (FSDP, DeepSpeed): another rank may hold the bad part
             bad = bool(trainer.strategy.reduce_boolean_decision(bad, all=False))

@@ -11,6 +11,8 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from hf_lightning.compat import last_saved_step, save_last_checkpoint, validates_after_this_batch
+
 log = logging.getLogger(__name__)
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -34,7 +36,7 @@ def save_last(trainer: L.Trainer) -> str:
     owners = [c for c in trainer.checkpoint_callbacks if isinstance(c, ModelCheckpoint) and c.save_last]
     for callback in owners:
         # Lightning's own "save last now" (the path its on_train_end and on_validation_end take)
-        callback._save_last_checkpoint(trainer, callback._monitor_candidates(trainer))
+        save_last_checkpoint(callback, trainer)
     if owners:
         return owners[0].last_model_path
     path = last_checkpoint_path(trainer)
@@ -45,12 +47,11 @@ def save_last(trainer: L.Trainer) -> str:
 def _validates_here_anyway(trainer: L.Trainer) -> bool:
     """Whether Lightning would validate after this batch even without a stop (``val_check_interval``, epoch end).
 
-    Lightning's own decision, asked with ``should_stop`` off (private: ``_TrainingEpochLoop._should_check_val_fx``
-    and ``_FitLoop._data_fetcher``)."""
-    loop = trainer.fit_loop.epoch_loop
+    Lightning's own decision, asked with ``should_stop`` off
+    (:func:`~hf_lightning.compat.validates_after_this_batch`)."""
     trainer.should_stop = False
     try:
-        return bool(loop._should_check_val_fx(trainer.fit_loop._data_fetcher))
+        return validates_after_this_batch(trainer)
     finally:
         trainer.should_stop = True
 
@@ -112,7 +113,7 @@ class Preemption(L.Callback):
             # their own saves of this step first (Lightning runs them after every other callback): the save below
             # marks the step as saved, and they would skip a periodic checkpoint the run that never stopped has
             callback.on_train_batch_end(trainer, pl_module, *args)
-        saved = [c for c in trainer.checkpoint_callbacks if getattr(c, "_last_global_step_saved", -1) == step]
+        saved = [c for c in trainer.checkpoint_callbacks if last_saved_step(c) == step]
         path = next(
             (c.last_model_path for c in saved if getattr(c, "last_model_path", None)), None
         ) or save_last(trainer)
@@ -134,11 +135,7 @@ class Preemption(L.Callback):
         if getattr(pl_module, "preempted", False):
             return
         saved = max(
-            (
-                getattr(c, "_last_global_step_saved", -1)
-                for c in trainer.callbacks
-                if isinstance(c, ModelCheckpoint)
-            ),
+            (last_saved_step(c) for c in trainer.callbacks if isinstance(c, ModelCheckpoint)),
             default=-1,
         )
         if trainer.global_step > 0 and saved != trainer.global_step:

@@ -12,6 +12,7 @@ import torch
 
 from hf_lightning.checkpointing.loop_state import reopen_stopped_epoch
 from hf_lightning.checkpointing.resume import describe_differences
+from hf_lightning.compat import dataset_fingerprint
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +28,7 @@ def _signature(trainer: L.Trainer) -> dict[str, Any]:
         "per_device_train_batch_size": getattr(dm, "per_device_train_batch_size", None),
         "max_length": getattr(dm, "max_length", None),
         "seed": getattr(dm, "seed", None),
-        "dataset_fingerprint": getattr(ds, "_fingerprint", None),
+        "dataset_fingerprint": dataset_fingerprint(ds),
     }
 
 

@@ -16,17 +16,14 @@ from __future__ import annotations
 
 from typing import Any
 
-# Lightning's progress tracking, as stored under checkpoint["loops"]["fit_loop"] (``_Progress.state_dict``)
-EPOCH_PROGRESS = "epoch_progress"
-BATCH_PROGRESS = "epoch_loop.batch_progress"
+from hf_lightning.compat import batches_ready, epoch_progress_state, is_last_batch
 
 
 def epoch_ended_early(trainer: Any) -> bool:
     """Whether the current epoch's loop ended before its last batch (``max_steps``, a stop): some batches of the
     epoch were trained, and neither the data nor ``limit_train_batches`` had run out."""
-    progress = trainer.fit_loop.epoch_loop.batch_progress
-    done = progress.current.ready
-    return 0 < done < trainer.num_training_batches and not progress.is_last_batch
+    done = batches_ready(trainer)
+    return 0 < done < trainer.num_training_batches and not is_last_batch(trainer)
 
 
 def reopen_stopped_epoch(checkpoint: dict[str, Any], trainer: Any) -> bool:
@@ -40,8 +37,7 @@ def reopen_stopped_epoch(checkpoint: dict[str, Any], trainer: Any) -> bool:
     """
     if not epoch_ended_early(trainer):
         return False
-    fit = (checkpoint.get("loops") or {}).get("fit_loop") or {}
-    progress = fit.get(EPOCH_PROGRESS)
+    progress = epoch_progress_state(checkpoint)
     if not progress:
         return False
     changed = False

@@ -17,6 +17,8 @@ import os
 import re
 from typing import Any
 
+from hf_lightning.compat import mark_saved_at
+
 log = logging.getLogger(__name__)
 
 
@@ -51,7 +53,7 @@ def tidy_checkpoint_folders(trainer: Any, restored: set[str] | None = None) -> l
             # counter is not in the checkpoint: without it, the next micro-batch of an accumulation window would
             # save the step again, as a -v1 copy that rotates out a checkpoint the run keeps). Every rank: saves
             # are collectives
-            cb._last_global_step_saved = trainer.global_step
+            mark_saved_at(cb, trainer.global_step)
         if cb.save_last:
             last = os.path.abspath(cb.format_checkpoint_name({}, cb.CHECKPOINT_NAME_LAST))
             if os.path.isfile(last) and os.path.abspath(cb.last_model_path or "") != last:

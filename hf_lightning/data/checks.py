@@ -17,6 +17,7 @@ import pyarrow.compute as pc
 import torch
 
 from hf_lightning.batch import IGNORE_INDEX
+from hf_lightning.compat import attention_backend
 from hf_lightning.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
@@ -292,7 +293,7 @@ def check_sequence_isolation(model: Any, option: str) -> None:
         )
         return
     if not isolated:
-        backend = getattr(getattr(model, "config", None), "_attn_implementation", None)
+        backend = attention_backend(model)
         raise ConfigError(
             f"{option}: {type(model).__name__} with attention backend {backend!r} lets packed sequences attend to "
             "each other (probed: the second sequence's logits change with the first one). transformers separates "

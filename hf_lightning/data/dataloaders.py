@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
+from hf_lightning.compat import batches_processed, epoch_being_trained, epochs_processed
 from hf_lightning.data.checks import check_fits_one_batch
 from hf_lightning.data.placeholder import PlaceholderAwareCollator
 from hf_lightning.data.samplers import ExactDistributedSampler, TopUpDataset, sequence_lengths
@@ -210,10 +211,8 @@ class DataLoaderHooks:
                 check_fits_one_batch(stream.per_reader(self.num_workers), batch, self.drop_last)
             self._require_known_epoch(stream.length)
         trainer = getattr(self, "trainer", None)
-        # the fit loop's epoch (Lightning's loop progress; issue 16 moves this read into hf_lightning/compat.py)
-        epoch_fn = (
-            (lambda: trainer.fit_loop.epoch_progress.current.processed) if trainer is not None else None
-        )
+        # the fit loop's epoch (Lightning's loop progress, read through hf_lightning.compat)
+        epoch_fn = (lambda: epochs_processed(trainer)) if trainer is not None else None
         return EpochDataLoader(
             stream,
             seed=self.seed,
@@ -327,11 +326,8 @@ class DataLoaderHooks:
             max_batches=lambda: trainer.num_training_batches,
             # the epoch being trained: current_epoch counts it as done already when a checkpoint is written after
             # training stopped in its middle (at on_train_end), epochs started minus one does not (Lightning's
-            # loop progress: issue 16 moves these reads into hf_lightning/compat.py)
-            progress=lambda: (
-                trainer.fit_loop.epoch_progress.current.started - 1,
-                trainer.fit_loop.epoch_loop.batch_progress.current.processed,
-            ),
+            # loop progress, read through hf_lightning.compat)
+            progress=lambda: (epoch_being_trained(trainer), batches_processed(trainer)),
         )
 
     def val_dataloader(self) -> Any:

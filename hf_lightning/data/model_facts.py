@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from hf_lightning.compat import unwrap_compiled
 from hf_lightning.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -34,7 +35,7 @@ AUXILIARY_INPUTS = ("attention_mask", "token_type_ids", "position_ids", "decoder
 
 def unwrap_model(model: Any) -> Any:
     """The module whose ``forward`` defines the inputs: through ``torch.compile`` and PEFT wrappers."""
-    model = getattr(model, "_orig_mod", model)
+    model = unwrap_compiled(model)
     if hasattr(model, "get_base_model"):
         model = model.get_base_model()
     return model
@@ -147,10 +148,7 @@ def binding_from_trainer(trainer: Any) -> Binding:
     if module is None:
         return Binding()
     model = getattr(module, "model", None)
-    # HFLightningModule's forward kwargs: `_forward_extra` until it names them forward_kwargs (issue 16, module side)
-    extra = getattr(module, "forward_kwargs", None)
-    if extra is None:
-        extra = getattr(module, "_forward_extra", None)
+    extra = getattr(module, "forward_kwargs", None)  # HFLightningModule's keyword arguments of every forward
     return Binding(
         model if isinstance(model, torch.nn.Module) else None,
         getattr(module, "count_loss_items", None),

@@ -21,6 +21,7 @@ from typing import Any
 
 import datasets
 
+from hf_lightning.compat import selection_indices
 from hf_lightning.data.file_errors import is_json_lines, jsonl_line_of_row, non_utf8_error
 from hf_lightning.data.formats import SOURCE_COLUMNS, TOKENIZERS, check_columns
 from hf_lightning.data.model_facts import Columns, check_inputs_survive
@@ -71,7 +72,7 @@ def tokenize_rows(batch: dict[str, list], indices: list[int], fmt: str, **kwargs
 def source_row(ds: Any, row: int) -> int:
     """Row ``row`` of ``ds`` as a row of the table it was selected from (``train_test_split``/``select`` keep an
     indices mapping over the loaded file's table); ``row`` itself when there is no mapping."""
-    indices = getattr(ds, "_indices", None)  # datasets' selection mapping; absent on an unselected dataset
+    indices = selection_indices(ds)  # datasets' selection mapping; None on an unselected dataset
     if indices is None:
         return row
     try:

@@ -12,11 +12,16 @@ from torch import nn
 from torchmetrics import Metric
 from torchmetrics.classification import MulticlassF1Score
 
+from hf_lightning.compat import evaluation_results
 from hf_lightning.data.placeholder import PLACEHOLDER_KEY
 from hf_lightning.errors import ConfigError
-from hf_lightning.module.evaluation import PredictionCollector, TokenAccuracy, estimate_logits_bytes
+from hf_lightning.module.eval_metrics import (
+    PredictionCollector,
+    TokenAccuracy,
+    TokenMeanLoss,
+    estimate_logits_bytes,
+)
 from hf_lightning.module.loss import IGNORE_INDEX, loss_targets, token_cross_entropy_sum
-from hf_lightning.module.metrics import TokenMeanLoss
 
 log = logging.getLogger(__name__)
 
@@ -221,7 +226,7 @@ class EvalStepsMixin:
             self.log(key, value, prog_bar=key == f"{stage}/loss", logger=False, sync_dist=False)
         floats = {k: float(v) for k, v in values.items()}
         if not self.trainer.sanity_checking:
-            self._log_to_loggers(floats)
+            self.log_to_loggers(floats)
             if stage == "val":
                 self.last_validated_step = self.global_step
             self._returned_results = (self._results_list(stage), floats)
@@ -232,7 +237,7 @@ class EvalStepsMixin:
         built; ``None`` inside ``fit`` (which returns nothing).
 
         Lightning fills it from metrics logged with ``logger=True``; these metrics are written to the loggers by
-        :meth:`_log_to_loggers` instead (at HF's step), so they are added to it at ``on_{stage}_end``, after
+        :meth:`log_to_loggers` instead (at HF's step), so they are added to it at ``on_{stage}_end``, after
         Lightning has sent its own (then empty) row to the loggers. Private attribute of Lightning's
         ``_EvaluationLoop``: ``_logged_outputs`` (the list object it swaps out and returns).
         """
@@ -244,7 +249,7 @@ class EvalStepsMixin:
         )
         if loop is None or (stage == "test") != (trainer.state.fn == TrainerFn.TESTING):
             return None
-        return getattr(loop, "_logged_outputs", None)
+        return evaluation_results(loop)
 
     def _fill_returned_results(self) -> None:
         results, floats = getattr(self, "_returned_results", (None, {}))

@@ -1,16 +1,18 @@
 """One gradient-norm pass per optimizer step, shared by the log line, the clipping and the non-finite guard.
 
 Three readers want the total gradient 2-norm of a step: the ``grad_norm`` log column (HF logs the value
-``clip_grad_norm_`` returns: the norm before clipping), Lightning's norm clipping (``torch.nn.utils.clip_grad_norm_``
-on every step when ``trainer.gradient_clip_val`` is set, HF's ``max_grad_norm=1.0`` default) and
-:class:`~hf_lightning.callbacks.NonFiniteGuard`. Each computing its own is up to three passes over every gradient
-per step (and, on a GPU, one reduction kernel chain each). :class:`StepGradNorm` computes it once, on the first
-request of the step, and clips with that value (``torch.nn.utils.clip_grads_with_norm_``: the second half of
-``clip_grad_norm_``, so the result is identical).
+``clip_grad_norm_`` returns: the norm before clipping), Lightning's norm clipping
+(``torch.nn.utils.clip_grad_norm_`` on every step when ``trainer.gradient_clip_val`` is set, HF's
+``max_grad_norm=1.0`` default) and :class:`~hf_lightning.callbacks.NonFiniteGuard`. Each computing its own is
+up to three passes over every gradient per step (and, on a GPU, one reduction kernel chain each).
+:class:`StepGradNorm` computes it once, on the first request of the step, and clips with that value
+(``torch.nn.utils.clip_grads_with_norm_``: the second half of ``clip_grad_norm_``, so the result is
+identical).
 
-Under FSDP the gradients are shards: the norm is FSDP's own ``clip_grad_norm_`` of the root module (all-reduced
-over ranks; Lightning's FSDP precision plugin refuses norm clipping and its docs point to that method), which
-clips in the same call. Under DeepSpeed the gradients are not in ``p.grad`` (the engine clips itself): no norm.
+Under FSDP the gradients are shards: the norm is FSDP's own ``clip_grad_norm_`` of the root module
+(all-reduced over ranks; Lightning's FSDP precision plugin refuses norm clipping and its docs point to that
+method), which clips in the same call. Under DeepSpeed the gradients are not in ``p.grad`` (the engine clips
+itself): no norm.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ import torch
 from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy
 
+from hf_lightning.compat import unscales_gradients_itself
+
 
 def params_with_grad(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
     """The optimizer's parameters that hold a gradient."""
@@ -30,7 +34,8 @@ def params_with_grad(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
 
 
 def gradients_outside_params(trainer: L.Trainer) -> bool:
-    """DeepSpeed keeps gradients in its engine, not in ``p.grad`` (any ``DeepSpeedStrategy``, ours included)."""
+    """DeepSpeed keeps gradients in its engine, not in ``p.grad`` (any ``DeepSpeedStrategy``, ours
+    included)."""
     return isinstance(trainer.strategy, DeepSpeedStrategy)
 
 
@@ -69,8 +74,8 @@ class StepGradNorm:
 
     def clip(self, trainer: L.Trainer, optimizer: torch.optim.Optimizer, max_norm: float) -> bool:
         """Clip the gradients to total norm ``max_norm`` with the shared norm, exactly as
-        ``torch.nn.utils.clip_grad_norm_(params, max_norm)``. Returns ``False`` (nothing done) where the shared
-        norm cannot stand in for the precision plugin's own clipping (DeepSpeed; a plugin with its own
+        ``torch.nn.utils.clip_grad_norm_(params, max_norm)``. Returns ``False`` (nothing done) where the
+        shared norm cannot stand in for the precision plugin's own clipping (DeepSpeed; a plugin with its own
         ``clip_grad_by_norm``, except FSDP's; an optimizer that unscales AMP gradients itself, which Lightning
         refuses to clip): the caller then defers to Lightning."""
         plugin = trainer.precision_plugin
@@ -79,9 +84,7 @@ class StepGradNorm:
             not fsdp and type(plugin).clip_grad_by_norm is not Precision.clip_grad_by_norm
         ):
             return False
-        if getattr(plugin, "scaler", None) is not None and getattr(
-            optimizer, "_step_supports_amp_scaling", False
-        ):
+        if getattr(plugin, "scaler", None) is not None and unscales_gradients_itself(optimizer):
             return False
         norm = self.get(trainer, optimizer)
         params = params_with_grad(optimizer)  # none left when NonFiniteGuard dropped this step's gradients
@@ -97,3 +100,35 @@ def _norm_clip_value(trainer: L.Trainer) -> float | None:
     if not value or (algorithm is not None and algorithm != "norm"):  # a str enum: compares by value
         return None
     return float(value)
+
+
+class SharedGradNorm:
+    """Mixin of :class:`~hf_lightning.HFLightningModule` (a ``LightningModule`` with ``self._grad_norm``, a
+    :class:`StepGradNorm` reset at every step's end): the step's norm for every reader, and norm clipping with
+    it."""
+
+    def step_gradient_norm(self, optimizer: torch.optim.Optimizer) -> torch.Tensor | None:
+        """The total gradient 2-norm of the optimizer step being taken (before clipping; 0-dim float tensor on
+        the gradients' device, no host sync), computed once per step and shared by the ``grad_norm`` log
+        column, norm clipping and :class:`~hf_lightning.callbacks.NonFiniteGuard`
+        (:mod:`hf_lightning.module.grad_norm`). ``None`` without gradients or under DeepSpeed. Valid between
+        ``backward`` and ``optimizer.step``."""
+        return self._grad_norm.get(self.trainer, optimizer)
+
+    def configure_gradient_clipping(
+        self,
+        optimizer: torch.optim.Optimizer,
+        gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: str | None = None,
+    ) -> None:
+        """Norm clipping with the step's shared norm (``clip_grad_norm_``'s result, one pass fewer); under
+        FSDP through the root module's ``clip_grad_norm_``. Value clipping and the cases the shared norm
+        cannot serve keep Lightning's ``clip_gradients``."""
+        by_norm = gradient_clip_algorithm is None or gradient_clip_algorithm == "norm"
+        if (
+            gradient_clip_val
+            and by_norm
+            and self._grad_norm.clip(self.trainer, optimizer, float(gradient_clip_val))
+        ):
+            return
+        super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)

@@ -234,7 +234,7 @@ def linear_cross_entropy_stats(
 
     ``loss sum`` as :func:`linear_cross_entropy` (no smoothing; 0-dim float32); ``correct`` the number of
     targets (``!= -100``) equal to the argmax of their transformed logits (0-dim int64), the count behind
-    :class:`~hf_lightning.module.evaluation.TokenAccuracy`.
+    :class:`~hf_lightning.module.eval_metrics.TokenAccuracy`.
     """
     chunk = chunk_size or default_chunk_size(weight.size(0), hidden.device)
     return _no_grad_stats(

@@ -1,10 +1,10 @@
 """How many optimizer steps a run takes, how many of them close a short accumulation window, and the log lines
 that say so.
 
-Lightning steps the optimizer after every ``accumulate_grad_batches`` micro-batches and after the last micro-batch
-of an epoch, so an epoch of ``B`` micro-batches takes ``ceil(B / k)`` steps and, when ``B % k != 0``, its last
-window holds ``B % k`` micro-batches (HF ``Trainer`` cuts its windows per epoch the same way). The run ends at
-``trainer.max_steps`` or after ``trainer.max_epochs`` epochs, whichever comes first.
+Lightning steps the optimizer after every ``accumulate_grad_batches`` micro-batches and after the last
+micro-batch of an epoch, so an epoch of ``B`` micro-batches takes ``ceil(B / k)`` steps and, when ``B % k !=
+0``, its last window holds ``B % k`` micro-batches (HF ``Trainer`` cuts its windows per epoch the same way).
+The run ends at ``trainer.max_steps`` or after ``trainer.max_epochs`` epochs, whichever comes first.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -47,15 +48,17 @@ class RunPlan:
 
     @property
     def short_steps(self) -> int:
-        """Optimizer steps of the run that close a short window: the last step of each epoch the run reaches."""
+        """Optimizer steps of the run that close a short window: the last step of each epoch the run
+        reaches."""
         if not self.short_window or not math.isfinite(self.total_steps):
             return 0
         return int(self.total_steps // self.steps_per_epoch)
 
 
 def plan_run(batches_per_epoch: float, accumulation: int, max_epochs: int | None, max_steps: int) -> RunPlan:
-    """The :class:`RunPlan` of ``batches_per_epoch`` micro-batches per epoch (``inf`` if unknown) with Lightning's
-    resolved limits (``max_epochs`` ``-1`` or ``None``: no epoch limit; ``max_steps`` ``-1``: no step limit).
+    """The :class:`RunPlan` of ``batches_per_epoch`` micro-batches per epoch (``inf`` if unknown) with
+    Lightning's resolved limits (``max_epochs`` ``-1`` or ``None``: no epoch limit; ``max_steps`` ``-1``: no
+    step limit).
 
     Example: 5 micro-batches per epoch, accumulation 2, 2 epochs: windows of 2, 2, 1 per epoch, 3 steps per
     epoch, 6 in all, 2 of them short.
@@ -90,3 +93,33 @@ def report(plan: RunPlan, max_epochs: int | None) -> None:
             plan.short_steps,
             plan.total_steps,
         )
+
+
+def training_steps(trainer: Any) -> float:
+    """Optimizer steps of the whole run, for the LR schedule (:func:`plan_run`:
+    ``trainer.estimated_stepping_batches``'s formula); logs :func:`report` on rank zero. ``inf`` for a stream
+    of unknown length without ``max_steps``.
+
+    Lightning's property builds the train loader through ``fit_loop.setup_data()`` while the optimizers are
+    configured, before a checkpoint's loop state is restored; the loader state of a mid-epoch resume is then
+    never loaded. Here the length comes from the DataModule (``HFDataModule.train_batches_per_epoch``, computed
+    without a loader; another DataModule's own loader), and Lightning's loader is built once, after the restore.
+    """
+    datamodule = trainer.datamodule
+    if datamodule is None:
+        return trainer.estimated_stepping_batches
+    per_epoch = getattr(datamodule, "train_batches_per_epoch", None)  # HFDataModule: no loader is built
+    try:
+        batches: float | None = per_epoch() if per_epoch is not None else len(datamodule.train_dataloader())
+    except TypeError:  # a stream of unknown length
+        batches = None
+    batches = INF if batches is None else batches
+    limit = trainer.limit_train_batches
+    if isinstance(limit, int):
+        batches = min(batches, limit)
+    elif limit is not None and batches != INF:
+        batches = int(batches * limit)
+    plan = plan_run(batches, trainer.accumulate_grad_batches, trainer.max_epochs, trainer.max_steps)
+    if trainer.is_global_zero:
+        report(plan, trainer.max_epochs)
+    return plan.total_steps

@@ -1,35 +1,175 @@
-"""The train log row survives a stop: what a row is made of is part of every checkpoint.
+"""The train log of :class:`~hf_lightning.HFLightningModule`: window losses since the last row, HF's
+``logging_steps``.
 
-A ``train/loss`` row is the mean of the window losses since the previous row (HF's ``loss``), written every
-``trainer.log_every_n_steps`` optimizer steps. A run stopped between two rows and resumed from a checkpoint would
-otherwise start that mean afresh (a wrong value at the next row) and write a partial row at the stop. So:
+Ours rather than ``self.log``: HF's ``loss`` is the mean of the *window* losses of the optimizer steps since
+the previous row (not of micro-batch values), written every ``trainer.log_every_n_steps`` optimizer steps
+counted across epochs, with ``step`` = optimizer steps done; and the row survives a stop:
 
-- the losses accumulated since the last row (every rank's, gathered), the ``lr``/``grad_norm``/``epoch`` of the
-  newest step and the step whose validation was logged last are saved with each checkpoint and restored on
-  resume (:meth:`TrainLogState.on_save_checkpoint`, :meth:`TrainLogState.on_load_checkpoint`);
-- a checkpoint saved at the end of an optimizer step first ends that step's bookkeeping, writing its row when it
-  is a log step: the row of step N is on disk before checkpoint N, so a kill just after the checkpoint cannot
-  lose it (a kill between the two leaves a row that the resume from the older checkpoint truncates);
+- the losses accumulated since the last row (every rank's, gathered), the ``lr``/``grad_norm``/``epoch`` of
+  the newest step and the step whose validation was logged last are saved with each checkpoint and restored on
+  resume (:meth:`TrainLog.on_save_checkpoint`, :meth:`TrainLog.on_load_checkpoint`);
+- a checkpoint saved at the end of an optimizer step first ends that step's bookkeeping, writing its row when
+  it is a log step: the row of step N is on disk before checkpoint N, so a kill just after the checkpoint
+  cannot lose it (a kill between the two leaves a row that the resume from the older checkpoint truncates);
 - a stop on a signal writes no partial row (the accumulated losses are in ``last.ckpt``).
+
+Zero-target windows are warned about here too: summed across ranks, the count is only read on the host at the
+next row, where a sync happens anyway.
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
+from hf_lightning.compat import attached_trainer, is_last_batch
+
+log = logging.getLogger(__name__)
+
 KEY = "hf_lightning_train_log"
 
 
-class TrainLogState:
-    """Mixin of :class:`~hf_lightning.HFLightningModule`: checkpoint and restore the train log accumulator.
+def warn_empty_window(step: int, rank: int | None = None) -> None:
+    """One WARNING: optimizer step ``step``'s window has no label target (on ``rank``, or on any rank)."""
+    where = "on any rank" if rank is None else f"on rank {rank}"
+    log.warning(
+        "optimizer step %d: its accumulation window has no label targets %s (every label is -100): its loss is "
+        "0 and its gradient zero (the optimizer still steps, so weight decay and momentum still move weights)",
+        step,
+        where,
+    )
 
-    Needs ``_loss_since_log`` (0-dim float tensors, one per optimizer step since the last row), ``_steps_seen``,
-    ``_end_step()`` (the bookkeeping of a finished optimizer step), ``_last_lr``, ``_last_grad_norm``,
-    ``_step_epoch`` and ``last_validated_step``.
+
+class TrainLog:
+    """Mixin of :class:`~hf_lightning.HFLightningModule` (a ``LightningModule``): the ``train/loss`` rows.
+
+    ``training_step`` hands each micro-batch's logged share to :meth:`add_window_share`; at the end of every
+    optimizer step the window's loss joins the row, and a log step writes the row (``train/loss``: the mean
+    over the steps since the last row and over ranks; ``lr``; ``grad_norm``; ``epoch``; a callback's
+    :meth:`add_train_metrics`).
     """
 
+    def _init_train_log(self) -> None:
+        self._window_loss: torch.Tensor | None = None
+        self._loss_since_log: list[torch.Tensor] = []
+        self._unchecked_counts: list[tuple[int, torch.Tensor]] = []
+        self._last_lr: float | None = None
+        self._last_grad_norm: torch.Tensor | None = None
+        self._extra_train_metrics: dict[str, float] = {}
+        self._bar_loss: float | None = None
+        #: the newest value of every metric written to the loggers (``final_metrics.json`` is built from it)
+        self.last_logged: dict[str, float] = {}
+        self._steps_seen = 0
+        self._step_epoch: int | None = None
+
+    # ----------------------------------------------------------------------------------- accumulating
+    def add_window_share(self, share: torch.Tensor) -> None:
+        """Add one micro-batch's logged share (detached, 0-dim) to the loss of its optimizer step's window."""
+        self._window_loss = share if self._window_loss is None else self._window_loss + share
+
+    def check_window_count(self, step: int, count: torch.Tensor) -> None:
+        """Warn at the next row if the window count of optimizer step ``step`` (summed across ranks) is 0."""
+        self._unchecked_counts.append((step, count))
+
+    def add_train_metrics(self, metrics: Mapping[str, float]) -> None:
+        """Add ``metrics`` (host floats) to the next train log row, so that a callback's figures for a step
+        share the row of ``train/loss`` (e.g. :class:`~hf_lightning.callbacks.Throughput`)."""
+        self._extra_train_metrics.update(metrics)
+
+    def is_log_step(self, step: int) -> bool:
+        """Whether the train row is written after optimizer step ``step`` (1-based): every
+        ``trainer.log_every_n_steps`` steps across epochs (HF's ``logging_steps``), at ``max_steps``, and after the
+        first step with ``logging_first_step``."""
+        trainer = self.trainer
+        if step == 1 and self.logging_first_step:  # HF's logging_first_step (set by HFSteps)
+            return True
+        return step % max(trainer.log_every_n_steps, 1) == 0 or step >= trainer.max_steps > 0
+
+    def wants_grad_norm(self) -> bool:
+        """Whether the optimizer step being taken is logged (its row, or the final flush after an epoch's last
+        batch): only then is ``grad_norm`` worth a pass over every gradient."""
+        return self.is_log_step(self.global_step + 1) or is_last_batch(self.trainer)
+
+    # ---------------------------------------------------------------------------------- step bounds
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        self._last_lr = optimizer.param_groups[0]["lr"]  # the rate this step uses (read before the scheduler)
+        # read only by the log row of this step: a pass over every gradient on the other steps would be wasted
+        self._last_grad_norm = self.step_gradient_norm(optimizer) if self.wants_grad_norm() else None
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self.global_step != self._steps_seen:  # else still accumulating, or a checkpoint ended the step
+            self._end_step()
+        if self._bar_loss is not None:  # the progress bar shows the newest row (self.log: not from a save)
+            self.log("train/loss", self._bar_loss, prog_bar=True, logger=False, on_step=True, on_epoch=False)
+            self._bar_loss = None
+
+    def _end_step(self) -> None:
+        """The bookkeeping of a finished optimizer step: its window loss joins the next row; a log step
+        writes it."""
+        self._steps_seen = self.global_step
+        # the epoch of the step's batches: by the final flush (on_train_end) Lightning has already counted the
+        # epoch a stop or the last batch ended, and the row would show the next one
+        self._step_epoch = self.current_epoch
+        self._grad_norm.reset()
+        if self._window_loss is not None:
+            self._loss_since_log.append(self._window_loss)
+        self._window_loss = None
+        if self.is_log_step(self.global_step):
+            self.flush_train_log()
+
+    def on_train_end(self) -> None:
+        if getattr(self, "preempted", None):
+            return  # stopped on a signal: the losses since the last row are in last.ckpt, the resume goes on
+        self.flush_train_log(progress_bar=False)  # the steps since the last log boundary
+
+    # -------------------------------------------------------------------------------------- writing
+    def flush_train_log(self, progress_bar: bool = True) -> None:
+        """Write the row of the steps since the last one (nothing when there are none); every rank must call
+        it (the mean over ranks is a collective)."""
+        if self._unchecked_counts:
+            steps = [s for s, c in self._unchecked_counts]
+            counts = torch.stack([c for s, c in self._unchecked_counts]).tolist()
+            self._unchecked_counts = []
+            if self.trainer.is_global_zero:
+                for step, n in zip(steps, counts):
+                    if n == 0:
+                        warn_empty_window(step)
+        if not self._loss_since_log:
+            return
+        loss = torch.stack(self._loss_since_log).mean()
+        self._loss_since_log = []
+        if self.trainer.world_size > 1:
+            # training_step logs each rank's share times world size: the mean over ranks is the window loss
+            loss = self.trainer.strategy.reduce(loss, reduce_op="mean")
+        metrics = {"train/loss": loss.item(), "lr": self._last_lr}
+        if self._last_grad_norm is not None:
+            metrics["grad_norm"] = self._last_grad_norm.item()
+        metrics["epoch"] = self._step_epoch if self._step_epoch is not None else self.current_epoch
+        metrics.update(self._extra_train_metrics)
+        self._extra_train_metrics = {}
+        if progress_bar:
+            self._bar_loss = metrics["train/loss"]
+        self.log_to_loggers(metrics)
+
+    def log_to_loggers(self, metrics: Mapping[str, float | None]) -> None:
+        """Write to every logger with ``step`` = optimizer steps done (HF's ``global_step``); ``None`` values
+        are left out. Direct ``logger.log_metrics`` + ``save``: ``self.log`` would write at Lightning's step
+        (one less inside ``on_train_batch_end``) and cannot write from ``on_train_end``."""
+        clean = {k: float(v) for k, v in metrics.items() if v is not None}
+        self.last_logged.update(clean)
+        for logger in self.loggers:
+            logger.log_metrics(clean, step=self.global_step)
+            logger.save()
+
+    @property
+    def has_pending_train_log(self) -> bool:
+        """Whether losses were accumulated since the last ``train/loss`` row (a final row is due)."""
+        return bool(self._loss_since_log)
+
+    # ---------------------------------------------------------------------------------- checkpoints
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         trainer = self.trainer
         if trainer.training and self.global_step != self._steps_seen:
@@ -54,10 +194,11 @@ class TrainLogState:
         if not state:
             return
         pending = state["loss_since_log"]
-        trainer = self._trainer
+        trainer = attached_trainer(self)
         world = trainer.world_size if trainer is not None else 1
         rank = trainer.global_rank if trainer is not None else 0
-        # the same ranks: each its own values; another world size: the mean over ranks, so the logged mean is kept
+        # the same ranks: each its own values; another world size: the mean over ranks, so the logged mean is
+        # kept
         row = pending[rank] if pending.shape[0] == world else pending.mean(0)
         self._loss_since_log = list(row.to(self.device).unbind(0))
         self._last_lr = state.get("lr")
@@ -65,8 +206,3 @@ class TrainLogState:
         self._last_grad_norm = torch.tensor(norm) if norm is not None else None
         self._step_epoch = state.get("epoch")
         self.last_validated_step = state.get("last_validated_step")
-
-    @property
-    def has_pending_train_log(self) -> bool:
-        """Whether losses were accumulated since the last ``train/loss`` row (a final row is due)."""
-        return bool(self._loss_since_log)

@@ -32,6 +32,7 @@ from typing import Any
 
 from lightning.pytorch.strategies import DeepSpeedStrategy
 
+from hf_lightning.compat import closes_accumulation_window
 from hf_lightning.errors import ConfigError
 
 STAGES = (2, 3)
@@ -230,9 +231,8 @@ class LightningWindows:
         return False
 
     def backward(self, closure_loss: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
-        # Lightning's own decision for this micro-batch (FitLoop._should_accumulate, private): the same rule as
-        # AccumulationWindowLoader's windows
-        closes_window = not self.lightning_module.trainer.fit_loop._should_accumulate()
+        # Lightning's own decision for this micro-batch: the same rule as AccumulationWindowLoader's windows
+        closes_window = closes_accumulation_window(self.lightning_module.trainer)
         self.model.set_gradient_accumulation_boundary(closes_window)
         kwargs.setdefault("scale_wrt_gas", False)
         return super().backward(closure_loss, optimizer, *args, **kwargs)
@@ -241,12 +241,6 @@ class LightningWindows:
 class HFDeepSpeedStrategy(LightningWindows, DeepSpeedStrategy):
     """Lightning's ``DeepSpeedStrategy`` stepping the engine at Lightning's accumulation windows, with
     ``backward(..., scale_wrt_gas=False)`` (:class:`LightningWindows`; see the module docstring)."""
-
-    def _format_batch_size_and_grad_accum_config(self) -> None:
-        # Lightning refuses a config that already holds gradient_accumulation_steps and sets it from the
-        # Trainer; ours was derived from that very value, so drop it and let Lightning put it back.
-        self.config.pop("gradient_accumulation_steps", None)
-        super()._format_batch_size_and_grad_accum_config()
 
 
 def deepspeed_strategy(
@@ -279,10 +273,11 @@ def deepspeed_strategy(
         offload_parameters,
         config,
     )
-    from lightning.fabric.strategies.deepspeed import _DEEPSPEED_AVAILABLE
+    from hf_lightning.optional import is_missing, missing_message
 
-    if not _DEEPSPEED_AVAILABLE:
-        from hf_lightning.optional import missing_message
-
+    if is_missing("deepspeed"):
         raise ConfigError(missing_message(f"strategy=deepspeed_zero{stage}", "deepspeed"))
+    # Lightning refuses a config that holds gradient_accumulation_steps and sets it from the Trainer's
+    # accumulate_grad_batches, the very value it was derived from: leave it to Lightning
+    derived.pop("gradient_accumulation_steps", None)
     return HFDeepSpeedStrategy(config=derived)

@@ -13,6 +13,7 @@ from typing import Any
 
 from torch import nn
 
+from hf_lightning.compat import no_split_modules
 from hf_lightning.errors import ConfigError
 
 SHARDING_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD")
@@ -43,7 +44,7 @@ class NoSplitModulesPolicy:
         if self.layer_classes is None:
             declared: list[str] = []
             for module in root.modules():
-                declared.extend(getattr(module, "_no_split_modules", None) or [])
+                declared.extend(no_split_modules(module))
             if not declared:
                 raise ConfigError(
                     "strategy.layer_classes=null: the model declares no _no_split_modules; set "

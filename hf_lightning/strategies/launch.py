@@ -14,16 +14,14 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from hf_lightning.compat import uses_script_launcher
 from hf_lightning.errors import ConfigError
 
 
 def relaunches_command_line(trainer: Any) -> bool:
     """Whether ``trainer.fit`` will re-execute ``sys.argv`` to start the other ranks."""
-    from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
-
     strategy = trainer.strategy
-    launcher = getattr(strategy, "launcher", None)
-    if not isinstance(launcher, _SubprocessScriptLauncher):
+    if not uses_script_launcher(strategy):
         return False
     return not strategy.cluster_environment.creates_processes_externally
 

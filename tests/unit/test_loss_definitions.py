@@ -70,7 +70,7 @@ def test_compute_loss_func_taking_only_kwargs_is_not_trusted_with_the_count():
     def loss_func(outputs, labels, **kwargs):
         return ce_sum(outputs, labels)
 
-    assert HFLightningModule(TableLM(), compute_loss_func=loss_func)._loss_scaled is False
+    assert HFLightningModule(TableLM(), compute_loss_func=loss_func).loss_is_share is False
 
 
 # ------------------------------------------------------------------------------- compute_loss override

@@ -1,10 +1,11 @@
-"""Evaluation that stays flat in memory, with HF's ``compute_metrics`` hooks still working.
+"""Evaluation metrics that stay flat in memory, with HF's ``compute_metrics`` hooks still working.
 
-The default path keeps only metric states (sums and counts). An HF-style
-``compute_metrics(EvalPrediction)`` needs predictions for the whole set; they are collected here the way
-HF ``Trainer.evaluation_loop`` does (after ``preprocess_logits_for_metrics``, padded with ``-100`` along
-dim 1, moved to the CPU every ``eval_accumulation_steps`` batches), with one difference: evaluation
-samplers never pad a rank's shard, so no example is counted twice and nothing needs de-duplicating.
+The default path keeps only metric states (sums and counts, torchmetrics: synced across ranks, never a tensor
+of logits kept): :class:`TokenMeanLoss`, :class:`TokenAccuracy`. An HF-style
+``compute_metrics(EvalPrediction)`` needs predictions for the whole set; :class:`PredictionCollector` collects
+them the way HF ``Trainer.evaluation_loop`` does (after ``preprocess_logits_for_metrics``, padded with
+``-100`` along dim 1, moved to the CPU every ``eval_accumulation_steps`` batches), with one difference:
+evaluation samplers never pad a rank's shard, so no example is counted twice and nothing needs de-duplicating.
 """
 
 from __future__ import annotations
@@ -20,6 +21,31 @@ from torchmetrics import Metric
 from hf_lightning.batch import IGNORE_INDEX
 
 log = logging.getLogger(__name__)
+
+
+class TokenMeanLoss(Metric):
+    """Token-weighted mean loss over a whole evaluation set: ``sum of token CE / number of targets``.
+
+    HF ``Trainer.evaluate`` reports the sample-weighted mean of per-batch means, which differs when batches
+    hold different numbers of targets; this is the exact mean over all targets of all ranks.
+
+    ``update(loss_sum, count)``: a 0-dim float tensor (summed CE, nats) and the number of targets.
+    ``compute()``: 0-dim float32 mean in nats (0 when no target was seen).
+    """
+
+    full_state_update = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.add_state("loss_sum", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("count", default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
+
+    def update(self, loss_sum: torch.Tensor, count: torch.Tensor | int) -> None:
+        self.loss_sum += loss_sum.detach().double()
+        self.count += int(count) if not isinstance(count, torch.Tensor) else count.to(self.count)
+
+    def compute(self) -> torch.Tensor:
+        return (self.loss_sum / self.count.clamp(min=1)).float()
 
 
 class TokenAccuracy(Metric):
@@ -44,8 +70,8 @@ class TokenAccuracy(Metric):
         correct: torch.Tensor | int | None = None,
         total: torch.Tensor | int | None = None,
     ) -> None:
-        """``update(logits (B, L, V), labels (B, L))``, or ``update(correct=, total=)`` with counts computed elsewhere
-        (the lean path's argmax per chunk of tokens)."""
+        """``update(logits (B, L, V), labels (B, L))``, or ``update(correct=, total=)`` with counts computed
+        elsewhere (the lean path's argmax per chunk of tokens)."""
         if correct is not None:
             self.correct += correct
             self.total += total

@@ -1,0 +1,26 @@
+"""What the command-line entry points (``train``, ``evaluate``, ``inspect_batch``) set up for their process.
+
+The library itself installs no process-wide warning filter (an application that imports ``hf_lightning`` keeps
+its own); the commands hide the library warnings that are wrong or not actionable for their runs.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+#: ``(message regex, category)`` of the warnings the commands hide, each with the reason
+HIDDEN_WARNINGS = (
+    # Lightning's batch flattening calls a torch pytree API deprecated in newer torch, once per fit: nothing a
+    # user can act on (Lightning's to fix; lightning/pytorch/utilities/_pytree.py)
+    (r"`isinstance\(treespec, LeafSpec\)` is deprecated", FutureWarning),
+    # Lightning counts log_every_n_steps within an epoch; HFLightningModule logs every n optimizer steps
+    # across epochs (HF's logging_steps), so Lightning's warning that short epochs log nothing is wrong here
+    (r"The number of training batches \(\d+\) is smaller than the logging interval", Warning),
+)
+
+
+def hide_library_warnings() -> None:
+    """Install the filters of :data:`HIDDEN_WARNINGS` in this process. Calling it again (a Hydra multirun runs
+    each job's ``main`` in the same process) adds nothing: ``warnings.filterwarnings`` replaces an equal filter."""
+    for message, category in HIDDEN_WARNINGS:
+        warnings.filterwarnings("ignore", message=message, category=category)

@@ -1,0 +1,261 @@
+"""Every use of a private attribute of Lightning, transformers, datasets or torch, one function each.
+
+Why one module: an upgrade of one of these libraries that renames or drops an internal then fails one named
+test (``tests/unit/test_compat.py``, one test per function, run on the installed versions) instead of a user's
+run, and a reader sees in one file what we rely on beyond the public API.
+``tests/unit/test_private_access.py`` fails when a private library attribute appears anywhere else in
+``hf_lightning/``.
+
+Each function says what it reads, why no public API serves, and (where one exists) what it falls back to.
+Versions read: lightning 2.6, transformers 5.24, datasets 5.2, torch 2.13.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from lightning.pytorch.loggers.csv_logs import ExperimentWriter
+
+# ------------------------------------------------------------------------------------- Lightning: fit loop
+# Lightning exposes no public view of where the fit loop stands inside an epoch; its progress objects
+# (``lightning.pytorch.loops.progress``) are attributes of the loops without a leading underscore but not part
+# of the documented API.
+
+
+def is_last_batch(trainer: Any) -> bool:
+    """Whether the batch being trained is the last of its epoch
+    (``fit_loop.epoch_loop.batch_progress.is_last_batch``, set by the data fetcher's look-ahead before the
+    batch's ``training_step``)."""
+    return bool(trainer.fit_loop.epoch_loop.batch_progress.is_last_batch)
+
+
+def batches_ready(trainer: Any) -> int:
+    """Batches of the current epoch fetched so far, the one being trained included
+    (``batch_progress.current.ready``)."""
+    return int(trainer.fit_loop.epoch_loop.batch_progress.current.ready)
+
+
+def batches_processed(trainer: Any) -> int:
+    """Batches of the current epoch whose training step finished (``batch_progress.current.processed``): what
+    the train loader's state must skip on a resume."""
+    return int(trainer.fit_loop.epoch_loop.batch_progress.current.processed)
+
+
+def epochs_processed(trainer: Any) -> int:
+    """Epochs the fit loop has processed (``fit_loop.epoch_progress.current.processed``): the epoch number a
+    loader's sampler uses while the epoch runs (a stream's worker seeds, its reshuffle)."""
+    return int(trainer.fit_loop.epoch_progress.current.processed)
+
+
+def epoch_being_trained(trainer: Any) -> int:
+    """The epoch being trained, ``epoch_progress.current.started - 1``. Unlike ``trainer.current_epoch`` it
+    does not move on when training stops in the middle of an epoch (Lightning then counts the epoch as
+    processed)."""
+    return int(trainer.fit_loop.epoch_progress.current.started) - 1
+
+
+def total_batch_index(trainer: Any) -> int:
+    """Index of the batch being trained counted over the whole fit, all epochs (``epoch_loop.total_batch_idx``):
+    what Lightning's ``val_check_batch`` rule counts when ``check_val_every_n_epoch`` is ``None``."""
+    return int(trainer.fit_loop.epoch_loop.total_batch_idx)
+
+
+def closes_accumulation_window(trainer: Any) -> bool:
+    """Whether the micro-batch being trained ends its gradient-accumulation window: ``not
+    fit_loop._should_accumulate()``, Lightning's own rule (every ``accumulate_grad_batches`` batches and at
+    the epoch's last batch). Needed by DeepSpeed's engine before its backward."""
+    return not trainer.fit_loop._should_accumulate()
+
+
+def validates_after_this_batch(trainer: Any) -> bool:
+    """Whether Lightning's training epoch loop validates after the batch just trained, by its own rule
+    (``epoch_loop._should_check_val_fx(fit_loop._data_fetcher)``: ``val_check_interval``, epoch end and a stop
+    request, read as they stand)."""
+    return bool(trainer.fit_loop.epoch_loop._should_check_val_fx(trainer.fit_loop._data_fetcher))
+
+
+def epoch_progress_state(checkpoint: dict[str, Any]) -> dict[str, Any] | None:
+    """The fit loop's epoch counters in a Lightning checkpoint,
+    ``checkpoint["loops"]["fit_loop"]["epoch_progress"]`` (``_Progress.state_dict``: ``{"total": {...},
+    "current": {"ready", "started", "processed", "completed"}}``); ``None`` when absent. The dict is the
+    checkpoint's own: changing it changes the checkpoint."""
+    fit = (checkpoint.get("loops") or {}).get("fit_loop") or {}
+    return fit.get("epoch_progress") or None
+
+
+def evaluation_results(loop: Any) -> list[dict[str, float]] | None:
+    """The list ``trainer.validate()`` / ``trainer.test()`` will return, while the loop builds it
+    (``_EvaluationLoop._logged_outputs``); ``None`` when the attribute is gone."""
+    return getattr(loop, "_logged_outputs", None)
+
+
+def uses_script_launcher(strategy: Any) -> bool:
+    """Whether the strategy starts its other ranks with ``_SubprocessScriptLauncher`` (re-running
+    ``sys.argv``; Lightning has no public flag for it)."""
+    from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
+
+    return isinstance(getattr(strategy, "launcher", None), _SubprocessScriptLauncher)
+
+
+def attached_trainer(module: Any) -> Any:
+    """``module.trainer``, or ``None`` for a LightningModule not attached to a ``Trainer`` (the public
+    property raises then). No private attribute: the public property, its ``RuntimeError`` caught."""
+    try:
+        return module.trainer
+    except RuntimeError:
+        return None
+
+
+# ------------------------------------------------------------------------------ Lightning: ModelCheckpoint
+
+
+def save_last_checkpoint(callback: Any, trainer: Any) -> None:
+    """Write ``last.ckpt`` now through the callback's own bookkeeping
+    (``ModelCheckpoint._save_last_checkpoint`` with ``_monitor_candidates``, the path its ``on_train_end``
+    takes): a ``trainer.save_checkpoint`` behind its back makes it write ``last-v1.ckpt`` beside an unknown
+    ``last.ckpt`` later."""
+    callback._save_last_checkpoint(trainer, callback._monitor_candidates(trainer))
+
+
+def last_saved_step(callback: Any) -> int:
+    """The optimizer step a ``ModelCheckpoint`` saved last (``_last_global_step_saved``; -1 for any other
+    callback)."""
+    return getattr(callback, "_last_global_step_saved", -1)
+
+
+def mark_saved_at(callback: Any, step: int) -> None:
+    """Tell a ``ModelCheckpoint`` its saves of ``step`` are done (``_last_global_step_saved``; the counter is
+    not in Lightning's checkpoint, so a resumed callback would save the same step again)."""
+    callback._last_global_step_saved = step
+
+
+def acts_after_every_validation(callback: Any) -> None:
+    """Make a monitoring ``ModelCheckpoint`` or ``EarlyStopping`` act after every validation, not only at train epoch
+    ends (``_save_on_train_epoch_end`` / ``_check_on_train_epoch_end`` = False: what their constructors'
+    ``save_on_train_epoch_end`` / ``check_on_train_epoch_end`` set, which their own ``setup`` fills in when
+    ``None``). Any other callback is left alone."""
+    from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+
+    if isinstance(callback, ModelCheckpoint):
+        callback._save_on_train_epoch_end = False
+    elif isinstance(callback, EarlyStopping):
+        callback._check_on_train_epoch_end = False
+
+
+def stop_own_triggers(callback: Any) -> None:
+    """Turn off a ``ModelCheckpoint``'s own periodic triggers (``_every_n_train_steps``, ``_every_n_epochs``,
+    ``_train_time_interval``): another callback decides when it saves (:func:`save_checkpoint_now`)."""
+    callback._every_n_train_steps = 0
+    callback._every_n_epochs = 0
+    callback._train_time_interval = None
+
+
+def save_checkpoint_now(callback: Any, trainer: Any) -> None:
+    """Save through a ``ModelCheckpoint`` now, as its own trigger would: unless it must skip
+    (``_should_skip_saving_checkpoint``: a sanity check, not fitting, or saved at this step already), its top-k
+    checkpoint and ``last.ckpt`` with the current monitor candidates (``_save_topk_checkpoint``,
+    ``_save_last_checkpoint``, ``_monitor_candidates``)."""
+    if callback._should_skip_saving_checkpoint(trainer):
+        return
+    candidates = callback._monitor_candidates(trainer)
+    callback._save_topk_checkpoint(trainer, candidates)
+    callback._save_last_checkpoint(trainer, candidates)
+
+
+# ------------------------------------------------------------------------------------- Lightning: CSVLogger
+
+
+class KeepingExperimentWriter(ExperimentWriter):
+    """Lightning's CSV ``ExperimentWriter`` that does not delete an existing ``metrics.csv`` when it starts:
+    its private start-up check ``_check_log_dir_exists`` (warn, then delete the file) calls
+    :meth:`found_metrics_file` instead, when the file exists."""
+
+    def _check_log_dir_exists(self) -> None:
+        if os.path.isfile(self.metrics_file_path):
+            self.found_metrics_file()
+
+    def found_metrics_file(self) -> None:
+        """Called at start-up when ``metrics_file_path`` exists (a resumed run)."""
+
+
+def csv_experiment(logger: Any, make_writer: Any) -> Any:
+    """A ``CSVLogger``'s experiment writer, made by ``make_writer(log_dir)`` on first use (the body of
+    ``CSVLogger.experiment`` with another writer: ``_experiment`` caches it, ``_fs`` creates the root
+    folder)."""
+    if logger._experiment is None:
+        logger._fs.makedirs(logger.root_dir, exist_ok=True)
+        logger._experiment = make_writer(logger.log_dir)
+    return logger._experiment
+
+
+# ------------------------------------------------------------------------------------------------ DeepSpeed
+
+
+def zero3_full_state_dict(engine: Any) -> dict[str, Any]:
+    """The full 16-bit state dict of a ZeRO-3 ``DeepSpeedEngine``, gathered from every rank (a collective):
+    ``_zero3_consolidated_16bit_state_dict()``, what ``save_16bit_model`` and HF ``Trainer`` use."""
+    return engine._zero3_consolidated_16bit_state_dict()
+
+
+# ------------------------------------------------------------------------------------------------
+# transformers
+
+
+def loss_is_causal_lm(model: Any) -> bool:
+    """Whether ``model.loss_function`` is ``ForCausalLMLoss``: ``transformers.loss.loss_utils.LOSS_MAPPING``
+    (an internal table) maps ``model.loss_type``, falling back to ``ForCausalLMLoss`` for an unset or unknown
+    type, as ``PreTrainedModel.loss_function`` does."""
+    from transformers.loss.loss_utils import LOSS_MAPPING, ForCausalLMLoss
+
+    return LOSS_MAPPING.get(model.loss_type, ForCausalLMLoss) is ForCausalLMLoss
+
+
+def attention_backend(model: Any) -> str | None:
+    """The attention implementation a transformers model runs (``config._attn_implementation``), for
+    messages."""
+    return getattr(getattr(model, "config", None), "_attn_implementation", None)
+
+
+def no_split_modules(module: Any) -> list[str]:
+    """The block classes a transformers model declares must not be split across devices
+    (``_no_split_modules``; HF's FSDP wrap default); ``[]`` when it declares none."""
+    return list(getattr(module, "_no_split_modules", None) or [])
+
+
+# ------------------------------------------------------------------------------------------------ datasets
+
+
+def dataset_fingerprint(ds: Any) -> str | None:
+    """A ``datasets.Dataset``'s fingerprint (``_fingerprint``: the hash of its data and the transforms that
+    made it); ``None`` for other datasets."""
+    return getattr(ds, "_fingerprint", None)
+
+
+def selection_indices(ds: Any) -> Any:
+    """A ``datasets.Dataset``'s indices mapping (``_indices``, a pyarrow table whose first column maps rows to
+    rows of the table it was selected from by ``select``/``train_test_split``/``shuffle``); ``None`` when
+    unselected."""
+    return getattr(ds, "_indices", None)
+
+
+# ------------------------------------------------------------------------------------------------ torch
+
+
+def unwrap_compiled(model: Any) -> Any:
+    """The module ``torch.compile`` wrapped (``OptimizedModule._orig_mod``); ``model`` itself otherwise."""
+    return getattr(model, "_orig_mod", model)
+
+
+def unscales_gradients_itself(optimizer: Any) -> bool:
+    """Whether the optimizer unscales AMP gradients inside its own ``step`` (``_step_supports_amp_scaling``,
+    set by fused Adam/AdamW/SGD): the gradients are still scaled when a clip would read them."""
+    return bool(getattr(optimizer, "_step_supports_amp_scaling", False))
+
+
+def foreach_norm(tensors: list[Any], ord: float) -> list[Any]:
+    """Per-tensor norms in one kernel per device and dtype (``torch._foreach_norm``, what ``clip_grad_norm_``
+    calls; no public equivalent)."""
+    import torch
+
+    return list(torch._foreach_norm(tensors, ord))

@@ -1,0 +1,389 @@
+"""One test per function of ``hf_lightning/compat.py``, on the installed Lightning, transformers, datasets and
+torch.
+
+An upgrade that renames or drops one of the internals we read fails the test named after it. Expected values
+come from the libraries' documented behaviour (a fit of known length, a file on disk, a hand-made selection),
+or from the library's own public computation side by side.
+"""
+
+from __future__ import annotations
+
+import os
+
+import lightning as L
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from hf_lightning import compat
+
+BATCHES, EPOCHS, K = 5, 2, 2
+
+
+class Tiny(L.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 1)
+        self.seen: list[dict] = []
+
+    def training_step(self, batch, batch_idx):
+        trainer = self.trainer
+        self.seen.append(
+            {
+                "epoch": self.current_epoch,
+                "batch_idx": batch_idx,
+                "is_last_batch": compat.is_last_batch(trainer),
+                "ready": compat.batches_ready(trainer),
+                "epochs_processed": compat.epochs_processed(trainer),
+                "being_trained": compat.epoch_being_trained(trainer),
+                "closes_window": compat.closes_accumulation_window(trainer),
+                "total_index": compat.total_batch_index(trainer),
+                "attached": compat.attached_trainer(self) is trainer,
+            }
+        )
+        return self.layer(batch).sum()
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val/x", self.layer(batch).sum())
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+class Probe(L.Callback):
+    def __init__(self) -> None:
+        self.processed: list[int] = []
+        self.predicted_validation: list[int] = []
+        self.validated_after: list[int] = []
+        self._last_batch = None
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.processed.append(compat.batches_processed(trainer))
+        self._last_batch = (trainer.current_epoch, batch_idx)
+        if compat.validates_after_this_batch(trainer):
+            self.predicted_validation.append(self._last_batch)
+
+    def on_validation_start(self, trainer, pl_module):
+        if not trainer.sanity_checking:
+            self.validated_after.append(self._last_batch)
+
+
+def _loader(n: int = BATCHES) -> DataLoader:
+    return DataLoader(torch.randn(n, 2), batch_size=1)
+
+
+def _trainer(tmp_path, **kwargs) -> L.Trainer:
+    options = dict(
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        num_sanity_val_steps=0,
+        default_root_dir=str(tmp_path),
+    )
+    options.update(kwargs)
+    return L.Trainer(**options)
+
+
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory):
+    module, probe = Tiny(), Probe()
+    trainer = _trainer(
+        tmp_path_factory.mktemp("fit"),
+        max_epochs=EPOCHS,
+        accumulate_grad_batches=K,
+        val_check_interval=2,
+        limit_val_batches=1,
+        callbacks=[probe],
+    )
+    trainer.fit(module, _loader(), _loader(2))
+    return module.seen, probe
+
+
+def test_is_last_batch(fitted):
+    seen, _ = fitted
+    assert [s["is_last_batch"] for s in seen] == [i == BATCHES - 1 for i in range(BATCHES)] * EPOCHS
+
+
+def test_batches_ready(fitted):
+    seen, _ = fitted
+    assert [s["ready"] for s in seen] == [i + 1 for i in range(BATCHES)] * EPOCHS
+
+
+def test_batches_processed(fitted):
+    """In ``on_train_batch_end`` the batch just trained counts as processed."""
+    _, probe = fitted
+    assert probe.processed == [i + 1 for i in range(BATCHES)] * EPOCHS
+
+
+def test_epochs_processed(fitted):
+    seen, _ = fitted
+    assert [s["epochs_processed"] for s in seen] == [e for e in range(EPOCHS) for _ in range(BATCHES)]
+
+
+def test_epoch_being_trained(fitted):
+    seen, _ = fitted
+    assert [s["being_trained"] for s in seen] == [s["epoch"] for s in seen] == sorted([0, 1] * BATCHES)
+
+
+def test_closes_accumulation_window(fitted):
+    """Windows of K batches, and the last (short) one of each epoch: Lightning's documented stepping rule."""
+    seen, _ = fitted
+    expected = [(i + 1) % K == 0 or i == BATCHES - 1 for i in range(BATCHES)] * EPOCHS
+    assert [s["closes_window"] for s in seen] == expected
+
+
+def test_total_batch_index(fitted):
+    seen, _ = fitted
+    assert [s["total_index"] for s in seen] == list(range(BATCHES * EPOCHS))
+
+
+def test_validates_after_this_batch(fitted):
+    """The prediction matches the validations Lightning really runs (every 2 batches of each epoch)."""
+    _, probe = fitted
+    expected = [(e, i) for e in range(EPOCHS) for i in range(BATCHES) if (i + 1) % 2 == 0]
+    assert probe.validated_after == expected
+    assert probe.predicted_validation == expected
+
+
+def test_attached_trainer(fitted):
+    seen, _ = fitted
+    assert all(s["attached"] for s in seen)
+    assert compat.attached_trainer(Tiny()) is None
+
+
+def test_evaluation_results(tmp_path):
+    """The list read at ``on_validation_epoch_end`` is the one ``trainer.validate()`` returns (the loop swaps
+    it out before ``on_validation_end``, where HFLightningModule adds its values)."""
+
+    class Adds(Tiny):
+        def on_validation_epoch_end(self):
+            self.results = compat.evaluation_results(self.trainer.validate_loop)
+
+        def on_validation_end(self):
+            self.results[0]["probe"] = 1.0
+
+    returned = _trainer(tmp_path).validate(Adds(), _loader(2), verbose=False)
+    assert returned[0]["probe"] == 1.0 and "val/x" in returned[0]
+
+
+def test_epoch_progress_state(tmp_path):
+    """The epoch counters of a checkpoint written by a 2-epoch fit: 2 epochs started, processed and
+    completed."""
+    trainer = _trainer(tmp_path, max_epochs=2, limit_val_batches=0)
+    trainer.fit(Tiny(), _loader())
+    path = tmp_path / "end.ckpt"
+    trainer.save_checkpoint(path)
+    state = compat.epoch_progress_state(torch.load(path, weights_only=False))
+    assert state["total"]["started"] == state["total"]["completed"] == 2
+    assert set(state["current"]) >= {"ready", "started", "processed", "completed"}
+    assert compat.epoch_progress_state({}) is None
+
+
+def test_uses_script_launcher():
+    assert compat.uses_script_launcher(L.Trainer(accelerator="cpu", devices=2, strategy="ddp").strategy)
+    assert not compat.uses_script_launcher(
+        L.Trainer(accelerator="cpu", devices=2, strategy="ddp_spawn").strategy
+    )
+    assert not compat.uses_script_launcher(L.Trainer(accelerator="cpu", devices=1).strategy)
+
+
+def _checkpoint_trainer(tmp_path, callbacks, **kwargs):
+    return _trainer(tmp_path, enable_checkpointing=True, callbacks=callbacks, limit_val_batches=0, **kwargs)
+
+
+def test_save_last_checkpoint(tmp_path):
+    """Written now, at step 1, through the callback: its ``last_model_path`` names the file."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True, save_top_k=0)
+    written = {}
+
+    class SaveAtOne(L.Callback):
+        def on_train_batch_end(self, trainer, *args):
+            if trainer.global_step == 1:
+                compat.save_last_checkpoint(checkpoint, trainer)
+                written["path"] = checkpoint.last_model_path
+                written["step"] = torch.load(checkpoint.last_model_path, weights_only=False)["global_step"]
+
+    _checkpoint_trainer(tmp_path, [SaveAtOne(), checkpoint], max_steps=2).fit(Tiny(), _loader())
+    assert os.path.basename(written["path"]) == "last.ckpt" and written["step"] == 1
+
+
+def test_last_saved_step_and_mark_saved_at(tmp_path):
+    """``mark_saved_at`` makes Lightning skip the periodic save of that step; ``last_saved_step`` reads it
+    back."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=2, save_top_k=-1)
+
+    class MarkTwo(L.Callback):  # runs before ModelCheckpoint (Lightning runs checkpoint callbacks last)
+        def on_train_batch_end(self, trainer, *args):
+            if trainer.global_step == 2:
+                compat.mark_saved_at(checkpoint, 2)
+                assert compat.last_saved_step(checkpoint) == 2
+
+    _checkpoint_trainer(tmp_path, [MarkTwo(), checkpoint], max_steps=4).fit(Tiny(), _loader())
+    assert sorted(os.listdir(tmp_path / "ckpt")) == ["epoch=0-step=4.ckpt"]
+    assert compat.last_saved_step(checkpoint) == 4
+    assert compat.last_saved_step(L.Callback()) == -1
+
+
+def test_keeping_experiment_writer(tmp_path):
+    """Lightning's writer deletes an existing ``metrics.csv`` at start-up; ours keeps it and calls the
+    hook."""
+    from lightning.pytorch.loggers.csv_logs import ExperimentWriter
+
+    metrics = tmp_path / "metrics.csv"
+    metrics.write_text("step,loss\n1,2.0\n")
+    found = []
+
+    class Writer(compat.KeepingExperimentWriter):
+        def found_metrics_file(self):
+            found.append(self.metrics_file_path)
+
+    Writer(log_dir=str(tmp_path))
+    assert found == [str(metrics)] and metrics.read_text() == "step,loss\n1,2.0\n"
+    with pytest.warns(UserWarning, match="exists and is not empty"):
+        ExperimentWriter(log_dir=str(tmp_path))
+    assert not metrics.exists()  # the behaviour the subclass exists to avoid is still Lightning's
+
+
+def test_csv_experiment(tmp_path):
+    from lightning.pytorch.loggers import CSVLogger
+    from lightning.pytorch.loggers.csv_logs import ExperimentWriter
+
+    logger = CSVLogger(str(tmp_path), name="run", version=0)
+    made = []
+
+    def make(log_dir):
+        made.append(log_dir)
+        return ExperimentWriter(log_dir=log_dir)
+
+    writer = compat.csv_experiment(logger, make)
+    assert compat.csv_experiment(logger, make) is writer and made == [logger.log_dir]
+    assert logger.experiment is writer  # Lightning's own property serves the cached writer
+
+
+def test_zero3_full_state_dict():
+    deepspeed = pytest.importorskip("deepspeed")
+    assert callable(getattr(deepspeed.DeepSpeedEngine, "_zero3_consolidated_16bit_state_dict", None))
+
+
+def _llama(**kwargs):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=32,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        **kwargs,
+    )
+    return LlamaForCausalLM(config)
+
+
+def test_loss_is_causal_lm():
+    from transformers import BertConfig, BertForSequenceClassification, GPT2Config, GPT2LMHeadModel
+
+    bert = BertForSequenceClassification(
+        BertConfig(
+            vocab_size=32, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32
+        )
+    )
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=32, n_embd=16, n_layer=1, n_head=2))
+    assert compat.loss_is_causal_lm(_llama()) and compat.loss_is_causal_lm(gpt2)
+    assert not compat.loss_is_causal_lm(bert)
+
+
+def test_attention_backend():
+    assert compat.attention_backend(_llama(attn_implementation="eager")) == "eager"
+    assert compat.attention_backend(_llama(attn_implementation="sdpa")) == "sdpa"
+    assert compat.attention_backend(torch.nn.Linear(1, 1)) is None
+
+
+def test_no_split_modules():
+    assert compat.no_split_modules(_llama()) == ["LlamaDecoderLayer"]
+    assert compat.no_split_modules(torch.nn.Linear(1, 1)) == []
+
+
+def _double(row):
+    return {"x": row["x"] * 2}
+
+
+def test_dataset_fingerprint():
+    """Same data and transform: same fingerprint (the cache key datasets uses); another transform: another."""
+    from datasets import Dataset
+
+    ds = Dataset.from_dict({"x": [1, 2, 3]})
+    doubled = ds.map(_double)
+    assert isinstance(compat.dataset_fingerprint(ds), str)
+    assert compat.dataset_fingerprint(doubled) == compat.dataset_fingerprint(ds.map(_double))
+    assert compat.dataset_fingerprint(doubled) != compat.dataset_fingerprint(ds)
+    assert compat.dataset_fingerprint([1, 2]) is None
+
+
+def test_selection_indices():
+    from datasets import Dataset
+
+    ds = Dataset.from_dict({"x": list(range(10))})
+    assert compat.selection_indices(ds) is None
+    picked = ds.select([7, 3, 5])
+    assert compat.selection_indices(picked).column(0).to_pylist() == [7, 3, 5] == picked["x"]
+
+
+def test_unwrap_compiled():
+    model = torch.nn.Linear(2, 2)
+    assert compat.unwrap_compiled(torch.compile(model)) is model
+    assert compat.unwrap_compiled(model) is model
+
+
+def test_unscales_gradients_itself():
+    params = [torch.nn.Parameter(torch.zeros(2))]
+    assert compat.unscales_gradients_itself(torch.optim.AdamW(params, fused=True))
+    assert not compat.unscales_gradients_itself(torch.optim.AdamW(params))
+    assert not compat.unscales_gradients_itself(torch.optim.SGD(params, lr=0.1))
+
+
+def test_foreach_norm():
+    tensors = [torch.tensor([1.0, -3.0]), torch.tensor([[0.5, float("nan")]]), torch.tensor([2.0])]
+    for ord in (2.0, float("inf")):
+        got = compat.foreach_norm(tensors, ord)
+        expected = [torch.linalg.vector_norm(t, ord) for t in tensors]
+        torch.testing.assert_close(torch.stack(got), torch.stack(expected), equal_nan=True)
+
+
+def test_acts_after_every_validation():
+    """The attributes exist on the installed classes (a rename would make the assignment a silent no-op)."""
+    from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+
+    checkpoint, stopping = ModelCheckpoint(monitor="val/loss"), EarlyStopping(monitor="val/loss")
+    assert hasattr(checkpoint, "_save_on_train_epoch_end") and hasattr(stopping, "_check_on_train_epoch_end")
+    compat.acts_after_every_validation(checkpoint)
+    compat.acts_after_every_validation(stopping)
+    assert checkpoint._save_on_train_epoch_end is False and stopping._check_on_train_epoch_end is False
+
+
+def test_stop_own_triggers_and_save_checkpoint_now(tmp_path):
+    """With its triggers off, a ``ModelCheckpoint(every_n_train_steps=1)`` saves only when told to (step 2)."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=1, save_top_k=-1)
+    assert all(
+        hasattr(checkpoint, a) for a in ("_every_n_train_steps", "_every_n_epochs", "_train_time_interval")
+    )
+
+    class Decides(L.Callback):  # runs before ModelCheckpoint (Lightning runs checkpoint callbacks last)
+        def on_fit_start(self, trainer, pl_module):
+            compat.stop_own_triggers(checkpoint)
+
+        def on_train_batch_end(self, trainer, *args):
+            if trainer.global_step == 2:
+                compat.save_checkpoint_now(checkpoint, trainer)
+                compat.save_checkpoint_now(checkpoint, trainer)  # skipped: saved at this step already
+
+    _checkpoint_trainer(tmp_path, [Decides(), checkpoint], max_steps=3).fit(Tiny(), _loader())
+    assert sorted(os.listdir(tmp_path / "ckpt")) == ["epoch=0-step=2.ckpt"]
