@@ -320,3 +320,50 @@ def load_model_and_tokenizer(
         compile,
     )
     return model, tokenizer
+
+
+class ModelLoader:
+    """What a ``model`` config node builds (its ``_target_``): the settings of :func:`load_model_and_tokenizer`,
+    held until the builder asks for the tokenizer and then the model (a classifier's classes come from the data,
+    which needs the tokenizer first).
+
+    The accepted keys are exactly :func:`load_model_and_tokenizer`'s parameters (one signature, no copy).
+
+    Raises:
+        ConfigError: a key that :func:`load_model_and_tokenizer` does not take.
+    """
+
+    settings_of = staticmethod(load_model_and_tokenizer)  # the schema binds the node to this signature
+
+    def __init__(self, **settings: Any) -> None:
+        import inspect
+
+        allowed = inspect.signature(load_model_and_tokenizer).parameters
+        unknown = [k for k in settings if k not in allowed]
+        if unknown:
+            raise ConfigError(
+                f"unknown config key{'s' if len(unknown) > 1 else ''} {', '.join(f'model.{k}' for k in unknown)}; "
+                f"allowed keys of model: {', '.join(allowed)}"
+            )
+        self.settings = dict(settings)
+
+    def tokenizer(self) -> Any:
+        """:func:`load_tokenizer` for these settings."""
+        return load_tokenizer(
+            self.settings.get("name_or_path"), self.settings.get("tokenizer_vocab_size", 2048)
+        )
+
+    def model(self, tokenizer: Any, id2label: Mapping[int, str] | None = None) -> Any:
+        """:func:`build_model` for these settings; ``id2label`` (a classifier's classes from the data) wins over
+        the node's own."""
+        import inspect
+
+        params = inspect.signature(build_model).parameters
+        kwargs = {k: v for k, v in self.settings.items() if k in params and k != "tokenizer"}
+        if id2label:
+            kwargs["id2label"] = id2label
+        return build_model(tokenizer, **kwargs)
+
+    @property
+    def task(self) -> str:
+        return self.settings.get("task", "causal_lm")

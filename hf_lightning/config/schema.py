@@ -1,11 +1,13 @@
 """The schema of a composed config, checked before the model is built.
 
-Config keys equal constructor argument names, so the signature a node is bound to is its schema: unknown keys
-are found by binding (``hf_lightning.config_check.check_keys``) and value types by the signature's annotations
-(``int``, ``float``, ``bool``, ``str``, ``Literal[...]``, unions of them). What an annotation cannot say (a
-batch size >= 1, an optimizer from a closed list, packing with an encoder-decoder) is in :func:`_rules` and
-:func:`cross_field_errors`. Every problem found is reported in one :class:`~hf_lightning.errors.ConfigError`
-whose message names each key, its value and the allowed values.
+Config keys equal constructor argument names, so the signature a node's ``_target_`` names is its schema
+(generated from it, nothing copied): unknown keys are found by binding (:func:`check_keys`) and value types by
+the signature's annotations (``int``, ``float``, ``bool``, ``str``, ``Literal[...]``, unions of them). The top
+level is closed too: the groups and :data:`RUN_SETTINGS` (HF ``TrainingArguments`` names get our key for them,
+:mod:`hf_lightning.config.hf_names`). What an annotation cannot say (a batch size >= 1, an optimizer from a
+closed list) is in :func:`_rules`; rules between keys in :func:`cross_field_errors`. Every problem found is
+reported in one :class:`~hf_lightning.errors.ConfigError` whose message names each key, its value and the
+allowed values.
 
 This is the "equivalent validation pass" to dataclasses in Hydra's ConfigStore: a dataclass per group would
 repeat every constructor signature and drift from it; binding the signatures cannot drift.
@@ -24,9 +26,27 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from hf_lightning.arguments import ACCELERATORS as _ACCELERATORS
+from hf_lightning.arguments import MISSING, PRECISIONS, devices_ok, get_dotted
 from hf_lightning.errors import ConfigError, HFLightningError
 
-_ABSENT = object()
+# The top level of a composed config, one list: the groups (each bound to the signature its ``_target_`` names)
+# and the run's own settings. A key added at the top level by a new feature goes here.
+GROUPS = ("model", "data", "optim", "scheduler", "module", "trainer", "logger", "callbacks")
+RUN_SETTINGS = (
+    "seed",
+    "required_keys",
+    "ckpt_path",
+    "resume_weights_only",
+    "metric_for_best_model",
+    "greater_is_better",
+    "output_dir",
+    "optimized_metric",
+)
+# python -m hf_lightning.evaluate's own switches (conf/evaluate.yaml)
+EVALUATE_SETTINGS = ("generate", "max_new_tokens")
+# Hydra's own node, present when a config is composed with return_hydra_config=True
+HYDRA_KEYS = ("hydra",)
 
 
 @dataclass(frozen=True)
@@ -59,21 +79,6 @@ def _some_training(value: Any) -> bool:
     return isinstance(value, float) and 0 < value <= 1
 
 
-def _devices_ok(value: Any) -> bool:
-    if value in ("auto", -1, "-1"):
-        return True
-    if _int(value):
-        return value >= 1
-    if isinstance(value, str):
-        if "," in value:  # "0,1": device indices
-            parts = [p.strip() for p in value.split(",") if p.strip()]
-            return bool(parts) and all(p.isdigit() for p in parts)
-        return value.strip().isdigit() and int(value) >= 1
-    if isinstance(value, (list, tuple, ListConfig)):
-        return len(value) > 0 and all(_int(v) and v >= 0 for v in value)
-    return False
-
-
 def _rules() -> list[Rule]:
     from hf_lightning.models import TASKS
     from hf_lightning.module.optim import OPTIMIZERS, SCHEDULERS
@@ -94,11 +99,11 @@ def _rules() -> list[Rule]:
             "null, -1 or an integer >= 1",
         ),
         Rule("trainer.num_nodes", _positive_int, "an integer >= 1"),
-        Rule("trainer.devices", _devices_ok, "an integer >= 1, -1, 'auto', or a list of device indices"),
+        Rule("trainer.devices", devices_ok, "an integer >= 1, -1, 'auto', or a list of device indices"),
         Rule(
             "trainer.accelerator",
-            lambda v: v in ("cpu", "gpu", "cuda", "mps", "tpu", "auto"),
-            "cpu, gpu, cuda, mps, tpu, auto",
+            lambda v: v in _ACCELERATORS,
+            ", ".join(_ACCELERATORS),
         ),
         Rule("trainer.precision", lambda v: str(v) in PRECISIONS, ", ".join(PRECISIONS)),
         Rule(
@@ -144,10 +149,6 @@ def _rules() -> list[Rule]:
     ]
 
 
-# the precisions this project supports (lightning accepts a few more that no path here is tested with)
-PRECISIONS = ("32", "32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true", "64-true")
-
-
 # ------------------------------------------------------------------------------------------------- helpers
 def _describe(hint: Any) -> str:
     origin = typing.get_origin(hint)
@@ -185,10 +186,30 @@ def type_ok(value: Any, hint: Any) -> bool | None:
     return None
 
 
+def check_keys(node: Mapping[str, Any], target: Callable, group: str, skip: Iterable[str] = ()) -> None:
+    """Raise :class:`ConfigError` if ``node`` holds a key that ``target`` does not accept.
+
+    Args:
+        node: the config node (``cfg.data``, ...); keys starting with ``_`` (``_target_``, ``_partial_``) are
+            Hydra's, not arguments.
+        target: the callable the node's keys are passed to.
+        group: the node's name, used in the message (``data`` gives ``data.foo``).
+        skip: parameter names supplied by the code rather than the config (for example ``tokenizer``).
+    """
+    params = inspect.signature(target).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    allowed = [n for n in params if n not in ("self", *skip)]
+    unknown = [k for k in node if not str(k).startswith("_") and k not in allowed]
+    if unknown:
+        raise ConfigError(
+            f"unknown config key{'s' if len(unknown) > 1 else ''} "
+            f"{', '.join(f'{group}.{k}' for k in unknown)}; allowed keys of {group}: {', '.join(allowed)}"
+        )
+
+
 def node_errors(node: Mapping[str, Any], target: Callable, group: str, skip: Iterable[str] = ()) -> list[str]:
     """Unknown keys and values of the wrong type in ``node`` bound to ``target``'s signature."""
-    from hf_lightning.config_check import check_keys
-
     errors: list[str] = []
     try:
         check_keys(node, target, group, skip=skip)
@@ -210,7 +231,12 @@ def node_errors(node: Mapping[str, Any], target: Callable, group: str, skip: Ite
 
 
 def _target_nodes(cfg: Mapping[str, Any]) -> Iterable[tuple[str, Mapping[str, Any]]]:
-    """``(dotted name, node)`` for every node with a ``_target_`` under ``trainer``, ``logger``, ``callbacks``."""
+    """``(dotted name, node)`` for every group with a ``_target_`` and every ``_target_`` node under ``trainer``,
+    ``logger``, ``callbacks``."""
+    for group in BUILT_GROUPS:
+        node = cfg.get(group)
+        if isinstance(node, Mapping) and "_target_" in node:
+            yield group, node
     strategy = (cfg.get("trainer") or {}).get("strategy")
     if isinstance(strategy, Mapping) and "_target_" in strategy:
         yield "trainer.strategy", strategy
@@ -288,26 +314,55 @@ def cross_field_errors(c: Mapping[str, Any]) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------------------ the pass
-def validate_config(cfg: DictConfig) -> None:
+def target_signature(node: Mapping[str, Any], name: str) -> tuple[Callable | None, str | None]:
+    """``(callable whose signature binds the node, None)`` for a node's ``_target_``, or ``(None, error)``.
+
+    A class binds its ``__init__``; a class that keeps its settings for later (:class:`~hf_lightning.models.
+    ModelLoader`) names the function they are for in ``settings_of``.
+    """
+    from hydra.utils import get_object
+
+    try:
+        target = get_object(node["_target_"])
+    except Exception as err:
+        return None, f"{name}._target_={node['_target_']!r} cannot be imported ({str(err).splitlines()[0]})"
+    target = getattr(target, "settings_of", target)
+    return (target.__init__ if inspect.isclass(target) else target), None
+
+
+def top_level_errors(c: Mapping[str, Any], purpose: str = "train") -> list[str]:
+    """Keys at the top level that are neither a group nor one of :data:`RUN_SETTINGS` (``evaluate`` adds
+    :data:`EVALUATE_SETTINGS`); an HF ``TrainingArguments`` name gets our key for it."""
+    from hf_lightning.config.hf_names import hf_name_error
+
+    allowed = (*GROUPS, *RUN_SETTINGS, *HYDRA_KEYS, *(EVALUATE_SETTINGS if purpose == "evaluate" else ()))
+    errors = []
+    for key in c:
+        if key in allowed:
+            continue
+        errors.append(
+            hf_name_error(key, c[key])
+            or f"unknown top-level key {key}={c[key]!r}; allowed top-level keys: {', '.join(allowed)}"
+        )
+    return errors
+
+
+def validate_config(cfg: DictConfig, purpose: str = "train") -> None:
     """Check the whole composed config; nothing is built.
 
-    Checks: unknown keys of ``data``, ``model``, ``optim``, ``scheduler``, ``module``, ``trainer`` and of every
-    ``_target_`` node (strategy, loggers, callbacks) against the signatures they are bound to; value types from
-    those signatures' annotations; the value rules of :func:`_rules`; the cross-field rules (packing with an
-    encoder-decoder, float16 on CPU, FSDP / DeepSpeed on CPU, the derived DeepSpeed config); required values
-    (``???``).
+    Checks: the top level (closed: groups and :data:`RUN_SETTINGS`); unknown keys of ``data``, ``model``,
+    ``optim``, ``scheduler``, ``module``, ``trainer`` and of every other ``_target_`` node (strategy, loggers,
+    callbacks) against the signatures their ``_target_`` names, minus the arguments the builder supplies; value
+    types from those signatures' annotations; the value rules of :func:`_rules`; the cross-field rules
+    (:func:`cross_field_errors`); required values (``???``).
+
+    Args:
+        cfg: a composed config.
+        purpose: ``train``, ``evaluate`` or ``inspect`` (``evaluate`` allows its own top-level switches).
 
     Raises:
         ConfigError: one message listing every problem (``key=value: allowed values: ...``), separated by ``; ``.
     """
-    import lightning as L
-    from hydra.utils import get_object
-
-    from hf_lightning.data import HFDataModule
-    from hf_lightning.models import load_model_and_tokenizer
-    from hf_lightning.module import HFLightningModule
-    from hf_lightning.module.optim import build_optimizer, build_scheduler
-
     required = list(cfg.get("required_keys") or [])
     missing = [k for k in required if OmegaConf.select(cfg, k, default=None) is None]
     missing += [k for k in ("data.path", "model.name_or_path") if k not in missing and _is_missing(cfg, k)]
@@ -324,11 +379,16 @@ def validate_config(cfg: DictConfig) -> None:
     except OmegaConfBaseException as err:
         raise ConfigError(f"config: {str(err).splitlines()[0]}") from err
 
+    errors = top_level_errors(c, purpose)
+    errors += [
+        f"{group}._target_ is missing: every group names what it builds (conf/{group}/*.yaml show it)"
+        for group in BUILT_GROUPS
+        if isinstance(c.get(group), Mapping) and "_target_" not in c[group]
+    ]
     # the value rules first: where a key breaks a rule and its annotation, the rule's message is the clearer one
-    errors: list[str] = []
     for rule in _rules():
-        value = _select_container(c, rule.key)
-        if value is _ABSENT:
+        value = get_dotted(c, rule.key)
+        if value is MISSING:
             continue
         try:
             ok = rule.check(value)
@@ -336,28 +396,12 @@ def validate_config(cfg: DictConfig) -> None:
             ok = False
         if not ok:
             errors.append(f"{rule.key}={value!r}: allowed values: {rule.allowed}")
-    bound = (
-        ("data", HFDataModule.__init__, ("tokenizer",)),
-        ("model", load_model_and_tokenizer, ()),
-        ("optim", build_optimizer, ("model",)),
-        ("scheduler", build_scheduler, ("optimizer", "num_training_steps")),
-        ("module", HFLightningModule.__init__, ("model", "tokenizer", "optim", "scheduler")),
-        ("trainer", L.Trainer.__init__, ("callbacks", "logger", "plugins")),
-    )
-    for group, target, skip in bound:
-        if isinstance(c.get(group), Mapping):
-            node = {k: v for k, v in c[group].items() if k != "_target_"}
-            errors += node_errors(node, target, group, skip)
     for name, node in _target_nodes(c):
-        try:
-            target = get_object(node["_target_"])
-        except Exception as err:
-            errors.append(
-                f"{name}._target_={node['_target_']!r} cannot be imported ({str(err).splitlines()[0]})"
-            )
+        target, error = target_signature(node, name)
+        if error:
+            errors.append(error)
             continue
-        fn = target.__init__ if inspect.isclass(target) else target
-        errors += node_errors({k: v for k, v in node.items() if not k.startswith("_")}, fn, name, ("model",))
+        errors += node_errors(node, target, name, SUPPLIED.get(name, ("model",)))
 
     errors += cross_field_errors(c)
     if errors:
@@ -371,16 +415,19 @@ def validate_config(cfg: DictConfig) -> None:
         raise ConfigError("; ".join(unique))
 
 
+# the groups hf_lightning.config.build instantiates from their _target_
+BUILT_GROUPS = ("model", "data", "optim", "scheduler", "module", "trainer")
+# the arguments the builder (hf_lightning.config.build) passes itself, not the config
+SUPPLIED = {
+    "data": ("tokenizer",),
+    "module": ("model", "tokenizer", "optim", "scheduler"),
+    "optim": ("model",),
+    "scheduler": ("optimizer", "num_training_steps"),
+    "trainer": ("callbacks", "logger", "plugins"),
+}
+
+
 def _is_missing(cfg: DictConfig, key: str) -> bool:
     parent, _, leaf = key.rpartition(".")
     node = OmegaConf.select(cfg, parent, default=None) if parent else cfg
     return isinstance(node, DictConfig) and leaf in node and OmegaConf.is_missing(node, leaf)
-
-
-def _select_container(c: Mapping[str, Any], key: str) -> Any:
-    node: Any = c
-    for part in key.split("."):
-        if not isinstance(node, Mapping) or part not in node:
-            return _ABSENT
-        node = node[part]
-    return node

@@ -101,9 +101,10 @@ class HFLightningModule(TrainLogState, EvalStepsMixin, L.LightningModule):
         model: an ``nn.Module`` whose ``forward(**batch)`` returns an object with ``.logits`` ``(B, L, V)``
             (or ``(B, C)`` for sequence classification).
         tokenizer: saved next to the model by the export callback (optional).
-        optim: keyword arguments of :func:`~hf_lightning.module.optim.build_optimizer` (``name``, ``lr``, ...).
+        optim: keyword arguments of :func:`~hf_lightning.module.optim.build_optimizer` (``name``, ``lr``, ...),
+            or a callable ``(model) -> Optimizer`` (the ``optim`` config node, built with ``_partial_``).
         scheduler: keyword arguments of :func:`~hf_lightning.module.optim.build_scheduler` (``name``,
-            ``warmup_steps``, ``warmup_ratio``).
+            ``warmup_steps``, ``warmup_ratio``), or a callable ``(optimizer, num_training_steps) -> scheduler``.
         average_tokens_across_devices: sum the target count across ranks (HF's default, exact); ``False``
             normalises by each rank's own count (biased when ranks hold different numbers of targets).
         compute_loss_func: ``(outputs, labels, num_items_in_batch) -> 0-dim loss``, as HF ``Trainer``'s
@@ -152,8 +153,8 @@ class HFLightningModule(TrainLogState, EvalStepsMixin, L.LightningModule):
         self,
         model: nn.Module,
         tokenizer: Any = None,
-        optim: Mapping[str, Any] | None = None,
-        scheduler: Mapping[str, Any] | None = None,
+        optim: Mapping[str, Any] | Callable[..., torch.optim.Optimizer] | None = None,
+        scheduler: Mapping[str, Any] | Callable[..., Any] | None = None,
         average_tokens_across_devices: bool = True,
         compute_loss_func: Callable[..., torch.Tensor] | None = None,
         use_model_loss: bool | None = None,
@@ -185,8 +186,8 @@ class HFLightningModule(TrainLogState, EvalStepsMixin, L.LightningModule):
             )
         self.model = model
         self.tokenizer = tokenizer
-        self.optim = dict(optim or {})
-        self.scheduler = dict(scheduler or {})
+        self.optim = optim if callable(optim) else dict(optim or {})
+        self.scheduler = scheduler if callable(scheduler) else dict(scheduler or {})
         self.average_tokens_across_devices = average_tokens_across_devices
         self.compute_loss_func = compute_loss_func
         self.label_smoothing_factor = float(label_smoothing_factor)
@@ -598,11 +599,17 @@ class HFLightningModule(TrainLogState, EvalStepsMixin, L.LightningModule):
 
     # ----------------------------------------------------------------------------------- optimizers
     def configure_optimizers(self) -> dict[str, Any]:
-        optimizer = build_optimizer(self.model, **self.optim)
+        optimizer = (
+            self.optim(self.model) if callable(self.optim) else build_optimizer(self.model, **self.optim)
+        )
         total = self.total_training_steps()
         if not math.isfinite(total):
             raise ValueError("the number of training steps is unknown: set trainer.max_steps")
-        scheduler = build_scheduler(optimizer, int(total), **self.scheduler)
+        scheduler = (
+            self.scheduler(optimizer, int(total))
+            if callable(self.scheduler)
+            else build_scheduler(optimizer, int(total), **self.scheduler)
+        )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def total_training_steps(self) -> float:
