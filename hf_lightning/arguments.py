@@ -1,5 +1,6 @@
 """The argument facts more than one part of the project needs, defined once: the precisions this project
-supports, how ``trainer.devices`` counts processes, and the dotted-key lookup in nested settings.
+supports, how ``trainer.devices`` counts processes, the dotted-key lookup in nested settings, and the value
+rules (:class:`Allowed`) that constructor signatures carry in their annotations for the schema to read.
 
 The schema pass (:mod:`hf_lightning.config.schema`), the DeepSpeed config (:mod:`hf_lightning.strategies.deepspeed`)
 and the run-folder identity check (:mod:`hf_lightning.run_folder`) all read these; none keeps its own copy.
@@ -7,7 +8,9 @@ and the run-folder identity check (:mod:`hf_lightning.run_folder`) all read thes
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 # the precisions this project supports (Lightning accepts a few more that no path here is tested with)
@@ -95,3 +98,48 @@ def flatten(value: Any, prefix: str, leaf: Callable[[Any], Any] = lambda v: v) -
     if isinstance(value, list):
         return {prefix: [leaf(v) for v in value]}
     return {prefix: leaf(value)}
+
+
+# ------------------------------------------------------------------------------------ value constraints
+@dataclass(frozen=True)
+class Allowed:
+    """A value rule written in an argument's annotation (``lr: Annotated[float, FINITE_NON_NEGATIVE]``): the schema
+    pass (:mod:`hf_lightning.config.schema`) reads it from the signature, so the rule sits beside the argument it
+    is about and a config is refused before anything is built (``optim.lr=inf: allowed values: a finite number
+    >= 0``)."""
+
+    check: Callable[[Any], bool]
+    text: str
+
+    def __call__(self, value: Any) -> bool:
+        try:
+            return bool(self.check(value))
+        except TypeError:  # a list or mapping where a name is expected (unhashable, not comparable)
+            return False
+
+
+def _num(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def one_of(names: Sequence[Any]) -> Allowed:
+    """A value from ``names`` (the message lists them)."""
+    return Allowed(lambda v: v in names, ", ".join(str(n) for n in names))
+
+
+POSITIVE_INT = Allowed(lambda v: _int(v) and v >= 1, "an integer >= 1")
+NON_NEGATIVE_INT = Allowed(lambda v: _int(v) and v >= 0, "an integer >= 0")
+OPTIONAL_POSITIVE_INT = Allowed(lambda v: v is None or (_int(v) and v >= 1), "null or an integer >= 1")
+FINITE_NON_NEGATIVE = Allowed(lambda v: _num(v) and math.isfinite(v) and v >= 0, "a finite number >= 0")
+NON_NEGATIVE = Allowed(lambda v: _num(v) and v >= 0, "a number >= 0")
+POSITIVE = Allowed(lambda v: _num(v) and v > 0, "a number > 0")
+UNIT_INTERVAL = Allowed(lambda v: _num(v) and 0 <= v <= 1, "a number in [0, 1]")
+BETAS = Allowed(
+    lambda v: isinstance(v, Sequence) and len(v) == 2 and all(_num(b) and 0 <= b < 1 for b in v),
+    "two numbers in [0, 1)",
+)
+
+
+def constraints(annotation: Any) -> list[Allowed]:
+    """The :class:`Allowed` rules of an ``Annotated[...]`` annotation (none for a plain one)."""
+    return [m for m in getattr(annotation, "__metadata__", ()) if isinstance(m, Allowed)]

@@ -7,8 +7,9 @@ import json
 import logging
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import Annotated, Any
 
+from hf_lightning.arguments import OPTIONAL_POSITIVE_INT, one_of
 from hf_lightning.errors import ConfigError, ModelError
 
 log = logging.getLogger(__name__)
@@ -284,8 +285,8 @@ def load_model_and_tokenizer(
     architecture: str = "llama",
     tokenizer_vocab_size: int = 2048,
     attn_implementation: str | None = "sdpa",
-    task: str = "causal_lm",
-    num_labels: int | None = None,
+    task: Annotated[str, one_of(TASKS)] = "causal_lm",
+    num_labels: Annotated[int | None, OPTIONAL_POSITIVE_INT] = None,
     id2label: Mapping[int, str] | None = None,
     gradient_checkpointing: bool = False,
     compile: bool = False,

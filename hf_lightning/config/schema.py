@@ -4,10 +4,11 @@ Config keys equal constructor argument names, so the signature a node's ``_targe
 (generated from it, nothing copied): unknown keys are found by binding (:func:`check_keys`) and value types by
 the signature's annotations (``int``, ``float``, ``bool``, ``str``, ``Literal[...]``, unions of them). The top
 level is closed too: the groups and :data:`RUN_SETTINGS` (HF ``TrainingArguments`` names get our key for them,
-:mod:`hf_lightning.config.hf_names`). What an annotation cannot say (a batch size >= 1, an optimizer from a
-closed list) is in :func:`_rules`; rules between keys in :func:`cross_field_errors`. Every problem found is
-reported in one :class:`~hf_lightning.errors.ConfigError` whose message names each key, its value and the
-allowed values.
+:mod:`hf_lightning.config.hf_names`). Value rules (a batch size >= 1, an optimizer from a closed list) are in the
+signatures too (``lr: Annotated[float, FINITE_NON_NEGATIVE]``, :mod:`hf_lightning.arguments`), or in
+:data:`OVERLAY` for signatures that do not carry them (Lightning's); rules between keys are in
+:func:`cross_field_errors`. Every problem found is reported in one :class:`~hf_lightning.errors.ConfigError`
+whose message names each key, its value and the allowed values.
 
 This is the "equivalent validation pass" to dataclasses in Hydra's ConfigStore: a dataclass per group would
 repeat every constructor signature and drift from it; binding the signatures cannot drift.
@@ -16,18 +17,26 @@ repeat every constructor signature and drift from it; binding the signatures can
 from __future__ import annotations
 
 import inspect
-import math
 import types
 import typing
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from hf_lightning.arguments import ACCELERATORS as _ACCELERATORS
-from hf_lightning.arguments import MISSING, PRECISIONS, devices_ok, get_dotted
+from hf_lightning.arguments import (
+    ACCELERATORS,
+    MISSING,
+    NON_NEGATIVE_INT,
+    POSITIVE_INT,
+    PRECISIONS,
+    Allowed,
+    constraints,
+    devices_ok,
+    get_dotted,
+    one_of,
+)
 from hf_lightning.errors import ConfigError, HFLightningError
 
 # The top level of a composed config, one list: the groups (each bound to the signature its ``_target_`` names)
@@ -49,25 +58,12 @@ EVALUATE_SETTINGS = ("generate", "max_new_tokens")
 HYDRA_KEYS = ("hydra",)
 
 
-@dataclass(frozen=True)
-class Rule:
-    """A value rule: ``check(value)`` must hold for the key ``key`` (skipped when the key is absent)."""
-
-    key: str
-    check: Callable[[Any], bool]
-    allowed: str
-
-
 def _int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _num(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _positive_int(value: Any) -> bool:
-    return _int(value) and value >= 1
 
 
 def _some_training(value: Any) -> bool:
@@ -79,74 +75,43 @@ def _some_training(value: Any) -> bool:
     return isinstance(value, float) and 0 < value <= 1
 
 
-def _rules() -> list[Rule]:
-    from hf_lightning.models import TASKS
-    from hf_lightning.module.optim import OPTIMIZERS, SCHEDULERS
-
-    return [
-        Rule("data.per_device_train_batch_size", _positive_int, "an integer >= 1"),
-        Rule("data.per_device_eval_batch_size", _positive_int, "an integer >= 1"),
-        Rule("data.max_length", _positive_int, "an integer >= 1"),
-        Rule("data.validation_split", lambda v: _num(v) and 0 <= v < 1, "a number in [0, 1)"),
-        Rule("data.num_workers", lambda v: _int(v) and v >= 0, "an integer >= 0"),
-        Rule("trainer.accumulate_grad_batches", _positive_int, "an integer >= 1"),
-        Rule(
-            "trainer.max_steps", lambda v: _int(v) and (v == -1 or v >= 1), "-1 (no limit) or an integer >= 1"
-        ),
-        Rule(
-            "trainer.max_epochs",
-            lambda v: v is None or (_int(v) and (v == -1 or v >= 1)),
-            "null, -1 or an integer >= 1",
-        ),
-        Rule("trainer.num_nodes", _positive_int, "an integer >= 1"),
-        Rule("trainer.devices", devices_ok, "an integer >= 1, -1, 'auto', or a list of device indices"),
-        Rule(
-            "trainer.accelerator",
-            lambda v: v in _ACCELERATORS,
-            ", ".join(_ACCELERATORS),
-        ),
-        Rule("trainer.precision", lambda v: str(v) in PRECISIONS, ", ".join(PRECISIONS)),
-        Rule(
-            "trainer.gradient_clip_val", lambda v: v is None or (_num(v) and v >= 0), "null or a number >= 0"
-        ),
-        Rule("trainer.gradient_clip_algorithm", lambda v: v in ("norm", "value"), "norm, value"),
-        Rule("optim.name", lambda v: v in OPTIMIZERS, ", ".join(OPTIMIZERS)),
-        Rule("optim.lr", lambda v: _num(v) and math.isfinite(v) and v >= 0, "a finite number >= 0"),
-        Rule(
-            "trainer.limit_train_batches",
-            _some_training,
-            "null (every batch), a fraction in (0, 1] or a count "
-            ">= 1: 0 trains nothing (to only evaluate, use python -m hf_lightning.evaluate)",
-        ),
-        Rule("optim.weight_decay", lambda v: _num(v) and v >= 0, "a number >= 0"),
-        Rule("optim.eps", lambda v: _num(v) and v > 0, "a number > 0"),
-        Rule(
-            "optim.betas",
-            lambda v: (
-                isinstance(v, (list, tuple, ListConfig))
-                and len(v) == 2
-                and all(_num(b) and 0 <= b < 1 for b in v)
-            ),
-            "two numbers in [0, 1)",
-        ),
-        Rule("optim.fused", lambda v: v is None or isinstance(v, bool), "null (fused on CUDA), true, false"),
-        Rule("scheduler.name", lambda v: v in SCHEDULERS, ", ".join(SCHEDULERS)),
-        Rule("scheduler.warmup_steps", lambda v: _int(v) and v >= 0, "an integer >= 0"),
-        Rule("scheduler.warmup_ratio", lambda v: _num(v) and 0 <= v <= 1, "a number in [0, 1]"),
-        Rule("model.task", lambda v: v in TASKS, ", ".join(TASKS)),
-        Rule("model.num_labels", lambda v: v is None or _positive_int(v), "null or an integer >= 1"),
-        Rule("seed", _int, "an integer"),
-        Rule(
-            "required_keys",
-            lambda v: isinstance(v, list) and all(isinstance(k, str) for k in v),
-            "a list of dotted keys",
-        ),
-        Rule(
-            "optimized_metric",
-            lambda v: v is None or isinstance(v, str),
-            "null or a metric name such as val/loss",
-        ),
-    ]
+# Value rules for arguments whose signature does not carry them: Lightning's Trainer (not ours) and the
+# DataModule (its constructor checks them itself; TODO data side: move them into its annotations). The optimizer,
+# scheduler and model rules are in their own signatures (``Annotated[..., Allowed]``), read by :func:`node_errors`.
+OVERLAY: dict[str, Allowed] = {
+    "data.per_device_train_batch_size": POSITIVE_INT,
+    "data.per_device_eval_batch_size": POSITIVE_INT,
+    "data.max_length": POSITIVE_INT,
+    "data.validation_split": Allowed(lambda v: _num(v) and 0 <= v < 1, "a number in [0, 1)"),
+    "data.num_workers": NON_NEGATIVE_INT,
+    "trainer.accumulate_grad_batches": POSITIVE_INT,
+    "trainer.max_steps": Allowed(
+        lambda v: _int(v) and (v == -1 or v >= 1), "-1 (no limit) or an integer >= 1"
+    ),
+    "trainer.max_epochs": Allowed(
+        lambda v: v is None or (_int(v) and (v == -1 or v >= 1)), "null, -1 or an integer >= 1"
+    ),
+    "trainer.num_nodes": POSITIVE_INT,
+    "trainer.devices": Allowed(devices_ok, "an integer >= 1, -1, 'auto', or a list of device indices"),
+    "trainer.accelerator": one_of(ACCELERATORS),
+    "trainer.precision": Allowed(lambda v: str(v) in PRECISIONS, ", ".join(PRECISIONS)),
+    "trainer.gradient_clip_val": Allowed(
+        lambda v: v is None or (_num(v) and v >= 0), "null or a number >= 0"
+    ),
+    "trainer.gradient_clip_algorithm": one_of(("norm", "value")),
+    "trainer.limit_train_batches": Allowed(
+        _some_training,
+        "null (every batch), a fraction in (0, 1] or a count >= 1: 0 trains nothing (to only evaluate, use "
+        "python -m hf_lightning.evaluate)",
+    ),
+    "seed": Allowed(_int, "an integer"),
+    "required_keys": Allowed(
+        lambda v: isinstance(v, list) and all(isinstance(k, str) for k in v), "a list of dotted keys"
+    ),
+    "optimized_metric": Allowed(
+        lambda v: v is None or isinstance(v, str), "null or a metric name such as val/loss"
+    ),
+}
 
 
 # ------------------------------------------------------------------------------------------------- helpers
@@ -216,7 +181,7 @@ def node_errors(node: Mapping[str, Any], target: Callable, group: str, skip: Ite
     except ConfigError as err:
         errors.append(str(err))
     try:
-        hints = typing.get_type_hints(target)
+        hints = typing.get_type_hints(target, include_extras=True)
     except Exception:  # an annotation that does not evaluate here: only the keys are checked
         hints = {}
     params = inspect.signature(target).parameters
@@ -225,8 +190,13 @@ def node_errors(node: Mapping[str, Any], target: Callable, group: str, skip: Ite
             continue
         if isinstance(value, str) and value.startswith("${"):
             continue  # unresolved interpolation (the caller resolves before us when it can)
-        if type_ok(value, hints[key]) is False:
-            errors.append(f"{group}.{key}={value!r}: allowed values: {_describe(hints[key])}")
+        # the value rules the signature carries first: their message is the clearer one (a range, not a type)
+        broken = [rule for rule in constraints(hints[key]) if not rule(value)]
+        hint = hints[key].__origin__ if constraints(hints[key]) else hints[key]  # Annotated[T, ...] -> T
+        if broken:
+            errors.append(f"{group}.{key}={value!r}: allowed values: {broken[0].text}")
+        elif type_ok(value, hint) is False:
+            errors.append(f"{group}.{key}={value!r}: allowed values: {_describe(hint)}")
     return errors
 
 
@@ -353,7 +323,7 @@ def validate_config(cfg: DictConfig, purpose: str = "train") -> None:
     Checks: the top level (closed: groups and :data:`RUN_SETTINGS`); unknown keys of ``data``, ``model``,
     ``optim``, ``scheduler``, ``module``, ``trainer`` and of every other ``_target_`` node (strategy, loggers,
     callbacks) against the signatures their ``_target_`` names, minus the arguments the builder supplies; value
-    types from those signatures' annotations; the value rules of :func:`_rules`; the cross-field rules
+    types from those signatures' annotations; the value rules in those annotations and in :data:`OVERLAY`; the cross-field rules
     (:func:`cross_field_errors`); required values (``???``).
 
     Args:
@@ -385,17 +355,11 @@ def validate_config(cfg: DictConfig, purpose: str = "train") -> None:
         for group in BUILT_GROUPS
         if isinstance(c.get(group), Mapping) and "_target_" not in c[group]
     ]
-    # the value rules first: where a key breaks a rule and its annotation, the rule's message is the clearer one
-    for rule in _rules():
-        value = get_dotted(c, rule.key)
-        if value is MISSING:
-            continue
-        try:
-            ok = rule.check(value)
-        except TypeError:  # a list or mapping where a name is expected (unhashable, not comparable)
-            ok = False
-        if not ok:
-            errors.append(f"{rule.key}={value!r}: allowed values: {rule.allowed}")
+    # the overlay's rules first: where a key breaks a rule and its annotation, the rule's message is the clearer one
+    for key, rule in OVERLAY.items():
+        value = get_dotted(c, key)
+        if value is not MISSING and not rule(value):
+            errors.append(f"{key}={value!r}: allowed values: {rule.text}")
     for name, node in _target_nodes(c):
         target, error = target_signature(node, name)
         if error:

@@ -9,10 +9,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Annotated
 
 import torch
 from torch import nn
 
+from hf_lightning.arguments import (
+    BETAS,
+    FINITE_NON_NEGATIVE,
+    NON_NEGATIVE,
+    NON_NEGATIVE_INT,
+    POSITIVE,
+    UNIT_INTERVAL,
+    one_of,
+)
 from hf_lightning.errors import ConfigError
 
 NO_DECAY_PATTERNS = [r"bias", r"layernorm", r"rmsnorm", r"(?:^|\.)norm(?:$|\.)", r"_norm(?:$|\.)"]
@@ -39,11 +49,11 @@ def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 
 def build_optimizer(
     model: nn.Module,
-    name: str = "adamw",
-    lr: float = 5e-5,
-    weight_decay: float = 0.0,
-    betas: Sequence[float] = (0.9, 0.999),
-    eps: float = 1e-8,
+    name: Annotated[str, one_of(OPTIMIZERS)] = "adamw",
+    lr: Annotated[float, FINITE_NON_NEGATIVE] = 5e-5,
+    weight_decay: Annotated[float, NON_NEGATIVE] = 0.0,
+    betas: Annotated[Sequence[float], BETAS] = (0.9, 0.999),
+    eps: Annotated[float, POSITIVE] = 1e-8,
     momentum: float = 0.0,
     fused: bool | None = None,
 ) -> torch.optim.Optimizer:
@@ -69,9 +79,9 @@ def build_optimizer(
 def build_scheduler(
     optimizer: torch.optim.Optimizer,
     num_training_steps: int,
-    name: str = "linear",
-    warmup_steps: int = 0,
-    warmup_ratio: float = 0.0,
+    name: Annotated[str, one_of(SCHEDULERS)] = "linear",
+    warmup_steps: Annotated[int, NON_NEGATIVE_INT] = 0,
+    warmup_ratio: Annotated[float, UNIT_INTERVAL] = 0.0,
 ):
     """``transformers.get_scheduler`` for ``scheduler.name``; steps are optimizer steps.
 
