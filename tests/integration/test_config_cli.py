@@ -78,23 +78,34 @@ def test_a_group_on_the_command_line_wins_over_the_experiment(tmp_path):
 
 
 def test_evaluate_honours_trainer_precision(tmp_path, text_file):
-    """The same weights evaluated in float32 and in bfloat16 (``trainer.precision=bf16-true``: bf16 weights) give
-    close but different losses; before the one builder, evaluate ignored the precision (equal losses)."""
+    """The same saved weights evaluated in float32 and in bfloat16 (``trainer.precision=bf16-true``: bf16 weights)
+    give close but different losses; before the one builder, evaluate ignored the precision (equal losses)."""
+    from hf_lightning.models import load_model_and_tokenizer
+
+    small = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2}
+    model, tokenizer = load_model_and_tokenizer(config={**small, "num_key_value_heads": 2})
+    folder = tmp_path / "model"
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
     losses = {}
-    for precision in ("32-true", "bf16-true"):
-        out = tmp_path / precision
+    for precision in ("32-true", "bf16-true", "32-true"):
+        out = tmp_path / f"{precision}-{len(losses)}"
         proc = cli(
             "evaluate",
             "+experiment=clm",
+            f"model.name_or_path={folder}",
             f"data.path={text_file}",
             f"trainer.precision={precision}",
             "trainer.enable_progress_bar=false",
             f"hydra.run.dir={out}",
         )
         assert proc.returncode == 0, proc.stderr[-2000:]
-        losses[precision] = json.loads((out / "eval_metrics.json").read_text())["val/loss"]
-    assert losses["32-true"] != losses["bf16-true"]
-    assert abs(losses["32-true"] - losses["bf16-true"]) < 0.05 * losses["32-true"]
+        losses.setdefault(precision, []).append(
+            json.loads((out / "eval_metrics.json").read_text())["val/loss"]
+        )
+    (full, again), (half,) = losses["32-true"], losses["bf16-true"]
+    assert full == again  # the same weights and data: the difference below is the precision's
+    assert half != full and abs(half - full) < 0.05 * full
 
 
 @pytest.mark.parametrize(
