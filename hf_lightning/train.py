@@ -49,7 +49,7 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
     from hf_lightning.run_folder import check_run_folder, checkpoint_dir
     from hf_lightning.run_lock import hold_run_folder, release_run_folder
 
-    check(cfg, "train")  # the schema, HF's max_steps rule, missing packages: before the run folder is touched
+    schedule = check(cfg, "train")  # schema, HF step keys, missing packages: before the run folder is touched
     weights_only = bool(cfg.get("resume_weights_only"))
     output_dir = os.path.abspath(cfg.output_dir)
     ckpt_dir = checkpoint_dir(cfg, output_dir)
@@ -62,20 +62,20 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
             output_dir, ckpt_dir
         ):  # this process owns the folder: they are a dead one's
             log.info("removed %s, left by a process that was stopped while writing it", path)
-        return _train(cfg, ckpt_path, weights_only)
+        return _train(cfg, ckpt_path, weights_only, schedule)
     finally:
         if acquired:
             release_run_folder(output_dir)
 
 
 def _train(
-    cfg: DictConfig, ckpt_path: str | None, weights_only: bool
+    cfg: DictConfig, ckpt_path: str | None, weights_only: bool, schedule: Any = None
 ) -> tuple[dict[str, float], dict[str, Any]]:
     """The objects (:func:`~hf_lightning.config.build.build`), then :func:`_fit`."""
     from hf_lightning.config.build import build
 
     try:
-        run = build(cfg, "train", checked=True)
+        run = build(cfg, "train", checked=True, schedule=schedule)
         metrics, objects = _fit(
             cfg, run, None if weights_only else ckpt_path, ckpt_path if weights_only else None
         )
@@ -150,6 +150,11 @@ def _fit(
         newest_logged(os.path.join(cfg.output_dir, "metrics.csv")) if trainer.is_global_zero else {}
     )
     metrics.update(module.last_logged)
+    from hf_lightning.callbacks.load_best import LoadBestModel
+
+    for callback in trainer.callbacks:  # load_best_model_at_end: the exported weights' step and metric
+        if isinstance(callback, LoadBestModel):
+            metrics.update(callback.final_metrics())
     tokens = module.trained_tokens()
     metrics.update(
         {

@@ -52,13 +52,17 @@ def in_multirun() -> bool:
     return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
-def check(cfg: DictConfig, purpose: Purpose = "train") -> None:
-    """Everything about ``cfg`` that can be refused before anything is built (idempotent).
+def check(cfg: DictConfig, purpose: Purpose = "train") -> Any:
+    """Everything about ``cfg`` that can be refused before anything is built; returns the HF step schedule
+    (``eval_steps``, ``save_steps``, ``logging_steps``: :func:`~hf_lightning.config.hf_args.prepare_schedule`,
+    training only, ``None`` when none is given). Call it once per config (the schedule is applied to ``cfg``).
 
     Raises:
-        ConfigError: the schema pass (:func:`~hf_lightning.config.schema.validate_config`) or a missing package.
+        ConfigError: the schema pass (:func:`~hf_lightning.config.schema.validate_config`), a bad HF step key, or
+            a missing package.
     """
     from hf_lightning.config.choices import apply_group_precedence, say
+    from hf_lightning.config.hf_args import prepare_schedule
     from hf_lightning.config.run_length import apply_max_steps_precedence, command_line_overrides
     from hf_lightning.config.schema import validate_config
     from hf_lightning.optional import check_config as check_optional_packages
@@ -66,18 +70,22 @@ def check(cfg: DictConfig, purpose: Purpose = "train") -> None:
     overrides = command_line_overrides()
     say(apply_group_precedence(cfg, overrides))  # a group named on the command line wins over the experiment
     validate_config(cfg, purpose)
+    schedule = None
     if purpose == "train":
         apply_max_steps_precedence(cfg, overrides)  # HF: a given max_steps overrides the epochs
+        schedule = prepare_schedule(cfg)  # eval_steps, save_steps, logging_steps: HF's steps, not Lightning's
     check_optional_packages(cfg)  # a logger, strategy or model package that is not installed: one line, now
+    return schedule
 
 
-def build(cfg: DictConfig, purpose: Purpose = "train", checked: bool = False) -> Run:
+def build(cfg: DictConfig, purpose: Purpose = "train", checked: bool = False, schedule: Any = None) -> Run:
     """The trainer, DataModule, LightningModule, model and tokenizer of ``cfg`` for ``purpose``.
 
     Args:
         cfg: a composed ``train`` (or ``evaluate``) config.
         purpose: ``train``, ``evaluate`` or ``inspect`` (see the module docstring).
-        checked: :func:`check` already ran on ``cfg`` (``train`` runs it before taking the run folder).
+        checked: :func:`check` already ran on ``cfg`` (``train`` runs it before taking the run folder) and
+            ``schedule`` is what it returned.
 
     Raises:
         HFLightningError: bad config, data or model (the message names the key, file or field).
@@ -126,7 +134,7 @@ def build(cfg: DictConfig, purpose: Purpose = "train", checked: bool = False) ->
 
 
 # ----------------------------------------------------------------------------------------------- the trainer
-def _train_trainer(cfg: DictConfig) -> Any:
+def _train_trainer(cfg: DictConfig, schedule: Any = None) -> Any:
     from hf_lightning.callbacks.final_validation import FinalValidation
     from hf_lightning.checkpointing import AtomicCheckpointIO
     from hf_lightning.strategies import refuse_multirun_relaunch
@@ -141,7 +149,7 @@ def _train_trainer(cfg: DictConfig) -> Any:
 
         # Lightning refuses a progress-bar callback when the bar is off; off wins
         callbacks = [c for c in callbacks if not isinstance(c, ProgressBar)]
-    callbacks = with_best_model(cfg, callbacks)
+    callbacks = with_best_model(cfg, callbacks, schedule)
     callbacks.append(FinalValidation())  # the final weights' validation competes for best.ckpt like any other
     loggers = [instantiate(c) for c in (cfg.get("logger") or {}).values() if c is not None]
     extra = _precision(cfg)
@@ -332,8 +340,11 @@ def lightning_object(node: DictConfig, key: str, **kwargs: Any) -> Any:
         raise ConfigError(f"{where}: {text} (refused by {node.get('_target_', key)})") from None
 
 
-def with_best_model(cfg: DictConfig, callbacks: list[Any]) -> list[Any]:
+def with_best_model(cfg: DictConfig, callbacks: list[Any], schedule: Any = None) -> list[Any]:
     """HF's ``metric_for_best_model``: add a ``best`` checkpoint (never rotated out) and point early stopping at it.
+    With HF step keys (``schedule``), :class:`~hf_lightning.callbacks.hf_steps.HFSteps` goes first; with
+    ``load_best_model_at_end``, :class:`~hf_lightning.callbacks.load_best.LoadBestModel` keeps ``best.ckpt`` by
+    HF's rule (metric ``loss`` when none is named, as HF) and ``hf_model/`` gets its weights.
 
     Raises:
         ConfigError: a metric not ending in ``loss`` without ``greater_is_better``.
@@ -341,16 +352,28 @@ def with_best_model(cfg: DictConfig, callbacks: list[Any]) -> list[Any]:
     from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 
     from hf_lightning.callbacks.best_model import resolve_monitor
+    from hf_lightning.callbacks.hf_steps import HFSteps
+    from hf_lightning.callbacks.load_best import LoadBestModel
 
-    if not cfg.get("metric_for_best_model"):
-        return callbacks
-    monitor, mode = resolve_monitor(cfg.metric_for_best_model, cfg.get("greater_is_better"))
+    steps = [HFSteps(schedule)] if schedule is not None else []
+    load_best = bool(cfg.get("load_best_model_at_end"))
+    if not cfg.get("metric_for_best_model") and not load_best:
+        return [*steps, *callbacks]
+    monitor, mode = resolve_monitor(cfg.get("metric_for_best_model") or "loss", cfg.get("greater_is_better"))
+    if load_best:
+        # before HFSteps (the save at an evaluation step stores the best state) and before HFExport (it loads)
+        best = LoadBestModel(monitor, mode, os.path.join(cfg.output_dir, "checkpoints"), steps[0])
+        callbacks = [best, *steps, *callbacks]
+    else:
+        callbacks = [*steps, *callbacks]
     callbacks = [
         EarlyStopping(monitor=monitor, mode=mode, patience=cb.patience, min_delta=abs(cb.min_delta))
         if isinstance(cb, EarlyStopping)
         else cb
         for cb in callbacks
     ]
+    if load_best:
+        return callbacks
     return [
         *callbacks,
         ModelCheckpoint(

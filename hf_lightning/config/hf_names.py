@@ -3,14 +3,18 @@
 A Trainer user writes ``+learning_rate=5e-5``; Hydra would store it and the run would ignore it. The schema's
 closed top level refuses it with our key instead (``learning_rate is HF's name: use optim.lr=5e-05``). Every field
 of the installed ``transformers.TrainingArguments`` is in :data:`OURS` or :data:`NOT_HONOURED` (a test checks it,
-so a new transformers field shows up as one failing test). Names that are ours too (``seed``, ``output_dir``,
-``metric_for_best_model``, ``greater_is_better``) are accepted by the schema before this table is read.
+so a new transformers field shows up as one failing test). Names that are ours too (``seed``, ``output_dir``, and
+:data:`~hf_lightning.config.hf_args.HF_RUN_KEYS`: ``eval_steps``, ``metric_for_best_model``, ...) are accepted by the
+schema before this table is read. TODO (coordinator): :mod:`hf_lightning.migrate_fields` holds a second table of
+the same fields for ``python -m hf_lightning.migrate``; one of the two should read the other.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
+
+from hf_lightning.config.hf_args import HF_RUN_KEYS
 
 
 def _value(v: Any) -> str:
@@ -52,15 +56,11 @@ OURS: dict[str, _Key] = {
     "activation_checkpointing": "model.gradient_checkpointing={value}",
     "gradient_checkpointing": "model.gradient_checkpointing={value}",
     "torch_compile": "model.compile={value}",
-    "logging_steps": "trainer.log_every_n_steps={value}",
     "disable_tqdm": lambda v: f"trainer.enable_progress_bar={_value(not v)}",
     "report_to": "logger={value} (csv, tensorboard, mlflow, wandb, many)",
-    "save_steps": "callbacks.model_checkpoint.every_n_train_steps={value}",
     "save_total_limit": "callbacks.model_checkpoint.save_top_k={value}",
     "eval_accumulation_steps": "+module.eval_accumulation_steps={value}",
     "batch_eval_metrics": "+module.batch_eval_metrics={value}",
-    "metric_for_best_model": "metric_for_best_model={value}",
-    "greater_is_better": "greater_is_better={value}",
     "full_determinism": "trainer.deterministic={value}",
     "seed": "seed={value}",
     "data_seed": "data.seed={value}",
@@ -81,6 +81,9 @@ OURS: dict[str, _Key] = {
     "fsdp_config": "strategy=fsdp with trainer.strategy.* keys",
     "deepspeed": "strategy=deepspeed_zero2 or deepspeed_zero3 trainer.strategy.config={value}",
     "resume_from_checkpoint": "ckpt_path={value} (ckpt_path=last: this run folder's newest checkpoint)",
+    # HF's run-level names are ours too, with HF's semantics (hf_lightning/config/hf_args.py): accepted by the
+    # schema before this table is read, listed here so the table covers every field
+    **{key: f"{key}={{value}}" for key in HF_RUN_KEYS},
 }
 
 _HUB = "no upload to the Hub here: hf_model/ is a save_pretrained folder to push yourself"
@@ -104,7 +107,6 @@ NOT_HONOURED: dict[str, str] = {
     "torch_empty_cache_steps": "not implemented",
     "auto_find_batch_size": "not implemented; an out-of-memory error names the batch size and accumulation to try",
     "logging_strategy": "rows are written every trainer.log_every_n_steps optimizer steps",
-    "logging_first_step": "rows are written every trainer.log_every_n_steps optimizer steps",
     "log_on_each_node": "rank 0 logs for the run",
     "logging_nan_inf_filter": "callbacks.nonfinite_guard stops (or skips) a non-finite step instead of hiding it",
     "include_num_input_tokens_seen": "callbacks.throughput logs the real and padded tokens of each row",
@@ -115,8 +117,6 @@ NOT_HONOURED: dict[str, str] = {
     "trackio_space_id": "no trackio logger here",
     "trackio_bucket_id": "no trackio logger here",
     "trackio_static_space_id": "no trackio logger here",
-    "eval_strategy": _EVAL + " (trainer.limit_val_batches=0: none)",
-    "eval_steps": "HF counts optimizer steps over the whole run; " + _EVAL,
     "eval_delay": _EVAL,
     "prediction_loss_only": "python -m hf_lightning.evaluate writes the loss and the predictions",
     "eval_on_start": "trainer.num_sanity_val_steps runs validation batches before training",
@@ -124,7 +124,6 @@ NOT_HONOURED: dict[str, str] = {
     "eval_use_gather_object": "predictions are gathered per example in dataset order",
     "include_for_metrics": "compute_metrics receives predictions and labels",
     "save_only_model": "checkpoints hold the optimizer state so a resume is exact; hf_model/ holds the model only",
-    "save_strategy": "checkpoints every callbacks.model_checkpoint.every_n_train_steps steps and at the end",
     "save_on_each_node": "rank 0 writes the checkpoints",
     "enable_jit_checkpoint": "callbacks.preemption checkpoints on SIGTERM/SIGINT at the next optimizer step",
     "push_to_hub": _HUB,
@@ -134,8 +133,6 @@ NOT_HONOURED: dict[str, str] = {
     "hub_strategy": _HUB,
     "hub_always_push": _HUB,
     "hub_revision": _HUB,
-    "load_best_model_at_end": "hf_model/ holds the final weights; with metric_for_best_model the best ones are "
-    "checkpoints/best.ckpt (python -m hf_lightning.evaluate ckpt_path=...best.ckpt)",
     "ignore_data_skip": "a resume restores the data position exactly, without replaying batches",
     "restore_callback_states_from_checkpoint": "callback states are always restored with ckpt_path",
     "accelerator_config": "the strategy group chooses how processes work together (strategy=ddp, fsdp, ...)",

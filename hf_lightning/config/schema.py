@@ -37,6 +37,7 @@ from hf_lightning.arguments import (
     get_dotted,
     one_of,
 )
+from hf_lightning.config.hf_args import HF_RUN_KEYS
 from hf_lightning.errors import ConfigError, HFLightningError
 
 # The top level of a composed config, one list: the groups (each bound to the signature its ``_target_`` names)
@@ -47,10 +48,9 @@ RUN_SETTINGS = (
     "required_keys",
     "ckpt_path",
     "resume_weights_only",
-    "metric_for_best_model",
-    "greater_is_better",
     "output_dir",
     "optimized_metric",
+    *HF_RUN_KEYS,  # eval_steps, save_steps, logging_steps, ... with HF's semantics (hf_args.py)
 )
 # python -m hf_lightning.evaluate's own switches (conf/evaluate.yaml)
 EVALUATE_SETTINGS = ("generate", "max_new_tokens")
