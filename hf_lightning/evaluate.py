@@ -13,7 +13,7 @@ import sys
 from typing import Any
 
 import hydra
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from hf_lightning.cli import hide_library_warnings
 from hf_lightning.errors import ConfigError, HFLightningError
@@ -45,48 +45,26 @@ def generate_replies(module: Any, dataset: Any, max_new_tokens: int) -> list[str
 
 
 def evaluate(cfg: DictConfig) -> dict[str, float]:
-    """Validate and predict; returns the metrics. Raises :class:`HFLightningError` on bad input."""
-    import lightning as L
+    """Validate and predict; returns the metrics.
 
-    from hf_lightning.adapters import apply_adapters
-    from hf_lightning.adapters.settings import adapter_settings
+    The objects come from :func:`hf_lightning.config.build.build` (``purpose="evaluate"``), as training builds
+    them: ``module.*`` (the loss settings), ``trainer.precision`` and ``trainer.accelerator`` are honoured; one
+    device (more is refused in one line).
+
+    Raises:
+        HFLightningError: bad input (the message names the key, file or field).
+    """
     from hf_lightning.checkpointing.weights import load_model_weights
-    from hf_lightning.data import HFDataModule
-    from hf_lightning.models import load_model_and_tokenizer
-    from hf_lightning.module import HFLightningModule
+    from hf_lightning.config.build import build
 
     out_dir = cfg.output_dir
-    model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
-    L.seed_everything(cfg.seed, workers=True, verbose=False)  # a base built from a config: the run's init
-    model, tokenizer = load_model_and_tokenizer(**model_cfg)
-    adapters = adapter_settings(OmegaConf.to_container(cfg.peft, resolve=True) if cfg.get("peft") else None)
-    if (
-        adapters is not None
-    ):  # the checkpoint of a peft run holds the adapter: build the same adapter to load it
-        model = apply_adapters(model, adapters, model_cfg.get("task", "causal_lm"))
-    data_kwargs = OmegaConf.to_container(cfg.data, resolve=True)
-    if data_kwargs.get("path") == "???":
-        raise ConfigError("data.path is required by this experiment: the file to evaluate on")
-    if data_kwargs.get("path") is not None:
-        data_kwargs["validation_path"] = data_kwargs["path"]
-    data_kwargs.update(group_by_length=False, packing=False)
-    datamodule = HFDataModule(tokenizer=tokenizer, **data_kwargs)
-    module = HFLightningModule(model, tokenizer=tokenizer)
+    if cfg.ckpt_path and not os.path.isfile(cfg.ckpt_path):
+        raise ConfigError(f"ckpt_path={cfg.ckpt_path}: no such file")
+    run = build(cfg, "evaluate")
+    trainer, datamodule, module = run.trainer, run.datamodule, run.module
     if cfg.ckpt_path:
-        if not os.path.isfile(cfg.ckpt_path):
-            raise ConfigError(f"ckpt_path={cfg.ckpt_path}: no such file")
-        step = load_model_weights(module, cfg.ckpt_path, model_cfg.get("name_or_path"))
+        step = load_model_weights(module, cfg.ckpt_path, cfg.model.get("name_or_path"))
         log.info("evaluating the weights of %s (optimizer step %d)", cfg.ckpt_path, step)
-    trainer = L.Trainer(
-        accelerator=cfg.trainer.accelerator,
-        devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        limit_val_batches=cfg.trainer.get("limit_val_batches"),
-        limit_predict_batches=cfg.trainer.get("limit_val_batches"),
-        enable_progress_bar=cfg.trainer.get("enable_progress_bar", True),
-        use_distributed_sampler=False,
-    )
     trainer.validate(module, datamodule=datamodule, verbose=False)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     batches = trainer.predict(module, dataloaders=datamodule.predict_dataloader())

@@ -8,8 +8,9 @@ import json
 import logging
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import Annotated, Any
 
+from hf_lightning.arguments import OPTIONAL_POSITIVE_INT, one_of
 from hf_lightning.errors import ConfigError, ModelError
 from hf_lightning.hub import hub_error_message, looks_like_hub_id
 
@@ -347,8 +348,8 @@ def load_model_and_tokenizer(
     architecture: str = "llama",
     tokenizer_vocab_size: int = 2048,
     attn_implementation: str | None = "sdpa",
-    task: str = "causal_lm",
-    num_labels: int | None = None,
+    task: Annotated[str, one_of(TASKS)] = "causal_lm",
+    num_labels: Annotated[int | None, OPTIONAL_POSITIVE_INT] = None,
     id2label: Mapping[int, str] | None = None,
     gradient_checkpointing: bool = False,
     compile: bool = False,
@@ -390,3 +391,55 @@ def load_model_and_tokenizer(
         revision,
     )
     return model, tokenizer
+
+
+class ModelLoader:
+    """What a ``model`` config node builds (its ``_target_``): the settings of :func:`load_model_and_tokenizer`,
+    held until the builder asks for the tokenizer and then the model (a classifier's classes come from the data,
+    which needs the tokenizer first).
+
+    The accepted keys are exactly :func:`load_model_and_tokenizer`'s parameters (one signature, no copy).
+
+    Raises:
+        ConfigError: a key that :func:`load_model_and_tokenizer` does not take.
+    """
+
+    settings_of = staticmethod(load_model_and_tokenizer)  # the schema binds the node to this signature
+
+    def __init__(self, **settings: Any) -> None:
+        import inspect
+
+        allowed = inspect.signature(load_model_and_tokenizer).parameters
+        unknown = [k for k in settings if k not in allowed]
+        if unknown:
+            raise ConfigError(
+                f"unknown config key{'s' if len(unknown) > 1 else ''} {', '.join(f'model.{k}' for k in unknown)}; "
+                f"allowed keys of model: {', '.join(allowed)}"
+            )
+        self.settings = dict(settings)
+
+    def tokenizer(self) -> Any:
+        """:func:`load_tokenizer` for these settings."""
+        return load_tokenizer(
+            self.settings.get("name_or_path"),
+            self.settings.get("tokenizer_vocab_size", 2048),
+            self.settings.get("tokenizer_name_or_path"),
+            self.settings.get("revision"),
+        )
+
+    def model(
+        self, tokenizer: Any, id2label: Mapping[int, str] | None = None, quantization_config: Any = None
+    ) -> Any:
+        """:func:`build_model` for these settings; ``id2label`` (a classifier's classes from the data) wins over
+        the node's own; ``quantization_config`` comes from the ``peft`` group (QLoRA)."""
+        import inspect
+
+        params = inspect.signature(build_model).parameters
+        kwargs = {k: v for k, v in self.settings.items() if k in params and k != "tokenizer"}
+        if id2label:
+            kwargs["id2label"] = id2label
+        return build_model(tokenizer, **kwargs, quantization_config=quantization_config)
+
+    @property
+    def task(self) -> str:
+        return self.settings.get("task", "causal_lm")

@@ -19,6 +19,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from hf_lightning.arguments import flatten
 from hf_lightning.errors import ConfigError
 
 # the settings that make a run what it is; anything else (max_steps, logging, loader workers, eval batch size,
@@ -133,22 +134,21 @@ def _same_path_form(value: Any) -> Any:
     return value
 
 
-def _flatten(value: Any, prefix: str) -> dict[str, Any]:
-    if isinstance(value, dict):
-        out: dict[str, Any] = {}
-        for k, v in value.items():
-            out.update(_flatten(v, f"{prefix}.{k}"))
-        return out
-    if isinstance(value, list):
-        return {prefix: [_same_path_form(v) for v in value]}
-    return {prefix: _same_path_form(value)}
+def _settings(value: Any, prefix: str) -> dict[str, Any]:
+    """The leaves of a setting, without Hydra's ``_target_`` / ``_partial_`` (what a node builds is not part of
+    the run's identity: a run saved before the groups had them resumes)."""
+    return {
+        k: v
+        for k, v in flatten(value, prefix, _same_path_form).items()
+        if not k.rpartition(".")[2].startswith("_")
+    }
 
 
 def config_differences(saved: DictConfig, current: DictConfig) -> list[str]:
     """``key: saved -> current`` for every identity setting (:data:`IDENTITY`) that differs."""
     diffs = []
     for key in IDENTITY:
-        old, new = _flatten(_select(saved, key), key), _flatten(_select(current, key), key)
+        old, new = _settings(_select(saved, key), key), _settings(_select(current, key), key)
         for k in sorted(set(old) | set(new)):
             if k in MAY_CHANGE or old.get(k) == new.get(k):
                 continue

@@ -3,9 +3,10 @@
 ``train(cfg)`` is a plain function (returns the final metrics and the objects it built); ``main`` is the thin
 Hydra wrapper that turns input errors into one-line messages and returns the optimized metric to sweepers.
 
-Order of work, cheapest checks first: the schema pass (:func:`hf_lightning.config.validate_config`), the
-Trainer and its strategy (a multirun that would relaunch the command line is refused here), then the
-tokenizer, data, model, and ``fit``.
+Order of work, cheapest checks first: :func:`hf_lightning.config.build.check` (the schema pass, missing
+packages), the run folder (one process, no previous run overwritten), then
+:func:`hf_lightning.config.build.build` (Trainer, tokenizer, data, model, module: the same builder ``evaluate``
+and ``inspect_batch`` use), and ``fit``.
 """
 
 from __future__ import annotations
@@ -18,39 +19,19 @@ import time
 from typing import Any
 
 import hydra
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from hf_lightning.cli import hide_library_warnings
+from hf_lightning.config.build import (  # noqa: F401  (re-exported: the builder's helpers lived here)
+    in_multirun,
+    instantiate,
+    lightning_object,
+    resolve_function,
+    with_best_model,
+)
 from hf_lightning.errors import ConfigError, HFLightningError
 
 log = logging.getLogger("hf_lightning.train")
-
-
-def _in_multirun() -> bool:
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
-    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
-
-
-def _class_names(datamodule: Any) -> dict[int, str] | None:
-    """``{id: name}`` of a classification DataModule after setup (its ``id2label``), if it reports one."""
-    id2label = getattr(datamodule, "id2label", None)
-    return dict(id2label) if id2label else None
-
-
-def resolve_function(path: str, key: str) -> Any:
-    """The function at a dotted ``path`` (``package.module.function``).
-
-    Raises:
-        ConfigError: the path does not name an importable callable (the message names ``key``).
-    """
-    from hydra.utils import get_method
-
-    try:
-        return get_method(path)
-    except Exception as err:
-        raise ConfigError(f"{key}={path}: not an importable function ({err})") from err
 
 
 def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
@@ -65,17 +46,11 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
     """
     from hf_lightning.checkpointing import find_resume_checkpoint
     from hf_lightning.checkpointing.files import remove_leftovers
-    from hf_lightning.config import validate_config
-    from hf_lightning.config.hf_args import prepare_schedule
-    from hf_lightning.config.run_length import apply_max_steps_precedence, command_line_overrides
-    from hf_lightning.optional import check_config as check_optional_packages
+    from hf_lightning.config.build import check
     from hf_lightning.run_folder import check_run_folder, checkpoint_dir
     from hf_lightning.run_lock import hold_run_folder, release_run_folder
 
-    validate_config(cfg)
-    apply_max_steps_precedence(cfg, command_line_overrides())  # HF: a given max_steps overrides the epochs
-    schedule = prepare_schedule(cfg)  # eval_steps, save_steps, logging_steps: HF's steps, not Lightning's
-    check_optional_packages(cfg)  # a logger, strategy or model package that is not installed: one line, now
+    schedule = check(cfg, "train")  # schema, HF step keys, missing packages: before the run folder is touched
     weights_only = bool(cfg.get("resume_weights_only"))
     output_dir = os.path.abspath(cfg.output_dir)
     ckpt_dir = checkpoint_dir(cfg, output_dir)
@@ -97,151 +72,17 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
 def _train(
     cfg: DictConfig, ckpt_path: str | None, weights_only: bool, schedule: Any = None
 ) -> tuple[dict[str, float], dict[str, Any]]:
-    """The Trainer and its callbacks, then :func:`_fit`."""
-    import lightning as L
+    """The objects (:func:`~hf_lightning.config.build.build`), then :func:`_fit`."""
+    from hf_lightning.config.build import build
 
-    from hf_lightning.callbacks.final_validation import FinalValidation
-    from hf_lightning.checkpointing import AtomicCheckpointIO
-    from hf_lightning.strategies import refuse_multirun_relaunch
-    from hf_lightning.strategies.precision import precision_plugin
-
-    L.seed_everything(cfg.seed, workers=True, verbose=False)
-    callbacks = [
-        lightning_object(c, f"callbacks.{name}")
-        for name, c in (cfg.get("callbacks") or {}).items()
-        if c is not None
-    ]
-    if not cfg.trainer.get("enable_progress_bar", True):
-        from lightning.pytorch.callbacks import ProgressBar
-
-        # Lightning refuses a progress-bar callback when the bar is off; off wins
-        callbacks = [c for c in callbacks if not isinstance(c, ProgressBar)]
-    callbacks = with_best_model(cfg, callbacks, schedule)
-    callbacks.append(FinalValidation())  # the final weights' validation competes for best.ckpt like any other
-    loggers = [instantiate(c) for c in (cfg.get("logger") or {}).values() if c is not None]
-    trainer_cfg = OmegaConf.to_container(cfg.trainer, resolve=True)
-    plugin = precision_plugin(
-        trainer_cfg.get("precision"), trainer_cfg.get("accelerator"), trainer_cfg.get("strategy")
-    )
-    extra = {"precision": None, "plugins": [plugin]} if plugin is not None else {}
-    extra["plugins"] = [*extra.get("plugins", []), AtomicCheckpointIO()]
-    trainer = lightning_object(cfg.trainer, "trainer", callbacks=callbacks, logger=loggers or False, **extra)
-    refuse_multirun_relaunch(trainer, _in_multirun())
     try:
+        run = build(cfg, "train", checked=True, schedule=schedule)
         metrics, objects = _fit(
-            cfg, trainer, None if weights_only else ckpt_path, ckpt_path if weights_only else None
+            cfg, run, None if weights_only else ckpt_path, ckpt_path if weights_only else None
         )
     finally:
         _close_wandb()
     return metrics, objects
-
-
-def instantiate(node: Any, **kwargs: Any) -> Any:
-    """``hydra.utils.instantiate``, with our own errors (and missing packages) raised inside a ``_target_`` as one
-    line instead of Hydra's multi-line "Error in call to target" (exit status 1)."""
-    from hydra.errors import InstantiationException
-    from hydra.utils import instantiate as hydra_instantiate
-
-    from hf_lightning.optional import explain_instantiation_error
-
-    try:
-        return hydra_instantiate(node, **kwargs)
-    except InstantiationException as err:
-        ours = explain_instantiation_error(err)
-        if ours is None:
-            raise
-        raise ours from err
-
-
-def lightning_object(node: DictConfig, key: str, **kwargs: Any) -> Any:
-    """``hydra.utils.instantiate(node, **kwargs)``, with the constructor's refusal as one :class:`ConfigError`
-    naming ``key`` (Lightning raises ``MisconfigurationException`` / ``ValueError``, which Hydra wraps in a
-    multi-line ``InstantiationException``).
-
-    Raises:
-        ConfigError: the constructor refused a value (``key``, the value where the message names it, and the
-            constructor's own first line).
-        HFLightningError: raised by one of our constructors, as it is.
-    """
-    from hydra.errors import InstantiationException
-    from hydra.utils import instantiate as hydra_instantiate
-
-    from hf_lightning.optional import explain_instantiation_error
-
-    try:
-        return hydra_instantiate(node, **kwargs)
-    except InstantiationException as err:
-        ours = explain_instantiation_error(err)  # our own errors, a missing package
-        if ours is not None:
-            raise ours from None
-        cause = err.__cause__
-        if (
-            not isinstance(cause, (ValueError, TypeError, RuntimeError))
-            and type(cause).__name__ != "MisconfigurationException"
-        ):
-            raise
-        text = " ".join(str(cause).split())
-        keys = [k for k in node if isinstance(k, str) and not k.startswith("_")]
-        # the key the message names, else the one whose (string) value it quotes ("No supported gpu backend")
-        named = next((k for k in keys if k in text), None) or next(
-            (
-                k
-                for k in keys
-                if isinstance(node.get(k), str) and len(node.get(k)) >= 3 and node.get(k) in text
-            ),
-            None,
-        )
-        where = f"{key}.{named}={node.get(named)}" if named else key
-        raise ConfigError(f"{where}: {text} (refused by {node.get('_target_', key)})") from None
-
-
-def with_best_model(cfg: DictConfig, callbacks: list[Any], schedule: Any = None) -> list[Any]:
-    """HF's ``metric_for_best_model``: add a ``best`` checkpoint (never rotated out) and point early stopping at it.
-    With HF step keys (``schedule``), :class:`~hf_lightning.callbacks.hf_steps.HFSteps` goes first; with
-    ``load_best_model_at_end``, :class:`~hf_lightning.callbacks.load_best.LoadBestModel` keeps ``best.ckpt`` by
-    HF's rule (metric ``loss`` when none is named, as HF) and ``hf_model/`` gets its weights.
-
-    Raises:
-        ConfigError: a metric not ending in ``loss`` without ``greater_is_better``.
-    """
-    from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
-
-    from hf_lightning.callbacks.best_model import resolve_monitor
-    from hf_lightning.callbacks.hf_steps import HFSteps
-    from hf_lightning.callbacks.load_best import LoadBestModel
-
-    steps = [HFSteps(schedule)] if schedule is not None else []
-    load_best = bool(cfg.get("load_best_model_at_end"))
-    if not cfg.get("metric_for_best_model") and not load_best:
-        return [*steps, *callbacks]
-    monitor, mode = resolve_monitor(cfg.get("metric_for_best_model") or "loss", cfg.get("greater_is_better"))
-    if load_best:
-        # before HFSteps (the save at an evaluation step stores the best state) and before HFExport (it loads)
-        best = LoadBestModel(monitor, mode, os.path.join(cfg.output_dir, "checkpoints"), steps[0])
-        callbacks = [best, *steps, *callbacks]
-    else:
-        callbacks = [*steps, *callbacks]
-    callbacks = [
-        EarlyStopping(monitor=monitor, mode=mode, patience=cb.patience, min_delta=abs(cb.min_delta))
-        if isinstance(cb, EarlyStopping)
-        else cb
-        for cb in callbacks
-    ]
-    if load_best:
-        return callbacks
-    return [
-        *callbacks,
-        ModelCheckpoint(
-            dirpath=os.path.join(cfg.output_dir, "checkpoints"),
-            filename="best",
-            monitor=monitor,
-            mode=mode,
-            save_top_k=1,
-            save_last=False,
-            auto_insert_metric_name=False,
-            enable_version_counter=False,
-        ),
-    ]
 
 
 def _load_weights(module: Any, path: str, model_path: Any) -> None:
@@ -253,69 +94,18 @@ def _load_weights(module: Any, path: str, model_path: Any) -> None:
 
 
 def _fit(
-    cfg: DictConfig, trainer: Any, ckpt_path: str | None, weights_path: str | None = None
+    cfg: DictConfig, run: Any, ckpt_path: str | None, weights_path: str | None = None
 ) -> tuple[dict[str, float], dict[str, Any]]:
-    """Tokenizer, data, model, module, ``fit``; the final metrics."""
-    from hf_lightning.adapters import apply_adapters
-    from hf_lightning.adapters.quantization import quantization_config
-    from hf_lightning.adapters.settings import adapter_settings
+    """``fit`` the built objects; the final metrics."""
     from hf_lightning.checkpointing.weights import summarize_load_error, weights_mismatch_message
-    from hf_lightning.data import HFDataModule
     from hf_lightning.errors import ModelError
     from hf_lightning.faults import explain_faults
-    from hf_lightning.models import build_model, load_tokenizer
-    from hf_lightning.module import HFLightningModule
     from hf_lightning.run_end import finish_run, finished_metrics, newest_logged, write_final_metrics
 
-    model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
-    tokenizer = load_tokenizer(
-        model_cfg.get("name_or_path"),
-        model_cfg.pop("tokenizer_vocab_size", 2048),
-        model_cfg.pop("tokenizer_name_or_path", None),
-        model_cfg.get("revision"),
-    )
-    datamodule = HFDataModule(tokenizer=tokenizer, **OmegaConf.to_container(cfg.data, resolve=True))
-    if model_cfg.get("task") == "sequence_classification" and not model_cfg.get("id2label"):
-        datamodule.setup("fit")  # the class names come from the data (idempotent: fit does not redo it)
-        names = _class_names(datamodule)
-        if names and model_cfg.get("num_labels") not in (None, len(names)):
-            raise ConfigError(
-                f"model.num_labels={model_cfg['num_labels']} but data.path has {len(names)} classes; "
-                "set model.num_labels=null to take them from the data"
-            )
-        model_cfg["id2label"] = names
-    adapters = adapter_settings(OmegaConf.to_container(cfg.peft, resolve=True) if cfg.get("peft") else None)
-    model = build_model(tokenizer, **model_cfg, quantization_config=quantization_config(adapters))
-    if adapters is not None:
-        model = apply_adapters(
-            model,
-            adapters,
-            model_cfg.get("task", "causal_lm"),
-            model_cfg.get("gradient_checkpointing", False),
-        )
-    if datamodule.train_dataset is not None:  # set up before the model existed (classification): check it now
-        datamodule.check_positions(model)
-
-    optim = OmegaConf.to_container(cfg.optim, resolve=True)
-    if optim.get("name") == "adamw" and optim.get("fused") is None:
-        # HF's default optimizer on torch >= 2.8 is adamw_torch_fused; fused kernels need CUDA tensors here
-        optim["fused"] = trainer.strategy.root_device.type == "cuda" or None
-    module_kwargs = OmegaConf.to_container(cfg.module, resolve=True)
-    if isinstance(module_kwargs.get("compute_loss_func"), str):
-        module_kwargs["compute_loss_func"] = resolve_function(
-            module_kwargs["compute_loss_func"], "module.compute_loss_func"
-        )
-    module = HFLightningModule(
-        model,
-        tokenizer=tokenizer,
-        optim=optim,
-        scheduler=OmegaConf.to_container(cfg.scheduler, resolve=True),
-        metric_for_best_model=cfg.get("metric_for_best_model"),  # drives reduce_lr_on_plateau / greedy, as HF
-        **module_kwargs,
-    )
-
+    trainer, datamodule, module, model = run.trainer, run.datamodule, run.module, run.model
+    model_path = cfg.model.get("name_or_path")
     if weights_path is not None:
-        _load_weights(module, weights_path, model_cfg.get("name_or_path"))
+        _load_weights(module, weights_path, model_path)
     n_params = sum(p.numel() for p in model.parameters())
     log.info("model: %s, %.2fM parameters", type(model).__name__, n_params / 1e6)
     start = time.perf_counter()
@@ -329,9 +119,7 @@ def _fit(
             if ckpt_path is None or not str(err).startswith("Error(s) in loading state_dict"):
                 raise
             details = summarize_load_error(err)
-            raise ModelError(
-                weights_mismatch_message(ckpt_path, model_cfg.get("name_or_path"), details)
-            ) from None
+            raise ModelError(weights_mismatch_message(ckpt_path, model_path, details)) from None
     wall = time.perf_counter() - start
     objects = {"trainer": trainer, "module": module, "datamodule": datamodule}
     if module.fit_start_step in (None, trainer.global_step) and ckpt_path is not None:
@@ -499,7 +287,7 @@ def main(cfg: DictConfig) -> float | None:
             sys.exit(
                 128 + int(stopped)
             )  # a stopped run is not a finished one: say so to scripts and schedulers
-        return optimized_value(metrics, cfg.get("optimized_metric"), required=_in_multirun())
+        return optimized_value(metrics, cfg.get("optimized_metric"), required=in_multirun())
     except HFLightningError as err:
         log.error("%s", err)
         print(f"hf_lightning: error: {err}", file=sys.stderr)

@@ -15,7 +15,8 @@ def compose_train(
     output_dir: str | os.PathLike | None = None,
     return_hydra_config: bool = False,
 ) -> DictConfig:
-    """The config of ``python -m hf_lightning.train OVERRIDES``.
+    """The config of ``python -m hf_lightning.train OVERRIDES`` (a group named in ``overrides`` wins over the
+    experiment's keys, as on the command line: :mod:`hf_lightning.config.choices`).
 
     Args:
         overrides: command-line overrides (``+experiment=sft``, ``optim.lr=1e-4``, ``strategy=ddp``).
@@ -29,6 +30,11 @@ def compose_train(
 
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         cfg = compose("train", overrides=list(overrides), return_hydra_config=return_hydra_config)
+    from hf_lightning.config.choices import apply_group_precedence, say
+
+    say(
+        apply_group_precedence(cfg, overrides)
+    )  # as the command line's run does (hydra.callbacks.group_choices)
     if output_dir is not None:
         with open_dict(cfg):
             cfg.output_dir = os.fspath(output_dir)

@@ -1,9 +1,12 @@
 """The schema of a composed config, checked before the model is built.
 
-Config keys equal constructor argument names, so the signature a node is bound to is its schema: unknown keys
-are found by binding (``hf_lightning.config_check.check_keys``) and value types by the signature's annotations
-(``int``, ``float``, ``bool``, ``str``, ``Literal[...]``, unions of them). What an annotation cannot say (a
-batch size >= 1, an optimizer from a closed list, packing with an encoder-decoder) is in :func:`_rules` and
+Config keys equal constructor argument names, so the signature a node's ``_target_`` names is its schema
+(generated from it, nothing copied): unknown keys are found by binding (:func:`check_keys`) and value types by
+the signature's annotations (``int``, ``float``, ``bool``, ``str``, ``Literal[...]``, unions of them). The top
+level is closed too: the groups and :data:`RUN_SETTINGS` (HF ``TrainingArguments`` names get our key for them,
+:mod:`hf_lightning.config.hf_names`). Value rules (a batch size >= 1, an optimizer from a closed list) are in the
+signatures too (``lr: Annotated[float, FINITE_NON_NEGATIVE]``, :mod:`hf_lightning.arguments`), or in
+:data:`OVERLAY` for signatures that do not carry them (Lightning's); rules between keys are in
 :func:`cross_field_errors`. Every problem found is reported in one :class:`~hf_lightning.errors.ConfigError`
 whose message names each key, its value and the allowed values.
 
@@ -14,28 +17,46 @@ repeat every constructor signature and drift from it; binding the signatures can
 from __future__ import annotations
 
 import inspect
-import math
 import types
 import typing
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from hf_lightning.arguments import (
+    ACCELERATORS,
+    MISSING,
+    NON_NEGATIVE_INT,
+    POSITIVE_INT,
+    PRECISIONS,
+    Allowed,
+    constraints,
+    devices_ok,
+    get_dotted,
+    one_of,
+)
+from hf_lightning.config.hf_args import HF_RUN_KEYS
 from hf_lightning.errors import ConfigError, HFLightningError
 
-_ABSENT = object()
-
-
-@dataclass(frozen=True)
-class Rule:
-    """A value rule: ``check(value)`` must hold for the key ``key`` (skipped when the key is absent)."""
-
-    key: str
-    check: Callable[[Any], bool]
-    allowed: str
+# The top level of a composed config, one list: the groups (each bound to the signature its ``_target_`` names)
+# and the run's own settings. A key added at the top level by a new feature goes here.
+GROUPS = ("model", "data", "optim", "scheduler", "module", "trainer", "logger", "callbacks", "peft")
+RUN_SETTINGS = (
+    "seed",
+    "required_keys",
+    "ckpt_path",
+    "resume_weights_only",
+    "output_dir",
+    "optimized_metric",
+    "export",  # export.merge_adapters (with peft)
+    *HF_RUN_KEYS,  # eval_steps, save_steps, logging_steps, ... with HF's semantics (hf_args.py)
+)
+# python -m hf_lightning.evaluate's own switches (conf/evaluate.yaml)
+EVALUATE_SETTINGS = ("generate", "max_new_tokens")
+# Hydra's own node, present when a config is composed with return_hydra_config=True
+HYDRA_KEYS = ("hydra",)
 
 
 def _int(value: Any) -> bool:
@@ -44,10 +65,6 @@ def _int(value: Any) -> bool:
 
 def _num(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _positive_int(value: Any) -> bool:
-    return _int(value) and value >= 1
 
 
 def _some_training(value: Any) -> bool:
@@ -59,100 +76,43 @@ def _some_training(value: Any) -> bool:
     return isinstance(value, float) and 0 < value <= 1
 
 
-def _devices_ok(value: Any) -> bool:
-    if value in ("auto", -1, "-1"):
-        return True
-    if _int(value):
-        return value >= 1
-    if isinstance(value, str):
-        if "," in value:  # "0,1": device indices
-            parts = [p.strip() for p in value.split(",") if p.strip()]
-            return bool(parts) and all(p.isdigit() for p in parts)
-        return value.strip().isdigit() and int(value) >= 1
-    if isinstance(value, (list, tuple, ListConfig)):
-        return len(value) > 0 and all(_int(v) and v >= 0 for v in value)
-    return False
-
-
-def _rules() -> list[Rule]:
-    from hf_lightning.models import TASKS
-    from hf_lightning.module.optim import OPTIMIZERS, SCHEDULERS
-
-    return [
-        Rule("data.per_device_train_batch_size", _positive_int, "an integer >= 1"),
-        Rule("data.per_device_eval_batch_size", _positive_int, "an integer >= 1"),
-        Rule("data.max_length", _positive_int, "an integer >= 1"),
-        Rule("data.validation_split", lambda v: _num(v) and 0 <= v < 1, "a number in [0, 1)"),
-        Rule("data.num_workers", lambda v: _int(v) and v >= 0, "an integer >= 0"),
-        Rule("trainer.accumulate_grad_batches", _positive_int, "an integer >= 1"),
-        Rule(
-            "trainer.max_steps", lambda v: _int(v) and (v == -1 or v >= 1), "-1 (no limit) or an integer >= 1"
-        ),
-        Rule(
-            "trainer.max_epochs",
-            lambda v: v is None or (_int(v) and (v == -1 or v >= 1)),
-            "null, -1 or an integer >= 1",
-        ),
-        Rule("trainer.num_nodes", _positive_int, "an integer >= 1"),
-        Rule("trainer.devices", _devices_ok, "an integer >= 1, -1, 'auto', or a list of device indices"),
-        Rule(
-            "trainer.accelerator",
-            lambda v: v in ("cpu", "gpu", "cuda", "mps", "tpu", "auto"),
-            "cpu, gpu, cuda, mps, tpu, auto",
-        ),
-        Rule("trainer.precision", lambda v: str(v) in PRECISIONS, ", ".join(PRECISIONS)),
-        Rule(
-            "trainer.gradient_clip_val", lambda v: v is None or (_num(v) and v >= 0), "null or a number >= 0"
-        ),
-        Rule("trainer.gradient_clip_algorithm", lambda v: v in ("norm", "value"), "norm, value"),
-        Rule(
-            "optim.name",
-            lambda v: v is None or v in OPTIMIZERS,
-            ", ".join(OPTIMIZERS) + ", null (optim.optimizer)",
-        ),
-        Rule("optim.lr", lambda v: _num(v) and math.isfinite(v) and v >= 0, "a finite number >= 0"),
-        Rule(
-            "trainer.limit_train_batches",
-            _some_training,
-            "null (every batch), a fraction in (0, 1] or a count "
-            ">= 1: 0 trains nothing (to only evaluate, use python -m hf_lightning.evaluate)",
-        ),
-        Rule("optim.weight_decay", lambda v: _num(v) and v >= 0, "a number >= 0"),
-        Rule("optim.eps", lambda v: v is None or (_num(v) and v > 0), "null or a number > 0"),
-        Rule(
-            "optim.betas",
-            lambda v: (
-                v is None
-                or (
-                    isinstance(v, (list, tuple, ListConfig))
-                    and len(v) == 2
-                    and all(_num(b) and 0 <= b < 1 for b in v)
-                )
-            ),
-            "null or two numbers in [0, 1)",
-        ),
-        Rule("optim.fused", lambda v: v is None or isinstance(v, bool), "null (fused on CUDA), true, false"),
-        Rule("scheduler.name", lambda v: v in SCHEDULERS, ", ".join(SCHEDULERS)),
-        Rule("scheduler.warmup_steps", lambda v: _int(v) and v >= 0, "an integer >= 0"),
-        Rule("scheduler.warmup_ratio", lambda v: _num(v) and 0 <= v <= 1, "a number in [0, 1]"),
-        Rule("model.task", lambda v: v in TASKS, ", ".join(TASKS)),
-        Rule("model.num_labels", lambda v: v is None or _positive_int(v), "null or an integer >= 1"),
-        Rule("seed", _int, "an integer"),
-        Rule(
-            "required_keys",
-            lambda v: isinstance(v, list) and all(isinstance(k, str) for k in v),
-            "a list of dotted keys",
-        ),
-        Rule(
-            "optimized_metric",
-            lambda v: v is None or isinstance(v, str),
-            "null or a metric name such as val/loss",
-        ),
-    ]
-
-
-# the precisions this project supports (lightning accepts a few more that no path here is tested with)
-PRECISIONS = ("32", "32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true", "64-true")
+# Value rules for arguments whose signature does not carry them: Lightning's Trainer (not ours) and the
+# DataModule (its constructor checks them itself; TODO data side: move them into its annotations). The optimizer,
+# scheduler and model rules are in their own signatures (``Annotated[..., Allowed]``), read by :func:`node_errors`.
+OVERLAY: dict[str, Allowed] = {
+    "data.per_device_train_batch_size": POSITIVE_INT,
+    "data.per_device_eval_batch_size": POSITIVE_INT,
+    "data.max_length": POSITIVE_INT,
+    "data.validation_split": Allowed(lambda v: _num(v) and 0 <= v < 1, "a number in [0, 1)"),
+    "data.num_workers": NON_NEGATIVE_INT,
+    "trainer.accumulate_grad_batches": POSITIVE_INT,
+    "trainer.max_steps": Allowed(
+        lambda v: _int(v) and (v == -1 or v >= 1), "-1 (no limit) or an integer >= 1"
+    ),
+    "trainer.max_epochs": Allowed(
+        lambda v: v is None or (_int(v) and (v == -1 or v >= 1)), "null, -1 or an integer >= 1"
+    ),
+    "trainer.num_nodes": POSITIVE_INT,
+    "trainer.devices": Allowed(devices_ok, "an integer >= 1, -1, 'auto', or a list of device indices"),
+    "trainer.accelerator": one_of(ACCELERATORS),
+    "trainer.precision": Allowed(lambda v: str(v) in PRECISIONS, ", ".join(PRECISIONS)),
+    "trainer.gradient_clip_val": Allowed(
+        lambda v: v is None or (_num(v) and v >= 0), "null or a number >= 0"
+    ),
+    "trainer.gradient_clip_algorithm": one_of(("norm", "value")),
+    "trainer.limit_train_batches": Allowed(
+        _some_training,
+        "null (every batch), a fraction in (0, 1] or a count >= 1: 0 trains nothing (to only evaluate, use "
+        "python -m hf_lightning.evaluate)",
+    ),
+    "seed": Allowed(_int, "an integer"),
+    "required_keys": Allowed(
+        lambda v: isinstance(v, list) and all(isinstance(k, str) for k in v), "a list of dotted keys"
+    ),
+    "optimized_metric": Allowed(
+        lambda v: v is None or isinstance(v, str), "null or a metric name such as val/loss"
+    ),
+}
 
 
 # ------------------------------------------------------------------------------------------------- helpers
@@ -192,17 +152,37 @@ def type_ok(value: Any, hint: Any) -> bool | None:
     return None
 
 
+def check_keys(node: Mapping[str, Any], target: Callable, group: str, skip: Iterable[str] = ()) -> None:
+    """Raise :class:`ConfigError` if ``node`` holds a key that ``target`` does not accept.
+
+    Args:
+        node: the config node (``cfg.data``, ...); keys starting with ``_`` (``_target_``, ``_partial_``) are
+            Hydra's, not arguments.
+        target: the callable the node's keys are passed to.
+        group: the node's name, used in the message (``data`` gives ``data.foo``).
+        skip: parameter names supplied by the code rather than the config (for example ``tokenizer``).
+    """
+    params = inspect.signature(target).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    allowed = [n for n in params if n not in ("self", *skip)]
+    unknown = [k for k in node if not str(k).startswith("_") and k not in allowed]
+    if unknown:
+        raise ConfigError(
+            f"unknown config key{'s' if len(unknown) > 1 else ''} "
+            f"{', '.join(f'{group}.{k}' for k in unknown)}; allowed keys of {group}: {', '.join(allowed)}"
+        )
+
+
 def node_errors(node: Mapping[str, Any], target: Callable, group: str, skip: Iterable[str] = ()) -> list[str]:
     """Unknown keys and values of the wrong type in ``node`` bound to ``target``'s signature."""
-    from hf_lightning.config_check import check_keys
-
     errors: list[str] = []
     try:
         check_keys(node, target, group, skip=skip)
     except ConfigError as err:
         errors.append(str(err))
     try:
-        hints = typing.get_type_hints(target)
+        hints = typing.get_type_hints(target, include_extras=True)
     except Exception:  # an annotation that does not evaluate here: only the keys are checked
         hints = {}
     params = inspect.signature(target).parameters
@@ -211,13 +191,23 @@ def node_errors(node: Mapping[str, Any], target: Callable, group: str, skip: Ite
             continue
         if isinstance(value, str) and value.startswith("${"):
             continue  # unresolved interpolation (the caller resolves before us when it can)
-        if type_ok(value, hints[key]) is False:
-            errors.append(f"{group}.{key}={value!r}: allowed values: {_describe(hints[key])}")
+        # the value rules the signature carries first: their message is the clearer one (a range, not a type)
+        broken = [rule for rule in constraints(hints[key]) if not rule(value)]
+        hint = hints[key].__origin__ if constraints(hints[key]) else hints[key]  # Annotated[T, ...] -> T
+        if broken:
+            errors.append(f"{group}.{key}={value!r}: allowed values: {broken[0].text}")
+        elif type_ok(value, hint) is False:
+            errors.append(f"{group}.{key}={value!r}: allowed values: {_describe(hint)}")
     return errors
 
 
 def _target_nodes(cfg: Mapping[str, Any]) -> Iterable[tuple[str, Mapping[str, Any]]]:
-    """``(dotted name, node)`` for every node with a ``_target_`` under ``trainer``, ``logger``, ``callbacks``."""
+    """``(dotted name, node)`` for every group with a ``_target_`` and every ``_target_`` node under ``trainer``,
+    ``logger``, ``callbacks``."""
+    for group in BUILT_GROUPS:
+        node = cfg.get(group)
+        if isinstance(node, Mapping) and "_target_" in node:
+            yield group, node
     strategy = (cfg.get("trainer") or {}).get("strategy")
     if isinstance(strategy, Mapping) and "_target_" in strategy:
         yield "trainer.strategy", strategy
@@ -230,6 +220,7 @@ def _target_nodes(cfg: Mapping[str, Any]) -> Iterable[tuple[str, Mapping[str, An
 # ---------------------------------------------------------------------------------------- cross-field rules
 def cross_field_errors(c: Mapping[str, Any]) -> list[str]:
     """Rules that involve more than one key."""
+    from hf_lightning.data.packing import check_packing
     from hf_lightning.models import is_encoder_decoder
     from hf_lightning.module.optim import optim_config_errors
 
@@ -238,23 +229,16 @@ def cross_field_errors(c: Mapping[str, Any]) -> list[str]:
     accelerator = trainer.get("accelerator")
     precision = str(trainer.get("precision"))
 
-    packing = data.get("packing")
-    if packing:
+    if data.get("packing"):  # the schema's share of data.packing's rules (data/packing.py holds them all)
         task = model.get("task", "causal_lm")
         try:
             encdec = is_encoder_decoder(task, model.get("name_or_path"))
         except HFLightningError:
             encdec = task == "seq2seq_lm"
-        if encdec:
-            errors.append(
-                f"data.packing={packing!r} with an encoder-decoder model (model.task={task}): packing concatenates "
-                "examples into one causal sequence, which an encoder-decoder cannot attend correctly; allowed "
-                "values: false"
-            )
-        elif task == "sequence_classification":
-            errors.append(
-                f"data.packing={packing!r} with model.task=sequence_classification; allowed values: false"
-            )
+        try:
+            check_packing(data.get("packing"), task=task, encoder_decoder=encdec)
+        except ConfigError as err:
+            errors.append(str(err))
 
     if accelerator == "cpu" and precision in ("16-mixed", "16-true"):
         errors.append(
@@ -312,27 +296,55 @@ def cross_field_errors(c: Mapping[str, Any]) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------------------ the pass
-def validate_config(cfg: DictConfig) -> None:
+def target_signature(node: Mapping[str, Any], name: str) -> tuple[Callable | None, str | None]:
+    """``(callable whose signature binds the node, None)`` for a node's ``_target_``, or ``(None, error)``.
+
+    A class binds its ``__init__``; a class that keeps its settings for later (:class:`~hf_lightning.models.
+    ModelLoader`) names the function they are for in ``settings_of``.
+    """
+    from hydra.utils import get_object
+
+    try:
+        target = get_object(node["_target_"])
+    except Exception as err:
+        return None, f"{name}._target_={node['_target_']!r} cannot be imported ({str(err).splitlines()[0]})"
+    target = getattr(target, "settings_of", target)
+    return (target.__init__ if inspect.isclass(target) else target), None
+
+
+def top_level_errors(c: Mapping[str, Any], purpose: str = "train") -> list[str]:
+    """Keys at the top level that are neither a group nor one of :data:`RUN_SETTINGS` (``evaluate`` adds
+    :data:`EVALUATE_SETTINGS`); an HF ``TrainingArguments`` name gets our key for it."""
+    from hf_lightning.config.hf_names import hf_name_error
+
+    allowed = (*GROUPS, *RUN_SETTINGS, *HYDRA_KEYS, *(EVALUATE_SETTINGS if purpose == "evaluate" else ()))
+    errors = []
+    for key in c:
+        if key in allowed:
+            continue
+        errors.append(
+            hf_name_error(key, c[key])
+            or f"unknown top-level key {key}={c[key]!r}; allowed top-level keys: {', '.join(allowed)}"
+        )
+    return errors
+
+
+def validate_config(cfg: DictConfig, purpose: str = "train") -> None:
     """Check the whole composed config; nothing is built.
 
-    Checks: unknown keys of ``data``, ``model``, ``optim``, ``scheduler``, ``module``, ``trainer`` and of every
-    ``_target_`` node (strategy, loggers, callbacks) against the signatures they are bound to; value types from
-    those signatures' annotations; the value rules of :func:`_rules`; the cross-field rules (packing with an
-    encoder-decoder, float16 on CPU, FSDP / DeepSpeed on CPU, the derived DeepSpeed config); required values
-    (``???``).
+    Checks: the top level (closed: groups and :data:`RUN_SETTINGS`); unknown keys of ``data``, ``model``,
+    ``optim``, ``scheduler``, ``module``, ``trainer`` and of every other ``_target_`` node (strategy, loggers,
+    callbacks) against the signatures their ``_target_`` names, minus the arguments the builder supplies; value
+    types from those signatures' annotations; the value rules in those annotations and in :data:`OVERLAY`; the cross-field rules
+    (:func:`cross_field_errors`); required values (``???``).
+
+    Args:
+        cfg: a composed config.
+        purpose: ``train``, ``evaluate`` or ``inspect`` (``evaluate`` allows its own top-level switches).
 
     Raises:
         ConfigError: one message listing every problem (``key=value: allowed values: ...``), separated by ``; ``.
     """
-    import lightning as L
-    from hydra.utils import get_object
-
-    from hf_lightning.adapters import AdapterSettings
-    from hf_lightning.data import HFDataModule
-    from hf_lightning.models import load_model_and_tokenizer
-    from hf_lightning.module import HFLightningModule
-    from hf_lightning.module.optim import build_optimizer, build_scheduler
-
     required = list(cfg.get("required_keys") or [])
     missing = [k for k in required if OmegaConf.select(cfg, k, default=None) is None]
     missing += [k for k in ("data.path", "model.name_or_path") if k not in missing and _is_missing(cfg, k)]
@@ -349,41 +361,26 @@ def validate_config(cfg: DictConfig) -> None:
     except OmegaConfBaseException as err:
         raise ConfigError(f"config: {str(err).splitlines()[0]}") from err
 
-    # the value rules first: where a key breaks a rule and its annotation, the rule's message is the clearer one
-    errors: list[str] = []
-    for rule in _rules():
-        value = _select_container(c, rule.key)
-        if value is _ABSENT:
-            continue
-        try:
-            ok = rule.check(value)
-        except TypeError:  # a list or mapping where a name is expected (unhashable, not comparable)
-            ok = False
-        if not ok:
-            errors.append(f"{rule.key}={value!r}: allowed values: {rule.allowed}")
-    bound = (
-        ("data", HFDataModule.__init__, ("tokenizer",)),
-        ("model", load_model_and_tokenizer, ()),
-        ("optim", build_optimizer, ("model",)),
-        ("scheduler", build_scheduler, ("optimizer", "num_training_steps")),
-        ("module", HFLightningModule.__init__, ("model", "tokenizer", "optim", "scheduler")),
-        ("trainer", L.Trainer.__init__, ("callbacks", "logger", "plugins")),
-        ("peft", AdapterSettings.__init__, ("extra",)),
-    )
-    for group, target, skip in bound:
+    errors = top_level_errors(c, purpose)
+    errors += [
+        f"{group}._target_ is missing: every group names what it builds (conf/{group}/*.yaml show it)"
+        for group in BUILT_GROUPS
+        if isinstance(c.get(group), Mapping) and "_target_" not in c[group]
+    ]
+    # the overlay's rules first: where a key breaks a rule and its annotation, the rule's message is the clearer one
+    for key, rule in OVERLAY.items():
+        value = get_dotted(c, key)
+        if value is not MISSING and not rule(value):
+            errors.append(f"{key}={value!r}: allowed values: {rule.text}")
+    for group, target, skip in _untargeted_groups():
         if isinstance(c.get(group), Mapping):
-            node = {k: v for k, v in c[group].items() if k != "_target_"}
-            errors += node_errors(node, target, group, skip)
+            errors += node_errors(c[group], target, group, skip)
     for name, node in _target_nodes(c):
-        try:
-            target = get_object(node["_target_"])
-        except Exception as err:
-            errors.append(
-                f"{name}._target_={node['_target_']!r} cannot be imported ({str(err).splitlines()[0]})"
-            )
+        target, error = target_signature(node, name)
+        if error:
+            errors.append(error)
             continue
-        fn = target.__init__ if inspect.isclass(target) else target
-        errors += node_errors({k: v for k, v in node.items() if not k.startswith("_")}, fn, name, ("model",))
+        errors += node_errors(node, target, name, SUPPLIED.get(name, ("model",)))
 
     errors += cross_field_errors(c)
     if errors:
@@ -397,16 +394,27 @@ def validate_config(cfg: DictConfig) -> None:
         raise ConfigError("; ".join(unique))
 
 
+# the groups hf_lightning.config.build instantiates from their _target_
+BUILT_GROUPS = ("model", "data", "optim", "scheduler", "module", "trainer")
+# the arguments the builder (hf_lightning.config.build) passes itself, not the config
+SUPPLIED = {
+    "data": ("tokenizer",),
+    "module": ("model", "tokenizer", "optim", "scheduler"),
+    "optim": ("model",),
+    "scheduler": ("optimizer", "num_training_steps"),
+    "trainer": ("callbacks", "logger", "plugins"),
+}
+
+
+def _untargeted_groups() -> tuple[tuple[str, Callable, tuple[str, ...]], ...]:
+    """``(group, signature, supplied arguments)`` of the groups without a ``_target_`` that the builder reads
+    itself: ``peft`` (:class:`~hf_lightning.adapters.AdapterSettings`)."""
+    from hf_lightning.adapters import AdapterSettings
+
+    return (("peft", AdapterSettings.__init__, ("extra",)),)
+
+
 def _is_missing(cfg: DictConfig, key: str) -> bool:
     parent, _, leaf = key.rpartition(".")
     node = OmegaConf.select(cfg, parent, default=None) if parent else cfg
     return isinstance(node, DictConfig) and leaf in node and OmegaConf.is_missing(node, leaf)
-
-
-def _select_container(c: Mapping[str, Any], key: str) -> Any:
-    node: Any = c
-    for part in key.split("."):
-        if not isinstance(node, Mapping) or part not in node:
-            return _ABSENT
-        node = node[part]
-    return node

@@ -68,9 +68,10 @@ class HFLightningModule(
         model: an ``nn.Module`` whose ``forward(**batch)`` returns an object with ``.logits`` ``(B, L, V)``
             (or ``(B, C)`` for sequence classification).
         tokenizer: saved next to the model by the export callback (optional).
-        optim: keyword arguments of :func:`~hf_lightning.module.optim.build_optimizer` (``name``, ``lr``, ...).
+        optim: keyword arguments of :func:`~hf_lightning.module.optim.build_optimizer` (``name``, ``lr``, ...),
+            or a callable ``(model) -> Optimizer`` (the ``optim`` config node, built with ``_partial_``).
         scheduler: keyword arguments of :func:`~hf_lightning.module.optim.build_scheduler` (``name``,
-            ``warmup_steps``, ``warmup_ratio``).
+            ``warmup_steps``, ``warmup_ratio``), or a callable ``(optimizer, num_training_steps) -> scheduler``.
         average_tokens_across_devices: sum the target count across ranks (HF's default, exact); ``False``
             normalises by each rank's own count (biased when ranks hold different numbers of targets).
         compute_loss_func: ``(outputs, labels, num_items_in_batch) -> 0-dim loss``, as HF ``Trainer``'s
@@ -124,8 +125,8 @@ class HFLightningModule(
         self,
         model: nn.Module,
         tokenizer: Any = None,
-        optim: Mapping[str, Any] | None = None,
-        scheduler: Mapping[str, Any] | None = None,
+        optim: Mapping[str, Any] | Callable[..., torch.optim.Optimizer] | None = None,
+        scheduler: Mapping[str, Any] | Callable[..., Any] | None = None,
         average_tokens_across_devices: bool = True,
         compute_loss_func: Callable[..., torch.Tensor] | None = None,
         use_model_loss: bool | None = None,
@@ -143,8 +144,8 @@ class HFLightningModule(
         check_loss_arguments(compute_loss_func, use_model_loss, label_smoothing_factor)
         self.model = model
         self.tokenizer = tokenizer
-        self.optim = dict(optim or {})
-        self.scheduler = dict(scheduler or {})
+        self.optim = optim if callable(optim) else dict(optim or {})
+        self.scheduler = scheduler if callable(scheduler) else dict(scheduler or {})
         #: the logged metric that steps reduce_lr_on_plateau / greedy after each validation (HF's)
         self.schedule_metric = metric_key(metric_for_best_model)
         self.average_tokens_across_devices = average_tokens_across_devices
@@ -281,16 +282,23 @@ class HFLightningModule(
             self.model.train()
 
     def configure_optimizers(self) -> dict[str, Any]:
-        optimizer = build_optimizer(self.model, **self.optim)
+        optimizer = (
+            self.optim(self.model) if callable(self.optim) else build_optimizer(self.model, **self.optim)
+        )
         total = self.total_training_steps()
         if not math.isfinite(total):
             raise ValueError("the number of training steps is unknown: set trainer.max_steps")
         self.planned_steps = int(total)  # HF's max_steps, for the eval/save/logging step ratios (HFSteps)
-        scheduler = build_scheduler(optimizer, int(total), **self.scheduler)
+        scheduler = (
+            self.scheduler(optimizer, int(total))
+            if callable(self.scheduler)
+            else build_scheduler(optimizer, int(total), **self.scheduler)
+        )
         if is_metric_driven(scheduler):
             if self.trainer.limit_val_batches == 0:
+                settings = getattr(self.scheduler, "keywords", self.scheduler)  # a partial's or the dict
                 raise ConfigError(
-                    f"scheduler.name={self.scheduler.get('name')} steps on the validation metric "
+                    f"scheduler.name={settings.get('name')} steps on the validation metric "
                     f"{self.schedule_metric}, but validation is off (trainer.limit_val_batches=0): turn it on"
                 )
             # stepped by on_validation_epoch_end with the metric, as HF steps it after each evaluation

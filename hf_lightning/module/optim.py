@@ -20,11 +20,12 @@ import inspect
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
 import torch
 from torch import nn
 
+from hf_lightning.arguments import BETAS, FINITE_NON_NEGATIVE, NON_NEGATIVE, POSITIVE, Allowed
 from hf_lightning.errors import ConfigError
 from hf_lightning.module.schedules import SCHEDULERS, build_scheduler  # noqa: F401  (re-exported)
 
@@ -186,13 +187,24 @@ def _on_cuda(model: nn.Module) -> bool:
     return any(p.is_cuda for p in model.parameters())
 
 
+def _or_null(rule: Allowed) -> Allowed:
+    """``rule``, or ``None`` (HF's default)."""
+    return Allowed(lambda v: v is None or rule(v), f"null or {rule.text}")
+
+
+# optim.name: an HF name, or null with optim.optimizer (read by the schema pass from the annotation)
+OPTIM_NAME = Allowed(
+    lambda v: v is None or v in OPTIMIZERS, ", ".join(OPTIMIZERS) + ", null (optim.optimizer)"
+)
+
+
 def build_optimizer(
     model: nn.Module,
-    name: str | None = "adamw",
-    lr: float = 5e-5,
-    weight_decay: float = 0.0,
-    betas: Sequence[float] | None = None,
-    eps: float | None = None,
+    name: Annotated[str | None, OPTIM_NAME] = "adamw",
+    lr: Annotated[float, FINITE_NON_NEGATIVE] = 5e-5,
+    weight_decay: Annotated[float, NON_NEGATIVE] = 0.0,
+    betas: Annotated[Sequence[float] | None, _or_null(BETAS)] = None,
+    eps: Annotated[float | None, _or_null(POSITIVE)] = None,
     momentum: float | None = None,
     fused: bool | None = None,
     kwargs: Mapping[str, Any] | str | None = None,

@@ -13,10 +13,11 @@ import inspect
 import logging
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Annotated, Any
 
 import torch
 
+from hf_lightning.arguments import NON_NEGATIVE_INT, UNIT_INTERVAL, one_of
 from hf_lightning.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -71,9 +72,9 @@ def _schedule_arguments(name: str) -> set[str] | None:
 def build_scheduler(
     optimizer: torch.optim.Optimizer,
     num_training_steps: int,
-    name: str = "linear",
-    warmup_steps: int = 0,
-    warmup_ratio: float = 0.0,
+    name: Annotated[str, one_of(SCHEDULERS)] = "linear",
+    warmup_steps: Annotated[int, NON_NEGATIVE_INT] = 0,
+    warmup_ratio: Annotated[float, UNIT_INTERVAL] = 0.0,
     kwargs: Mapping[str, Any] | None = None,
 ):
     """``transformers.get_scheduler(name, optimizer, warmup, num_training_steps, scheduler_specific_kwargs=kwargs)``.

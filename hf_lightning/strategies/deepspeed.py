@@ -27,36 +27,24 @@ from __future__ import annotations
 import copy
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from lightning.pytorch.strategies import DeepSpeedStrategy
 
+from hf_lightning.arguments import MISSING as _MISSING
+from hf_lightning.arguments import PRECISIONS as _PRECISIONS
+from hf_lightning.arguments import get_dotted as _get
+from hf_lightning.arguments import set_dotted as _set
+from hf_lightning.arguments import world_size
 from hf_lightning.compat import closes_accumulation_window
 from hf_lightning.errors import ConfigError
 
 STAGES = (2, 3)
-PRECISIONS = ("32", "32-true", "bf16-mixed", "bf16-true", "16-mixed", "16-true")
+# the project's precisions (hf_lightning.arguments) that DeepSpeed runs: no float64
+PRECISIONS = tuple(p for p in _PRECISIONS if not p.startswith("64"))
 # sections of a user JSON that would take over what our own config owns
 OWNED_SECTIONS = {"optimizer": "optim.*", "scheduler": "scheduler.*"}
-
-
-def world_size(devices: Any, num_nodes: int = 1) -> int | None:
-    """Processes in the job for ``trainer.devices`` x ``trainer.num_nodes``; ``None`` when ``devices`` is
-    ``"auto"`` / ``-1`` (only known once Lightning has looked at the machine)."""
-    if isinstance(devices, str):
-        devices = devices.strip()
-        if devices in ("auto", "-1"):
-            return None
-        parts = [p for p in devices.split(",") if p.strip()]
-        count = len(parts) if "," in devices else int(devices)
-    elif isinstance(devices, Sequence):
-        count = len(devices)
-    else:
-        if devices == -1:
-            return None
-        count = int(devices)
-    return count * int(num_nodes)
 
 
 def _precision_sections(precision: str) -> dict[str, dict[str, Any]]:
@@ -115,7 +103,12 @@ def deepspeed_config(
         raise ConfigError(
             f"trainer.gradient_clip_val={gradient_clip_val!r}; allowed values: null or a number >= 0"
         )
-    world = world_size(devices, num_nodes)
+    try:
+        world = world_size(devices, num_nodes)
+    except ValueError:
+        raise ConfigError(
+            f"trainer.devices={devices!r}; allowed values: an integer >= 1, -1, 'auto', or a list of device indices"
+        ) from None
 
     zero: dict[str, Any] = {"stage": stage}
     if offload_optimizer:
@@ -178,26 +171,6 @@ def deepspeed_config(
     for key, value in derived["zero_optimization"].items():
         merged["zero_optimization"].setdefault(key, value)
     return merged
-
-
-_MISSING = object()
-
-
-def _get(d: Mapping[str, Any], dotted: str) -> Any:
-    node: Any = d
-    for part in dotted.split("."):
-        if not isinstance(node, Mapping) or part not in node:
-            return _MISSING
-        node = node[part]
-    return node
-
-
-def _set(d: dict[str, Any], dotted: str, value: Any) -> None:
-    *parents, last = dotted.split(".")
-    node = d
-    for part in parents:
-        node = node.setdefault(part, {})
-    node[last] = value
 
 
 def _read_user_config(user_config: str | Mapping[str, Any]) -> dict[str, Any]:

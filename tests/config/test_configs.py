@@ -138,7 +138,8 @@ def test_config_composes_validates_and_instantiates(group, option, compose_cfg, 
     if group == "data":
         from hf_lightning.data import HFDataModule
 
-        dm = HFDataModule(tokenizer=default_tokenizer, **OmegaConf.to_container(cfg.data, resolve=True))
+        dm = instantiate(cfg.data, _convert_="all")(tokenizer=default_tokenizer)
+        assert isinstance(dm, HFDataModule)
         assert dm.per_device_train_batch_size == cfg.data.per_device_train_batch_size
         return
     if group == "model":
@@ -217,19 +218,18 @@ def _build_adapters(cfg):
 
 
 def _build_model(cfg):
-    from hf_lightning.models import build_model, load_tokenizer
+    from hf_lightning.models import ModelLoader
 
-    model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
-    tokenizer = load_tokenizer(model_cfg.get("name_or_path"), model_cfg.pop("tokenizer_vocab_size", 2048))
-    model = build_model(tokenizer, **model_cfg)
-    assert model.config.vocab_size >= len(tokenizer) or model_cfg.get("name_or_path")
+    loader = instantiate(cfg.model, _convert_="all")  # the group's _target_
+    assert isinstance(loader, ModelLoader)
+    tokenizer = loader.tokenizer()
+    model = loader.model(tokenizer)
+    assert model.config.vocab_size >= len(tokenizer) or cfg.model.get("name_or_path")
     return model, tokenizer
 
 
 def _build_optimizer_and_scheduler(cfg):
     from transformers import AutoConfig, AutoModelForCausalLM
-
-    from hf_lightning.module.optim import build_optimizer, build_scheduler
 
     model = AutoModelForCausalLM.from_config(
         AutoConfig.for_model(
@@ -241,9 +241,17 @@ def _build_optimizer_and_scheduler(cfg):
             num_attention_heads=2,
         )
     )
-    optimizer = build_optimizer(model, **OmegaConf.to_container(cfg.optim, resolve=True))
-    build_scheduler(optimizer, 10, **OmegaConf.to_container(cfg.scheduler, resolve=True))
-    assert optimizer.param_groups[0]["lr"] >= 0
+    from hf_lightning.module.schedules import is_metric_driven
+
+    # the groups' _target_ with _partial_: the builder completes them with the model and the step count
+    optimizer = instantiate(cfg.optim, _convert_="all")(model)
+    scheduler = instantiate(cfg.scheduler, _convert_="all")(optimizer, 10)
+    if is_metric_driven(scheduler):  # stepped by validations, not steps: the optimizer starts at optim.lr
+        assert optimizer.param_groups[0]["lr"] == pytest.approx(cfg.optim.lr)
+    else:
+        assert optimizer.param_groups[0]["lr"] == pytest.approx(cfg.optim.lr * scheduler.lr_lambdas[0](0))
+    module = instantiate(cfg.module, _convert_="all")(model, optim=instantiate(cfg.optim, _convert_="all"))
+    assert module.optim.keywords["lr"] == cfg.optim.lr  # the partial the module calls with its model
 
 
 def _build_experiment(cfg):
@@ -259,14 +267,15 @@ def _build_experiment(cfg):
     loggers = [instantiate(node) for node in (cfg.get("logger") or {}).values()]
     instantiate(cfg.trainer, logger=loggers or False, callbacks=[])
     model, tokenizer = _build_model(cfg)
-    HFLightningModule(
+    module = instantiate(cfg.module, _convert_="all")(
         model,
         tokenizer,
-        optim=OmegaConf.to_container(cfg.optim),
-        scheduler=OmegaConf.to_container(cfg.scheduler),
+        optim=instantiate(cfg.optim, _convert_="all"),
+        scheduler=instantiate(cfg.scheduler, _convert_="all"),
     )
+    assert isinstance(module, HFLightningModule)
     try:
-        HFDataModule(tokenizer=tokenizer, **OmegaConf.to_container(cfg.data, resolve=True))
+        assert isinstance(instantiate(cfg.data, _convert_="all")(tokenizer=tokenizer), HFDataModule)
     except ConfigError as err:
         if f"data.format={cfg.data.format!r}" in str(err):
             pytest.skip(f"HFDataModule has no {cfg.data.format!r} format yet (issue 4, data side): {err}")

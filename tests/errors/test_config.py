@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 from hf_lightning import ConfigError, HFDataModule, HFLightningModule
 from hf_lightning.callbacks.best_model import resolve_monitor
 from hf_lightning.checkpointing import find_resume_checkpoint
-from hf_lightning.config_check import check_keys
+from hf_lightning.config.schema import check_keys
 from hf_lightning.module.optim import build_optimizer, build_scheduler
 from hf_lightning.run_folder import RunFolderGuard, check_run_folder
 from tests.data_support import PadOnly, tiny_llama

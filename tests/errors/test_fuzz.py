@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
-from hf_lightning import ConfigError, DataError, HFDataModule, HFLightningError, HFLightningModule
+from hf_lightning import ConfigError, DataError, HFDataModule, HFLightningError
 from hf_lightning.data import (
     ClassificationCollator,
     ExactDistributedSampler,
@@ -374,9 +374,8 @@ LEAF_KEYS = st.deferred(lambda: st.sampled_from(_leaf_keys()))  # composed on fi
 def test_random_overrides_through_the_schema(overrides):
     """Any override either fails the schema with a ConfigError naming the key, or builds every object the config
     names without another kind of error (a value the schema lets through must be one the code accepts)."""
-    from hf_lightning.callbacks import NonFiniteGuard
     from hf_lightning.config import validate_config
-    from hf_lightning.module.optim import build_optimizer, build_scheduler
+    from hf_lightning.config.build import instantiate  # our errors as themselves, as the builder raises them
     from tests.data_support import PadOnly
 
     cfg = _base().copy()  # composed once; each value is parsed as YAML, as Hydra parses an override value
@@ -387,14 +386,15 @@ def test_random_overrides_through_the_schema(overrides):
     except ConfigError as err:
         assert any(k in str(err) for k, _ in overrides) or "required" in str(err), (str(err), overrides)
         return
-    c = OmegaConf.to_container(cfg, resolve=True)
     model = torch.nn.Linear(2, 2)
     try:
-        HFDataModule(PadOnly(), **c["data"])
-        optimizer = build_optimizer(model, **c["optim"])
-        build_scheduler(optimizer, 10, **c["scheduler"])
-        NonFiniteGuard(**{k: v for k, v in c["callbacks"]["nonfinite_guard"].items() if k != "_target_"})
-        HFLightningModule(model, optim=c["optim"], scheduler=c["scheduler"], **c["module"])
+        # what the builder does with each group's _target_ (hf_lightning.config.build)
+        instantiate(cfg.data, _convert_="all")(tokenizer=PadOnly())
+        optim = instantiate(cfg.optim, _convert_="all")
+        scheduler = instantiate(cfg.scheduler, _convert_="all")
+        scheduler(optim(model), 10)
+        instantiate(cfg.callbacks.nonfinite_guard)
+        instantiate(cfg.module, _convert_="all")(model, optim=optim, scheduler=scheduler)
     except HFLightningError as err:
         # a cross-field or range rule the constructors enforce: still a message naming a key it is about
         assert any(k.rsplit(".", 1)[-1] in str(err) for k, _ in overrides), (str(err), overrides)

@@ -94,14 +94,15 @@ def test_every_documented_command_composes_and_passes_the_schema(source, command
     from hf_lightning.errors import ConfigError
 
     entry, overrides = overrides_of(command)
-    cfg = compose("evaluate" if entry == "evaluate" else "train", overrides)
+    purpose = "evaluate" if entry == "evaluate" else "train"
+    cfg = compose(purpose, overrides)
     if error:
         with pytest.raises(ConfigError) as caught:
-            validate_config(cfg)
+            validate_config(cfg, purpose)
         assert str(caught.value) == error  # the message the doc shows, word for word
         return
     try:
-        validate_config(cfg)
+        validate_config(cfg, purpose)
     except ConfigError as err:
         # GPU setups (bf16 autocast, FSDP, DeepSpeed) are refused on a CPU-only config; nothing else may be
         assert "CPU" in str(err) or "cpu" in str(err), f"{source}: {command}: {err}"

@@ -125,7 +125,8 @@ def test_epochs_ending_before_max_steps_warn_once(tmp_path, caplog):
             1,
         ),  # both given
         (["+experiment=sft", "trainer.max_steps=-1"], 4),  # -1 is no limit
-        (["+experiment=sft", "trainer=debug"], 4),  # a group's file, not the command line, set max_steps=4
+        # a group's file, not the command line, set max_steps=4; debug's own max_epochs=1 wins over sft's 4
+        (["+experiment=sft", "trainer=debug"], 1),
     ],
 )
 def test_a_given_max_steps_unsets_an_epoch_count_not_given(compose_cfg, overrides, max_epochs):
