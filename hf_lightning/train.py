@@ -81,6 +81,9 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
         # a run that starts at step 0 never overwrites a previous one
         check_run_folder(output_dir, cfg.get("ckpt_path"), ckpt_dir, weights_only)
         ckpt_path = find_resume_checkpoint(cfg.get("ckpt_path"), output_dir, weights_only, ckpt_dir)
+        finished = _finished_run(cfg, output_dir, ckpt_path, ckpt_dir, weights_only)
+        if finished is not None:
+            return finished, {}
         for path in remove_leftovers(
             output_dir, ckpt_dir
         ):  # this process owns the folder: they are a dead one's
@@ -89,6 +92,31 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
     finally:
         if acquired:
             release_run_folder(output_dir)
+
+
+def _finished_run(
+    cfg: DictConfig, output_dir: str, ckpt_path: str | None, ckpt_dir: str, weights_only: bool
+) -> dict[str, float] | None:
+    """The final metrics of a finished run that this resume (same run length) would not train: said, and the
+    folder left exactly as it was (the run-folder guard kept Hydra from rewriting ``.hydra/`` and ``train.log``)."""
+    from hf_lightning.run_folder import finished_resume, take_finished
+
+    answered, finished = take_finished(output_dir)
+    own = ckpt_path is not None and os.path.dirname(os.path.realpath(ckpt_path)) == os.path.realpath(ckpt_dir)
+    if not answered and own and not weights_only:
+        finished = finished_resume(output_dir, cfg, ckpt_path)
+    if finished is None:
+        return None
+    log.warning(
+        "nothing was trained: %s is at optimizer step %d, where this run's limits (trainer.max_steps=%s, "
+        "trainer.max_epochs=%s) already end it, and the run had finished; raise one of them to continue. The run "
+        "folder is unchanged",
+        ckpt_path,
+        int(finished.get("global_step", 0)),
+        cfg.trainer.get("max_steps"),
+        cfg.trainer.get("max_epochs"),
+    )
+    return {k: float(v) for k, v in finished.items()}
 
 
 def _train(
@@ -108,7 +136,8 @@ def _train(
         for name, c in (cfg.get("callbacks") or {}).items()
         if c is not None
     ]
-    if not cfg.trainer.get("enable_progress_bar", True):
+    bar = _progress_bar(cfg)
+    if not bar:
         from lightning.pytorch.callbacks import ProgressBar
 
         # Lightning refuses a progress-bar callback when the bar is off; off wins
@@ -122,6 +151,7 @@ def _train(
     )
     extra = {"precision": None, "plugins": [plugin]} if plugin is not None else {}
     extra["plugins"] = [*extra.get("plugins", []), AtomicCheckpointIO()]
+    extra["enable_progress_bar"] = bar
     trainer = lightning_object(cfg.trainer, "trainer", callbacks=callbacks, logger=loggers or False, **extra)
     refuse_multirun_relaunch(trainer, _in_multirun())
     try:
@@ -131,6 +161,23 @@ def _train(
     finally:
         _close_wandb()
     return metrics, objects
+
+
+def _progress_bar(cfg: DictConfig) -> bool:
+    """``trainer.enable_progress_bar``, off when stdout is not a terminal unless the command line set it."""
+    from hf_lightning.cli_output import progress_bar_wanted
+    from hf_lightning.config.run_length import command_line_overrides, given_keys
+
+    given = bool(cfg.trainer.get("enable_progress_bar", True))
+    overrides = command_line_overrides()
+    explicit = overrides is None or "trainer.enable_progress_bar" in given_keys(overrides)
+    bar = progress_bar_wanted(given, explicit)
+    if given and not bar:
+        log.info(
+            "no progress bar: the output is not a terminal (trainer.enable_progress_bar=true draws it anyway); "
+            "the log lines and metrics.csv show the progress"
+        )
+    return bar
 
 
 def instantiate(node: Any, **kwargs: Any) -> Any:
@@ -239,6 +286,7 @@ def _fit(
 ) -> tuple[dict[str, float], dict[str, Any]]:
     """Tokenizer, data, model, module, ``fit``; the final metrics."""
     from hf_lightning.checkpointing.weights import summarize_load_error, weights_mismatch_message
+    from hf_lightning.cli_output import command_seconds
     from hf_lightning.data import HFDataModule
     from hf_lightning.errors import ModelError
     from hf_lightning.faults import explain_faults
@@ -297,7 +345,7 @@ def _fit(
             raise ModelError(
                 weights_mismatch_message(ckpt_path, model_cfg.get("name_or_path"), details)
             ) from None
-    wall = time.perf_counter() - start
+    fit_seconds = time.perf_counter() - start
     objects = {"trainer": trainer, "module": module, "datamodule": datamodule}
     if module.fit_start_step in (None, trainer.global_step) and ckpt_path is not None:
         previous = finished_metrics(cfg.output_dir, trainer.global_step)
@@ -312,7 +360,8 @@ def _fit(
             return metrics, objects
         log.warning(
             "nothing was trained: %s is at optimizer step %d, where this run's limits (trainer.max_steps=%s, "
-            "trainer.max_epochs=%s) already end it; raise one of them to continue. The run folder is unchanged",
+            "trainer.max_epochs=%s) already end it; raise one of them to continue. Its checkpoints, metrics.csv, "
+            "hf_model/ and final_metrics.json are unchanged",
             ckpt_path,
             trainer.global_step,
             cfg.trainer.get("max_steps"),
@@ -328,13 +377,14 @@ def _fit(
         newest_logged(os.path.join(cfg.output_dir, "metrics.csv")) if trainer.is_global_zero else {}
     )
     metrics.update(module.last_logged)
-    tokens = module.trained_tokens()
+    tokens_per_s, tokens = _run_tokens_per_s(trainer, module, fit_seconds)
+    wall = command_seconds()  # the whole command: start-up, data, training, validations, export
     metrics.update(
         {
             "global_step": float(trainer.global_step),
             "parameters": float(n_params),
             "wall_time_s": wall,
-            "train_tokens_per_s": tokens / wall,
+            "train_tokens_per_s": tokens_per_s,
         }
     )
     stopped = getattr(module, "preempted", None)
@@ -351,13 +401,33 @@ def _fit(
         )
         return metrics, objects
     log.info(
-        "done: %d optimizer steps, %.1f s, %.0f real tokens/s (this process), final %s",
+        "done: %d optimizer steps in %.1f s (the whole command), %d real tokens trained at %.0f real tokens/s "
+        "(all ranks, validation excluded), final %s",
         trainer.global_step,
         wall,
-        tokens / wall,
-        ", ".join(f"{k}={v:.4f}" for k, v in metrics.items() if "/" in k),
+        tokens,
+        tokens_per_s,
+        # the last row's throughput/* rates cover one log interval: the run's rate is the one above
+        ", ".join(f"{k}={v:.4f}" for k, v in metrics.items() if "/" in k and not k.startswith("throughput/")),
     )
     return metrics, objects
+
+
+def _run_tokens_per_s(trainer: Any, module: Any, fit_seconds: float) -> tuple[float, int]:
+    """``(real tokens/s, real tokens)`` of this command's training, over all ranks, validation excluded: the
+    definition of ``throughput/tokens_per_s`` over the whole run (from the Throughput callback when the run has
+    one; else the module's token count over the time of ``fit``). A collective under DDP: call it on every rank."""
+    import torch
+
+    from hf_lightning.callbacks.throughput import Throughput
+
+    callback = next((c for c in trainer.callbacks if isinstance(c, Throughput)), None)
+    if callback is not None and callback.run_tokens_per_s() is not None:
+        return float(callback.run_tokens_per_s()), int(callback.run_real_tokens)
+    tokens = torch.tensor(float(module.trained_tokens()), device=trainer.strategy.root_device)
+    if trainer.world_size > 1:
+        tokens = trainer.strategy.reduce(tokens, reduce_op="sum")
+    return float(tokens) / max(fit_seconds, 1e-9), int(tokens)
 
 
 def _validate_final_weights(trainer: Any, module: Any, datamodule: Any) -> None:
@@ -450,18 +520,20 @@ def _report_log_file_errors() -> None:
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> float | None:
+    from hf_lightning.cli_output import report_error, speak_for_the_run
+
+    speak_for_the_run()
     _report_log_file_errors()
     try:
         metrics, objects = train(cfg)
-        stopped = getattr(objects["module"], "preempted", None)
+        stopped = getattr(objects.get("module"), "preempted", None)
         if stopped:
             sys.exit(
                 128 + int(stopped)
             )  # a stopped run is not a finished one: say so to scripts and schedulers
         return optimized_value(metrics, cfg.get("optimized_metric"), required=_in_multirun())
     except HFLightningError as err:
-        log.error("%s", err)
-        print(f"hf_lightning: error: {err}", file=sys.stderr)
+        report_error(err, log)  # once on stderr, and in train.log
         sys.exit(2)
 
 
@@ -478,5 +550,8 @@ def check_command_line(args: list[str]) -> None:
 
 if __name__ == "__main__":
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from hf_lightning.cli_output import quiet_known_noise
+
+    quiet_known_noise()
     check_command_line(sys.argv[1:])
     main()

@@ -404,15 +404,16 @@ class HFDataModule(L.LightningDataModule):
             if getattr(getattr(model, "config", None), "use_cache", False):
                 trainer = getattr(self, "trainer", None)
                 module = getattr(trainer, "lightning_module", None) if trainer is not None else None
-                # HFLightningModule turns the cache off itself: nothing for its user to do (INFO); any other
+                # HFLightningModule turns the cache off itself: nothing for its user to do (no line); any other
                 # LightningModule must do it, or packed sequences attend to each other (WARNING)
                 handled = getattr(module, "_forward_extra", {}).get("use_cache") is False
-                (log.info if handled else log.warning)(
-                    "packed/padding-free batches: transformers only separates sequences by position_ids when "
-                    "no KV cache is built; %s.config.use_cache is true, so the LightningModule must call the "
-                    "model with use_cache=False (HFLightningModule does) or sequences will attend to each other",
-                    type(model).__name__,
-                )
+                if not handled:
+                    log.warning(
+                        "packed/padding-free batches: transformers only separates sequences by position_ids when "
+                        "no KV cache is built; %s.config.use_cache is true, so the LightningModule must call the "
+                        "model with use_cache=False (HFLightningModule does) or sequences will attend to each other",
+                        type(model).__name__,
+                    )
 
     def _prepare(
         self,

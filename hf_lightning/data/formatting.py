@@ -378,25 +378,43 @@ DETECTION_ORDER = (
 )
 
 
+def fitting_formats(columns: Sequence[str]) -> list[str]:
+    """The formats whose required columns are all in ``columns``, in detection order."""
+    cols = set(columns)
+    return [fmt for fmt in DETECTION_ORDER if all(c in cols for c in SOURCE_COLUMNS[fmt])]
+
+
+def rename_hint(columns: Sequence[str]) -> str:
+    """A ``+data.rename_columns=...`` override that maps the first columns onto a format's names: two columns to
+    ``prompt`` / ``completion``, one to ``text`` (``question, answer`` -> ``{question: prompt, answer: completion}``).
+    """
+    cols = list(columns)
+    if len(cols) >= 2:
+        return f"+data.rename_columns='{{{cols[0]}: prompt, {cols[1]}: completion}}'"
+    return f"+data.rename_columns='{{{cols[0] if cols else 'COLUMN'}: text}}'"
+
+
 def detect_format(columns: Sequence[str], path: Any = None) -> str:
     """The format of a dataset with these column names (see the module table).
 
     Raises:
-        DataError: no known layout; the message lists the columns found and the layouts expected.
+        DataError: no known layout; the message lists the columns found, the layouts expected, and the
+            ``+data.rename_columns`` / ``data.format`` overrides that fix it.
     """
-    cols = set(columns)
-    for fmt in DETECTION_ORDER:
-        if all(c in cols for c in SOURCE_COLUMNS[fmt]):
-            return fmt
+    fits = fitting_formats(columns)
+    if fits:
+        return fits[0]
     layouts = ", ".join(f"{fmt}: {'+'.join(SOURCE_COLUMNS[fmt])}" for fmt in DETECTION_ORDER)
     raise DataError(
-        f"data.path={path}: cannot tell the data format from the columns {sorted(cols)}; expected one of "
-        f"({layouts}), or set data.format explicitly"
+        f"data.path={path}: cannot tell the data format from the columns {list(columns)}: no format fits them "
+        f"(formats and their columns: {layouts}). Rename the columns to a format's, e.g. {rename_hint(columns)}, "
+        "or set data.format=NAME"
     )
 
 
 def check_columns(columns: Sequence[str], fmt: str, path: Any, split: str) -> None:
-    """Raise :class:`DataError` naming the missing field when ``columns`` cannot feed format ``fmt``."""
+    """Raise :class:`DataError` naming the missing field when ``columns`` cannot feed format ``fmt``; the message
+    names the formats the columns do fit (and ``data.format=auto``) or the rename that would fit ``fmt``."""
     missing = [c for c in SOURCE_COLUMNS[fmt] if c not in columns]
     if missing:
         what = (
@@ -404,6 +422,17 @@ def check_columns(columns: Sequence[str], fmt: str, path: Any, split: str) -> No
             if len(missing) == 1
             else "the fields " + ", ".join(repr(c) for c in missing)
         )
+        fits = fitting_formats(columns)
+        if fits:
+            fix = (
+                f"these columns fit the format{'s' if len(fits) > 1 else ''} {', '.join(fits)}: set "
+                f"data.format={fits[0]} (or data.format=auto to detect it)"
+            )
+        else:
+            fix = (
+                f"no format fits these columns: rename them to a format's, e.g. {rename_hint(columns)}, and "
+                "set data.format=auto (or the format they then fit)"
+            )
         raise DataError(
-            f"data.path={path}: format {fmt!r} needs {what}; the {split} split has {list(columns)}"
+            f"data.path={path}: format {fmt!r} needs {what}; the {split} split has {list(columns)}; {fix}"
         )
