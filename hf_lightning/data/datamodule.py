@@ -55,6 +55,8 @@ from hf_lightning.data.windows import AccumulationWindowLoader
 from hf_lightning.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
+# stages that read only the validation split (trainer.validate / test / predict)
+EVAL_STAGES = ("validate", "test", "predict")
 
 # HF's mega-batch multiplier cap (``get_length_grouped_indices``); streams group within buffers this many batches long
 MEGA_BATCH_MULT = 50
@@ -260,8 +262,13 @@ class HFDataModule(L.LightningDataModule):
         model = getattr(module, "model", None)
         return model if isinstance(model, torch.nn.Module) else None
 
-    def _sources(self) -> tuple[Any, Any, Any]:
+    def _sources(self, eval_only: bool = False) -> tuple[Any, Any, Any]:
         path, validation_path = self.path, self.validation_path
+        if eval_only:  # the validation file alone (no train split is read)
+            val = load_source(validation_path, streaming=self.streaming)
+            if isinstance(val, (datasets.DatasetDict, datasets.IterableDatasetDict)):
+                val = next(iter(val.values()))
+            return path, None, self._renamed(val, validation_path) if self.rename_columns else val
         if path is None:
             from hf_lightning.defaults import prepare_chatterbot
 
@@ -320,13 +327,20 @@ class HFDataModule(L.LightningDataModule):
             ConfigError: an option the data or the model cannot honour (named).
             DataError: a source that is missing, unreadable, empty, or lacks the format's fields.
         """
-        if self.train_dataset is not None:
+        if self.train_dataset is not None or (self.val_dataset is not None and stage in EVAL_STAGES):
             return
         model = self._attached_model()
-        path, train, val = self._sources()
-        fmt = self.format if self.format != "auto" else detect_format(self._columns(train), path)
+        # an evaluation-only setup (trainer.validate / predict with a validation file) prepares no train split
+        eval_only = stage in EVAL_STAGES and self.validation_path is not None
+        path, train, val = self._sources(eval_only)
+        fmt = self.format
+        if fmt == "auto":
+            fmt = detect_format(self._columns(val if eval_only else train), self.validation_path or path)
+        if eval_only and fmt == "classification":  # the class ids come from the training split
+            path, train, val = self._sources()
+            eval_only = False
         self.data_format = fmt
-        self._check_options(fmt, train, model)
+        self._check_options(fmt, val if eval_only else train, model)
         label2id = label_mapping(train, path) if fmt == "classification" else None
         if label2id is not None:
             self.id2label = {i: name for name, i in label2id.items()}
@@ -340,7 +354,11 @@ class HFDataModule(L.LightningDataModule):
         )
         announce_document_ends(self.tokenizer, fmt, self.packing)
 
-        self.train_dataset = self._prepare(train, fmt, "train", path, label2id, keep, inputs, inputs_from)
+        self.train_dataset = (
+            None
+            if eval_only
+            else self._prepare(train, fmt, "train", path, label2id, keep, inputs, inputs_from)
+        )
         self.val_dataset = (
             self._prepare(
                 val, fmt, "validation", self.validation_path or path, label2id, keep, inputs, inputs_from
@@ -365,7 +383,7 @@ class HFDataModule(L.LightningDataModule):
         self.eval_collator = self._pruning_collator(
             base, self.val_dataset, keep, inputs, "validation", inputs_from
         )
-        if self.group_by_length and not is_stream(self.train_dataset):
+        if self.group_by_length and self.train_dataset is not None and not is_stream(self.train_dataset):
             self._train_lengths = self._lengths(self.train_dataset)
         self._check_label_names()
 
