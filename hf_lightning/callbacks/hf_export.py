@@ -72,6 +72,7 @@ class HFExport(L.Callback):
             TrainingError: the disk refused a write (full, read-only, permissions); names the folder.
         """
         from hf_lightning.checkpointing.files import atomic_folder, disk_error, write_failure_message
+        from hf_lightning.data.end_of_turn import stop_on_end_of_turn
         from hf_lightning.errors import TrainingError
 
         state = full_model_state_dict(trainer, pl_module)  # every rank takes part in the gather
@@ -79,9 +80,11 @@ class HFExport(L.Callback):
             return
         try:
             os.makedirs(os.path.dirname(os.path.abspath(self.dirpath)), exist_ok=True)
+            tokenizer = getattr(pl_module, "tokenizer", None)
+            if tokenizer is not None:  # a chat model stops on its template's end-of-turn token too
+                stop_on_end_of_turn(pl_module.model, tokenizer)
             with atomic_folder(self.dirpath) as tmp:
                 pl_module.model.save_pretrained(tmp, state_dict=state)
-                tokenizer = getattr(pl_module, "tokenizer", None)
                 if tokenizer is not None:
                     tokenizer.save_pretrained(tmp)
         except Exception as err:

@@ -32,6 +32,7 @@ from hf_lightning.data.checks import (
     check_token_ids,
 )
 from hf_lightning.data.collators import ClassificationCollator, PaddingCollator, Seq2SeqCollator
+from hf_lightning.data.end_of_turn import warn_end_of_turn
 from hf_lightning.data.file_errors import read_error
 from hf_lightning.data.flattening import PaddingFreeCollator
 from hf_lightning.data.formatting import CAUSAL_FORMATS, FORMATS, SOURCE_COLUMNS, detect_format
@@ -396,6 +397,7 @@ class HFDataModule(L.LightningDataModule):
         stream = is_stream(train)
         if fmt in ("messages", "conversations"):
             require_chat_template(self.tokenizer)
+            warn_end_of_turn(self.tokenizer)  # an end-of-turn generation cannot stop on
         if self.packing and fmt not in CAUSAL_FORMATS:
             raise ConfigError(
                 f"data.packing={self.packing!r} packs causal-LM rows; the {fmt!r} format cannot be packed"
