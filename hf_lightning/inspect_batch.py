@@ -73,4 +73,7 @@ def main(cfg: DictConfig) -> None:
 
 if __name__ == "__main__":
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from hf_lightning.cli_output import quiet_known_noise
+
+    quiet_known_noise()
     main()
