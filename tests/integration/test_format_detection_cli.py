@@ -22,7 +22,6 @@ SHORT = (
     "trainer.max_steps=1",
     "trainer.limit_val_batches=1",
     "trainer.enable_model_summary=false",
-    "data.max_length=64",
     "data.per_device_train_batch_size=2",
     "data.per_device_eval_batch_size=2",
 )
@@ -57,7 +56,15 @@ def test_gsm8k_under_clm_is_refused_naming_the_fix_and_the_fix_runs(shared_data,
     assert override.startswith("+data.rename_columns=")
     rows = _first_rows(gsm8k, tmp_path / "gsm8k.jsonl", 24)
     run = tmp_path / "run"
-    proc = run_train_cli("+experiment=clm", f"data.path={rows}", override, *SHORT, f"hydra.run.dir={run}")
+    # GSM8K's questions run past 64 tokens: the completions need room
+    proc = run_train_cli(
+        "+experiment=clm",
+        f"data.path={rows}",
+        override,
+        *SHORT,
+        "data.max_length=320",
+        f"hydra.run.dir={run}",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "examples (prompt_completion format)" in proc.stdout
     assert json.loads((run / "final_metrics.json").read_text())["global_step"] == 1
@@ -68,7 +75,9 @@ def test_sharegpt_under_sft_is_detected(shared_data, tmp_path):
         Path(shared_data) / "fastchat-dummy" / "dummy_conversation.json", tmp_path / "sharegpt.jsonl", 24
     )
     run = tmp_path / "run"
-    proc = run_train_cli("+experiment=sft", f"data.path={rows}", *SHORT, f"hydra.run.dir={run}")
+    proc = run_train_cli(
+        "+experiment=sft", f"data.path={rows}", *SHORT, "data.max_length=64", f"hydra.run.dir={run}"
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "examples (conversations format)" in proc.stdout
     assert (run / "hf_model" / "config.json").is_file()
