@@ -104,6 +104,23 @@ def progress_bar_wanted(given: bool, explicit: bool) -> bool:
     return bool(given) and (explicit or stdout_is_terminal())
 
 
+def progress_bar(trainer_cfg: Any, logger: logging.Logger) -> bool:
+    """``trainer.enable_progress_bar`` of a Hydra job: off when stdout is not a terminal unless the command line
+    gave it (said at INFO); as configured outside a Hydra job."""
+    from hf_lightning.config.run_length import command_line_overrides, given_keys
+
+    given = bool(trainer_cfg.get("enable_progress_bar", True))
+    overrides = command_line_overrides()
+    explicit = overrides is None or "trainer.enable_progress_bar" in given_keys(overrides)
+    bar = progress_bar_wanted(given, explicit)
+    if given and not bar:
+        logger.info(
+            "no progress bar: the output is not a terminal (trainer.enable_progress_bar=true draws it anyway); "
+            "the log lines show the progress"
+        )
+    return bar
+
+
 def report_error(err: BaseException, logger: logging.Logger) -> None:
     """``hf_lightning: error: ...`` once on stderr; the same line goes into the log file (``train.log``) only."""
     print(f"hf_lightning: error: {err}", file=sys.stderr)

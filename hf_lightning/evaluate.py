@@ -67,18 +67,12 @@ def generate_replies(
     return replies
 
 
-def _progress_bar(cfg: DictConfig) -> bool:
-    """``trainer.enable_progress_bar``, off when stdout is not a terminal unless the command line set it."""
-    from hf_lightning.train import _progress_bar as train_progress_bar
-
-    return train_progress_bar(cfg)
-
-
 def evaluate(cfg: DictConfig) -> dict[str, float]:
     """Validate and predict; returns the metrics. Raises :class:`HFLightningError` on bad input."""
     import lightning as L
 
     from hf_lightning.checkpointing.weights import load_model_weights
+    from hf_lightning.cli_output import progress_bar
     from hf_lightning.data import HFDataModule
     from hf_lightning.models import load_model_and_tokenizer
     from hf_lightning.module import HFLightningModule
@@ -106,7 +100,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         enable_checkpointing=False,
         limit_val_batches=cfg.trainer.get("limit_val_batches"),
         limit_predict_batches=cfg.trainer.get("limit_val_batches"),
-        enable_progress_bar=_progress_bar(cfg),
+        enable_progress_bar=progress_bar(cfg.trainer, log),
         use_distributed_sampler=False,
     )
     trainer.validate(module, datamodule=datamodule, verbose=False)

@@ -67,6 +67,7 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
     from hf_lightning.config import validate_config
     from hf_lightning.config.run_length import apply_max_steps_precedence, command_line_overrides
     from hf_lightning.optional import check_config as check_optional_packages
+    from hf_lightning.run_end import finished_run_metrics
     from hf_lightning.run_folder import check_run_folder, checkpoint_dir
     from hf_lightning.run_lock import hold_run_folder, release_run_folder
 
@@ -81,7 +82,7 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
         # a run that starts at step 0 never overwrites a previous one
         check_run_folder(output_dir, cfg.get("ckpt_path"), ckpt_dir, weights_only)
         ckpt_path = find_resume_checkpoint(cfg.get("ckpt_path"), output_dir, weights_only, ckpt_dir)
-        finished = _finished_run(cfg, output_dir, ckpt_path, ckpt_dir, weights_only)
+        finished = finished_run_metrics(cfg, output_dir, ckpt_path, ckpt_dir, weights_only)
         if finished is not None:
             return finished, {}
         for path in remove_leftovers(
@@ -94,31 +95,6 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
             release_run_folder(output_dir)
 
 
-def _finished_run(
-    cfg: DictConfig, output_dir: str, ckpt_path: str | None, ckpt_dir: str, weights_only: bool
-) -> dict[str, float] | None:
-    """The final metrics of a finished run that this resume (same run length) would not train: said, and the
-    folder left exactly as it was (the run-folder guard kept Hydra from rewriting ``.hydra/`` and ``train.log``)."""
-    from hf_lightning.run_folder import finished_resume, take_finished
-
-    answered, finished = take_finished(output_dir)
-    own = ckpt_path is not None and os.path.dirname(os.path.realpath(ckpt_path)) == os.path.realpath(ckpt_dir)
-    if not answered and own and not weights_only:
-        finished = finished_resume(output_dir, cfg, ckpt_path)
-    if finished is None:
-        return None
-    log.warning(
-        "nothing was trained: %s is at optimizer step %d, where this run's limits (trainer.max_steps=%s, "
-        "trainer.max_epochs=%s) already end it, and the run had finished; raise one of them to continue. The run "
-        "folder is unchanged",
-        ckpt_path,
-        int(finished.get("global_step", 0)),
-        cfg.trainer.get("max_steps"),
-        cfg.trainer.get("max_epochs"),
-    )
-    return {k: float(v) for k, v in finished.items()}
-
-
 def _train(
     cfg: DictConfig, ckpt_path: str | None, weights_only: bool
 ) -> tuple[dict[str, float], dict[str, Any]]:
@@ -127,6 +103,7 @@ def _train(
 
     from hf_lightning.callbacks.final_validation import FinalValidation
     from hf_lightning.checkpointing import AtomicCheckpointIO
+    from hf_lightning.cli_output import progress_bar
     from hf_lightning.strategies import refuse_multirun_relaunch
     from hf_lightning.strategies.precision import precision_plugin
 
@@ -136,7 +113,7 @@ def _train(
         for name, c in (cfg.get("callbacks") or {}).items()
         if c is not None
     ]
-    bar = _progress_bar(cfg)
+    bar = progress_bar(cfg.trainer, log)  # off when the output is not a terminal
     if not bar:
         from lightning.pytorch.callbacks import ProgressBar
 
@@ -161,23 +138,6 @@ def _train(
     finally:
         _close_wandb()
     return metrics, objects
-
-
-def _progress_bar(cfg: DictConfig) -> bool:
-    """``trainer.enable_progress_bar``, off when stdout is not a terminal unless the command line set it."""
-    from hf_lightning.cli_output import progress_bar_wanted
-    from hf_lightning.config.run_length import command_line_overrides, given_keys
-
-    given = bool(cfg.trainer.get("enable_progress_bar", True))
-    overrides = command_line_overrides()
-    explicit = overrides is None or "trainer.enable_progress_bar" in given_keys(overrides)
-    bar = progress_bar_wanted(given, explicit)
-    if given and not bar:
-        log.info(
-            "no progress bar: the output is not a terminal (trainer.enable_progress_bar=true draws it anyway); "
-            "the log lines and metrics.csv show the progress"
-        )
-    return bar
 
 
 def instantiate(node: Any, **kwargs: Any) -> Any:
@@ -292,7 +252,13 @@ def _fit(
     from hf_lightning.faults import explain_faults
     from hf_lightning.models import build_model, load_tokenizer
     from hf_lightning.module import HFLightningModule
-    from hf_lightning.run_end import finish_run, finished_metrics, newest_logged, write_final_metrics
+    from hf_lightning.run_end import (
+        finish_run,
+        finished_metrics,
+        newest_logged,
+        run_tokens_per_s,
+        write_final_metrics,
+    )
 
     model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
     tokenizer = load_tokenizer(model_cfg.get("name_or_path"), model_cfg.pop("tokenizer_vocab_size", 2048))
@@ -377,7 +343,7 @@ def _fit(
         newest_logged(os.path.join(cfg.output_dir, "metrics.csv")) if trainer.is_global_zero else {}
     )
     metrics.update(module.last_logged)
-    tokens_per_s, tokens = _run_tokens_per_s(trainer, module, fit_seconds)
+    tokens_per_s, tokens = run_tokens_per_s(trainer, module, fit_seconds)
     wall = command_seconds()  # the whole command: start-up, data, training, validations, export
     metrics.update(
         {
@@ -411,23 +377,6 @@ def _fit(
         ", ".join(f"{k}={v:.4f}" for k, v in metrics.items() if "/" in k and not k.startswith("throughput/")),
     )
     return metrics, objects
-
-
-def _run_tokens_per_s(trainer: Any, module: Any, fit_seconds: float) -> tuple[float, int]:
-    """``(real tokens/s, real tokens)`` of this command's training, over all ranks, validation excluded: the
-    definition of ``throughput/tokens_per_s`` over the whole run (from the Throughput callback when the run has
-    one; else the module's token count over the time of ``fit``). A collective under DDP: call it on every rank."""
-    import torch
-
-    from hf_lightning.callbacks.throughput import Throughput
-
-    callback = next((c for c in trainer.callbacks if isinstance(c, Throughput)), None)
-    if callback is not None and callback.run_tokens_per_s() is not None:
-        return float(callback.run_tokens_per_s()), int(callback.run_real_tokens)
-    tokens = torch.tensor(float(module.trained_tokens()), device=trainer.strategy.root_device)
-    if trainer.world_size > 1:
-        tokens = trainer.strategy.reduce(tokens, reduce_op="sum")
-    return float(tokens) / max(fit_seconds, 1e-9), int(tokens)
 
 
 def _validate_final_weights(trainer: Any, module: Any, datamodule: Any) -> None:
