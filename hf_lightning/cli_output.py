@@ -62,6 +62,26 @@ def command_seconds() -> float:
         return time.perf_counter() - _IMPORTED
 
 
+_job = {"start": None, "first": True, "by_cli": False}
+
+
+def begin_job(cli: bool = False) -> None:
+    """Start the clock of one training job. The command line's first job counts from the process start (the
+    imports and the config are part of what the user waits for); a sweep's later jobs and a ``train(cfg)`` call
+    from Python count from here. ``train()`` calls it unless ``main`` already did for this job."""
+    if not cli and _job["by_cli"]:
+        _job["by_cli"] = False  # main began this job
+        return
+    before = command_seconds() if cli and _job["first"] else 0.0
+    _job.update(start=time.perf_counter() - before, first=False, by_cli=cli)
+
+
+def job_seconds() -> float:
+    """Seconds since :func:`begin_job` (the done line's wall time)."""
+    start = _job["start"]
+    return time.perf_counter() - start if start is not None else command_seconds()
+
+
 def stdout_is_terminal() -> bool:
     return bool(getattr(sys.stdout, "isatty", lambda: False)())
 

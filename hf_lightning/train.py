@@ -64,6 +64,7 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
     """
     from hf_lightning.checkpointing import find_resume_checkpoint
     from hf_lightning.checkpointing.files import remove_leftovers
+    from hf_lightning.cli_output import begin_job
     from hf_lightning.config import validate_config
     from hf_lightning.config.run_length import apply_max_steps_precedence, command_line_overrides
     from hf_lightning.optional import check_config as check_optional_packages
@@ -71,6 +72,7 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
     from hf_lightning.run_folder import check_run_folder, checkpoint_dir
     from hf_lightning.run_lock import hold_run_folder, release_run_folder
 
+    begin_job()  # the clock of the done line's wall time
     validate_config(cfg)
     apply_max_steps_precedence(cfg, command_line_overrides())  # HF: a given max_steps overrides the epochs
     check_optional_packages(cfg)  # a logger, strategy or model package that is not installed: one line, now
@@ -246,7 +248,7 @@ def _fit(
 ) -> tuple[dict[str, float], dict[str, Any]]:
     """Tokenizer, data, model, module, ``fit``; the final metrics."""
     from hf_lightning.checkpointing.weights import summarize_load_error, weights_mismatch_message
-    from hf_lightning.cli_output import command_seconds
+    from hf_lightning.cli_output import job_seconds
     from hf_lightning.data import HFDataModule
     from hf_lightning.errors import ModelError
     from hf_lightning.faults import explain_faults
@@ -344,7 +346,7 @@ def _fit(
     )
     metrics.update(module.last_logged)
     tokens_per_s, tokens = run_tokens_per_s(trainer, module, fit_seconds)
-    wall = command_seconds()  # the whole command: start-up, data, training, validations, export
+    wall = job_seconds()  # the whole job: start-up (the command's first), data, training, validations, export
     metrics.update(
         {
             "global_step": float(trainer.global_step),
@@ -367,7 +369,7 @@ def _fit(
         )
         return metrics, objects
     log.info(
-        "done: %d optimizer steps in %.1f s (the whole command), %d real tokens trained at %.0f real tokens/s "
+        "done: %d optimizer steps in %.1f s (wall time, start-up included), %d real tokens trained at %.0f real tokens/s "
         "(all ranks, validation excluded), final %s",
         trainer.global_step,
         wall,
@@ -469,8 +471,9 @@ def _report_log_file_errors() -> None:
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> float | None:
-    from hf_lightning.cli_output import report_error, speak_for_the_run
+    from hf_lightning.cli_output import begin_job, report_error, speak_for_the_run
 
+    begin_job(cli=True)
     speak_for_the_run()
     _report_log_file_errors()
     try:
