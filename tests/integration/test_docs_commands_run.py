@@ -120,7 +120,7 @@ def test_every_documented_command_runs(source, command, error, doc_folder, tmp_p
         assert "training batch 1 of rank 0" in proc.stdout
     elif "evaluate" in command:
         assert (Path(run_dir) / "eval_metrics.json").is_file()
-    elif " -m " in command:
+    elif {"-m", "--multirun"} & set(shlex.split(command)[3:]):
         assert (Path(run_dir) / "summary.csv").is_file()
     else:
         assert (Path(run_dir) / "final_metrics.json").is_file()
