@@ -490,11 +490,20 @@ def main(cfg: DictConfig) -> float | None:
 
 
 def check_command_line(args: list[str]) -> None:
-    """Before Hydra composes: a choice whose Hydra plugin is missing exits with one line and status 2."""
+    """Before Hydra composes: a choice whose Hydra plugin is missing, or the SLURM launcher off a SLURM machine,
+    exits with one line and status 2."""
+    import shutil
+
     from hf_lightning.optional import check_command_line as check_plugins
 
     try:
         check_plugins(args)
+        if any(a.lstrip("+") == "hydra/launcher=slurm" for a in args) and shutil.which("sbatch") is None:
+            # submitit's own refusal is a traceback ('Could not detect "srun"') after the sweep has started
+            raise ConfigError(
+                "hydra/launcher=slurm submits the jobs to SLURM, and this machine has no sbatch command: run the "
+                "command on a SLURM login node, or drop hydra/launcher=slurm to run the jobs here"
+            )
     except HFLightningError as err:
         print(f"hf_lightning: error: {err}", file=sys.stderr)
         sys.exit(2)
