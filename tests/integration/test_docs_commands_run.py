@@ -50,11 +50,12 @@ def _env() -> dict[str, str]:
 def _shorten(words: list[str], entry: str, run_dir: str) -> list[str]:
     keys = SHORT if entry == "train" else {}
     kept = [w for w in words if w.split("=", 1)[0].lstrip("+") not in keys]
-    out = kept + [f"{k}={v}" for k, v in keys.items()]
+    added = [f"{k}={v}" for k, v in keys.items()]
     if entry != "inspect_batch":
         multirun = "-m" in words or "--multirun" in words
-        out.append(f"hydra.sweep.dir={run_dir}" if multirun else f"hydra.run.dir={run_dir}")
-    return out
+        added.append(f"hydra.sweep.dir={run_dir}" if multirun else f"hydra.run.dir={run_dir}")
+    # the overrides before the command's own words: Hydra takes none after an option such as --cfg job
+    return added + kept
 
 
 def _run(command: str, cwd: Path, run_dir: str, shorten: bool = True) -> subprocess.CompletedProcess:
