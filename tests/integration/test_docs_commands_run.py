@@ -54,8 +54,9 @@ def _shorten(words: list[str], entry: str, run_dir: str) -> list[str]:
     if entry != "inspect_batch":
         multirun = "-m" in words or "--multirun" in words
         added.append(f"hydra.sweep.dir={run_dir}" if multirun else f"hydra.run.dir={run_dir}")
-    # the overrides before the command's own words: Hydra takes none after an option such as --cfg job
-    return added + kept
+    # Hydra's overrides form one run of words: after the command's own, before an option such as --cfg job
+    cut = next((i for i, w in enumerate(kept) if w.startswith("--cfg")), len(kept))
+    return kept[:cut] + added + kept[cut:]
 
 
 def _run(command: str, cwd: Path, run_dir: str, shorten: bool = True) -> subprocess.CompletedProcess:
