@@ -66,6 +66,7 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
     from hf_lightning.checkpointing.files import remove_leftovers
     from hf_lightning.cli_output import begin_job
     from hf_lightning.config import validate_config
+    from hf_lightning.config.hf_args import prepare_schedule
     from hf_lightning.config.run_length import apply_max_steps_precedence, command_line_overrides
     from hf_lightning.optional import check_config as check_optional_packages
     from hf_lightning.run_end import finished_run_metrics
@@ -75,6 +76,7 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
     begin_job()  # the clock of the done line's wall time
     validate_config(cfg)
     apply_max_steps_precedence(cfg, command_line_overrides())  # HF: a given max_steps overrides the epochs
+    schedule = prepare_schedule(cfg)  # eval_steps, save_steps, logging_steps: HF's steps, not Lightning's
     check_optional_packages(cfg)  # a logger, strategy or model package that is not installed: one line, now
     weights_only = bool(cfg.get("resume_weights_only"))
     output_dir = os.path.abspath(cfg.output_dir)
@@ -91,14 +93,14 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
             output_dir, ckpt_dir
         ):  # this process owns the folder: they are a dead one's
             log.info("removed %s, left by a process that was stopped while writing it", path)
-        return _train(cfg, ckpt_path, weights_only)
+        return _train(cfg, ckpt_path, weights_only, schedule)
     finally:
         if acquired:
             release_run_folder(output_dir)
 
 
 def _train(
-    cfg: DictConfig, ckpt_path: str | None, weights_only: bool
+    cfg: DictConfig, ckpt_path: str | None, weights_only: bool, schedule: Any = None
 ) -> tuple[dict[str, float], dict[str, Any]]:
     """The Trainer and its callbacks, then :func:`_fit`."""
     import lightning as L
@@ -121,7 +123,7 @@ def _train(
 
         # Lightning refuses a progress-bar callback when the bar is off; off wins
         callbacks = [c for c in callbacks if not isinstance(c, ProgressBar)]
-    callbacks = with_best_model(cfg, callbacks)
+    callbacks = with_best_model(cfg, callbacks, schedule)
     callbacks.append(FinalValidation())  # the final weights' validation competes for best.ckpt like any other
     loggers = [instantiate(c) for c in (cfg.get("logger") or {}).values() if c is not None]
     trainer_cfg = OmegaConf.to_container(cfg.trainer, resolve=True)
@@ -201,8 +203,11 @@ def lightning_object(node: DictConfig, key: str, **kwargs: Any) -> Any:
         raise ConfigError(f"{where}: {text} (refused by {node.get('_target_', key)})") from None
 
 
-def with_best_model(cfg: DictConfig, callbacks: list[Any]) -> list[Any]:
+def with_best_model(cfg: DictConfig, callbacks: list[Any], schedule: Any = None) -> list[Any]:
     """HF's ``metric_for_best_model``: add a ``best`` checkpoint (never rotated out) and point early stopping at it.
+    With HF step keys (``schedule``), :class:`~hf_lightning.callbacks.hf_steps.HFSteps` goes first; with
+    ``load_best_model_at_end``, :class:`~hf_lightning.callbacks.load_best.LoadBestModel` keeps ``best.ckpt`` by
+    HF's rule (metric ``loss`` when none is named, as HF) and ``hf_model/`` gets its weights.
 
     Raises:
         ConfigError: a metric not ending in ``loss`` without ``greater_is_better``.
@@ -210,16 +215,28 @@ def with_best_model(cfg: DictConfig, callbacks: list[Any]) -> list[Any]:
     from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 
     from hf_lightning.callbacks.best_model import resolve_monitor
+    from hf_lightning.callbacks.hf_steps import HFSteps
+    from hf_lightning.callbacks.load_best import LoadBestModel
 
-    if not cfg.get("metric_for_best_model"):
-        return callbacks
-    monitor, mode = resolve_monitor(cfg.metric_for_best_model, cfg.get("greater_is_better"))
+    steps = [HFSteps(schedule)] if schedule is not None else []
+    load_best = bool(cfg.get("load_best_model_at_end"))
+    if not cfg.get("metric_for_best_model") and not load_best:
+        return [*steps, *callbacks]
+    monitor, mode = resolve_monitor(cfg.get("metric_for_best_model") or "loss", cfg.get("greater_is_better"))
+    if load_best:
+        # before HFSteps (the save at an evaluation step stores the best state) and before HFExport (it loads)
+        best = LoadBestModel(monitor, mode, os.path.join(cfg.output_dir, "checkpoints"), steps[0])
+        callbacks = [best, *steps, *callbacks]
+    else:
+        callbacks = [*steps, *callbacks]
     callbacks = [
         EarlyStopping(monitor=monitor, mode=mode, patience=cb.patience, min_delta=abs(cb.min_delta))
         if isinstance(cb, EarlyStopping)
         else cb
         for cb in callbacks
     ]
+    if load_best:
+        return callbacks
     return [
         *callbacks,
         ModelCheckpoint(
@@ -345,6 +362,11 @@ def _fit(
         newest_logged(os.path.join(cfg.output_dir, "metrics.csv")) if trainer.is_global_zero else {}
     )
     metrics.update(module.last_logged)
+    from hf_lightning.callbacks.load_best import LoadBestModel
+
+    for callback in trainer.callbacks:  # load_best_model_at_end: the exported weights' step and metric
+        if isinstance(callback, LoadBestModel):
+            metrics.update(callback.final_metrics())
     tokens_per_s, tokens = run_tokens_per_s(trainer, module, fit_seconds)
     wall = job_seconds()  # the whole job: start-up (the command's first), data, training, validations, export
     metrics.update(

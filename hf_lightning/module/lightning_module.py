@@ -141,6 +141,11 @@ class HFLightningModule(TrainLogState, EvalStepsMixin, L.LightningModule):
     set), ``val/perplexity``, ``val/accuracy`` (see :class:`~hf_lightning.module.eval_steps.EvalStepsMixin`).
     """
 
+    # HF's logging_first_step: a train/loss row after the first optimizer step too (set by HFSteps)
+    logging_first_step: bool = False
+    # the run's optimizer steps, known once configure_optimizers has run
+    planned_steps: int | None = None
+
     #: HF ``Trainer``'s attribute: whether :meth:`compute_loss` returns a share of the window loss (``True``)
     #: or a per-micro-batch mean (``False``, HF's fallback). ``None``: decided from the loss source; a
     #: subclass overriding :meth:`compute_loss` counts as ``True`` unless it sets this.
@@ -475,6 +480,8 @@ class HFLightningModule(TrainLogState, EvalStepsMixin, L.LightningModule):
     def _is_log_step(self, step: int) -> bool:
         """Whether the train logs are flushed after optimizer step ``step`` (1-based)."""
         trainer = self.trainer
+        if step == 1 and self.logging_first_step:
+            return True
         return step % max(trainer.log_every_n_steps, 1) == 0 or step >= trainer.max_steps > 0
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
@@ -602,6 +609,7 @@ class HFLightningModule(TrainLogState, EvalStepsMixin, L.LightningModule):
         total = self.total_training_steps()
         if not math.isfinite(total):
             raise ValueError("the number of training steps is unknown: set trainer.max_steps")
+        self.planned_steps = int(total)  # HF's max_steps, for the eval/save/logging step ratios (HFSteps)
         scheduler = build_scheduler(optimizer, int(total), **self.scheduler)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 

@@ -47,8 +47,15 @@ def _env() -> dict[str, str]:
     return {**os.environ, "HF_HUB_OFFLINE": "1"}
 
 
+# HF's step keys replace Lightning's evaluation knobs (giving both is refused)
+HF_STEP_KEYS = ("eval_steps", "save_steps", "logging_steps", "eval_strategy", "save_strategy")
+EVAL_KNOBS = ("trainer.val_check_interval", "trainer.check_val_every_n_epoch")
+
+
 def _shorten(words: list[str], entry: str, run_dir: str) -> list[str]:
-    keys = SHORT if entry == "train" else {}
+    keys = dict(SHORT) if entry == "train" else {}
+    if any(w.split("=", 1)[0].lstrip("+") in HF_STEP_KEYS for w in words):
+        keys = {k: v for k, v in keys.items() if k not in EVAL_KNOBS}
     kept = [w for w in words if w.split("=", 1)[0].lstrip("+") not in keys]
     added = [f"{k}={v}" for k, v in keys.items()]
     if entry != "inspect_batch":
