@@ -98,6 +98,15 @@ def uses_script_launcher(strategy: Any) -> bool:
     return isinstance(getattr(strategy, "launcher", None), _SubprocessScriptLauncher)
 
 
+def launcher_rank() -> int:
+    """This process's global rank as the launcher set it (``RANK``, ``LOCAL_RANK``, ``SLURM_PROCID``, ...), 0
+    without one, read by Lightning's own ``lightning.fabric.utilities.rank_zero._get_rank`` (no public function
+    reads the launcher's variables before a Trainer exists)."""
+    from lightning.fabric.utilities.rank_zero import _get_rank
+
+    return _get_rank() or 0
+
+
 def attached_trainer(module: Any) -> Any:
     """``module.trainer``, or ``None`` for a LightningModule not attached to a ``Trainer`` (the public
     property raises then). No private attribute: the public property, its ``RuntimeError`` caught."""

@@ -15,32 +15,56 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig
 
+from hf_lightning.batch import IGNORE_INDEX
 from hf_lightning.cli import hide_library_warnings
 from hf_lightning.errors import ConfigError, HFLightningError
 
 log = logging.getLogger("hf_lightning.evaluate")
 
 
-def generate_replies(module: Any, dataset: Any, max_new_tokens: int) -> list[str]:
-    """Greedy reply per example; the prompt is every token before the first trained-on label."""
+def prompt_and_reference(row: dict[str, Any], causal: bool) -> tuple[list[int], list[int]]:
+    """``(prompt ids, reference ids)`` of a tokenized row: for a causal LM the prompt is every token before the
+    first trained-on label (position >= 1) and the reference the trained-on tokens from there; for an
+    encoder-decoder model the source and the target."""
+    ids = list(row["input_ids"])
+    labels = row.get("labels")
+    labels = list(labels) if isinstance(labels, (list, tuple)) else None
+    if not causal:
+        return ids, [t for t in (labels or []) if t != IGNORE_INDEX]
+    labels = labels if labels is not None else ids
+    first = next((i for i, t in enumerate(labels) if t != IGNORE_INDEX and i > 0), len(ids))
+    return ids[:first], [t for t in labels[first:] if t != IGNORE_INDEX]
+
+
+def generate_replies(
+    module: Any, prompts: list[list[int]], max_new_tokens: int, batch_size: int
+) -> list[str]:
+    """Greedy replies (``do_sample=False``), ``batch_size`` prompts at a time, left-padded with an attention mask
+    as HF ``Seq2SeqTrainer``'s ``predict_with_generate`` batches them; the reply is the text after the prompt
+    (skip_special_tokens). Equal to generating one prompt at a time (tested)."""
     import torch
 
     tok, model = module.tokenizer, module.model
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    device = next(model.parameters()).device
+    decoder_only = not getattr(model.config, "is_encoder_decoder", False)
     model.eval()
-    replies = []
+    replies: list[str] = []
     with torch.no_grad():
-        for row in dataset:
-            ids, labels = row["input_ids"], row.get("labels") or row["input_ids"]
-            first = next((i for i, t in enumerate(labels) if t != -100 and i > 0), len(ids))
-            prompt = torch.tensor([ids[:first]])
+        for start in range(0, len(prompts), max(batch_size, 1)):
+            chunk = prompts[start : start + max(batch_size, 1)]
+            width = max(len(p) for p in chunk)
+            ids = torch.tensor([[pad] * (width - len(p)) + p for p in chunk], device=device)
+            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk], device=device)
             out = model.generate(
-                input_ids=prompt,
-                attention_mask=torch.ones_like(prompt),
+                input_ids=ids,
+                attention_mask=mask,
                 max_new_tokens=max_new_tokens,
                 do_sample=False,
-                pad_token_id=tok.pad_token_id,
+                pad_token_id=pad,
             )
-            replies.append(tok.decode(out[0, prompt.shape[1] :], skip_special_tokens=True))
+            new = out[:, width:] if decoder_only else out
+            replies.extend(tok.decode(row, skip_special_tokens=True) for row in new)
     return replies
 
 
@@ -69,17 +93,28 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     batches = trainer.predict(module, dataloaders=datamodule.predict_dataloader())
     rows = [row for batch in batches for row in batch]
+    examples = datamodule.val_dataset.select(range(len(rows)))
+    pairs = [prompt_and_reference(example, module.causal) for example in examples]
     replies = (
-        generate_replies(module, datamodule.val_dataset.select(range(len(rows))), cfg.max_new_tokens)
+        generate_replies(
+            module, [p for p, _ in pairs], cfg.max_new_tokens, cfg.data.per_device_eval_batch_size
+        )
         if cfg.generate
         else None
     )
     os.makedirs(out_dir, exist_ok=True)
+    decode = run.tokenizer.decode
     with open(os.path.join(out_dir, "predictions.jsonl"), "w", encoding="utf-8") as fh:
         for i, row in enumerate(rows):
-            record = {"index": i, **row}
+            prompt, reference = pairs[i]
+            record = {
+                "index": i,
+                "prompt": decode(prompt, skip_special_tokens=True),
+                "reference": decode(reference, skip_special_tokens=True),
+            }
             if replies is not None:
                 record["reply"] = replies[i]
+            record.update(row)
             fh.write(json.dumps(record) + "\n")
     with open(os.path.join(out_dir, "eval_metrics.json"), "w", encoding="utf-8") as fh:
         json.dump(metrics, fh, indent=2)
@@ -99,14 +134,18 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="evaluate")
 def main(cfg: DictConfig) -> None:
+    from hf_lightning.cli_output import report_error
+
     hide_library_warnings()
     try:
         evaluate(cfg)
     except HFLightningError as err:
-        log.error("%s", err)
-        print(f"hf_lightning: error: {err}", file=sys.stderr)
+        report_error(err, log)  # once on stderr, and in the log file
         sys.exit(2)
 
 
 if __name__ == "__main__":
+    from hf_lightning.cli_output import quiet_known_noise
+
+    quiet_known_noise()
     main()

@@ -48,4 +48,7 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    from hf_lightning.cli_output import quiet_known_noise
+
+    quiet_known_noise()
     main()

@@ -96,3 +96,45 @@ def finish_run(
         write_final_metrics(output_dir, metrics)
     done.append(METRICS_FILE)
     return metrics, done
+
+
+def finished_run_metrics(
+    cfg: Any, output_dir: str, ckpt_path: str | None, ckpt_dir: str, weights_only: bool
+) -> dict[str, float] | None:
+    """The final metrics of a finished run that this resume (same run length) would not train: said, and the
+    folder left exactly as it was (the run-folder guard kept Hydra from rewriting ``.hydra/`` and ``train.log``)."""
+    from hf_lightning.run_folder import finished_resume, take_finished
+
+    answered, finished = take_finished(output_dir)
+    own = ckpt_path is not None and os.path.dirname(os.path.realpath(ckpt_path)) == os.path.realpath(ckpt_dir)
+    if not answered and own and not weights_only:
+        finished = finished_resume(output_dir, cfg, ckpt_path)
+    if finished is None:
+        return None
+    log.warning(
+        "nothing was trained: %s is at optimizer step %d, where this run's limits (trainer.max_steps=%s, "
+        "trainer.max_epochs=%s) already end it, and the run had finished; raise one of them to continue. The run "
+        "folder is unchanged",
+        ckpt_path,
+        int(finished.get("global_step", 0)),
+        cfg.trainer.get("max_steps"),
+        cfg.trainer.get("max_epochs"),
+    )
+    return {k: float(v) for k, v in finished.items()}
+
+
+def run_tokens_per_s(trainer: Any, module: Any, fit_seconds: float) -> tuple[float, int]:
+    """``(real tokens/s, real tokens)`` of this command's training, over all ranks, validation excluded: the
+    definition of ``throughput/tokens_per_s`` over the whole run (from the Throughput callback when the run has
+    one; else the module's token count over the time of ``fit``). A collective under DDP: call it on every rank."""
+    import torch
+
+    from hf_lightning.callbacks.throughput import Throughput
+
+    callback = next((c for c in trainer.callbacks if isinstance(c, Throughput)), None)
+    if callback is not None and callback.run_tokens_per_s() is not None:
+        return float(callback.run_tokens_per_s()), int(callback.run_real_tokens)
+    tokens = torch.tensor(float(module.trained_tokens()), device=trainer.strategy.root_device)
+    if trainer.world_size > 1:
+        tokens = trainer.strategy.reduce(tokens, reduce_op="sum")
+    return float(tokens) / max(fit_seconds, 1e-9), int(tokens)

@@ -215,6 +215,50 @@ def check_same_run(run_dir: str, current: DictConfig) -> None:
         )
 
 
+_FINISHED: dict[str, dict[str, Any] | None] = {}
+
+
+def finished_resume(run_dir: str, current: DictConfig, resolved: str | None) -> dict[str, Any] | None:
+    """The final metrics of the finished run in ``run_dir`` when resuming it from ``resolved`` trains nothing:
+    its ``final_metrics.json`` was written at the checkpoint's step and the run length (:data:`LENGTH`) is the
+    one of its saved ``.hydra/config.yaml``. ``None`` otherwise (also without a saved config: then ``fit`` finds
+    out). The run-folder guard's answer is kept for ``train()`` (:func:`take_finished`), since Hydra rewrites the
+    saved config in between."""
+    from hf_lightning.checkpointing.resume import checkpoint_problem
+    from hf_lightning.run_end import METRICS_FILE, finished_metrics
+
+    saved_file = os.path.join(run_dir, ".hydra", "config.yaml")
+    if resolved is None or not os.path.isfile(os.path.join(run_dir, METRICS_FILE)):
+        return None
+    if not os.path.isfile(saved_file) or length_changes(OmegaConf.load(saved_file), current):
+        return None
+    problem, step = checkpoint_problem(resolved)
+    return None if problem or step is None else finished_metrics(run_dir, step)
+
+
+def take_finished(run_dir: str) -> tuple[bool, dict[str, Any] | None]:
+    """``(the guard answered, its answer)`` of :func:`finished_resume` for ``run_dir`` (said once)."""
+    key = os.path.abspath(run_dir)
+    return (key in _FINISHED), _FINISHED.pop(key, None)
+
+
+def _leave_folder_as_it_is(config: DictConfig) -> None:
+    """A resume that trains nothing writes nothing: no ``.hydra/`` rewrite, no ``train.log`` lines (Hydra reads
+    both settings after ``on_run_start``)."""
+    from omegaconf import open_dict, read_write
+
+    with read_write(config.hydra), open_dict(config.hydra):
+        config.hydra.output_subdir = None
+        logging_cfg = config.hydra.job_logging
+        handlers = logging_cfg.get("handlers") or {}
+        files = [name for name, h in handlers.items() if "FileHandler" in str(h.get("class", ""))]
+        for name in files:
+            del logging_cfg.handlers[name]
+        root = logging_cfg.get("root")
+        if root is not None and root.get("handlers") is not None:
+            root.handlers = [h for h in root.handlers if h not in files]
+
+
 def _inside(ckpt_path: str, ckpt_dir: str) -> bool:
     """``ckpt_path`` is ``last`` or a file in the run's own checkpoint folder."""
     if ckpt_path == "last":
@@ -269,6 +313,12 @@ class RunFolderGuard(_HydraCallback):  # type: ignore[misc,valid-type]
                 check_same_run(run_dir, task)  # ckpt_path=last or one of the run's own checkpoints
             resolved = find_resume_checkpoint(ckpt_path, os.path.abspath(run_dir), weights_only, ckpt_dir)
             remember_resolved(ckpt_path, os.path.abspath(run_dir), weights_only, ckpt_dir, resolved)
+            if ckpt_path is not None and not weights_only and _inside(ckpt_path, ckpt_dir):
+                finished = finished_resume(run_dir, task, resolved)
+                _FINISHED[os.path.abspath(run_dir)] = finished
+                if finished is not None:
+                    _leave_folder_as_it_is(config)
+                    return
             if ckpt_path is not None and not weights_only:
                 kept = keep_previous_settings(
                     run_dir

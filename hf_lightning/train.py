@@ -46,10 +46,13 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
     """
     from hf_lightning.checkpointing import find_resume_checkpoint
     from hf_lightning.checkpointing.files import remove_leftovers
+    from hf_lightning.cli_output import begin_job
     from hf_lightning.config.build import check
+    from hf_lightning.run_end import finished_run_metrics
     from hf_lightning.run_folder import check_run_folder, checkpoint_dir
     from hf_lightning.run_lock import hold_run_folder, release_run_folder
 
+    begin_job()  # the clock of the done line's wall time
     schedule = check(cfg, "train")  # schema, HF step keys, missing packages: before the run folder is touched
     weights_only = bool(cfg.get("resume_weights_only"))
     output_dir = os.path.abspath(cfg.output_dir)
@@ -59,6 +62,9 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
         # a run that starts at step 0 never overwrites a previous one
         check_run_folder(output_dir, cfg.get("ckpt_path"), ckpt_dir, weights_only)
         ckpt_path = find_resume_checkpoint(cfg.get("ckpt_path"), output_dir, weights_only, ckpt_dir)
+        finished = finished_run_metrics(cfg, output_dir, ckpt_path, ckpt_dir, weights_only)
+        if finished is not None:
+            return finished, {}
         for path in remove_leftovers(
             output_dir, ckpt_dir
         ):  # this process owns the folder: they are a dead one's
@@ -98,9 +104,16 @@ def _fit(
 ) -> tuple[dict[str, float], dict[str, Any]]:
     """``fit`` the built objects; the final metrics."""
     from hf_lightning.checkpointing.weights import summarize_load_error, weights_mismatch_message
+    from hf_lightning.cli_output import job_seconds
     from hf_lightning.errors import ModelError
     from hf_lightning.faults import explain_faults
-    from hf_lightning.run_end import finish_run, finished_metrics, newest_logged, write_final_metrics
+    from hf_lightning.run_end import (
+        finish_run,
+        finished_metrics,
+        newest_logged,
+        run_tokens_per_s,
+        write_final_metrics,
+    )
 
     trainer, datamodule, module, model = run.trainer, run.datamodule, run.module, run.model
     model_path = cfg.model.get("name_or_path")
@@ -120,7 +133,7 @@ def _fit(
                 raise
             details = summarize_load_error(err)
             raise ModelError(weights_mismatch_message(ckpt_path, model_path, details)) from None
-    wall = time.perf_counter() - start
+    fit_seconds = time.perf_counter() - start
     objects = {"trainer": trainer, "module": module, "datamodule": datamodule}
     if module.fit_start_step in (None, trainer.global_step) and ckpt_path is not None:
         previous = finished_metrics(cfg.output_dir, trainer.global_step)
@@ -135,7 +148,8 @@ def _fit(
             return metrics, objects
         log.warning(
             "nothing was trained: %s is at optimizer step %d, where this run's limits (trainer.max_steps=%s, "
-            "trainer.max_epochs=%s) already end it; raise one of them to continue. The run folder is unchanged",
+            "trainer.max_epochs=%s) already end it; raise one of them to continue. Its checkpoints, metrics.csv, "
+            "hf_model/ and final_metrics.json are unchanged",
             ckpt_path,
             trainer.global_step,
             cfg.trainer.get("max_steps"),
@@ -156,13 +170,14 @@ def _fit(
     for callback in trainer.callbacks:  # load_best_model_at_end: the exported weights' step and metric
         if isinstance(callback, LoadBestModel):
             metrics.update(callback.final_metrics())
-    tokens = module.trained_tokens()
+    tokens_per_s, tokens = run_tokens_per_s(trainer, module, fit_seconds)
+    wall = job_seconds()  # the whole job: start-up (the command's first), data, training, validations, export
     metrics.update(
         {
             "global_step": float(trainer.global_step),
             "parameters": float(n_params),
             "wall_time_s": wall,
-            "train_tokens_per_s": tokens / wall,
+            "train_tokens_per_s": tokens_per_s,
         }
     )
     stopped = getattr(module, "preempted", None)
@@ -179,11 +194,14 @@ def _fit(
         )
         return metrics, objects
     log.info(
-        "done: %d optimizer steps, %.1f s, %.0f real tokens/s (this process), final %s",
+        "done: %d optimizer steps in %.1f s (wall time, start-up included), %d real tokens trained at %.0f real tokens/s "
+        "(all ranks, validation excluded), final %s",
         trainer.global_step,
         wall,
-        tokens / wall,
-        ", ".join(f"{k}={v:.4f}" for k, v in metrics.items() if "/" in k),
+        tokens,
+        tokens_per_s,
+        # the last row's throughput/* rates cover one log interval: the run's rate is the one above
+        ", ".join(f"{k}={v:.4f}" for k, v in metrics.items() if "/" in k and not k.startswith("throughput/")),
     )
     return metrics, objects
 
@@ -278,34 +296,49 @@ def _report_log_file_errors() -> None:
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> float | None:
+    from hf_lightning.cli_output import begin_job, report_error, speak_for_the_run
+
     hide_library_warnings()
+    begin_job(cli=True)
+    speak_for_the_run()
     _report_log_file_errors()
     try:
         metrics, objects = train(cfg)
-        stopped = getattr(objects["module"], "preempted", None)
+        stopped = getattr(objects.get("module"), "preempted", None)
         if stopped:
             sys.exit(
                 128 + int(stopped)
             )  # a stopped run is not a finished one: say so to scripts and schedulers
         return optimized_value(metrics, cfg.get("optimized_metric"), required=in_multirun())
     except HFLightningError as err:
-        log.error("%s", err)
-        print(f"hf_lightning: error: {err}", file=sys.stderr)
+        report_error(err, log)  # once on stderr, and in train.log
         sys.exit(2)
 
 
 def check_command_line(args: list[str]) -> None:
-    """Before Hydra composes: a choice whose Hydra plugin is missing exits with one line and status 2."""
+    """Before Hydra composes: a choice whose Hydra plugin is missing, or the SLURM launcher off a SLURM machine,
+    exits with one line and status 2."""
+    import shutil
+
     from hf_lightning.optional import check_command_line as check_plugins
 
     try:
         check_plugins(args)
+        if any(a.lstrip("+") == "hydra/launcher=slurm" for a in args) and shutil.which("sbatch") is None:
+            # submitit's own refusal is a traceback ('Could not detect "srun"') after the sweep has started
+            raise ConfigError(
+                "hydra/launcher=slurm submits the jobs to SLURM, and this machine has no sbatch command: run the "
+                "command on a SLURM login node, or drop hydra/launcher=slurm to run the jobs here"
+            )
     except HFLightningError as err:
         print(f"hf_lightning: error: {err}", file=sys.stderr)
         sys.exit(2)
 
 
 if __name__ == "__main__":
+    from hf_lightning.cli_output import quiet_known_noise
+
+    quiet_known_noise()
     check_command_line(sys.argv[1:])
     from hf_lightning.strategies.launch import other_rank_overrides
 

@@ -82,6 +82,7 @@ class HFExport(L.Callback):
         from hf_lightning.adapters.checkpoint import is_adapter_model
         from hf_lightning.adapters.export import save_adapter, save_merged
         from hf_lightning.checkpointing.files import atomic_folder, disk_error, write_failure_message
+        from hf_lightning.data.end_of_turn import stop_on_end_of_turn
         from hf_lightning.errors import TrainingError
 
         state = full_model_state_dict(trainer, pl_module)  # every rank takes part in the gather
@@ -90,6 +91,9 @@ class HFExport(L.Callback):
         try:
             os.makedirs(os.path.dirname(os.path.abspath(self.dirpath)), exist_ok=True)
             what = "the model"
+            tokenizer = getattr(pl_module, "tokenizer", None)
+            if tokenizer is not None:  # a chat model stops on its template's end-of-turn token too
+                stop_on_end_of_turn(pl_module.model, tokenizer)
             with atomic_folder(self.dirpath) as tmp:
                 if is_adapter_model(pl_module.model):
                     what = (
@@ -99,7 +103,6 @@ class HFExport(L.Callback):
                     )
                 else:
                     pl_module.model.save_pretrained(tmp, state_dict=state)
-                tokenizer = getattr(pl_module, "tokenizer", None)
                 if tokenizer is not None:
                     tokenizer.save_pretrained(tmp)
         except Exception as err:

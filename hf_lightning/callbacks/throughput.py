@@ -139,6 +139,9 @@ class Throughput(L.Callback):
         self._flops: tuple[int, int, int] | None = None
         self._peak: float | None = None
         self.last_metrics: dict[str, float] = {}
+        # the whole training of this fit (all ranks, validation excluded): the done line's real tokens/s
+        self.run_real_tokens = 0.0
+        self.run_seconds = 0.0
         self._step_seen = 0
         self._t0 = 0.0
         self._reset()
@@ -175,8 +178,10 @@ class Throughput(L.Callback):
         self._trainer = trainer
         self._reset()
         restored, self._restored = getattr(self, "_restored", None), None
+        self.run_real_tokens, self.run_seconds = 0.0, 0.0
         if restored and trainer.is_global_zero:  # the sums over ranks: counted once, on rank 0
             self._host = [int(v) for v in restored]
+            self.run_real_tokens = -float(restored[0])  # trained before the stop: not this fit's tokens
         self._step_seen = trainer.global_step
         self._t0 = time.perf_counter()
 
@@ -231,10 +236,26 @@ class Throughput(L.Callback):
         self._restored = state.get("counts_since_log")
 
     # ------------------------------------------------------------------------------------------ flush
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """The counts since the last log step join the run totals (kept for a resume's next row as they are)."""
+        if getattr(self, "_trainer", None) is None:
+            return  # the training loop never started (a resume at the run's end)
+        real = float(self._totals(trainer)[0])
+        self.run_real_tokens += real
+        self.run_seconds += max(time.perf_counter() - self._t0 - self._excluded, 0.0)
+        self._t0, self._excluded = time.perf_counter(), 0.0
+
+    def run_tokens_per_s(self) -> float | None:
+        """Real tokens per second over this fit's training (all ranks, validation excluded): the definition of
+        ``throughput/tokens_per_s``, over the whole run instead of one log interval. ``None`` before any."""
+        return self.run_real_tokens / self.run_seconds if self.run_seconds > 0 else None
+
     def _flush(self, trainer: L.Trainer) -> None:
         real, slots, sequences, squares = self._totals(trainer).tolist()  # the one read-back of the interval
         now = time.perf_counter()
         elapsed = now - self._t0 - self._excluded
+        self.run_real_tokens += real
+        self.run_seconds += max(elapsed, 0.0)
         self._reset()
         self._t0 = now
         if elapsed <= 0 or slots == 0:

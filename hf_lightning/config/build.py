@@ -138,6 +138,7 @@ def build(cfg: DictConfig, purpose: Purpose = "train", checked: bool = False, sc
 def _train_trainer(cfg: DictConfig, schedule: Any = None) -> Any:
     from hf_lightning.callbacks.final_validation import FinalValidation
     from hf_lightning.checkpointing import AtomicCheckpointIO
+    from hf_lightning.cli_output import progress_bar
     from hf_lightning.strategies import refuse_multirun_relaunch
 
     callbacks = [
@@ -145,7 +146,8 @@ def _train_trainer(cfg: DictConfig, schedule: Any = None) -> Any:
         for name, c in (cfg.get("callbacks") or {}).items()
         if c is not None
     ]
-    if not cfg.trainer.get("enable_progress_bar", True):
+    bar = progress_bar(cfg.trainer, log)  # off when the output is not a terminal
+    if not bar:
         from lightning.pytorch.callbacks import ProgressBar
 
         # Lightning refuses a progress-bar callback when the bar is off; off wins
@@ -155,6 +157,7 @@ def _train_trainer(cfg: DictConfig, schedule: Any = None) -> Any:
     loggers = [instantiate(c) for c in (cfg.get("logger") or {}).values() if c is not None]
     extra = _precision(cfg)
     extra["plugins"] = [*extra.get("plugins", []), AtomicCheckpointIO()]
+    extra["enable_progress_bar"] = bar
     trainer = lightning_object(cfg.trainer, "trainer", callbacks=callbacks, logger=loggers or False, **extra)
     refuse_multirun_relaunch(trainer, in_multirun())
     return trainer
@@ -162,6 +165,7 @@ def _train_trainer(cfg: DictConfig, schedule: Any = None) -> Any:
 
 def _evaluate_trainer(cfg: DictConfig) -> Any:
     from hf_lightning.arguments import world_size
+    from hf_lightning.cli_output import progress_bar
 
     devices, nodes = cfg.trainer.get("devices", 1), cfg.trainer.get("num_nodes", 1)
     processes = world_size(devices, nodes)
@@ -188,6 +192,7 @@ def _evaluate_trainer(cfg: DictConfig) -> Any:
         logger=False,
         enable_checkpointing=False,
         limit_predict_batches=cfg.trainer.get("limit_val_batches"),
+        enable_progress_bar=progress_bar(cfg.trainer, log),  # off when the output is not a terminal
         use_distributed_sampler=False,
         **extra,
     )

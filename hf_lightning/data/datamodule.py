@@ -29,6 +29,7 @@ from hf_lightning.data.chat import require_chat_template
 from hf_lightning.data.checks import check_data_arguments, check_label_range, check_pad_token, check_token_ids
 from hf_lightning.data.collators import PruneColumnsCollator, collator_for
 from hf_lightning.data.dataloaders import DataLoaderHooks
+from hf_lightning.data.end_of_turn import warn_end_of_turn
 from hf_lightning.data.formats import FORMATS
 from hf_lightning.data.model_facts import (
     Binding,
@@ -40,11 +41,13 @@ from hf_lightning.data.model_facts import (
 from hf_lightning.data.on_the_fly import ExampleProcessor
 from hf_lightning.data.packing import Packing, announce_document_ends, check_packing, packing_strategy
 from hf_lightning.data.positions import check_positions
-from hf_lightning.data.sources import column_names, detect_format, is_stream, load_splits
+from hf_lightning.data.sources import column_names, detect_format, is_stream, load_splits, load_validation
 from hf_lightning.data.tokenize import label_mapping, prepare_split
 from hf_lightning.errors import ConfigError
 
 log = logging.getLogger(__name__)
+# stages that read only the validation split (trainer.validate / test / predict)
+EVAL_STAGES = ("validate", "test", "predict")
 
 
 class HFDataModule(DataLoaderHooks, L.LightningDataModule):
@@ -250,22 +253,16 @@ class HFDataModule(DataLoaderHooks, L.LightningDataModule):
 
             prepare_chatterbot()
 
-    def setup(self, stage: str | None = None) -> None:
-        """Load, format, tokenize, prune and pack both splits once (later calls return at once).
-
-        Fills ``train_dataset``, ``val_dataset`` (``None`` without validation data), ``data_format``,
-        ``id2label`` (classification), ``dropped_columns`` and the collators. Reads the bound model (:meth:`bind`),
-        when there is one, for pruning and for the checks.
-
-        Raises:
-            ConfigError: an option the data or the model cannot honour (named).
-            DataError: a source that is missing, unreadable, empty, or lacks the format's fields.
-        """
-        if self.train_dataset is not None:
-            return
-        bound = self._binding()
-        model = bound.model
-        path, train, val, self._holdout = load_splits(
+    def _splits(self, eval_only: bool = False) -> tuple[Any, Any, Any, Any]:
+        """``(path, train, validation, hold-out)``; ``eval_only``: the validation file alone, no train split."""
+        if eval_only:
+            return (
+                self.path,
+                None,
+                load_validation(self.validation_path, self.streaming, self.rename_columns),
+                None,
+            )
+        return load_splits(
             self.path,
             self.validation_path,
             self.validation_split,
@@ -277,15 +274,41 @@ class HFDataModule(DataLoaderHooks, L.LightningDataModule):
             split=self.split,
             validation_split_name=self.validation_split_name,
         )
-        fmt = self.format if self.format != "auto" else detect_format(column_names(train, self.path), path)
+
+    def setup(self, stage: str | None = None) -> None:
+        """Load, format, tokenize, prune and pack both splits once (later calls return at once).
+
+        Fills ``train_dataset``, ``val_dataset`` (``None`` without validation data), ``data_format``,
+        ``id2label`` (classification), ``dropped_columns`` and the collators. Reads the bound model (:meth:`bind`),
+        when there is one, for pruning and for the checks.
+
+        Raises:
+            ConfigError: an option the data or the model cannot honour (named).
+            DataError: a source that is missing, unreadable, empty, or lacks the format's fields.
+        """
+        if self.train_dataset is not None or (self.val_dataset is not None and stage in EVAL_STAGES):
+            return
+        bound = self._binding()
+        model = bound.model
+        # an evaluation-only setup (trainer.validate / predict with a validation file) prepares no train split
+        eval_only = stage in EVAL_STAGES and self.validation_path is not None
+        path, train, val, self._holdout = self._splits(eval_only)
+        fmt = self.format
+        if fmt == "auto":
+            source = (val, self.validation_path) if eval_only else (train, path)
+            fmt = detect_format(column_names(source[0], source[1]), source[1])
+        if eval_only and fmt == "classification":  # the class ids come from the training split
+            path, train, val, self._holdout = self._splits()
+            eval_only = False
         self.data_format = fmt
         if fmt in ("messages", "conversations"):
             require_chat_template(self.tokenizer)
+            warn_end_of_turn(self.tokenizer)  # an end-of-turn generation cannot stop on
         check_packing(
             self.packing,
             self.padding_free,
             fmt=fmt,
-            stream=is_stream(train),
+            stream=is_stream(val if eval_only else train),
             model=model,
             forward_kwargs=bound.forward_kwargs,
         )
@@ -302,7 +325,7 @@ class HFDataModule(DataLoaderHooks, L.LightningDataModule):
         )
         announce_document_ends(self.tokenizer, fmt, self.packing)
         val_path = self.validation_path or path
-        self.train_dataset = self._prepare(train, fmt, "train", path, label2id)
+        self.train_dataset = None if eval_only else self._prepare(train, fmt, "train", path, label2id)
         self.val_dataset = (
             self._prepare(val, fmt, "validation", val_path, label2id) if val is not None else None
         )
@@ -321,7 +344,7 @@ class HFDataModule(DataLoaderHooks, L.LightningDataModule):
         )
         self.train_collator = self._pruning_collator(base, self.train_dataset, "train")
         self.eval_collator = self._pruning_collator(base, self.val_dataset, "validation")
-        if self.group_by_length and not is_stream(self.train_dataset):
+        if self.group_by_length and self.train_dataset is not None and not is_stream(self.train_dataset):
             self._train_lengths = self._lengths(self.train_dataset)
         if bound.metrics:
             self._check_label_names()

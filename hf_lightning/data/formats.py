@@ -367,10 +367,37 @@ SOURCE_COLUMNS = {
 }
 # formats whose labels are shifted by the model (the first label position is never a target)
 CAUSAL_FORMATS = ("text", "prompt_completion", "messages", "conversations", "tokenized")
+# detection order: the first format whose required columns are all present
+DETECTION_ORDER = (
+    "tokenized",
+    "messages",
+    "conversations",
+    "prompt_completion",
+    "seq2seq",
+    "classification",
+    "text",
+)
+
+
+def fitting_formats(columns: Sequence[str]) -> list[str]:
+    """The formats whose required columns are all in ``columns``, in detection order."""
+    cols = set(columns)
+    return [fmt for fmt in DETECTION_ORDER if all(c in cols for c in SOURCE_COLUMNS[fmt])]
+
+
+def rename_hint(columns: Sequence[str]) -> str:
+    """A ``+data.rename_columns=...`` override that maps the first columns onto a format's names: two columns to
+    ``prompt`` / ``completion``, one to ``text`` (``question, answer`` -> ``{question: prompt, answer: completion}``).
+    """
+    cols = list(columns)
+    if len(cols) >= 2:
+        return f"+data.rename_columns='{{{cols[0]}: prompt, {cols[1]}: completion}}'"
+    return f"+data.rename_columns='{{{cols[0] if cols else 'COLUMN'}: text}}'"
 
 
 def check_columns(columns: Sequence[str], fmt: str, path: Any, split: str) -> None:
-    """Raise :class:`DataError` naming the missing field when ``columns`` cannot feed format ``fmt``."""
+    """Raise :class:`DataError` naming the missing field when ``columns`` cannot feed format ``fmt``; the message
+    names the formats the columns do fit (and ``data.format=auto``) or the rename that would fit ``fmt``."""
     missing = [c for c in SOURCE_COLUMNS[fmt] if c not in columns]
     if missing:
         what = (
@@ -378,6 +405,17 @@ def check_columns(columns: Sequence[str], fmt: str, path: Any, split: str) -> No
             if len(missing) == 1
             else "the fields " + ", ".join(repr(c) for c in missing)
         )
+        fits = fitting_formats(columns)
+        if fits:
+            fix = (
+                f"these columns fit the format{'s' if len(fits) > 1 else ''} {', '.join(fits)}: set "
+                f"data.format={fits[0]} (or data.format=auto to detect it)"
+            )
+        else:
+            fix = (
+                f"no format fits these columns: rename them to a format's, e.g. {rename_hint(columns)}, and "
+                "set data.format=auto (or the format they then fit)"
+            )
         raise DataError(
-            f"data.path={path}: format {fmt!r} needs {what}; the {split} split has {list(columns)}"
+            f"data.path={path}: format {fmt!r} needs {what}; the {split} split has {list(columns)}; {fix}"
         )

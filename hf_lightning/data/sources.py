@@ -28,7 +28,7 @@ import datasets
 import torch
 
 from hf_lightning.data.file_errors import explain_load_error, read_error
-from hf_lightning.data.formats import SOURCE_COLUMNS
+from hf_lightning.data.formats import DETECTION_ORDER, SOURCE_COLUMNS, fitting_formats, rename_hint
 from hf_lightning.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
@@ -325,6 +325,18 @@ def load_splits(
     return path, train, val, holdout
 
 
+def load_validation(validation_path: Any, streaming: bool, rename_columns: Mapping[str, str] | None) -> Any:
+    """The validation file alone, renamed as :func:`load_splits` renames it (an evaluation reads no train split).
+
+    Raises:
+        ConfigError, DataError: as :func:`load_splits`.
+    """
+    val = load_source(validation_path, streaming=streaming)
+    if isinstance(val, (datasets.DatasetDict, datasets.IterableDatasetDict)):
+        val = next(iter(val.values()))
+    return _renamed(val, validation_path, rename_columns) if rename_columns else val
+
+
 def _renamed(ds: Any, path: Any, rename_columns: Mapping[str, str]) -> Any:
     """``ds`` with ``data.rename_columns`` applied (datasets sources only)."""
     if not hasattr(ds, "rename_columns"):
@@ -357,30 +369,19 @@ def column_names(ds: Any, path: Any) -> list[str]:
     return list(first)
 
 
-# detection order: the first format whose required columns are all present
-DETECTION_ORDER = (
-    "tokenized",
-    "messages",
-    "conversations",
-    "prompt_completion",
-    "seq2seq",
-    "classification",
-    "text",
-)
-
-
 def detect_format(columns: Sequence[str], path: Any = None) -> str:
     """The format of a dataset with these column names (see the module table).
 
     Raises:
-        DataError: no known layout; the message lists the columns found and the layouts expected.
+        DataError: no known layout; the message lists the columns found, the layouts expected, and the
+            ``+data.rename_columns`` / ``data.format`` overrides that fix it.
     """
-    cols = set(columns)
-    for fmt in DETECTION_ORDER:
-        if all(c in cols for c in SOURCE_COLUMNS[fmt]):
-            return fmt
+    fits = fitting_formats(columns)
+    if fits:
+        return fits[0]
     layouts = ", ".join(f"{fmt}: {'+'.join(SOURCE_COLUMNS[fmt])}" for fmt in DETECTION_ORDER)
     raise DataError(
-        f"data.path={path}: cannot tell the data format from the columns {sorted(cols)}; expected one of "
-        f"({layouts}), or set data.format explicitly"
+        f"data.path={path}: cannot tell the data format from the columns {list(columns)}: no format fits them "
+        f"(formats and their columns: {layouts}). Rename the columns to a format's, e.g. {rename_hint(columns)}, "
+        "or set data.format=NAME"
     )

@@ -222,8 +222,13 @@ class EvalStepsMixin:
         for key, value in getattr(self, "_user_metrics", {}).items():
             name = key.removeprefix("eval_")
             values[f"{stage}/{name}"] = torch.as_tensor(float(value))
+        # the values are already the same on every rank (the metrics sync their states); a max over ranks keeps
+        # them exact and tells Lightning so (it warns about epoch-level values logged without sync_dist)
+        synced = self.trainer.world_size > 1
         for key, value in values.items():
-            self.log(key, value, prog_bar=key == f"{stage}/loss", logger=False, sync_dist=False)
+            self.log(
+                key, value, prog_bar=key == f"{stage}/loss", logger=False, sync_dist=synced, reduce_fx="max"
+            )
         floats = {k: float(v) for k, v in values.items()}
         if not self.trainer.sanity_checking:
             self.log_to_loggers(floats)

@@ -175,7 +175,7 @@ def test_wrong_field_names_for_the_format(word_tokenizer, tmp_path):
 def test_format_cannot_be_detected(word_tokenizer, tmp_path):
     path = write_jsonl(tmp_path / "qa.jsonl", [{"question": "a", "answer": "b"}] * 3)
     with pytest.raises(
-        DataError, match=r"cannot tell the data format from the columns \['answer', 'question'\]"
+        DataError, match=r"cannot tell the data format from the columns \['question', 'answer'\]"
     ):
         setup_dm(word_tokenizer, path)
 

@@ -154,6 +154,18 @@ def test_attached_trainer(fitted):
     assert compat.attached_trainer(Tiny()) is None
 
 
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [({}, 0), ({"RANK": "3"}, 3), ({"LOCAL_RANK": "2"}, 2), ({"SLURM_PROCID": "5"}, 5)],
+)
+def test_launcher_rank(monkeypatch, env, expected):
+    for key in ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert compat.launcher_rank() == expected
+
+
 def test_evaluation_results(tmp_path):
     """The list read at ``on_validation_epoch_end`` is the one ``trainer.validate()`` returns (the loop swaps
     it out before ``on_validation_end``, where HFLightningModule adds its values)."""

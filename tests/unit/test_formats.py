@@ -39,7 +39,7 @@ def test_detection_reads_the_schema_not_the_first_row(tmp_path):
 
 def test_unknown_layout_names_the_columns_and_the_layouts():
     with pytest.raises(
-        DataError, match=r"columns \['answer', 'question'\].*prompt_completion: prompt\+completion"
+        DataError, match=r"columns \['question', 'answer'\].*prompt_completion: prompt\+completion"
     ):
         detect_format(["question", "answer"], "gsm8k.jsonl")
 
