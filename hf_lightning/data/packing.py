@@ -101,7 +101,7 @@ def check_packing(
         model: the ``nn.Module``; its ``forward`` must take ``position_ids`` and its attention must keep packed
             sequences apart (:func:`~hf_lightning.data.checks.check_sequence_isolation`, a probe forward).
         forward_kwargs: what the LightningModule passes to every forward (``use_cache=False`` keeps the sequences
-            apart; without it one WARNING, else one INFO line).
+            apart; without it one WARNING, else no line).
 
     Returns:
         the strategy (``"bfd"``, ``"wrapped"``) or ``None`` (no packing).
@@ -152,11 +152,11 @@ def _check_model_separates_sequences(
             "cannot mark where sequences start; set data.packing=false and data.padding_free=false"
         )
     check_sequence_isolation(model, option)
-    if getattr(getattr(model, "config", None), "use_cache", False):
-        # HFLightningModule turns the cache off itself: nothing for its user to do (INFO); any other
-        # LightningModule must do it, or packed sequences attend to each other (WARNING)
-        handled = (forward_kwargs or {}).get("use_cache") is False
-        (log.info if handled else log.warning)(
+    # HFLightningModule turns the cache off itself: nothing for its user to do (no line); any other
+    # LightningModule must do it, or packed sequences attend to each other (WARNING)
+    cache_on = getattr(getattr(model, "config", None), "use_cache", False)
+    if cache_on and (forward_kwargs or {}).get("use_cache") is not False:
+        log.warning(
             "packed/padding-free batches: transformers only separates sequences by position_ids when "
             "no KV cache is built; %s.config.use_cache is true, so the LightningModule must call the "
             "model with use_cache=False (HFLightningModule does) or sequences will attend to each other",
