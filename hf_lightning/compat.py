@@ -36,6 +36,12 @@ def batches_ready(trainer: Any) -> int:
     return int(trainer.fit_loop.epoch_loop.batch_progress.current.ready)
 
 
+def is_epoch_end(trainer: Any) -> bool:
+    """Whether the optimizer step just taken is the last of its epoch (valid in ``on_train_batch_end``): the
+    loader ran out, or ``num_training_batches`` (``limit_train_batches`` included) were fetched."""
+    return is_last_batch(trainer) or batches_ready(trainer) >= trainer.num_training_batches
+
+
 def batches_processed(trainer: Any) -> int:
     """Batches of the current epoch whose training step finished (``batch_progress.current.processed``): what
     the train loader's state must skip on a resume."""

@@ -5,7 +5,8 @@
 
 Each measurement runs in a fresh process: ``N`` random rows of 64 tokens, a seeded ``LlamaForCausalLM`` (hidden
 32, 2 layers, vocabulary 8,000: 2 MB of logits per row of 64), ``HFDataModule`` + ``HFLightningModule`` +
-``lightning.Trainer.validate`` with evaluation batches of 8, and ``ru_maxrss`` read before and after.
+``lightning.Trainer.validate`` with evaluation batches of 8, and the peak RSS
+(``VmHWM``) read before and after.
 
 MODE ``default``: our evaluation path (token-weighted loss, perplexity and accuracy reduced per batch); goal:
 flat. MODE ``keep``: the control, an HF-style ``compute_metrics`` without ``preprocess_logits_for_metrics``,
@@ -27,13 +28,12 @@ VOCAB = 8000
 
 def probe(n: int, mode: str) -> dict[str, int]:
     """Peak RSS (KiB) of validating ``n`` rows in this process; ``before_kib``: the peak before ``validate``."""
-    import resource
     import warnings
 
     import datasets
     import lightning as L
     import torch
-    from bench_support import tiny_llama
+    from bench_support import proc_status_kib, tiny_llama
 
     from hf_lightning import HFDataModule, HFLightningModule
 
@@ -48,11 +48,11 @@ def probe(n: int, mode: str) -> dict[str, int]:
     dm.setup("validate")
     kw = {"compute_metrics": lambda p: {"n": float(len(p.predictions))}} if mode == "keep" else {}
     module = HFLightningModule(tiny_llama(VOCAB, hidden_size=32, layers=2, heads=4), **kw)
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    before = proc_status_kib("VmHWM")
     L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False).validate(
         module, datamodule=dm, verbose=False
     )
-    return {"peak_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "before_kib": before}
+    return {"peak_kib": proc_status_kib("VmHWM"), "before_kib": before}
 
 
 def peak_rss(n: int, mode: str) -> dict[str, int]:

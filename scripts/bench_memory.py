@@ -20,7 +20,7 @@ Sides, each measurement in a fresh Python process (a peak RSS only grows):
   checkpoint, no bar): our loss from the full logits, as before the lean loss;
 - ``lean``: the same with the default, the lean loss (:mod:`hf_lightning.module.lean_loss`).
 
-Peak RSS above the imports: ``ru_maxrss`` at the end minus the RSS once torch, transformers, datasets, lightning
+Peak RSS above the imports: ``VmHWM`` (``/proc/self/status``) at the end minus the RSS once torch, transformers, datasets, lightning
 and hf_lightning are imported (so it counts the model, the optimizer state, the data and the steps). Step time:
 between consecutive optimizer-step ends, the first step dropped (CPU time of the process and wall time; see
 ``bench_support``). ``--rounds`` repeats every probe, rotating the order of the sides; medians are reported.
@@ -47,15 +47,6 @@ SIDES = ("hf", "plain", "lean")
 ROW_TOKENS = 512
 BATCH = 4
 LR = 1e-4
-
-
-def rss_kib() -> int:
-    """The current resident set size of this process (KiB), from ``/proc/self/status``."""
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise RuntimeError("no VmRSS in /proc/self/status")
 
 
 def make_model(spec: dict):
@@ -90,14 +81,13 @@ def make_rows(spec: dict, n: int):
 
 def probe(side: str, case: str, steps: int) -> dict:
     """One side on one case in this process: peak RSS above the imports (KiB) and the step-end clock stamps."""
-    import resource
     import warnings
 
     import datasets  # noqa: F401
     import lightning as L
     import torch  # noqa: F401
     import transformers
-    from bench_support import clock
+    from bench_support import clock, proc_status_kib
 
     from hf_lightning import HFDataModule, HFLightningModule
 
@@ -107,7 +97,7 @@ def probe(side: str, case: str, steps: int) -> dict:
         from hf_lightning.module import linear_cross_entropy
 
         linear_cross_entropy.CHUNK_BYTES["cpu"] = int(float(os.environ["BENCH_CHUNK_MIB"]) * 2**20)
-    base = rss_kib()
+    base = proc_status_kib("VmRSS")
     spec = CASES[case]
     rows = make_rows(spec, BATCH * steps)
     model = make_model(spec)
@@ -188,7 +178,7 @@ def probe(side: str, case: str, steps: int) -> dict:
                 default_root_dir=tmp,
                 callbacks=[StampL()],
             ).fit(module, datamodule=dm)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    peak = proc_status_kib("VmHWM")
     return {
         "side": side,
         "case": case,

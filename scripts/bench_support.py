@@ -20,6 +20,20 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 
 
+def proc_status_kib(field: str) -> int:
+    """A ``/proc/self/status`` memory field in KiB: ``VmRSS`` (resident now) or ``VmHWM`` (peak resident).
+
+    ``VmHWM`` belongs to this process's address space, which ``exec`` makes new. ``getrusage().ru_maxrss`` does
+    not: Linux carries the parent's peak across ``fork`` + ``exec``, so a probe started from a large pytest
+    process would report the parent's peak as its own.
+    """
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
 def shared_data() -> Path:
     """``$HF_LIGHTNING_SHARED_DATA`` or ``<repo>/../shared/data``; exits with a message when it is missing."""
     path = Path(os.environ.get("HF_LIGHTNING_SHARED_DATA", REPO / ".." / "shared" / "data"))

@@ -43,7 +43,7 @@ def tiny_llama(vocab_size: int = 32, seed: int = 0, **overrides):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    config = LlamaConfig(
+    defaults = dict(
         vocab_size=vocab_size,
         hidden_size=32,
         intermediate_size=64,
@@ -53,8 +53,8 @@ def tiny_llama(vocab_size: int = 32, seed: int = 0, **overrides):
         max_position_embeddings=128,
         use_cache=False,
         pad_token_id=0,
-        **overrides,
     )
+    config = LlamaConfig(**{**defaults, **overrides})
     return LlamaForCausalLM(config).eval()
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from hf_lightning.errors import ConfigError
+from hf_lightning.module.schedules import metric_key
 
 
 def resolve_monitor(metric_for_best_model: str, greater_is_better: bool | None = None) -> tuple[str, str]:
@@ -20,9 +21,7 @@ def resolve_monitor(metric_for_best_model: str, greater_is_better: bool | None =
         raise ConfigError(
             "metric_for_best_model is empty; name a logged metric such as eval_loss or val/accuracy"
         )
-    name = metric_for_best_model
-    if "/" not in name:
-        name = "val/" + name.removeprefix("eval_")
+    name = metric_key(metric_for_best_model)
     if greater_is_better is None:
         if not name.endswith("loss"):
             raise ConfigError(

@@ -7,7 +7,7 @@ from typing import Any
 
 import lightning as L
 
-from hf_lightning.compat import batches_ready, is_last_batch
+from hf_lightning.compat import is_epoch_end
 
 log = logging.getLogger(__name__)
 
@@ -19,7 +19,7 @@ def is_final_step(trainer: L.Trainer) -> bool:
         return True
     if trainer.max_epochs in (None, -1) or trainer.current_epoch + 1 < trainer.max_epochs:
         return False
-    return is_last_batch(trainer) or batches_ready(trainer) >= trainer.num_training_batches
+    return is_epoch_end(trainer)
 
 
 class FinalValidation(L.Callback):

@@ -29,8 +29,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from hf_lightning.callbacks.final_validation import is_final_step
 from hf_lightning.compat import (
     acts_after_every_validation,
-    batches_ready,
-    is_last_batch,
+    is_epoch_end,
     save_checkpoint_now,
     stop_own_triggers,
     total_batch_index,
@@ -38,11 +37,6 @@ from hf_lightning.compat import (
 from hf_lightning.config.hf_args import StepSchedule
 
 log = logging.getLogger(__name__)
-
-
-def is_epoch_end(trainer: L.Trainer) -> bool:
-    """Whether the optimizer step just taken is the last of its epoch (valid in ``on_train_batch_end``)."""
-    return is_last_batch(trainer) or batches_ready(trainer) >= trainer.num_training_batches
 
 
 def fires(strategy: str | None, every: int | None, step: int, epoch_end: bool, final: bool) -> bool:

@@ -123,9 +123,8 @@ class NonFiniteGuard(L.Callback):
         self._norms.extend(state.get("norms", []))
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._weights_checked = (
-            trainer.global_step
-        )  # a resumed run's weights were checked before they were saved
+        # a resumed run's weights were checked before they were saved
+        self._weights_checked = trainer.global_step
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.on_nonfinite == "skip" and gradients_outside_params(trainer):

@@ -16,14 +16,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from hf_lightning.compat import batches_ready, epoch_progress_state, is_last_batch
+from hf_lightning.compat import batches_ready, epoch_progress_state, is_epoch_end
 
 
 def epoch_ended_early(trainer: Any) -> bool:
     """Whether the current epoch's loop ended before its last batch (``max_steps``, a stop): some batches of the
     epoch were trained, and neither the data nor ``limit_train_batches`` had run out."""
-    done = batches_ready(trainer)
-    return 0 < done < trainer.num_training_batches and not is_last_batch(trainer)
+    return batches_ready(trainer) > 0 and not is_epoch_end(trainer)
 
 
 def reopen_stopped_epoch(checkpoint: dict[str, Any], trainer: Any) -> bool:

@@ -42,9 +42,8 @@ def checkpoint_problem(path: str, weights_only: bool = False) -> tuple[str | Non
         return problem, None
     try:
         with open(path, "rb") as fh:
-            zipped = (
-                fh.read(4) == b"PK\x03\x04"
-            )  # torch's format; mmap on anything else fails with advice, not a reason
+            # torch's format; mmap on anything else fails with advice, not a reason
+            zipped = fh.read(4) == b"PK\x03\x04"
         ckpt = torch.load(path, map_location="cpu", weights_only=False, mmap=zipped)
     except Exception as err:  # a truncated zip, a pickle error, an empty file
         return f"is damaged: not a readable checkpoint ({_short(err)})", None

@@ -198,7 +198,7 @@ def _clashes(given: set[str], cfg: Mapping[str, Any]) -> list[str]:
     for ours, knobs in pairs:
         hf = [k for k in ours if cfg.get(k) is not None]
         for knob in knobs:
-            if hf and (knob in given or f"+{knob}" in given):
+            if hf and knob in given:  # given_keys drops the +, ++ and ~ prefixes
                 errors.append(
                     f"{hf[0]}={cfg.get(hf[0])} and {knob} are both given: {hf[0]} counts optimizer steps over the "
                     f"whole run (HF's semantics) and replaces {knob}; drop one"

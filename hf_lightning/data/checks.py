@@ -8,7 +8,7 @@ Each check names the split, the row and the value, and says what to change.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import datasets
@@ -18,6 +18,7 @@ import torch
 
 from hf_lightning.batch import IGNORE_INDEX
 from hf_lightning.compat import attention_backend
+from hf_lightning.data.model_facts import forward_parameters
 from hf_lightning.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
@@ -257,7 +258,8 @@ def packed_sequences_isolated(model: Any, atol: float = 1e-4) -> bool | None:
     second = _probe_ids(vocab, 3, 11)
     rows = [_probe_ids(vocab, 6, offset) + second for offset in (1, 4)]
     position_ids = torch.tensor([list(range(6)) + list(range(3))], device=device)
-    extra = {"use_cache": False} if "use_cache" in _forward_params(model) else {}
+    # through PEFT / torch.compile wrappers, whose own forward does not name use_cache
+    extra = {"use_cache": False} if "use_cache" in forward_parameters(model) else {}
     was_training = model.training
     model.eval()
     try:
@@ -272,12 +274,6 @@ def packed_sequences_isolated(model: Any, atol: float = 1e-4) -> bool | None:
         model.train(was_training)
     scale = max(float(logits[0].abs().max()), 1.0)
     return bool((logits[0] - logits[1]).abs().max() <= atol * scale)
-
-
-def _forward_params(model: Any) -> Sequence[str]:
-    import inspect
-
-    return list(inspect.signature(model.forward).parameters)
 
 
 def check_sequence_isolation(model: Any, option: str) -> None:

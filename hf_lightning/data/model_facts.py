@@ -53,13 +53,12 @@ def forward_parameters(model: Any) -> list[str]:
 
 
 def find_label_names(model: Any) -> list[str]:
-    """HF's ``transformers.utils.find_labels``: ``forward`` parameters with ``label`` in their name, plus
-    ``start_positions``/``end_positions`` for question answering; ``["labels"]`` if none."""
-    base = unwrap_model(model)
-    params = forward_parameters(base)
-    qa = "QuestionAnswering" in type(base).__name__
-    names = [p for p in params if "label" in p or (qa and p in ("start_positions", "end_positions"))]
-    return names or ["labels"]
+    """HF's ``transformers.utils.find_labels`` of the (unwrapped) model's class: ``forward`` parameters with
+    ``label`` in their name, plus ``start_positions``/``end_positions`` for question answering; ``["labels"]`` if
+    none."""
+    from transformers.utils import find_labels
+
+    return find_labels(type(unwrap_model(model))) or ["labels"]
 
 
 def signature_columns(model_input_names: Iterable[str], label_names: Iterable[str]) -> list[str]:

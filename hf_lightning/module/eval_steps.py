@@ -21,7 +21,7 @@ from hf_lightning.module.eval_metrics import (
     TokenMeanLoss,
     estimate_logits_bytes,
 )
-from hf_lightning.module.loss import IGNORE_INDEX, loss_targets, token_cross_entropy_sum
+from hf_lightning.module.loss import IGNORE_INDEX, ComputeLoss, loss_targets, token_cross_entropy_sum
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +141,9 @@ class EvalStepsMixin:
             return False
         count = int((targets != IGNORE_INDEX).sum())
         loss_sum, correct = self.lean.stats(lean[1], targets, count)
-        metrics["loss"].update(loss_sum, self.count_loss_items(batch))
+        # the loss is averaged over the module's own target rule: the same count unless a subclass redefines it
+        own_count = type(self).count_loss_items is ComputeLoss.count_loss_items
+        metrics["loss"].update(loss_sum, count if own_count else self.count_loss_items(batch))
         metrics["accuracy"].update(correct=correct, total=count)
         return True
 

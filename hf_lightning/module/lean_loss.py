@@ -28,8 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hf_lightning.batch import IGNORE_INDEX
 from hf_lightning.module.linear_cross_entropy import (
-    IGNORE_INDEX,
     LogitTransform,
     default_chunk_size,
     linear_cross_entropy,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import logging
 import math
 from collections.abc import Callable, Mapping
@@ -16,6 +15,7 @@ from hf_lightning.adapters.checkpoint import AdapterCheckpointState
 from hf_lightning.batch import MICRO_ITEMS_KEY, NUM_ITEMS_KEY, WINDOW_LENGTH_KEY
 from hf_lightning.compat import attached_trainer
 from hf_lightning.data.describe import padding_mask
+from hf_lightning.data.model_facts import forward_parameters
 from hf_lightning.errors import ConfigError
 from hf_lightning.module.eval_steps import EvalStepsMixin
 from hf_lightning.module.grad_norm import SharedGradNorm, StepGradNorm
@@ -157,10 +157,9 @@ class HFLightningModule(
         self.causal = loss_shifts_labels(model) if causal is None else bool(causal)
         self._encoder_decoder = bool(getattr(getattr(model, "config", None), "is_encoder_decoder", False))
         #: keyword arguments every ``model(...)`` call gets: ``use_cache=False`` when ``forward`` takes it (no
-        #: KV cache in training, which packed batches need); read by the DataModule's packing message
-        self.forward_kwargs = (
-            {"use_cache": False} if "use_cache" in inspect.signature(model.forward).parameters else {}
-        )
+        #: KV cache in training, which packed batches need); read through PEFT / torch.compile wrappers, whose
+        #: own forward passes it on; read by the DataModule's packing message
+        self.forward_kwargs = {"use_cache": False} if "use_cache" in forward_parameters(model) else {}
         #: whether :meth:`compute_loss` returns a share of the window loss (else HF's fallback)
         self.loss_is_share, self._fallback_reason = loss_is_share(self)
         decoder_only = self.causal and not self._encoder_decoder

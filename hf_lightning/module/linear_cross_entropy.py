@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-IGNORE_INDEX = -100
+from hf_lightning.batch import IGNORE_INDEX
 
 #: float32 bytes of one chunk's logits, per device type: rows per chunk = bytes // (4 x vocabulary), at least 16.
 #: CPU: measured with scripts/bench_memory.py (one step of 2,048 tokens, vocabulary 128,256, hidden 64): 32 MiB

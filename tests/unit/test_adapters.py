@@ -128,3 +128,31 @@ def test_an_adapter_checkpoint_on_another_base_is_refused():
     )
     with pytest.raises(ModelError, match="trained on another base model"):
         fill_frozen(HFLightningModule(lora_model(seed=1)), checkpoint)
+
+
+def test_a_lora_model_keeps_packed_sequences_apart():
+    """The packing probe passes ``use_cache=False`` through the LoRA wrapper (``PeftModel.forward`` does not name
+    it): without it, a model whose config keeps the KV cache on builds a cache, and transformers then lets packed
+    sequences attend to each other, so packing with ``peft=lora`` was refused."""
+    from peft import LoraConfig, get_peft_model
+
+    from hf_lightning.data.checks import packed_sequences_isolated
+    from tests.data_support import tiny_llama
+
+    model = tiny_llama(use_cache=True)
+    assert packed_sequences_isolated(model) is True  # the bare model, the cache turned off by the probe
+    wrapped = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    assert packed_sequences_isolated(wrapped) is True
+
+
+def test_the_module_turns_the_kv_cache_off_through_the_lora_wrapper():
+    """``PeftModel.forward`` takes ``**kwargs`` only, so reading its own signature missed ``use_cache`` and a LoRA
+    model trained packed rows with its cache on (sequences attending to each other); the base model's forward
+    names it, and the wrapper passes it on."""
+    from peft import LoraConfig, get_peft_model
+
+    from hf_lightning import HFLightningModule
+    from tests.data_support import tiny_llama
+
+    wrapped = get_peft_model(tiny_llama(use_cache=True), LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    assert HFLightningModule(wrapped).forward_kwargs == {"use_cache": False}
