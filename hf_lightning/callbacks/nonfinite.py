@@ -4,9 +4,10 @@ HF ``Trainer`` applies whatever gradient the backward produced (``logging_nan_in
 loss from the log); one NaN step makes every weight NaN, and the checkpoints saved after it are worthless.
 :class:`NonFiniteGuard` looks at the window before ``optimizer.step``:
 
-- every micro-batch loss of the gradient-accumulation window (``on_before_backward``, kept on the device: no
-  host sync per micro-batch), and the total gradient norm (``on_before_optimizer_step``, once per step; with
-  :class:`~hf_lightning.HFLightningModule` it is the same norm pass as the clipping's and the log line's);
+- every micro-batch loss of the gradient-accumulation window (``on_before_backward`` keeps it on the device:
+  no op and no host sync per micro-batch) and the total gradient norm, read together once per step
+  (``on_before_optimizer_step``; with :class:`~hf_lightning.HFLightningModule` the norm is the same pass as the
+  clipping's and the log line's);
 - non-finite → ``on_nonfinite="stop"`` raises :class:`~hf_lightning.errors.TrainingError` before the update
   (the weights and the last checkpoint stay as they were), ``"skip"`` drops the window's gradients (every
   ``p.grad = None``, so the optimizer leaves every parameter and its moments untouched, weight decay included),
@@ -105,8 +106,9 @@ class NonFiniteGuard(L.Callback):
         self.exploding_steps = 0
         self._consecutive = 0
         self._norms: deque[float] = deque(maxlen=history)
-        self._bad_loss: torch.Tensor | None = None  # device flag: a non-finite loss in this window
-        self._first_bad: torch.Tensor | None = None  # the first such loss value (for the message)
+        self._losses: list[
+            torch.Tensor
+        ] = []  # the losses of this window's micro-batches (detached, on the device)
         self._weights_checked = 0  # the optimizer step whose updated weights were checked last
 
     # ------------------------------------------------------------------------------------------ state
@@ -125,6 +127,7 @@ class NonFiniteGuard(L.Callback):
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # a resumed run's weights were checked before they were saved
         self._weights_checked = trainer.global_step
+        self._losses = []
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.on_nonfinite == "skip" and gradients_outside_params(trainer):
@@ -137,34 +140,26 @@ class NonFiniteGuard(L.Callback):
     def on_before_backward(
         self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor
     ) -> None:
-        bad = ~torch.isfinite(loss.detach()).all()
-        if self._bad_loss is None:
-            self._bad_loss, self._first_bad = bad, loss.detach().reshape(-1)[0]
-        else:
-            # keep the first bad value without a host sync: replace it only while no bad loss has been seen
-            self._first_bad = torch.where(self._bad_loss, self._first_bad, loss.detach().reshape(-1)[0])
-            self._bad_loss = self._bad_loss | bad
+        # kept as it is (no op, no host sync per micro-batch): the window's losses are checked together, once
+        # per optimizer step
+        self._losses.append(loss.detach())
 
     def on_before_optimizer_step(
         self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: Any
     ) -> None:
-        bad_loss, first_bad = self._bad_loss, self._first_bad
-        self._bad_loss = self._first_bad = None
+        losses, self._losses = self._losses, []
         check_grads = getattr(
             trainer.precision_plugin, "scaler", None
         ) is None and not gradients_outside_params(trainer)
-        nan = torch.tensor(float("nan"))
         norm_t = _step_norm(pl_module, optimizer) if check_grads else None
-        norm_t = norm_t.float() if norm_t is not None else None
-        # one host sync per optimizer step: the loss verdict, the first bad loss and the norm together
-        values = [
-            bad_loss.float() if bad_loss is not None else torch.zeros(()),
-            first_bad.float() if first_bad is not None else nan,
-            norm_t if norm_t is not None else nan,
-        ]
+        # one host sync per optimizer step: the norm and every loss value of the window together
+        values = [norm_t.float().reshape(1) if norm_t is not None else torch.full((1,), float("nan"))]
+        values += [v.float().reshape(-1) for v in losses]
         device = next((v.device for v in values if v.device.type != "cpu"), torch.device("cpu"))
-        flag, loss_value, norm = torch.stack([v.to(device) for v in values]).tolist()
-        loss_bad = flag > 0
+        norm, *loss_values = torch.cat([v.to(device) for v in values]).tolist()
+        # the first non-finite loss value of the window, for the message
+        loss_value = next((v for v in loss_values if not math.isfinite(v)), None)
+        loss_bad = loss_value is not None
         if trainer.world_size > 1:
             loss_bad = bool(trainer.strategy.reduce_boolean_decision(loss_bad, all=False))
         norm_bad = norm_t is not None and not math.isfinite(norm)
@@ -174,7 +169,7 @@ class NonFiniteGuard(L.Callback):
             if loss_bad:
                 parts.append(
                     f"the loss is {loss_value}"
-                    if not math.isfinite(loss_value)
+                    if loss_value is not None
                     else "a loss on another rank is not finite"
                 )
             if norm_bad:

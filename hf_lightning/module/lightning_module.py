@@ -38,6 +38,9 @@ from hf_lightning.module.train_log import TrainLog, warn_empty_window
 
 log = logging.getLogger(__name__)
 
+#: micro-batch token counts queued on the device before they are added up (one reduction per this many)
+TOKEN_COUNTS_KEPT = 64
+
 
 class HFLightningModule(
     AdapterCheckpointState, ComputeLoss, TrainLog, SharedGradNorm, EvalStepsMixin, L.LightningModule
@@ -175,6 +178,7 @@ class HFLightningModule(
         #: of a run that had already reached its end)
         self.fit_start_step: int | None = None
         self.tokens_seen = torch.zeros((), dtype=torch.long)
+        self._token_counts: list[torch.Tensor] = []  # per micro-batch, not yet added to tokens_seen
         self._warned_unwrapped = False
 
     @property
@@ -218,7 +222,7 @@ class HFLightningModule(
         #     and DeepSpeed average gradients over ranks. The log gets the same: its mean over ranks is the
         #     window loss
         rank_factor = world if scaled and self.average_tokens_across_devices else 1
-        self.add_window_share(share.detach() * rank_factor)
+        self.add_window_share(share.detach() * rank_factor if rank_factor != 1 else share.detach())
         self._count_tokens(batch)
         # (5) Lightning's automatic optimization divides by k, always k (a short last window, DeepSpeed too:
         #     HFDeepSpeedStrategy passes scale_wrt_gas=False so the engine does not divide again, as HF):
@@ -254,10 +258,25 @@ class HFLightningModule(
         return self._window_count
 
     def _count_tokens(self, batch: Mapping[str, Any]) -> None:
-        """Real tokens, as the throughput figures count them (``data.describe.padding_mask``)."""
-        if "input_ids" in batch:
-            real = (~padding_mask(batch, getattr(self.tokenizer, "pad_token_id", None))).sum()
-            self.tokens_seen = self.tokens_seen.to(self.device) + real
+        """Real tokens, as the throughput figures count them (``data.describe.padding_mask``): one reduction
+        queued per micro-batch (``count_nonzero`` of the attention mask, the common case), added up once every
+        :data:`TOKEN_COUNTS_KEPT` micro-batches and when read (:meth:`trained_tokens`)."""
+        if "input_ids" not in batch:
+            return
+        mask = batch.get("attention_mask")
+        if mask is not None:
+            self._token_counts.append(torch.count_nonzero(mask))
+        else:
+            self._token_counts.append(
+                (~padding_mask(batch, getattr(self.tokenizer, "pad_token_id", None))).sum()
+            )
+        if len(self._token_counts) >= TOKEN_COUNTS_KEPT:
+            self._fold_token_counts()
+
+    def _fold_token_counts(self) -> None:
+        if self._token_counts:
+            counts, self._token_counts = self._token_counts, []
+            self.tokens_seen = self.tokens_seen.to(counts[0].device) + torch.stack(counts).sum()
 
     # ------------------------------------------------------------------------------ fit and optimizer
     def on_fit_start(self) -> None:
@@ -328,6 +347,7 @@ class HFLightningModule(
 
     def trained_tokens(self) -> int:
         """Real (non-padding) input tokens seen by training on this process."""
+        self._fold_token_counts()
         return int(self.tokens_seen)
 
 
