@@ -279,5 +279,12 @@ def _step_norm(pl_module: L.LightningModule, optimizer: Any) -> torch.Tensor | N
 
 
 def _log_metric(trainer: L.Trainer, key: str, value: float, step: int) -> None:
+    """A row ``{key: value}`` at ``step`` (the step being taken, from ``on_before_optimizer_step``): through
+    :meth:`HFLightningModule.log_to_loggers <hf_lightning.module.train_log.TrainLog.log_to_loggers>` (the one
+    writer, which says why not ``self.log``), else written to the loggers directly (any other module)."""
+    write = getattr(trainer.lightning_module, "log_to_loggers", None)
+    if callable(write):
+        write({key: float(value)}, step=step)
+        return
     for logger in trainer.loggers:
         logger.log_metrics({key: float(value)}, step=step)

@@ -1,9 +1,10 @@
 """The train log of :class:`~hf_lightning.HFLightningModule`: window losses since the last row, HF's
 ``logging_steps``.
 
-Ours rather than ``self.log``: HF's ``loss`` is the mean of the *window* losses of the optimizer steps since
-the previous row (not of micro-batch values), written every ``trainer.log_every_n_steps`` optimizer steps
-counted across epochs, with ``step`` = optimizer steps done; and the row survives a stop:
+Ours rather than ``self.log`` (the measured reasons are in :meth:`TrainLog.log_to_loggers`, the one place that
+writes): HF's ``loss`` is the mean of the *window* losses of the optimizer steps since the previous row (not of
+micro-batch values), written every ``trainer.log_every_n_steps`` optimizer steps counted across epochs, with
+``step`` = optimizer steps done; and the row survives a stop:
 
 - the losses accumulated since the last row (every rank's, gathered), the ``lr``/``grad_norm``/``epoch`` of
   the newest step and the step whose validation was logged last are saved with each checkpoint and restored on
@@ -154,14 +155,32 @@ class TrainLog:
             self._bar_loss = metrics["train/loss"]
         self.log_to_loggers(metrics)
 
-    def log_to_loggers(self, metrics: Mapping[str, float | None]) -> None:
-        """Write to every logger with ``step`` = optimizer steps done (HF's ``global_step``); ``None`` values
-        are left out. Direct ``logger.log_metrics`` + ``save``: ``self.log`` would write at Lightning's step
-        (one less inside ``on_train_batch_end``) and cannot write from ``on_train_end``."""
+    def log_to_loggers(self, metrics: Mapping[str, float | None], step: int | None = None) -> None:
+        """Write one row to every logger at ``step`` (default: optimizer steps done, HF's ``global_step``);
+        ``None`` values are left out. The one place where hf_lightning writes metrics to the loggers: the
+        ``train/loss`` rows, the evaluation rows (:mod:`~hf_lightning.module.eval_steps`) and the
+        :class:`~hf_lightning.callbacks.NonFiniteGuard` counters.
+
+        Why not ``self.log`` (checked against Lightning 2.6's ``_LoggerConnector``, issue 16):
+
+        - Lightning writes a step's logged values after every ``on_train_batch_end`` hook has run, i.e. after
+          ``ModelCheckpoint`` / ``Preemption`` saved the checkpoint of that step. The row of step N must be on
+          disk before checkpoint N: a kill between the two would resume from N without its row (the i15 kill
+          harness's ``after_save`` point). Here the row is written from ``on_save_checkpoint`` first.
+        - Lightning writes only when ``(batches_that_stepped + 1) % log_every_n_steps == 0`` or on
+          ``should_stop``: the rows of ``max_steps`` and of HF's ``logging_first_step`` would be dropped, and it
+          refuses ``self.log`` in ``on_train_end`` (the final flush) and in ``on_save_checkpoint``.
+        - Its step is ``batches_that_stepped``, one less than HF's inside ``on_train_batch_end`` and for a
+          validation inside ``fit``; the explicit ``"step"`` key that fixes it is also copied into
+          ``trainer.callback_metrics`` (hence ``final_metrics.json``) and the dicts ``trainer.validate()`` returns,
+          and without it Lightning adds an ``epoch`` column to the evaluation rows.
+
+        The cost is the same as Lightning's: one ``log_metrics`` and one ``save`` per row, on log steps only
+        (Lightning's ``log_metrics`` also calls ``save`` after every write)."""
         clean = {k: float(v) for k, v in metrics.items() if v is not None}
         self.last_logged.update(clean)
         for logger in self.loggers:
-            logger.log_metrics(clean, step=self.global_step)
+            logger.log_metrics(clean, step=self.global_step if step is None else step)
             logger.save()
 
     @property
