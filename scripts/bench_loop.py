@@ -354,45 +354,14 @@ def main() -> None:
             def ratio(x, y, pr=per_round):
                 return median([a / b for a, b in zip(pr[x], pr[y])])
 
-            tables[clock_name].append(
-                [
-                    model_name,
-                    params,
-                    med["a_raw"],
-                    med["b_ours"],
-                    med["b_lean"],
-                    med["b_plain"],
-                    med["b_rich"],
-                    med["c_hf"],
-                    ratio("b_ours", "a_raw"),
-                    ratio("b_ours", "c_hf"),
-                    ratio("b_lean", "a_raw"),
-                    ratio("b_lean", "c_hf"),
-                    ratio("b_plain", "a_raw"),
-                    ratio("b_plain", "c_hf"),
-                    ratio("b_rich", "a_raw"),
-                    ratio("c_hf", "a_raw"),
-                ]
-            )
+            sides = ("a_raw", "b_ours", "b_lean", "b_plain", "b_rich", "c_hf")
+            pairs = [("b_ours", "a_raw"), ("b_ours", "c_hf"), ("b_lean", "a_raw"), ("b_lean", "c_hf")]
+            pairs += [("b_plain", "a_raw"), ("b_plain", "c_hf"), ("b_rich", "a_raw"), ("c_hf", "a_raw")]
+            row = [model_name, params] + [med[k] for k in sides] + [ratio(x, y) for x, y in pairs]
+            tables[clock_name].append(row)
         meters.append([model_name, f"{100 * median(meter_share):.2f}%", f"{100 * max(meter_share):.2f}%"])
-    header = [
-        "model",
-        "params",
-        "a raw ms",
-        "b ours ms",
-        "b lean ms",
-        "b plain ms",
-        "b rich ms",
-        "c HF ms",
-        "b/a",
-        "b/c",
-        "lean/a",
-        "lean/c",
-        "plain/a",
-        "plain/c",
-        "rich/a",
-        "c/a",
-    ]
+    header = ["model", "params", "a raw ms", "b ours ms", "b lean ms", "b plain ms", "b rich ms", "c HF ms"]
+    header += ["b/a", "b/c", "lean/a", "lean/c", "plain/a", "plain/c", "rich/a", "c/a"]
     for clock_name, rows in tables.items():
         if not rows:
             continue
