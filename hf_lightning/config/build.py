@@ -96,11 +96,12 @@ def build(cfg: DictConfig, purpose: Purpose = "train", checked: bool = False, sc
     if purpose not in PURPOSES:
         raise ValueError(f"purpose={purpose!r}; expected one of {PURPOSES}")
     if not checked:
-        check(cfg, purpose)
+        schedule = check(cfg, purpose)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
-    trainer = {"train": _train_trainer, "evaluate": _evaluate_trainer, "inspect": _inspect_trainer}[purpose](
-        cfg
-    )
+    if purpose == "train":
+        trainer = _train_trainer(cfg, schedule)  # HF's eval/save/log steps (HFSteps) need the schedule
+    else:
+        trainer = {"evaluate": _evaluate_trainer, "inspect": _inspect_trainer}[purpose](cfg)
 
     loader = instantiate(cfg.model, _convert_="all")
     tokenizer = loader.tokenizer()
@@ -309,6 +310,10 @@ def with_best_model(cfg: DictConfig, callbacks: list[Any], schedule: Any = None)
     if not cfg.get("metric_for_best_model") and not load_best:
         return [*steps, *callbacks]
     monitor, mode = resolve_monitor(cfg.get("metric_for_best_model") or "loss", cfg.get("greater_is_better"))
+    if load_best and not steps:  # check() refuses it first; a caller that skipped check() gets the same words
+        raise ConfigError(
+            "load_best_model_at_end=true needs an evaluation schedule: give eval_steps=N (or eval_strategy=epoch)"
+        )
     if load_best:
         # before HFSteps (the save at an evaluation step stores the best state) and before HFExport (it loads)
         best = LoadBestModel(monitor, mode, os.path.join(cfg.output_dir, "checkpoints"), steps[0])
