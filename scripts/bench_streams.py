@@ -9,6 +9,10 @@ epoch's seed), without tokenization (``--tokenize`` adds the GPT-2 tokenization 
 - ``shards``: each reader reads its own 2 files (``plan_readers``); the per-shard row count that the plan makes
   once per rank, when the loader is built, is timed on its own (``count s``).
 
+``datasets`` 5.2 ends every shuffled pass over Parquet files with a fixed 5 s pause (``time.sleep`` of
+``config.SLEEP_TIME_ON_THREADS_SHUTDOWN``, a workaround for an Arrow thread issue), once per reader and epoch, in both
+configurations; ``--no-shuffle`` measures the decoding without it.
+
 Readers run one after the other in this process (one core each when they run in parallel); rows/s per reader =
 the rows it yields / its time. Configurations interleaved per round; medians over readers and rounds.
 
@@ -60,6 +64,7 @@ def main() -> None:
     ap.add_argument("--files", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--format", choices=("jsonl", "parquet"), default="jsonl")
+    ap.add_argument("--no-shuffle", action="store_true", help="read in file order (no shuffle buffer)")
     ap.add_argument(
         "--tokenize", action="store_true", help="tokenize the kept rows (GPT-2, prompt_completion)"
     )
@@ -83,7 +88,8 @@ def main() -> None:
         source = datasets.load_dataset(builder, data_files=files, streaming=True, split="train")
 
         def stream(rank: int) -> ShardedStream:
-            s = ShardedStream(source, processor, rank=rank, world_size=world, shuffle=True, seed=7)
+            shuffle = not args.no_shuffle
+            s = ShardedStream(source, processor, rank=rank, world_size=world, shuffle=shuffle, seed=7)
             s.set_epoch(1)
             return s
 
@@ -111,7 +117,7 @@ def main() -> None:
     count_s = median([c for _, counts, _ in results["shards"] for c in counts])
     print(
         f"{args.rows:,} rows in {args.files} {args.format} files, {world} ranks x {workers} workers, "
-        f"{args.rounds} rounds, tokenize={args.tokenize}"
+        f"{args.rounds} rounds, shuffle={not args.no_shuffle}, tokenize={args.tokenize}"
     )
     print(
         table(
