@@ -12,8 +12,8 @@ ranks x workers, every reader yielding the same number of examples (DDP hangs on
   example in ``S``: stream position ``j`` goes to rank ``(j mod S) // workers``, worker ``(j mod S) mod workers``.
   The price: each of the ``S`` readers decodes every row (tokenization runs only on the rows it keeps).
 
-The tail: when the stream ends, readers that got one example fewer than the others yield a *masked copy*
-(all labels ``-100``) so that all readers, hence all ranks, produce the same number of batches; it adds
+The tail: when the stream ends, readers that got fewer examples than the others yield *masked copies* (all labels
+``-100``; one at most when split by rows) so that all readers, hence all ranks, produce the same number of batches; it adds
 nothing to the loss or to ``num_items_in_batch``. For the same reason a row without a target (empty, no assistant
 turn, all labels -100 after truncation, ...) is not dropped (that would unbalance the ranks): it is counted per
 cause, logged, and kept with zero weight (a row with no real token as one pad token, so no batch is empty).

@@ -12,7 +12,7 @@ from pathlib import Path
 import datasets
 import pytest
 
-from hf_lightning import HFDataModule
+from hf_lightning import DataError, HFDataModule
 from hf_lightning.data.stream_shards import ShardPlan, count_shard_rows
 from hf_lightning.data.streams import ShardedStream, in_holdout
 
@@ -159,3 +159,17 @@ def test_a_stream_with_a_holdout_covers_every_row_once(tmp_path, word_tokenizer)
     assert lengths[0] == lengths[1]
     assert len(train) == len(set(train)) and not set(train) & set(validation)
     assert sorted(train + validation) == sorted((f, r) for f, n in enumerate(FILE_ROWS) for r in range(n))
+
+
+def test_a_file_that_changes_after_the_count_is_an_error(tmp_path):
+    paths = write_files(tmp_path)
+    stream = ShardedStream(stream_of(paths), rank=0, world_size=2)
+    assert stream.plan_readers(2) is not None
+    with open(paths[4], "a") as fh:  # reader 0 owns files 0 and 4
+        fh.write(json.dumps({"file": 4, "row": 4, "input_ids": [8, 8, 8]}) + "\n")
+    with pytest.raises(DataError) as err:
+        list(stream.read_shard(0, 4))
+    assert str(err.value) == (
+        "the stream: reader 0 of 4 read 9 rows from its shards, but 8 were counted when the loader was built: the "
+        "source changed while training read it"
+    )
