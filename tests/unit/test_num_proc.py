@@ -156,3 +156,15 @@ def test_a_stream_says_num_proc_does_not_apply(word_tokenizer, caplog):
         "data.num_proc=2 does not apply to the train split: a stream is tokenized row by row, not with Dataset.map "
         "(data.num_workers spreads a stream's tokenization over DataLoader workers)"
     ]
+
+
+def test_a_run_resumes_with_another_num_proc(tmp_path):
+    from hf_lightning.run_folder import RunFolderGuard
+    from tests.errors.test_config import compose_train, plant_run
+
+    run_dir = tmp_path / "run"
+    plant_run(run_dir)
+    # the same tokenized rows with any number of processes: not a different run
+    RunFolderGuard().on_run_start(
+        compose_train(f"hydra.run.dir={run_dir}", "ckpt_path=last", "data.num_proc=2")
+    )
