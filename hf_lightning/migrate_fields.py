@@ -246,6 +246,7 @@ def _model_and_data(take, changed, out, dropped, notes) -> None:
         ("dataloader_num_workers", "data.num_workers"),
         ("dataloader_prefetch_factor", "data.prefetch_factor"),
         ("eval_accumulation_steps", "+module.eval_accumulation_steps"),
+        ("dataset_num_proc", "data.num_proc"),  # TRL's SFTConfig
     ):
         (value,) = take(field)
         if changed(field) and value is not None:

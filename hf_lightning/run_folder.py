@@ -31,6 +31,7 @@ MAY_CHANGE = (
     "data.persistent_workers",
     "data.prefetch_factor",
     "data.per_device_eval_batch_size",
+    "data.num_proc",  # tokenization processes: the same rows either way (tests/unit/test_num_proc.py)
     # the same loss either way (float rounding aside), computed with less memory
     "module.lean_loss",
 )

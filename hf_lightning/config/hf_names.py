@@ -151,8 +151,17 @@ NOT_HONOURED: dict[str, str] = {
 }
 
 
+# TRL config names (``SFTConfig``, beyond ``TrainingArguments``) that have a key here
+TRL_OURS: dict[str, _Key] = {
+    "dataset_num_proc": "data.num_proc={value}",
+}
+
+
 def hf_name_error(key: str, value: Any) -> str | None:
-    """The one-line refusal of a top-level ``key`` that is an HF ``TrainingArguments`` name, else ``None``."""
+    """The one-line refusal of a top-level ``key`` that is an HF ``TrainingArguments`` (or TRL) name, else ``None``."""
+    if key in TRL_OURS:
+        ours = TRL_OURS[key]
+        return f"{key} is TRL's name: use {ours(value) if callable(ours) else ours.replace('{value}', _value(value))}"
     if key in OURS:
         ours = OURS[key]
         use = ours(value) if callable(ours) else ours.replace("{value}", _value(value))

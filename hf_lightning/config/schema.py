@@ -29,6 +29,7 @@ from hf_lightning.arguments import (
     ACCELERATORS,
     MISSING,
     NON_NEGATIVE_INT,
+    OPTIONAL_POSITIVE_INT,
     POSITIVE_INT,
     PRECISIONS,
     Allowed,
@@ -86,6 +87,7 @@ OVERLAY: dict[str, Allowed] = {
     "data.max_length": POSITIVE_INT,
     "data.validation_split": Allowed(lambda v: _num(v) and 0 <= v < 1, "a number in [0, 1)"),
     "data.num_workers": NON_NEGATIVE_INT,
+    "data.num_proc": OPTIONAL_POSITIVE_INT,
     "trainer.accumulate_grad_batches": POSITIVE_INT,
     "trainer.max_steps": Allowed(
         lambda v: _int(v) and (v == -1 or v >= 1), "-1 (no limit) or an integer >= 1"

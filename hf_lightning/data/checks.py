@@ -66,6 +66,7 @@ DATA_ARGUMENTS = {
     "shuffle_buffer_size": "positive int",
     "validation_split": "fraction",
     "num_workers": "int >= 0",
+    "num_proc": "positive int or null",
     "prefetch_factor": "positive int or null",
     "pad_to_multiple_of": "positive int or null",
     "seed": "int >= 0",  # numpy and torch generators refuse negative seeds

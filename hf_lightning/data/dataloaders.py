@@ -207,6 +207,8 @@ class DataLoaderHooks:
             name=self.path if train else self.validation_path or self.path,
         )
         if train:
+            # here, before the workers copy it: each shard's rows counted once
+            stream.plan_readers(self.num_workers, batch, self.drop_last)
             if stream.length is not None:
                 check_fits_one_batch(stream.per_reader(self.num_workers), batch, self.drop_last)
             self._require_known_epoch(stream.length)

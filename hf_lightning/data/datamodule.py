@@ -78,6 +78,8 @@ class HFDataModule(DataLoaderHooks, L.LightningDataModule):
         label_names: the batch keys evaluation treats as labels (HF ``label_names``); default: the ``forward``
             parameters with ``label`` in their name, else ``["labels"]``.
         num_workers / pin_memory / persistent_workers / prefetch_factor / drop_last: ``DataLoader`` knobs.
+        num_proc: processes of ``Dataset.map`` for tokenizing a map-style split (``datasets``' ``num_proc``, TRL's
+            ``dataset_num_proc``); ``None``: one. Streams and torch datasets tokenize on the fly (a log line says so).
         pad_to_multiple_of: round padded lengths up to this multiple.
         seed: seed of the order, of worker RNGs and of the validation hold-out.
         rename_columns: ``{source column: new name}`` applied to every split before the format is read (a
@@ -149,6 +151,7 @@ class HFDataModule(DataLoaderHooks, L.LightningDataModule):
         split: str = "train",
         validation_split_name: str | None = None,
         revision: str | None = None,
+        num_proc: int | None = None,
     ) -> None:
         super().__init__()
         check_data_arguments(locals())  # each argument of DATA_ARGUMENTS against its kind
@@ -179,6 +182,7 @@ class HFDataModule(DataLoaderHooks, L.LightningDataModule):
         self.label_names = list(label_names) if label_names is not None else None
         self.rename_columns = dict(rename_columns) if rename_columns else None
         self.num_workers = num_workers
+        self.num_proc = num_proc
         self.pin_memory = pin_memory
         self.persistent_workers = persistent_workers
         self.prefetch_factor = prefetch_factor
@@ -367,6 +371,7 @@ class HFDataModule(DataLoaderHooks, L.LightningDataModule):
             packing=self.packing,
             padding_free=self.padding_free,
             label2id=label2id,
+            num_proc=self.num_proc,
         )
         if dropped is not None:
             self.dropped_columns[split] = dropped

@@ -1,17 +1,19 @@
 """Streams (``datasets.IterableDataset``, ``streaming=true`` files, plain torch ``IterableDataset``): sharded.
 
-Ours, not ``datasets.distributed.split_dataset_by_node``: that splits by files when it can (unequal counts per
-rank) and never tops up, so ranks could run different numbers of steps; here the split is exact per reader.
+:class:`ShardedStream` is what the ``DataLoader`` iterates, once per reader (``S = world_size x workers`` readers:
+every ``DataLoader`` worker of every rank). Two exact splits, each example seen exactly once per epoch across
+ranks x workers, every reader yielding the same number of examples (DDP hangs on unequal step counts):
 
-:class:`ShardedStream` is what the ``DataLoader`` iterates. Inside every process and every ``DataLoader``
-worker it reads the whole source in the same order and keeps one example in ``S = world_size x workers``:
-stream position ``j`` goes to rank ``(j mod S) // workers``, worker ``(j mod S) mod workers``. So every
-example is seen exactly once per epoch across ranks x workers, without relying on the number of files
-(``datasets``' shard-level split would give ranks unequal counts, and DDP hangs on unequal step counts).
-The price: each of the ``S`` readers decodes every row (tokenization runs only on the rows it keeps).
+- by shards, where a training ``datasets.IterableDataset`` has at least ``S`` shards (files): each reader reads
+  only its own shards, so every row is decoded once; the rows per shard are counted once when the loader is built,
+  and shorter readers end with masked copies (:mod:`~hf_lightning.data.stream_shards`, which says why it splits
+  this way rather than with ``datasets.distributed.split_dataset_by_node``);
+- by rows, otherwise (one INFO line says so): every reader reads the whole source in the same order and keeps one
+  example in ``S``: stream position ``j`` goes to rank ``(j mod S) // workers``, worker ``(j mod S) mod workers``.
+  The price: each of the ``S`` readers decodes every row (tokenization runs only on the rows it keeps).
 
-The tail: when the stream ends, readers that got one example fewer than the others yield a *masked copy*
-(all labels ``-100``) so that all readers, hence all ranks, produce the same number of batches; it adds
+The tail: when the stream ends, readers that got fewer examples than the others yield *masked copies* (all labels
+``-100``; one at most when split by rows) so that all readers, hence all ranks, produce the same number of batches; it adds
 nothing to the loss or to ``num_items_in_batch``. For the same reason a row without a target (empty, no assistant
 turn, all labels -100 after truncation, ...) is not dropped (that would unbalance the ranks): it is counted per
 cause, logged, and kept with zero weight (a row with no real token as one pad token, so no batch is empty).
@@ -41,6 +43,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from hf_lightning.data.file_errors import is_json_lines, jsonl_line_of_row, read_error
 from hf_lightning.data.row_report import RowReport, row_numbers
 from hf_lightning.data.samplers import PlaceholderRow, mask_example
+from hf_lightning.data.stream_shards import ShardPlan, plan_shards
 from hf_lightning.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -130,7 +133,8 @@ class ShardedStream(IterableDataset):
         split: name used in the log.
         name: the source's ``data.path`` (for messages: a bad row is named by its file line when it can be).
 
-    ``set_epoch(e)`` is stored in shared memory, so persistent workers see it too.
+    ``set_epoch(e)`` is stored in shared memory, so persistent workers see it too. :meth:`plan_readers`, called in
+    the main process before the workers copy the object, chooses the split by shards where the source allows it.
     """
 
     def __init__(
@@ -166,6 +170,27 @@ class ShardedStream(IterableDataset):
         self.split = split
         self.name = name
         self._epoch = torch.zeros((), dtype=torch.long).share_memory_()
+        self.plan: ShardPlan | None = None  # the split by shards (plan_readers); None: by rows
+
+    def plan_readers(
+        self, num_workers: int, batch_size: int = 1, drop_last: bool = False
+    ) -> ShardPlan | None:
+        """Split a training stream by shards over ``world_size x max(num_workers, 1)`` readers where it has enough
+        (:func:`~hf_lightning.data.stream_shards.plan_shards`: counts each shard's rows once, logs one line);
+        evaluation keeps the split by rows. Returns the plan (``None``: by rows)."""
+        holdout = None
+        if self.holdout is not None:
+            fraction, keep = self.holdout
+
+            def holdout(ex: Mapping[str, Any]) -> bool:
+                return in_holdout(ex, fraction) == keep
+
+        readers = self.world_size * max(num_workers, 1)
+        if self.top_up:
+            self.plan = plan_shards(
+                self.source, readers, self.split, holdout, self.world_size, num_workers, batch_size, drop_last
+            )
+        return self.plan
 
     # ----------------------------------------------------------------------------------------- epoch
     def set_epoch(self, epoch: int) -> None:
@@ -178,11 +203,17 @@ class ShardedStream(IterableDataset):
     # ----------------------------------------------------------------------------------------- sizes
     def per_reader(self, num_workers: int) -> int | None:
         """Examples each reader yields this epoch (top-ups included), when the stream length is known."""
+        plan = self.plan
+        if plan is not None and plan.readers == self.world_size * max(num_workers, 1):
+            return plan.per_reader
         return per_reader(self.length, self.world_size, num_workers)
 
     def num_batches(self, batch_size: int, num_workers: int, drop_last: bool) -> int | None:
         """Batches one rank's ``DataLoader`` yields: each worker batches its own share."""
-        return stream_batches(self.length, self.world_size, batch_size, num_workers, drop_last)
+        n = self.per_reader(num_workers)
+        if n is None or self.length is None:
+            return None
+        return (n // batch_size if drop_last else math.ceil(n / batch_size)) * max(num_workers, 1)
 
     def __len__(self) -> int:
         n = self.per_reader(1)  # examples per rank with one reader; DataLoader length comes from num_batches
@@ -191,11 +222,14 @@ class ShardedStream(IterableDataset):
         return n
 
     # ------------------------------------------------------------------------------------- iteration
-    def _rows(self, epoch: int) -> Iterator[dict[str, Any]]:
-        """The whole source in this epoch's order (identical in every reader)."""
+    def _rows(self, epoch: int, shard: tuple[int, int] | None = None) -> Iterator[dict[str, Any]]:
+        """The whole source in this epoch's order (identical in every reader); ``shard=(index, count)``: only the
+        shards ``i`` with ``i mod count == index`` (``IterableDataset.shard``), in this epoch's order."""
         src = self.source
         holdout = self.holdout
         if isinstance(src, datasets.IterableDataset):
+            if shard is not None:
+                src = src.shard(num_shards=shard[1], index=shard[0], contiguous=False)
             if holdout is not None:
                 fraction, keep = holdout
                 src = src.filter(lambda ex: in_holdout(ex, fraction) == keep)
@@ -228,30 +262,39 @@ class ShardedStream(IterableDataset):
         yield from self._grouped(kept, self.length_buffer) if self.length_buffer else kept
 
     def read_shard(self, index: int, count: int) -> Iterator[dict[str, Any]]:
-        """The rows of reader ``index`` of ``count`` for this epoch (tokenized, top-up included)."""
+        """The rows of reader ``index`` of ``count`` for this epoch (tokenized, top-ups included): its own shards
+        when :attr:`plan` splits by shards for ``count`` readers, else one row in ``count`` of the whole stream."""
+        plan = self.plan if self.plan is not None and self.plan.readers == count else None
         total = mine = 0
         first = None
         report = RowReport(f"{self.split} stream", lambda rows: row_numbers(f"{self.split} stream row", rows))
-        for j, row in enumerate(self._read(self.epoch)):
+        for j, row in enumerate(self._read(self.epoch, (index, count) if plan else None)):
             total += 1
             if first is None:
                 first = row
-            if j % count != index:
+            if plan is None and j % count != index:
                 continue
             mine += 1
             if self.processor is not None:
                 try:
                     row, info = self.processor(row)
                 except DataError as err:
-                    raise DataError(f"{self._where(j)}: {err}") from err
+                    raise DataError(f"{self._where(j, index if plan else None)}: {err}") from err
                 report.add(j, info)
             yield row
-        share = math.ceil(total / count) if total else 0
+        share = plan.per_reader if plan else (math.ceil(total / count) if total else 0)
+        if plan is not None and mine != plan.rows_of(index):
+            raise DataError(
+                f"{self._source()}: reader {index} of {count} read {mine} rows from its shards, but {plan.rows_of(index)} "
+                "were counted when the loader was built: the source changed while training read it"
+            )
         if first is not None and ((self.top_up and mine < share) or (not self.top_up and mine == 0)):
             row = mask_example(self.processor(first)[0] if self.processor is not None else first)
-            # training: a tail top-up (same step count on every rank, no loss term); evaluation: a reader with no
-            # row evaluates one placeholder, so that its rank runs the loop (hf_lightning.data.placeholder)
-            yield row if self.top_up else PlaceholderRow(row)
+            # training: tail top-ups (same step count on every rank, no loss term; one at most when split by rows);
+            # evaluation: a reader with no row evaluates one placeholder, so that its rank runs the loop
+            # (hf_lightning.data.placeholder)
+            for _ in range(share - mine if self.top_up else 1):
+                yield row if self.top_up else PlaceholderRow(row)
         max_length = getattr(self.processor, "kwargs", {}).get("max_length")
         report.log(
             max_length,
@@ -260,10 +303,10 @@ class ShardedStream(IterableDataset):
             kept=True,
         )
 
-    def _read(self, epoch: int) -> Iterator[dict[str, Any]]:
+    def _read(self, epoch: int, shard: tuple[int, int] | None = None) -> Iterator[dict[str, Any]]:
         """:meth:`_rows`, with a reader's error (a broken line, a byte that is not UTF-8) as a :class:`DataError`
         that names the file line."""
-        rows = self._rows(epoch)
+        rows = self._rows(epoch, shard)
         while True:
             try:
                 row = next(rows)
@@ -278,10 +321,13 @@ class ShardedStream(IterableDataset):
     def _source(self) -> str:
         return f"data.path={self.name}" if self.name is not None else "the stream"
 
-    def _where(self, j: int) -> str:
+    def _where(self, j: int, reader: int | None = None) -> str:
         """Where row ``j`` of this epoch's order comes from: the file line when the order is the file's (no shuffle,
-        no hold-out), else the position."""
+        no hold-out, one reader's order is the file's), else the position (in ``reader``'s shards, when split)."""
         name = self.name
+        if reader is not None:
+            order = ", in this epoch's shuffled order" if self.shuffle else ""
+            return f"{self._source()} ({self.split} stream row {j} of reader {reader}'s shards{order})"
         if (
             isinstance(name, (str, os.PathLike))
             and os.path.isfile(name)

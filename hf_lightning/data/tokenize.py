@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import datasets
+import pyarrow.compute as pc
 
 from hf_lightning.compat import selection_indices
 from hf_lightning.data.file_errors import is_json_lines, jsonl_line_of_row, non_utf8_error
@@ -111,6 +113,9 @@ def tokenize_dataset(
 
     Columns the format does not read are kept (pruning against the model's ``forward`` is a separate step).
     ``packing`` / ``padding_free``: what the rows are for (see :func:`~hf_lightning.data.on_the_fly.fn_kwargs_for`).
+    ``num_proc``: processes of ``Dataset.map`` (``datasets``' own argument; ``None``: this process). The result, its
+    row order and the row report are the same for any value (``map`` concatenates the shards in order, the report
+    columns come back with the rows); one INFO line gives the rows, tokens and rates of the tokenization.
 
     Returns:
         the tokenized dataset: ``input_ids`` (and ``attention_mask``, ``labels`` or ``label`` per format).
@@ -131,6 +136,7 @@ def tokenize_dataset(
                 f"{describe_row(ds, row, path, split)}: label {value!r} is not one of the {len(names)} training "
                 f"labels {names[:20]}{' ...' if len(names) > 20 else ''}"
             ) from err
+    start = time.perf_counter()
     try:
         out = _map_rows(
             ds,
@@ -145,6 +151,7 @@ def tokenize_dataset(
         raise DataError(f"data.path={path} ({split}): {err}") from err
     except UnicodeDecodeError as err:  # pyarrow may load bad bytes and fail only when they are decoded
         raise non_utf8_error(path, split, err) from err
+    log_rate(out, split, time.perf_counter() - start, num_proc)
     report = RowReport(split, row_names(ds, path, split))
     columns = [c for c in REPORT_COLUMNS if c in out.column_names]
     keep = report.add_columns(out.select_columns(columns).to_dict())
@@ -172,6 +179,48 @@ def _map_rows(
         fn_kwargs={"fmt": fmt, **kwargs},
         num_proc=num_proc,
         desc=f"tokenizing {split} ({fmt})",
+    )
+
+
+def _amount(n: float) -> str:
+    """``7,473``; ``1.2 M``; ``390 k`` (three significant figures above 10,000)."""
+    if n >= 1e6:
+        return f"{n / 1e6:.3g} M"
+    if n >= 1e4:
+        return f"{n / 1e3:.3g} k"
+    return f"{n:,.0f}"
+
+
+def from_cache(out: datasets.Dataset, start: float) -> bool:
+    """Whether ``Dataset.map`` served ``out`` from the ``datasets`` cache: every cache file is older than the call."""
+    files = [f["filename"] for f in out.cache_files]
+    wall_start = time.time() - (time.perf_counter() - start)
+    return bool(files) and all(os.path.getmtime(f) < wall_start for f in files if os.path.exists(f))
+
+
+def log_rate(out: datasets.Dataset, split: str, seconds: float, num_proc: int | None) -> None:
+    """One INFO line: ``tokenized train: 7,473 rows, 1.2 M tokens in 3.1 s (2,410 rows/s, 390 k tokens/s), num_proc=2``
+    (tokens: the ``input_ids`` of every tokenized row, before rows without a target are dropped)."""
+    rows = len(out)
+    tokens = int(pc.sum(pc.list_value_length(out.data.column("input_ids"))).as_py() or 0)
+    if from_cache(out, time.perf_counter() - seconds):
+        log.info(
+            "tokenized %s: %s rows, %s tokens read from the datasets cache in %.2f s (tokenized by an earlier run)",
+            split,
+            _amount(rows),
+            _amount(tokens),
+            seconds,
+        )
+        return
+    log.info(
+        "tokenized %s: %s rows, %s tokens in %.2f s (%s rows/s, %s tokens/s), num_proc=%s",
+        split,
+        _amount(rows),
+        _amount(tokens),
+        seconds,
+        _amount(rows / max(seconds, 1e-9)),
+        _amount(tokens / max(seconds, 1e-9)),
+        num_proc or 1,
     )
 
 
@@ -273,6 +322,7 @@ def prepare_split(
     packing: str | None = None,
     padding_free: bool = False,
     label2id: Mapping[str, int] | None = None,
+    num_proc: int | None = None,
 ) -> tuple[Any, list[str] | None, list[int] | None]:
     """One split from source rows to model rows: ``(rows, dropped columns or None, token lengths or None)``.
 
@@ -280,11 +330,23 @@ def prepare_split(
     torch map-style dataset is scanned once (:func:`~hf_lightning.data.on_the_fly.scan_torch_dataset`, which measures
     the lengths); a ``datasets.Dataset`` is tokenized (:func:`tokenize_dataset`) and pruned to ``columns`` (``None``:
     ``remove_unused_columns=false``). With ``packing`` the rows are then packed
-    (:func:`~hf_lightning.data.packing.pack_dataset`).
+    (:func:`~hf_lightning.data.packing.pack_dataset`). ``num_proc`` (``data.num_proc``) reaches ``Dataset.map``; a
+    stream or a torch dataset is tokenized row by row (inside the ``DataLoader`` readers for a stream), so one INFO
+    line says that it does not apply there.
 
     Raises:
         DataError: see :func:`tokenize_dataset`, :func:`prune_dataset`.
     """
+    if num_proc is not None and not isinstance(ds, datasets.Dataset):
+        log.info(
+            "data.num_proc=%d does not apply to the %s split: %s is tokenized row by row, not with Dataset.map%s",
+            num_proc,
+            split,
+            "a stream" if is_stream(ds) else "a torch dataset",
+            " (data.num_workers spreads a stream's tokenization over DataLoader workers)"
+            if is_stream(ds)
+            else "",
+        )
     if is_stream(ds):
         return ds, None, None
     dropped: list[str] | None = None  # None: not pruned here
@@ -302,7 +364,16 @@ def prepare_split(
         )
     else:
         out = tokenize_dataset(
-            ds, fmt, tokenizer, max_length, split, path, label2id, packing=packing, padding_free=padding_free
+            ds,
+            fmt,
+            tokenizer,
+            max_length,
+            split,
+            path,
+            label2id,
+            num_proc=num_proc,
+            packing=packing,
+            padding_free=padding_free,
         )
         if columns is not None:
             consumed = SOURCE_COLUMNS.get(fmt, ())
