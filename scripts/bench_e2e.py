@@ -82,8 +82,17 @@ def rate(stamps, counts, warmup: int) -> tuple[float, float, float]:
     )
 
 
-def run_hf(tok, rows, steps: int, warmup: int) -> tuple[float, float]:
-    from transformers import DataCollatorForSeq2Seq, Trainer, TrainerCallback, TrainingArguments
+def run_hf(tok, rows, steps: int, warmup: int, layout: str = "padded") -> tuple[float, float]:
+    """HF ``Trainer``: ``padded`` (its default, ``DataCollatorForSeq2Seq``), ``group_by_length`` (the same
+    collator, ``train_sampling_strategy="group_by_length"``, transformers 4's ``group_by_length=True``) or ``flattening`` (``DataCollatorWithFlattening``,
+    padding-free with per-document ``position_ids``)."""
+    from transformers import (
+        DataCollatorForSeq2Seq,
+        DataCollatorWithFlattening,
+        Trainer,
+        TrainerCallback,
+        TrainingArguments,
+    )
 
     stamps = []
 
@@ -94,7 +103,11 @@ def run_hf(tok, rows, steps: int, warmup: int) -> tuple[float, float]:
         def on_step_end(self, args, state, control, **kw):
             stamps.append(clock())
 
-    collate = Counting(DataCollatorForSeq2Seq(tok, label_pad_token_id=-100), tok.pad_token_id)
+    if layout == "flattening":
+        base = DataCollatorWithFlattening()  # separator_id -100: each document's first token is no target
+    else:
+        base = DataCollatorForSeq2Seq(tok, label_pad_token_id=-100)
+    collate = Counting(base, tok.pad_token_id)
     with tempfile.TemporaryDirectory() as tmp:
         args = TrainingArguments(
             output_dir=tmp,
@@ -111,6 +124,8 @@ def run_hf(tok, rows, steps: int, warmup: int) -> tuple[float, float]:
             use_cpu=True,
             seed=0,
             dataloader_pin_memory=False,
+            # transformers 5: group_by_length=True is train_sampling_strategy="group_by_length"
+            train_sampling_strategy="group_by_length" if layout == "group_by_length" else "random",
         )
         Trainer(
             model=model(len(tok)), args=args, train_dataset=rows, data_collator=collate, callbacks=[Stamp()]
@@ -162,7 +177,13 @@ def run_ours(tok, rows, steps: int, warmup: int, max_length: int, **layout) -> t
     return rate(stamps, collate.counts, warmup)
 
 
+HF = {
+    "HF Trainer padded": "padded",
+    "HF Trainer group_by_length": "group_by_length",
+    "HF Trainer padding-free (flattening)": "flattening",
+}
 LAYOUTS = {
+    "ours default (layout=auto)": {"layout": "auto"},
     "ours padded": {},
     "ours group_by_length": {"group_by_length": True},
     "ours packed (bfd)": {"packing": "bfd"},
@@ -204,7 +225,10 @@ def main() -> None:
     print(machine_note())
     tok = gpt2_tokenizer()
     rows = datasets.Dataset.from_list(gsm8k_tokenized(tok, args.max_length, limit=args.rows))
-    runs = {"HF Trainer padded": lambda: run_hf(tok, rows, args.steps, args.warmup)}
+    runs = {
+        name: (lambda layout=layout: run_hf(tok, rows, args.steps, args.warmup, layout))
+        for name, layout in HF.items()
+    }
     for name, layout in LAYOUTS.items():
         runs[name] = lambda layout=layout: run_ours(
             tok, rows, args.steps, args.warmup, args.max_length, **layout
@@ -212,6 +236,8 @@ def main() -> None:
     with open(os.devnull, "w") as null, contextlib.redirect_stderr(null), contextlib.redirect_stdout(null):
         results = interleaved(runs, args.rounds)
     hf = results["HF Trainer padded"]
+    # HF's best side of each round (real tokens per CPU second, per wall second)
+    best = [tuple(max(results[name][r][k] for name in HF) for k in (0, 1)) for r in range(args.rounds)]
     out = []
     for name, values in results.items():
         cpu = [v[0] for v in values]
@@ -222,8 +248,10 @@ def main() -> None:
                 f"{median([v[2] for v in values]):.3f}",
                 round(median(cpu)),
                 f"{median([c / h[0] for c, h in zip(cpu, hf)]):.2f}x",
+                f"{median([c / b[0] for c, b in zip(cpu, best)]):.2f}x",
                 round(median(wall)),
                 f"{median([w / h[1] for w, h in zip(wall, hf)]):.2f}x",
+                f"{median([w / b[1] for w, b in zip(wall, best)]):.2f}x",
             ]
         )
     print(
@@ -231,11 +259,26 @@ def main() -> None:
         f"micro-batch {MICRO_BATCH} "
         f"x {ACCUMULATION}, {args.steps - args.warmup} timed steps, {args.rounds} interleaved rounds"
     )
-    print(table(["run", "real share", "real tok/CPU-s", "vs HF", "real tok/wall-s", "vs HF (wall)"], out))
+    print(
+        table(
+            [
+                "run",
+                "real share",
+                "real tok/CPU-s",
+                "vs HF padded",
+                "vs HF best",
+                "real tok/wall-s",
+                "vs HF padded (wall)",
+                "vs HF best (wall)",
+            ],
+            out,
+        )
+    )
     hf_share = median([v[2] for v in hf])
     print(
-        f"goal: ours packed >= 1.6x HF padded. Removing all padding can gain at most 1 / {hf_share:.3f} = "
-        f"{1 / hf_share:.2f}x over HF padded here (its real share); per real token the work is the same"
+        f"HF best: the fastest HF side of each round. Goal: ours default >= 1.8x HF padded and >= 1.2x HF best. "
+        f"Removing all padding can gain at most 1 / {hf_share:.3f} = {1 / hf_share:.2f}x over HF padded here "
+        "(its real share); beyond that only a cheaper step per real token (the lean loss) counts"
     )
 
 
