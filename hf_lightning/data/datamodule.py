@@ -352,7 +352,8 @@ class HFDataModule(DataLoaderHooks, L.LightningDataModule):
         base = collator_for(
             fmt, self.tokenizer.pad_token_id, model, self.packing, self.padding_free, self.pad_to_multiple_of
         )
-        self.train_collator = self._pruning_collator(base, self.train_dataset, "train")
+        train_base = layout.train_collator(base, self.tokenizer.pad_token_id, self.pad_to_multiple_of)
+        self.train_collator = self._pruning_collator(train_base, self.train_dataset, "train")
         self.eval_collator = self._pruning_collator(base, self.val_dataset, "validation")
         if self.group_by_length and self.train_dataset is not None and not is_stream(self.train_dataset):
             self._train_lengths = self._lengths(self.train_dataset)
