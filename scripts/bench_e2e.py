@@ -210,6 +210,11 @@ def main() -> None:
     parser.add_argument("--accumulation", type=int, default=ACCUMULATION)
     parser.add_argument("--hidden", type=int, default=HIDDEN)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--skip-hand-layouts",
+        action="store_true",
+        help="run only HF's three sides, ours default and ours padded (a shorter run)",
+    )
     args = parser.parse_args()
     MICRO_BATCH, ACCUMULATION, HIDDEN = args.micro_batch, args.accumulation, args.hidden
     set_threads(args.threads)
@@ -235,6 +240,8 @@ def main() -> None:
         for name, layout in HF.items()
     }
     for name, layout in LAYOUTS.items():
+        if args.skip_hand_layouts and name not in ("ours default (layout=auto)", "ours padded"):
+            continue
         runs[name] = lambda layout=layout: run_ours(
             tok, rows, args.steps, args.warmup, args.max_length, **layout
         )
