@@ -35,6 +35,7 @@ import logging
 import os
 import tempfile
 import warnings
+from types import SimpleNamespace
 
 import torch
 from bench_support import (
@@ -50,6 +51,7 @@ from bench_support import (
 )
 
 from hf_lightning.data.describe import padding_mask
+from hf_lightning.data.model_facts import binding_from_trainer
 
 MICRO_BATCH = 4  # --micro-batch
 ACCUMULATION = 2  # --accumulation
@@ -153,6 +155,9 @@ def run_ours(tok, rows, steps: int, warmup: int, max_length: int, **layout) -> t
             if trainer.global_step > len(stamps) - 1:
                 stamps.append(clock())
 
+    module = HFLightningModule(
+        model(len(tok)), tokenizer=tok, optim={"lr": LR}, scheduler={"name": "constant"}
+    )
     dm = HFDataModule(
         tok,
         path=rows,
@@ -162,11 +167,11 @@ def run_ours(tok, rows, steps: int, warmup: int, max_length: int, **layout) -> t
         seed=0,
         **layout,
     )
+    # what fit would read from the trainer's LightningModule, given before setup: layout=auto needs the model
+    binding = binding_from_trainer(SimpleNamespace(lightning_module=module))
+    dm.bind(binding.model, **{k: v for k, v in vars(binding).items() if k != "model"})
     dm.setup("fit")
     dm.train_collator = collate = Counting(dm.train_collator, tok.pad_token_id)
-    module = HFLightningModule(
-        model(len(tok)), tokenizer=tok, optim={"lr": LR}, scheduler={"name": "constant"}
-    )
     with tempfile.TemporaryDirectory() as tmp:
         L.Trainer(
             accelerator="cpu",
