@@ -313,7 +313,9 @@ class HFDataModule(DataLoaderHooks, L.LightningDataModule):
         if fmt in ("messages", "conversations"):
             require_chat_template(self.tokenizer)
             warn_end_of_turn(self.tokenizer)  # an end-of-turn generation cannot stop on
-        layout = apply_layout(self, fmt, model, bound.forward_kwargs)  # data.layout=auto: sets the three keys
+        layout = apply_layout(
+            self, self._given_layout, fmt, model, bound.forward_kwargs
+        )  # data.layout=auto: sets the three keys
         check_packing(
             self.packing,
             self.padding_free,
@@ -357,7 +359,7 @@ class HFDataModule(DataLoaderHooks, L.LightningDataModule):
         self.eval_collator = self._pruning_collator(base, self.val_dataset, "validation")
         if self.group_by_length and self.train_dataset is not None and not is_stream(self.train_dataset):
             self._train_lengths = self._lengths(self.train_dataset)
-        announce(layout, self)
+        announce(layout, self, self._train_lengths, self._accumulation())
         if bound.metrics:
             self._check_label_names()
 

@@ -45,6 +45,7 @@ from typing import Any, Literal
 
 import torch
 
+from hf_lightning.compat import attention_backend
 from hf_lightning.data.batch_packing import BatchPackingCollator
 from hf_lightning.data.checks import packed_sequences_isolated
 from hf_lightning.data.formats import CAUSAL_FORMATS
@@ -105,9 +106,8 @@ def check_layout(layout: Any) -> None:
 
 
 def attention_of(model: Any) -> str | None:
-    """The model's attention implementation (``config._attn_implementation``, a private transformers attribute,
-    as :func:`hf_lightning.compat.attention_backend` reads it)."""
-    return getattr(getattr(model, "config", None), "_attn_implementation", None)
+    """The model's attention implementation (:func:`hf_lightning.compat.attention_backend`)."""
+    return attention_backend(model)
 
 
 def cannot_flatten(model: Any, forward_kwargs: Mapping[str, Any] | None) -> str | None:
@@ -183,11 +183,13 @@ def choose_layout(
     return Layout(False, None, True, reason, pack_batches=True)
 
 
-def apply_layout(dm: Any, fmt: str, model: Any, forward_kwargs: Mapping[str, Any] | None) -> Layout:
-    """Choose ``dm``'s layout (:func:`choose_layout` of its ``layout`` and the settings it was given) and set its
+def apply_layout(
+    dm: Any, given: tuple[bool, str | None, bool], fmt: str, model: Any, forward_kwargs: Any
+) -> Layout:
+    """Choose ``dm``'s layout (:func:`choose_layout` of ``dm.layout`` and the settings it was ``given``) and set its
     ``group_by_length``, ``packing`` and ``padding_free`` to it; called by ``HFDataModule.setup``. Packed per
     batch is padding-free for tokenization, the checks and evaluation; only the training collator differs."""
-    group_by_length, packing, padding_free = dm._given_layout
+    group_by_length, packing, padding_free = given
     chosen = choose_layout(
         dm.layout,
         group_by_length=group_by_length,
@@ -233,9 +235,10 @@ def packed_real_share(lengths: Sequence[int], batch_size: int, seed: int | None)
     return _share(batches, lambda b: len(best_fit_decreasing(b, max(max(b), 1))) * max(max(b), 1))
 
 
-def announce(layout: Layout, dm: Any) -> None:
+def announce(layout: Layout, dm: Any, lengths: Sequence[int] | None, accumulation: int) -> None:
     """The one start-of-run INFO line of ``data.layout=auto``: the layout, why, and the share of real slots
-    (padding-free: all; packed per batch and length groups: one epoch on one rank, from the training lengths)."""
+    (padding-free: all; packed per batch and length groups: one epoch on one rank, from the training lengths
+    ``lengths`` when known)."""
     if layout.reason is None:
         return
     share, ds, batch = "", dm.train_dataset, dm.per_device_train_batch_size
@@ -244,7 +247,7 @@ def announce(layout: Layout, dm: Any) -> None:
     elif layout.pack_batches and ds is not None and not is_stream(ds):
         value = packed_real_share(sequence_lengths(ds), batch, dm.seed if dm.shuffle else None)
         share = f": {100.0 * value:.1f}% of slots real (epoch 1, one rank)"
-    elif layout.group_by_length and dm._train_lengths:
-        value = grouped_real_share(dm._train_lengths, batch, batch * dm._accumulation(), dm.seed)
+    elif layout.group_by_length and lengths:
+        value = grouped_real_share(lengths, batch, batch * accumulation, dm.seed)
         share = f": {100.0 * value:.1f}% of slots real (epoch 1, one rank)"
     log.info("layout: %s (data.layout=auto; %s)%s", layout.name, layout.reason, share)
