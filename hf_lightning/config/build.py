@@ -31,7 +31,7 @@ log = logging.getLogger("hf_lightning.build")
 Purpose = Literal["train", "evaluate", "inspect"]
 PURPOSES = ("train", "evaluate", "inspect")
 # the DataModule settings evaluation fixes: predictions follow the file's order, one example per row
-EVALUATE_DATA = {"group_by_length": False, "packing": False}
+EVALUATE_DATA = {"group_by_length": False, "packing": False, "layout": None}
 
 
 @dataclass

@@ -31,6 +31,7 @@ from hf_lightning.data.collators import PruneColumnsCollator, collator_for
 from hf_lightning.data.dataloaders import DataLoaderHooks
 from hf_lightning.data.end_of_turn import warn_end_of_turn
 from hf_lightning.data.formats import FORMATS
+from hf_lightning.data.layout import LayoutChoice, announce, apply_layout, check_layout
 from hf_lightning.data.model_facts import (
     Binding,
     Columns,
@@ -70,6 +71,9 @@ class HFDataModule(DataLoaderHooks, L.LightningDataModule):
         packing: ``False``, ``"bfd"`` (``True`` means ``"bfd"``) or ``"wrapped"`` (causal formats, map-style); packed
             ``text`` documents end with EOS (see :mod:`~hf_lightning.data.packing`).
         padding_free: flatten each batch into one row with restarting ``position_ids`` (no padding).
+        layout: ``None`` (the three settings above as given) or ``"auto"``: the fastest layout that keeps the
+            loss exact, chosen at setup from the format and the model when none of the three is set, and said in
+            one INFO line (:mod:`~hf_lightning.data.layout`).
         streaming: read files lazily as a stream (sharded per rank and per worker).
         shuffle_buffer_size: buffer of the stream shuffle.
         remove_unused_columns: keep only the model's ``forward`` arguments and the label columns (HF default).
@@ -152,9 +156,11 @@ class HFDataModule(DataLoaderHooks, L.LightningDataModule):
         validation_split_name: str | None = None,
         revision: str | None = None,
         num_proc: int | None = None,
+        layout: LayoutChoice = None,
     ) -> None:
         super().__init__()
         check_data_arguments(locals())  # each argument of DATA_ARGUMENTS against its kind
+        check_layout(layout)
         if format not in ("auto", *FORMATS):
             raise ConfigError(f"data.format={format!r}; expected one of {['auto', *FORMATS]}")
         if num_workers == 0 and (persistent_workers or prefetch_factor is not None):
@@ -175,6 +181,9 @@ class HFDataModule(DataLoaderHooks, L.LightningDataModule):
         self.group_by_length = group_by_length
         self.packing = packing_strategy(packing)  # the value only; the rules: check_packing at setup
         self.padding_free = padding_free
+        # data.layout and the three settings as given (setup replaces the three with the chosen layout's)
+        self.layout = layout
+        self._given_layout = (group_by_length, self.packing, padding_free)
         self.streaming = streaming
         self.shuffle_buffer_size = shuffle_buffer_size
         self.remove_unused_columns = remove_unused_columns
@@ -308,6 +317,9 @@ class HFDataModule(DataLoaderHooks, L.LightningDataModule):
         if fmt in ("messages", "conversations"):
             require_chat_template(self.tokenizer)
             warn_end_of_turn(self.tokenizer)  # an end-of-turn generation cannot stop on
+        layout = apply_layout(
+            self, self._given_layout, fmt, model, bound.forward_kwargs
+        )  # data.layout=auto: sets the three keys
         check_packing(
             self.packing,
             self.padding_free,
@@ -346,10 +358,12 @@ class HFDataModule(DataLoaderHooks, L.LightningDataModule):
         base = collator_for(
             fmt, self.tokenizer.pad_token_id, model, self.packing, self.padding_free, self.pad_to_multiple_of
         )
-        self.train_collator = self._pruning_collator(base, self.train_dataset, "train")
+        train_base = layout.train_collator(base, self.tokenizer.pad_token_id, self.pad_to_multiple_of)
+        self.train_collator = self._pruning_collator(train_base, self.train_dataset, "train")
         self.eval_collator = self._pruning_collator(base, self.val_dataset, "validation")
         if self.group_by_length and self.train_dataset is not None and not is_stream(self.train_dataset):
             self._train_lengths = self._lengths(self.train_dataset)
+        announce(layout, self, self._train_lengths, self._accumulation())
         if bound.metrics:
             self._check_label_names()
 

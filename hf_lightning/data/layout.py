@@ -1,0 +1,253 @@
+"""``data.layout=auto``: the fastest batch layout that keeps the loss exact, chosen once at setup and said in the log.
+
+The layouts, and what each costs (``docs/benchmarks.md`` section 3 measures them side by side):
+
+================= ========================================= ================================================
+layout            slots that are real                       an optimizer step
+================= ========================================= ================================================
+padded            the rows' tokens / (B x longest row)      the reference
+padding-free      all: one flat row, ``position_ids``       the same documents, the same loss and gradient
+                  restart per document
+packed per batch  almost all: the batch's documents in the  the same documents, the same loss and gradient
+                  fewest rows of its longest document's     (:mod:`~hf_lightning.data.batch_packing`)
+                  length
+length-grouped    almost all (HF ``group_by_length``)       other documents: rows of similar length together
+packed            almost all (``data.packing``)             more documents per step, fewer steps
+================= ========================================= ================================================
+
+``auto`` keeps every step's documents (so the run is the padded run, step for step, up to float rounding) and
+removes the padding the model's attention allows:
+
+1. a causal-LM format and a model that keeps the documents of one row apart (``forward`` takes ``position_ids``,
+   no KV cache, and the probe of :func:`~hf_lightning.data.checks.packed_sequences_isolated` passes):
+   **padding-free** when its attention is a variable-length kernel (``flash_attention_*``: it attends within each
+   document, ``sum(L_i**2)`` work); otherwise (``sdpa``, ``eager``, whose mask over one flat row of
+   ``T = sum(L_i)`` tokens is a dense ``(T, T)``: about ``B`` times the padded rows' attention) **packed per
+   batch**, whose rows are no longer than the padded rows.
+2. classification (one loss per example, each example weighs ``1/B`` in any batch): **length-grouped**.
+3. otherwise (seq2seq, a model that cannot keep documents apart, no model to probe): **padded**, said in the line.
+
+Not chosen, although each keeps the loss per token: length grouping for token losses, because a step's loss is
+divided by its own target count, so batches of short documents weigh each of their tokens more than batches of
+long ones (on the default experiment it left ``val/loss`` at 6.19 after 60 steps, against 3.68 padded); dataset
+packing, because it changes how many documents a step holds, so an experiment's learning rate, batch size and
+step count no longer mean what they say. A layout set by hand (``data.group_by_length``, ``data.packing``,
+``data.padding_free``) wins over ``auto``. ``HFDataModule`` and ``conf/data/default.yaml`` default to
+``layout=null`` (those three keys as given); the shipped experiments set ``auto``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+from hf_lightning.compat import attention_backend
+from hf_lightning.data.batch_packing import BatchPackingCollator
+from hf_lightning.data.checks import packed_sequences_isolated
+from hf_lightning.data.formats import CAUSAL_FORMATS
+from hf_lightning.data.model_facts import forward_parameters
+from hf_lightning.data.packing import best_fit_decreasing
+from hf_lightning.data.samplers import length_grouped_indices, sequence_lengths
+from hf_lightning.data.sources import is_stream
+from hf_lightning.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+#: the values of ``data.layout`` (``HFDataModule``'s annotation says the same)
+LayoutChoice = Literal["auto"] | None
+#: attention implementations whose kernel attends within each document of a flat row (``cu_seq_lens`` from
+#: ``position_ids``), so a padding-free row costs no more attention than its documents
+VARLEN_ATTENTION = ("flash_attention_2", "flash_attention_3", "flash_attention_4")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The batch layout of a run: the three ``HFDataModule`` settings and, for ``auto``, why."""
+
+    group_by_length: bool
+    packing: str | None
+    padding_free: bool
+    #: ``None``: ``data.layout`` is null; else what the log line says after the layout's name
+    reason: str | None = None
+    #: padding-free documents packed into rows per batch (:mod:`~hf_lightning.data.batch_packing`)
+    pack_batches: bool = False
+
+    @property
+    def name(self) -> str:
+        if self.pack_batches:
+            return "packed per batch"
+        if self.padding_free:
+            return "padding-free" + (f" + packing={self.packing}" if self.packing else "")
+        if self.packing:
+            return f"packing={self.packing}"
+        return "length-grouped" if self.group_by_length else "padded"
+
+    def train_collator(self, base: Any, pad_token_id: int, pad_to_multiple_of: int | None) -> Any:
+        """The training collator: ``base`` (what ``collator_for`` built for the three settings) or, packed per
+        batch, :class:`~hf_lightning.data.batch_packing.BatchPackingCollator` (evaluation keeps ``base``)."""
+        return BatchPackingCollator(pad_token_id, pad_to_multiple_of) if self.pack_batches else base
+
+
+def check_layout(layout: Any) -> None:
+    """Refuse a ``data.layout`` other than ``auto`` or null.
+
+    Raises:
+        ConfigError: names the value and the two allowed ones.
+    """
+    if layout not in (None, "auto"):
+        raise ConfigError(
+            f"data.layout={layout!r}; expected auto (the fastest exact layout the data and model allow) or null "
+            "(data.group_by_length, data.packing and data.padding_free as given)"
+        )
+
+
+def attention_of(model: Any) -> str | None:
+    """The model's attention implementation (:func:`hf_lightning.compat.attention_backend`)."""
+    return attention_backend(model)
+
+
+def cannot_flatten(model: Any, forward_kwargs: Mapping[str, Any] | None) -> str | None:
+    """``None`` when ``model`` keeps the documents of one row apart, else why not (for the log).
+
+    Cheapest first: no model, no ``position_ids``, a KV cache; then the probe forward.
+    """
+    if model is None:
+        return "no model to probe (bind one, or let the trainer's LightningModule offer .model)"
+    name = type(model).__name__
+    if "position_ids" not in forward_parameters(model):
+        return f"{name}.forward takes no position_ids, so it cannot keep the documents of one row apart"
+    cache_on = getattr(getattr(model, "config", None), "use_cache", False)
+    if cache_on and (forward_kwargs or {}).get("use_cache") is not False:
+        return f"{name}.config.use_cache is true and the LightningModule does not pass use_cache=False"
+    isolated = packed_sequences_isolated(model)
+    if isolated is None:
+        return f"{name}'s parameters are not materialised here, so its attention could not be probed"
+    if not isolated:
+        return (
+            f"{name} with {attention_of(model)!r} attention lets the documents of one row attend to each other "
+            "(probed)"
+        )
+    return None
+
+
+def choose_layout(
+    layout: LayoutChoice,
+    *,
+    group_by_length: bool,
+    packing: str | None,
+    padding_free: bool,
+    fmt: str,
+    model: Any = None,
+    forward_kwargs: Mapping[str, Any] | None = None,
+) -> Layout:
+    """The layout of a run: the hand-set keys, or for ``layout="auto"`` the rule of this module's docstring.
+
+    Args:
+        layout: ``"auto"`` or ``None`` (``data.layout``).
+        group_by_length / packing / padding_free: the settings as given (``packing`` already a strategy).
+        fmt: the data format; model / forward_kwargs: the bound model and what every forward gets.
+
+    Returns:
+        the :class:`Layout` (``reason`` says why ``auto`` took it; ``None`` when ``layout`` is ``None``).
+    """
+    if layout != "auto":
+        return Layout(group_by_length, packing, padding_free)
+    if group_by_length or packing or padding_free:
+        return Layout(
+            group_by_length, packing, padding_free, "as set by hand; auto chooses only when none is"
+        )
+    if fmt == "classification":
+        return Layout(
+            True, None, False, "one loss per example, so grouping by length keeps every example's weight"
+        )
+    if fmt not in CAUSAL_FORMATS:
+        return Layout(
+            False, None, False, f"no padding-free layout for the {fmt!r} format (causal-LM rows only)"
+        )
+    why_not = cannot_flatten(model, forward_kwargs)
+    if why_not is not None:
+        return Layout(False, None, False, f"padding-free does not apply: {why_not}")
+    attention = attention_of(model)
+    if attention in VARLEN_ATTENTION:
+        return Layout(
+            False, None, True, f"one flat row per batch, per-document positions, {attention} attention"
+        )
+    reason = (
+        f"each batch's documents in the fewest rows of its longest one, per-document positions; under "
+        f"{attention!r} attention one flat row would cost a dense (tokens x tokens) mask"
+    )
+    return Layout(False, None, True, reason, pack_batches=True)
+
+
+def apply_layout(
+    dm: Any, given: tuple[bool, str | None, bool], fmt: str, model: Any, forward_kwargs: Any
+) -> Layout:
+    """Choose ``dm``'s layout (:func:`choose_layout` of ``dm.layout`` and the settings it was ``given``) and set its
+    ``group_by_length``, ``packing`` and ``padding_free`` to it; called by ``HFDataModule.setup``. Packed per
+    batch is padding-free for tokenization, the checks and evaluation; only the training collator differs."""
+    group_by_length, packing, padding_free = given
+    chosen = choose_layout(
+        dm.layout,
+        group_by_length=group_by_length,
+        packing=packing,
+        padding_free=padding_free,
+        fmt=fmt,
+        model=model,
+        forward_kwargs=forward_kwargs,
+    )
+    dm.group_by_length, dm.packing, dm.padding_free = (
+        chosen.group_by_length,
+        chosen.packing,
+        chosen.padding_free,
+    )
+    return chosen
+
+
+def _share(batches: Any, row_slots: Any) -> float:
+    real = slots = 0
+    for batch in batches:
+        real, slots = real + sum(batch), slots + row_slots(batch)
+    return real / slots if slots else 1.0
+
+
+def grouped_real_share(lengths: Sequence[int], batch_size: int, group_size: int, seed: int) -> float:
+    """Real tokens / slots of one epoch of length-grouped padded batches of ``batch_size`` rows on one rank
+    (:func:`~hf_lightning.data.samplers.length_grouped_indices` in groups of ``group_size``, seeded)."""
+    order = length_grouped_indices(lengths, group_size, torch.Generator().manual_seed(seed))
+    batches = [[lengths[i] for i in order[s : s + batch_size]] for s in range(0, len(order), batch_size)]
+    return _share(batches, lambda b: len(b) * max(b))
+
+
+def packed_real_share(lengths: Sequence[int], batch_size: int, seed: int | None) -> float:
+    """Real tokens / slots of one epoch of per-batch packed rows on one rank (the seeded random order, or the
+    dataset's order for ``seed=None``): each batch in rows as long as its longest document."""
+    n = len(lengths)
+    order = (
+        list(range(n))
+        if seed is None
+        else torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
+    )
+    batches = [[lengths[i] for i in order[s : s + batch_size]] for s in range(0, n, batch_size)]
+    return _share(batches, lambda b: len(best_fit_decreasing(b, max(max(b), 1))) * max(max(b), 1))
+
+
+def announce(layout: Layout, dm: Any, lengths: Sequence[int] | None, accumulation: int) -> None:
+    """The one start-of-run INFO line of ``data.layout=auto``: the layout, why, and the share of real slots
+    (padding-free: all; packed per batch and length groups: one epoch on one rank, from the training lengths
+    ``lengths`` when known)."""
+    if layout.reason is None:
+        return
+    share, ds, batch = "", dm.train_dataset, dm.per_device_train_batch_size
+    if layout.padding_free and not layout.pack_batches:
+        share = ": 100% of slots real"
+    elif layout.pack_batches and ds is not None and not is_stream(ds):
+        value = packed_real_share(sequence_lengths(ds), batch, dm.seed if dm.shuffle else None)
+        share = f": {100.0 * value:.1f}% of slots real (epoch 1, one rank)"
+    elif layout.group_by_length and lengths:
+        value = grouped_real_share(lengths, batch, batch * accumulation, dm.seed)
+        share = f": {100.0 * value:.1f}% of slots real (epoch 1, one rank)"
+    log.info("layout: %s (data.layout=auto; %s)%s", layout.name, layout.reason, share)
