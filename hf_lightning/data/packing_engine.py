@@ -25,6 +25,7 @@ import datasets
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from datasets.fingerprint import generate_random_fingerprint
 
 from hf_lightning.batch import IGNORE_INDEX
 
@@ -106,7 +107,9 @@ def _positions(doc_lengths: np.ndarray, total: int) -> np.ndarray:
     """``0, 1, ..., n-1`` for each document of ``doc_lengths`` in turn, int32 ``(total,)``."""
     dtype = np.int32 if total < 2**31 else np.int64
     starts = (np.cumsum(doc_lengths) - doc_lengths).astype(dtype)
-    return np.arange(total, dtype=dtype) - np.repeat(starts, doc_lengths)
+    positions = np.arange(total, dtype=dtype)
+    positions -= np.repeat(starts, doc_lengths)
+    return positions
 
 
 def pack_bfd_table(ids: pa.Array, labels: pa.Array | None, capacity: int) -> tuple[pa.Table, np.ndarray]:
@@ -188,8 +191,12 @@ def _list_or_empty(table: pa.Table, name: str) -> pa.Array:
 
 
 def to_dataset(table: pa.Table) -> datasets.Dataset:
-    """An in-memory ``datasets.Dataset`` over ``table`` (no copy)."""
-    return datasets.Dataset(table)
+    """An in-memory ``datasets.Dataset`` over ``table`` (no copy).
+
+    With a random fingerprint, as ``datasets`` gives in-memory tables it cannot hash: left to compute one, it would
+    pickle the whole table (about 30 bytes of Python memory per token).
+    """
+    return datasets.Dataset(table, fingerprint=generate_random_fingerprint())
 
 
 def documents_across(lengths: Any, capacity: int) -> int:
