@@ -31,6 +31,8 @@ from hf_lightning.batch import IGNORE_INDEX
 
 #: the type of every packed column: token ids, labels and positions all fit in int32
 PACKED_TYPE = pa.int32()
+#: tokens gathered per step of :func:`pack_bfd_table` (its scratch: about 16 bytes per token of one step)
+BLOCK_TOKENS = 1 << 18
 
 
 def best_fit_rows(lengths: np.ndarray, capacity: int) -> tuple[np.ndarray, np.ndarray]:
@@ -103,13 +105,30 @@ def _rows(offsets: np.ndarray, values: pa.Array) -> pa.Array:
     return pa.LargeListArray.from_arrays(pa.array(offsets, pa.int64()), values)
 
 
-def _positions(doc_lengths: np.ndarray, total: int) -> np.ndarray:
-    """``0, 1, ..., n-1`` for each document of ``doc_lengths`` in turn, int32 ``(total,)``."""
-    dtype = np.int32 if total < 2**31 else np.int64
-    starts = (np.cumsum(doc_lengths) - doc_lengths).astype(dtype)
-    positions = np.arange(total, dtype=dtype)
-    positions -= np.repeat(starts, doc_lengths)
-    return positions
+def _gather(
+    ids: pa.Array, labels: pa.Array | None, order: np.ndarray, doc_lengths: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The tokens, labels (first of each document -100) and positions of the documents ``order``, one after the
+    other: int32 ``(total,)`` each, filled :data:`BLOCK_TOKENS` at a time so that the scratch stays bounded."""
+    ends = np.cumsum(doc_lengths)
+    total = int(ends[-1]) if ends.size else 0
+    out_ids, out_labels, out_pos = (np.empty(total, np.int32) for _ in range(3))
+    first = 0
+    while first < order.size:
+        start = int(ends[first] - doc_lengths[first])
+        last = max(int(np.searchsorted(ends, start + BLOCK_TOKENS, side="right")), first + 1)
+        stop = int(ends[last - 1])
+        take = pa.array(order[first:last], pa.int64())
+        out_ids[start:stop] = _values(pc.take(ids, take)).to_numpy(zero_copy_only=False)
+        source = out_ids[start:stop] if labels is None else _values(pc.take(labels, take)).to_numpy(False)
+        out_labels[start:stop] = source
+        starts = ends[first:last] - doc_lengths[first:last] - start
+        out_labels[start + starts] = IGNORE_INDEX  # each document's first token has nothing before it
+        pos = out_pos[start:stop]
+        pos[:] = np.arange(stop - start, dtype=np.int32)
+        pos -= np.repeat(starts.astype(np.int32), doc_lengths[first:last])
+        first = last
+    return out_ids, out_labels, out_pos
 
 
 def pack_bfd_table(ids: pa.Array, labels: pa.Array | None, capacity: int) -> tuple[pa.Table, np.ndarray]:
@@ -122,30 +141,18 @@ def pack_bfd_table(ids: pa.Array, labels: pa.Array | None, capacity: int) -> tup
     Returns:
         the packed table (``input_ids``, ``labels``, ``position_ids``: int32 lists) and each row's document
         lengths, int64 ``(m,)`` in row order (row ``r``'s are the next ``docs_per_row[r]``).
+
+    Raises:
+        pyarrow.ArrowInvalid: a token id or label outside int32.
     """
     lengths = pc.list_value_length(ids).to_numpy(zero_copy_only=False).astype(np.int64)
     order, per_row = best_fit_rows(lengths, capacity)
     doc_lengths = lengths[order]
-    total = int(doc_lengths.sum())
     ends = np.cumsum(doc_lengths)
     offsets = np.concatenate(([0], ends[np.cumsum(per_row) - 1])) if per_row.size else np.zeros(1, np.int64)
-    take = pa.array(order, pa.int64())
-    if total >= 2**31:  # a list array's int32 offsets cannot hold the gathered tokens
-        ids = ids.cast(pa.large_list(ids.type.value_type))
-        labels = None if labels is None else labels.cast(pa.large_list(labels.type.value_type))
-    packed_ids = _values(pc.take(ids, take))
-    if labels is None:
-        label_values = packed_ids.to_numpy(zero_copy_only=False).copy()
-    else:
-        label_values = _values(pc.take(labels, take)).to_numpy(zero_copy_only=False).copy()
-    label_values[ends - doc_lengths] = IGNORE_INDEX  # each document's first token has nothing before it
-    table = pa.table(
-        {
-            "input_ids": _rows(offsets, packed_ids),
-            "labels": _rows(offsets, pa.array(label_values, PACKED_TYPE)),
-            "position_ids": _rows(offsets, pa.array(_positions(doc_lengths, total), PACKED_TYPE)),
-        }
-    )
+    columns = _gather(ids, labels, order, doc_lengths)
+    names = ("input_ids", "labels", "position_ids")
+    table = pa.table({k: _rows(offsets, pa.array(v, PACKED_TYPE)) for k, v in zip(names, columns)})
     return table, doc_lengths
 
 
@@ -162,7 +169,8 @@ def pack_wrapped_table(ids: pa.Array, labels: pa.Array | None, capacity: int) ->
         np.append(np.arange(0, total, capacity, dtype=np.int64), total) if total else np.zeros(1, np.int64)
     )
     label_values = values if labels is None else _values(labels)
-    positions = np.arange(total, dtype=np.int32 if total < 2**31 else np.int64) % capacity
+    positions = np.arange(total, dtype=np.int32 if total < 2**31 else np.int64)
+    np.remainder(positions, capacity, out=positions)
     return pa.table(
         {
             "input_ids": _rows(offsets, values),
