@@ -11,7 +11,7 @@ EOS``, the question masked in ``labels``), and ``synthetic-N``: N documents whos
 Sides: ``before`` (``hf_lightning/data/packing.py`` at commit ``22a61d6``, every token a Python int, loaded from
 git), ``ours`` (the Arrow engine), ``trl`` (``trl.pack_dataset`` as ``SFTTrainer`` calls it: map batches of 1,000
 documents, each packed on its own) and, for ``bfd``, ``trl-1batch`` (one map batch holding every document: the same
-rows as ours). Every input is an in-memory ``datasets.Dataset`` over one Arrow table.
+rows as ours; up to ``--one-batch-max`` documents). Every input is an in-memory ``datasets.Dataset`` over one Arrow table.
 
 Each measurement runs in a fresh process: each side packs 50 c4-demo documents first (imports and first-call costs
 stay out of the figures), the input is built, then ``VmRSS`` read, the packing call timed (wall and
@@ -150,22 +150,73 @@ def prepare(data_dir: Path) -> dict[str, int]:
     return {"c4-demo": len(c4), "gsm8k": len(gsm)}
 
 
+def report(results: dict[tuple[str, str, str], list[dict]], rounds: str) -> None:
+    """Print the table: medians over the rounds each configuration ran, ratios per round (ours / side, CPU time)."""
+    from bench_support import median, table
+
+    rows = []
+    for (source, strategy, side), rs in results.items():
+        tokens = rs[0]["tokens"]
+        peak = median([(r["hwm_after_kib"] - r["rss_before_kib"]) * 1024 for r in rs])
+        ours = results.get((source, strategy, "ours"), [])
+        ratios = [r["cpu"] / o["cpu"] for o, r in zip(ours, rs)]
+        rows.append(
+            [
+                source,
+                strategy,
+                side,
+                rs[0]["docs"],
+                tokens,
+                rs[0]["rows"],
+                len(rs),
+                tokens / median([r["wall"] for r in rs]) / 1e6,
+                tokens / median([r["cpu"] for r in rs]) / 1e6,
+                median(ratios) if ratios else float("nan"),
+                peak / 2**20,
+                peak / tokens,
+                rs[0]["out_bytes"] / tokens,
+            ]
+        )
+    print(f"max_length {MAX_LENGTH}, {rounds} interleaved rounds, medians; each probe a fresh process")
+    header = ["input", "strategy", "side", "documents", "tokens", "rows", "rounds", "M tok/s wall"]
+    header += ["M tok/s CPU", "side CPU / ours CPU", "peak above start MiB", "peak B/token", "output B/token"]
+    print(table(header, rows))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
     parser.add_argument("--before-max", type=int, default=100_000)
+    parser.add_argument("--one-batch-max", type=int, default=10_000, help="largest input for trl-1batch")
     parser.add_argument("--strategies", nargs="+", default=["bfd", "wrapped"])
+    parser.add_argument("--log", help="append each probe's result to this JSON Lines file as it comes")
+    parser.add_argument("--report", help="print the table from a --log file (all rounds that finished)")
     parser.add_argument("--probe", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.probe:
         side, strategy, source, n, data_dir = args.probe
         print(json.dumps(probe(side, strategy, source, int(n), Path(data_dir))))
         return
-    from bench_support import interleaved, machine_note, median, table
+    if args.report:
+        results: dict[tuple[str, str, str], list[dict]] = {}
+        for line in Path(args.report).read_text().splitlines():
+            r = json.loads(line)
+            results.setdefault(tuple(r.pop("key")), []).append(r)
+        report(results, "up to " + str(max(len(v) for v in results.values())))
+        return
+    from bench_support import interleaved, machine_note
 
-    print(machine_note())
+    print(machine_note(), flush=True)
     started = time.perf_counter()
+
+    def logged(key, n, data_dir):
+        result = run_probe(key[2], key[1], key[0], n, data_dir)
+        if args.log:
+            with open(args.log, "a") as fh:
+                fh.write(json.dumps({"key": list(key), **result}) + "\n")
+        return result
+
     with tempfile.TemporaryDirectory() as tmp:
         data_dir = Path(tmp)
         real = prepare(data_dir)
@@ -176,53 +227,12 @@ def main() -> None:
                 for side in SIDES:
                     if side == "before" and n > args.before_max:
                         continue
-                    if side == "trl-1batch" and strategy != "bfd":
+                    if side == "trl-1batch" and (strategy != "bfd" or n > args.one_batch_max):
                         continue
                     key = (source, strategy, side)
-                    runs[key] = lambda k=key, n=n: run_probe(k[2], k[1], k[0], n, data_dir)
+                    runs[key] = lambda k=key, n=n: logged(k, n, data_dir)
         results = interleaved(runs, args.rounds)
-    rows = []
-    for (source, strategy, side), rs in results.items():
-        tokens = rs[0]["tokens"]
-        peak = median([(r["hwm_after_kib"] - r["rss_before_kib"]) * 1024 for r in rs])
-        ours = results[(source, strategy, "ours")]
-        speedup = median([o["cpu"] / r["cpu"] for o, r in zip(ours, rs)])
-        rows.append(
-            [
-                source,
-                strategy,
-                side,
-                rs[0]["docs"],
-                tokens,
-                rs[0]["rows"],
-                tokens / median([r["wall"] for r in rs]) / 1e6,
-                tokens / median([r["cpu"] for r in rs]) / 1e6,
-                1 / speedup,
-                peak / 2**20,
-                peak / tokens,
-                rs[0]["out_bytes"] / tokens,
-            ]
-        )
-    print(f"max_length {MAX_LENGTH}, {args.rounds} interleaved rounds, medians; each probe a fresh process")
-    print(
-        table(
-            [
-                "input",
-                "strategy",
-                "side",
-                "documents",
-                "tokens",
-                "rows",
-                "M tok/s wall",
-                "M tok/s CPU",
-                "ours faster (CPU, x)",
-                "peak above start MiB",
-                "peak B/token",
-                "output B/token",
-            ],
-            rows,
-        )
-    )
+    report(results, str(args.rounds))
     print(f"total {time.perf_counter() - started:.0f} s")
 
 
