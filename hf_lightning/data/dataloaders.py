@@ -340,6 +340,23 @@ class DataLoaderHooks:
             return []
         return self._loader(self.val_dataset, False)
 
+    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
+        """A flat ``dict`` batch (every batch of this DataModule) moves in one comprehension.
+
+        Lightning's default walks the batch with ``apply_to_collection``, whose fast path needs a dict of
+        tensors only; the window counts (``int``) send every batch down its slow path (ABC ``isinstance``
+        checks per value, per micro-batch: 94 us against 16 us here). Any other batch type keeps Lightning's
+        behaviour. Here rather than in the LightningModule: Lightning warns on every fit when both define it.
+        """
+        if type(batch) is not dict:
+            return super().transfer_batch_to_device(batch, device, dataloader_idx)
+        # as Lightning: non-blocking copies except to the CPU / MPS (blocking device types)
+        non_blocking = device.type not in ("cpu", "mps")
+        return {
+            k: v.to(device, non_blocking=non_blocking) if isinstance(v, torch.Tensor) else v
+            for k, v in batch.items()
+        }
+
     def predict_dataloader(self) -> Any:
         """The validation data in dataset order (each rank its share, no padding)."""
         return self.val_dataloader()
