@@ -13,15 +13,16 @@ from typing import Annotated, Any
 from hf_lightning.arguments import OPTIONAL_POSITIVE_INT, one_of
 from hf_lightning.errors import ConfigError, ModelError
 from hf_lightning.hub import hub_error_message, looks_like_hub_id
+from hf_lightning.model_files import (
+    attention_error,
+    check_config_json,
+    check_folder,
+    from_pretrained,
+    is_hub_failure,
+)
 
 log = logging.getLogger(__name__)
 
-WEIGHT_FILES = (
-    "model.safetensors",
-    "model.safetensors.index.json",
-    "pytorch_model.bin",
-    "pytorch_model.bin.index.json",
-)
 # model.task -> the transformers Auto class that builds it (HF's task heads)
 TASKS = {
     "causal_lm": "AutoModelForCausalLM",
@@ -80,118 +81,6 @@ def is_encoder_decoder(task: str = "causal_lm", name_or_path: str | None = None)
     return task == "seq2seq_lm"
 
 
-def check_config_json(path: str) -> None:
-    """Raise :class:`ModelError` when ``path/config.json`` is not one JSON object (a truncated copy, a merge
-    conflict), naming the line and column, before the tokenizer or the model loader trip over it."""
-    file = os.path.join(path, "config.json")
-    try:
-        with open(file, encoding="utf-8") as fh:
-            value = json.load(fh)
-    except (ValueError, UnicodeDecodeError) as err:
-        raise ModelError(f"model.name_or_path={path}: config.json is not valid JSON ({err})") from err
-    if not isinstance(value, dict):
-        raise ModelError(
-            f"model.name_or_path={path}: config.json holds a JSON {type(value).__name__}, not an object"
-        )
-
-
-# the package each attention backend needs (transformers names only the backend when it is missing)
-ATTENTION_PACKAGES = {
-    "flash_attention_2": "flash-attn (pip install flash-attn, on a machine with CUDA)",
-    "flash_attention_3": "flash-attn 3 (flash_attn_interface, built from the flash-attention repository's hopper/)",
-    "flash_attention_4": "flash-attn 4 (flash_attn.cute)",
-}
-
-
-def attention_error(attn_implementation: Any, err: BaseException) -> ModelError | None:
-    """``model.attn_implementation`` as the culprit of a model construction error: a backend whose package is not
-    installed, or one transformers does not know; ``None`` when ``err`` is about something else."""
-    text = " ".join(str(err).split())
-    if isinstance(err, ImportError) and "toggled on" in text:
-        package = ATTENTION_PACKAGES.get(str(attn_implementation), "the package that backend needs")
-        return ModelError(
-            f"model.attn_implementation={attn_implementation}: its package is not installed ({text.split(': ')[-1]}); "
-            f"install {package}, or use model.attn_implementation=sdpa"
-        )
-    if "attn_implementation" in text and "is not supported" in text:
-        return ModelError(f"model.attn_implementation={attn_implementation}: {text}")
-    return None
-
-
-HUB_ERRORS = ("HfHubHTTPError", "LocalEntryNotFoundError", "OfflineModeIsEnabled", "EntryNotFoundError")
-
-
-def is_hub_failure(err: BaseException) -> bool:
-    """Whether a loader's exception is about reaching the hub or its cache (not about a file's content)."""
-    from hf_lightning.hub import _causes
-
-    for e in _causes(err):
-        if any(c.__name__ in HUB_ERRORS or c.__name__.endswith("NotFoundError") for c in type(e).__mro__):
-            return True
-        text = str(e)
-        if (
-            "couldn't connect" in text
-            or "not a valid model identifier" in text
-            or "is not a local folder" in text
-        ):
-            return True
-    return False
-
-
-def from_pretrained(auto_class: Any, path: str, key: str = "model.name_or_path", **kwargs: Any) -> Any:
-    """``auto_class.from_pretrained(path, **kwargs)``; a folder whose files cannot be read becomes a ModelError.
-
-    ``path`` may be a hub id: ``from_pretrained`` resolves it through its cache (``HF_HUB_CACHE``) and, unless
-    ``HF_HUB_OFFLINE=1``, the hub; ``kwargs`` may carry its ``revision``.
-
-    Raises:
-        ModelError: weights that are truncated or corrupt, a config naming an unknown architecture, or weights
-            that do not fit the config (the loader's reason is kept); a hub id that is neither cached nor
-            reachable (:func:`hf_lightning.hub.hub_error_message`).
-    """
-    try:
-        return auto_class.from_pretrained(path, **kwargs)
-    except Exception as err:  # json, safetensors, pickle and torch each raise their own types for a bad file
-        attention = attention_error(kwargs.get("attn_implementation"), err)
-        if attention is not None:
-            raise attention from err
-        if looks_like_hub_id(path) and is_hub_failure(err):
-            raise ModelError(hub_error_message(key, path, "model", kwargs.get("revision"), err)) from None
-        reason = " ".join(str(err).split())[:300]
-        raise ModelError(
-            f"model.name_or_path={path}: the model could not be loaded ({type(err).__name__}: {reason}); the folder "
-            "must hold a complete save_pretrained output (config.json and all weight files)"
-        ) from err
-
-
-def _check_folder(path: str, original: str) -> None:
-    if looks_like_hub_id(path):
-        return  # from_pretrained resolves it through the hub cache, and says so when it cannot
-    if not os.path.isdir(path):
-        hint = ""
-        if str(original).endswith(".ckpt"):
-            # a Lightning checkpoint: its weights are read with ckpt_path, by evaluate or by a resume
-            hint = (
-                "; a .ckpt is read with ckpt_path: python -m hf_lightning.evaluate ckpt_path="
-                + str(original)
-                + " (with the run's overrides), or train ... ckpt_path="
-                + str(original)
-                + " to continue from it"
-            )
-        raise ModelError(
-            f"model.name_or_path={original}: not a folder (expected a local HF model folder){hint}"
-        )
-    if os.path.isfile(os.path.join(path, "adapter_config.json")):
-        return  # a peft adapter export: from_pretrained loads its base model and the adapter (peft installed)
-    if not os.path.isfile(os.path.join(path, "config.json")):
-        raise ModelError(
-            f"model.name_or_path={original}: no config.json, so not a model folder saved by save_pretrained"
-        )
-    check_config_json(path)
-    if not any(os.path.exists(os.path.join(path, f)) for f in WEIGHT_FILES):
-        raise ModelError(f"model.name_or_path={original}: no weights (looked for {', '.join(WEIGHT_FILES)})")
-
-
 def load_tokenizer(
     name_or_path: str | None = None,
     tokenizer_vocab_size: int = 2048,
@@ -220,7 +109,7 @@ def load_tokenizer(
     path = resolve_name_or_path(source)
     kwargs = {"revision": revision} if revision and tokenizer_name_or_path is None else {}
     if tokenizer_name_or_path is None:
-        _check_folder(path, os.fspath(source))
+        check_folder(path, os.fspath(source))
     elif not looks_like_hub_id(path) and not os.path.isdir(path):
         raise ModelError(f"{key}={source}: not a folder (expected a local tokenizer folder or a hub id)")
     try:
@@ -318,7 +207,7 @@ def build_model(
             raise attention from err
     else:
         path = resolve_name_or_path(name_or_path)
-        _check_folder(path, os.fspath(name_or_path))
+        check_folder(path, os.fspath(name_or_path))
         extra = {"revision": revision} if revision else {}
         if quantization_config is not None:
             extra["quantization_config"] = quantization_config

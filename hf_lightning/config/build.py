@@ -23,6 +23,7 @@ from typing import Any, Literal
 
 from omegaconf import DictConfig, OmegaConf
 
+from hf_lightning.config.instantiate import instantiate, lightning_object, resolve_function
 from hf_lightning.errors import ConfigError
 
 log = logging.getLogger("hf_lightning.build")
@@ -95,11 +96,12 @@ def build(cfg: DictConfig, purpose: Purpose = "train", checked: bool = False, sc
     if purpose not in PURPOSES:
         raise ValueError(f"purpose={purpose!r}; expected one of {PURPOSES}")
     if not checked:
-        check(cfg, purpose)
+        schedule = check(cfg, purpose)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
-    trainer = {"train": _train_trainer, "evaluate": _evaluate_trainer, "inspect": _inspect_trainer}[purpose](
-        cfg
-    )
+    if purpose == "train":
+        trainer = _train_trainer(cfg, schedule)  # HF's eval/save/log steps (HFSteps) need the schedule
+    else:
+        trainer = {"evaluate": _evaluate_trainer, "inspect": _inspect_trainer}[purpose](cfg)
 
     loader = instantiate(cfg.model, _convert_="all")
     tokenizer = loader.tokenizer()
@@ -288,80 +290,6 @@ def _optimizer_partial(cfg: DictConfig, trainer: Any) -> Any:
     return instantiate(node, _convert_="all", **extra)
 
 
-# ------------------------------------------------------------------------------------------- instantiation
-def resolve_function(path: str, key: str) -> Any:
-    """The function at a dotted ``path`` (``package.module.function``).
-
-    Raises:
-        ConfigError: the path does not name an importable callable (the message names ``key``).
-    """
-    from hydra.utils import get_method
-
-    try:
-        return get_method(path)
-    except Exception as err:
-        raise ConfigError(f"{key}={path}: not an importable function ({err})") from err
-
-
-def instantiate(node: Any, **kwargs: Any) -> Any:
-    """``hydra.utils.instantiate``, with our own errors (and missing packages) raised inside a ``_target_`` as one
-    line instead of Hydra's multi-line "Error in call to target" (exit status 1)."""
-    from hydra.errors import InstantiationException
-    from hydra.utils import instantiate as hydra_instantiate
-
-    from hf_lightning.optional import explain_instantiation_error
-
-    try:
-        return hydra_instantiate(node, **kwargs)
-    except InstantiationException as err:
-        ours = explain_instantiation_error(err)
-        if ours is None:
-            raise
-        raise ours from err
-
-
-def lightning_object(node: DictConfig, key: str, **kwargs: Any) -> Any:
-    """``hydra.utils.instantiate(node, **kwargs)``, with the constructor's refusal as one :class:`ConfigError`
-    naming ``key`` (Lightning raises ``MisconfigurationException`` / ``ValueError``, which Hydra wraps in a
-    multi-line ``InstantiationException``).
-
-    Raises:
-        ConfigError: the constructor refused a value (``key``, the value where the message names it, and the
-            constructor's own first line).
-        HFLightningError: raised by one of our constructors, as it is.
-    """
-    from hydra.errors import InstantiationException
-    from hydra.utils import instantiate as hydra_instantiate
-
-    from hf_lightning.optional import explain_instantiation_error
-
-    try:
-        return hydra_instantiate(node, **kwargs)
-    except InstantiationException as err:
-        ours = explain_instantiation_error(err)  # our own errors, a missing package
-        if ours is not None:
-            raise ours from None
-        cause = err.__cause__
-        if (
-            not isinstance(cause, (ValueError, TypeError, RuntimeError))
-            and type(cause).__name__ != "MisconfigurationException"
-        ):
-            raise
-        text = " ".join(str(cause).split())
-        keys = [k for k in node if isinstance(k, str) and not k.startswith("_")]
-        # the key the message names, else the one whose (string) value it quotes ("No supported gpu backend")
-        named = next((k for k in keys if k in text), None) or next(
-            (
-                k
-                for k in keys
-                if isinstance(node.get(k), str) and len(node.get(k)) >= 3 and node.get(k) in text
-            ),
-            None,
-        )
-        where = f"{key}.{named}={node.get(named)}" if named else key
-        raise ConfigError(f"{where}: {text} (refused by {node.get('_target_', key)})") from None
-
-
 def with_best_model(cfg: DictConfig, callbacks: list[Any], schedule: Any = None) -> list[Any]:
     """HF's ``metric_for_best_model``: add a ``best`` checkpoint (never rotated out) and point early stopping at it.
     With HF step keys (``schedule``), :class:`~hf_lightning.callbacks.hf_steps.HFSteps` goes first; with
@@ -382,6 +310,10 @@ def with_best_model(cfg: DictConfig, callbacks: list[Any], schedule: Any = None)
     if not cfg.get("metric_for_best_model") and not load_best:
         return [*steps, *callbacks]
     monitor, mode = resolve_monitor(cfg.get("metric_for_best_model") or "loss", cfg.get("greater_is_better"))
+    if load_best and not steps:  # check() refuses it first; a caller that skipped check() gets the same words
+        raise ConfigError(
+            "load_best_model_at_end=true needs an evaluation schedule: give eval_steps=N (or eval_strategy=epoch)"
+        )
     if load_best:
         # before HFSteps (the save at an evaluation step stores the best state) and before HFExport (it loads)
         best = LoadBestModel(monitor, mode, os.path.join(cfg.output_dir, "checkpoints"), steps[0])

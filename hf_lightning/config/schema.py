@@ -37,8 +37,9 @@ from hf_lightning.arguments import (
     get_dotted,
     one_of,
 )
+from hf_lightning.config.cross_fields import cross_field_errors
 from hf_lightning.config.hf_args import HF_RUN_KEYS
-from hf_lightning.errors import ConfigError, HFLightningError
+from hf_lightning.errors import ConfigError
 
 # The top level of a composed config, one list: the groups (each bound to the signature its ``_target_`` names)
 # and the run's own settings. A key added at the top level by a new feature goes here.
@@ -215,84 +216,6 @@ def _target_nodes(cfg: Mapping[str, Any]) -> Iterable[tuple[str, Mapping[str, An
         for name, node in (cfg.get(group) or {}).items():
             if isinstance(node, Mapping) and "_target_" in node:
                 yield f"{group}.{name}", node
-
-
-# ---------------------------------------------------------------------------------------- cross-field rules
-def cross_field_errors(c: Mapping[str, Any]) -> list[str]:
-    """Rules that involve more than one key."""
-    from hf_lightning.data.packing import check_packing
-    from hf_lightning.models import is_encoder_decoder
-    from hf_lightning.module.optim import optim_config_errors
-
-    errors: list[str] = []
-    data, model, trainer = c.get("data") or {}, c.get("model") or {}, c.get("trainer") or {}
-    accelerator = trainer.get("accelerator")
-    precision = str(trainer.get("precision"))
-
-    if data.get("packing"):  # the schema's share of data.packing's rules (data/packing.py holds them all)
-        task = model.get("task", "causal_lm")
-        try:
-            encdec = is_encoder_decoder(task, model.get("name_or_path"))
-        except HFLightningError:
-            encdec = task == "seq2seq_lm"
-        try:
-            check_packing(data.get("packing"), task=task, encoder_decoder=encdec)
-        except ConfigError as err:
-            errors.append(str(err))
-
-    if accelerator == "cpu" and precision in ("16-mixed", "16-true"):
-        errors.append(
-            f"trainer.precision={precision} on trainer.accelerator=cpu: float16 autocast needs a GPU; allowed values "
-            "on cpu: 32-true, bf16-mixed, bf16-true"
-        )
-
-    strategy = trainer.get("strategy")
-    target = strategy.get("_target_", "") if isinstance(strategy, Mapping) else str(strategy)
-    if accelerator == "cpu" and ("fsdp" in target.lower() or "deepspeed" in target.lower()):
-        errors.append(
-            f"trainer.strategy={target} on trainer.accelerator=cpu: FSDP and DeepSpeed run on GPUs here; "
-            "allowed strategies on cpu: auto, ddp (trainer.accelerator=gpu for fsdp, deepspeed_zero2, deepspeed_zero3)"
-        )
-    if "deepspeed" in target.lower() and isinstance(strategy, Mapping):
-        from hf_lightning.strategies.deepspeed import deepspeed_config
-
-        try:
-            deepspeed_config(
-                strategy.get("stage", 2),
-                strategy.get("micro_batch_size"),
-                strategy.get("accumulate_grad_batches"),
-                strategy.get("gradient_clip_val"),
-                strategy.get("precision"),
-                strategy.get("devices", 1),
-                strategy.get("num_nodes", 1),
-                strategy.get("offload_optimizer", False),
-                strategy.get("offload_parameters", False),
-                strategy.get("config"),
-            )
-        except ConfigError as err:
-            errors.append(str(err))
-    peft = c.get("peft")
-    if isinstance(peft, Mapping) and peft.get("load_in_4bit"):
-        import torch
-
-        from hf_lightning.adapters.quantization import qlora_refusal
-        from hf_lightning.adapters.settings import AdapterSettings
-
-        refusal = qlora_refusal(AdapterSettings(load_in_4bit=True), accelerator, torch.cuda.is_available())
-        if refusal:
-            errors.append(refusal)
-        if model.get("name_or_path") is None:
-            errors.append(
-                "peft=qlora with model.name_or_path=null: QLoRA quantizes pretrained weights; set model.name_or_path "
-                "to a model folder or hub id"
-            )
-    if model.get("gradient_checkpointing") and "fsdp" in target.lower():
-        errors.append(
-            "model.gradient_checkpointing=true with strategy=fsdp: FSDP checkpoints its wrapped layers itself; "
-            "use strategy.activation_checkpointing=true (allowed: model.gradient_checkpointing=false)"
-        )
-    errors += optim_config_errors(c)  # hf_lightning.module.optim: CUDA-only names, metric-driven schedules
-    return errors
 
 
 # ------------------------------------------------------------------------------------------------ the pass

@@ -156,7 +156,7 @@ def _load_hub(repo_id: str, name: str | None, revision: str | None, streaming: b
         DataError: the id is neither cached nor reachable, or the config ``name`` does not exist (one line).
     """
     from hf_lightning.hub import hub_error_message
-    from hf_lightning.models import is_hub_failure
+    from hf_lightning.model_files import is_hub_failure
 
     try:
         return datasets.load_dataset(repo_id, name, revision=revision, streaming=streaming)

@@ -121,3 +121,25 @@ def test_a_run_saved_before_the_groups_had_targets_is_the_same_run():
     assert config_differences(saved, current) == []
     current.optim.lr = 2e-3  # a real difference is still one
     assert config_differences(saved, current) == ["optim.lr: 0.001 -> 0.002"]
+
+
+def test_train_builds_hf_steps_and_the_best_model_from_the_hf_keys(compose_cfg, text_file):
+    """``eval_steps`` / ``save_steps`` / ``load_best_model_at_end`` reach the trainer as HF's step callback and the
+    best-model keeper (the builder once dropped the schedule: the steps were ignored, and
+    ``load_best_model_at_end=true`` died on an IndexError)."""
+    from hf_lightning.callbacks.hf_steps import HFSteps
+    from hf_lightning.callbacks.load_best import LoadBestModel
+    from hf_lightning.config.build import build
+
+    cfg = compose_cfg(
+        "+experiment=clm",
+        f"data.path={text_file}",
+        "trainer.max_steps=12",
+        "eval_steps=3",
+        "save_steps=6",
+        "load_best_model_at_end=true",
+    )
+    run = build(cfg, "train")
+    kinds = [type(c) for c in run.trainer.callbacks]
+    assert HFSteps in kinds and LoadBestModel in kinds
+    assert kinds.index(LoadBestModel) < kinds.index(HFSteps)  # the best state is kept before HFSteps saves
