@@ -31,18 +31,20 @@ Where one document ends is marked by the documents themselves, never after a cut
 when packed (TRL appends ``eos_token`` to each text; ``group_texts`` adds nothing), prompt/completion rows always
 end with EOS, chat rows with the template's end of turn, and pre-tokenized rows are packed as given.
 
-The packing efficiency, real tokens / (rows x ``max_length``), is logged at INFO.
+The packing efficiency, real tokens / (rows x ``max_length``), is logged at INFO. The rows are computed by
+:mod:`~hf_lightning.data.packing_engine` on Arrow offsets and lengths (no token goes through Python; the packed
+columns are int32, 12 bytes per token). A stream is not packed (:func:`check_packing` says why).
 """
 
 from __future__ import annotations
 
-import bisect
 import logging
-from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import datasets
+import numpy as np
+import pyarrow.compute as pc
 import torch
 
 from hf_lightning.batch import IGNORE_INDEX
@@ -50,6 +52,14 @@ from hf_lightning.data.checks import check_sequence_isolation
 from hf_lightning.data.collators import flatten_rows, pad_flat, round_up, row_mask
 from hf_lightning.data.formats import CAUSAL_FORMATS
 from hf_lightning.data.model_facts import forward_parameters
+from hf_lightning.data.packing_engine import (
+    best_fit_rows,
+    documents_across,
+    pack_bfd_table,
+    pack_wrapped_table,
+    to_dataset,
+    token_columns,
+)
 from hf_lightning.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -169,67 +179,33 @@ def best_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int]
 
     Examples go longest first (ties in dataset order), each into the bin with the least room that still fits it;
     among bins with that room, the one that came to have it first (TRL's ``_pack_bfd`` rule, so the rows are TRL's
-    row for row). Example: lengths ``[3, 7, 2, 5, 1]`` with capacity 8 give ``[[1, 4], [3, 0], [2]]`` (7+1, 5+3, 2).
+    row for row). Empty examples are in no bin (TRL leaves them out too). Example: lengths ``[3, 7, 2, 5, 1]`` with
+    capacity 8 give ``[[1, 4], [3, 0], [2]]`` (7+1, 5+3, 2). Computed by
+    :func:`~hf_lightning.data.packing_engine.best_fit_rows` (O(n log capacity)).
 
     Raises:
         ValueError: an example longer than ``capacity``.
     """
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])  # stable: ties keep dataset order
-    bins: list[list[int]] = []
-    rooms: list[int] = []  # sorted rooms (> 0) that some bin has left
-    waiting: dict[int, deque[int]] = {}  # room -> bins with that room, in the order they came to have it
-    for i in order:
-        n = lengths[i]
-        if n > capacity:
-            raise ValueError(f"example {i} has {n} tokens, more than the bin capacity {capacity}")
-        k = bisect.bisect_left(rooms, n)
-        if k < len(rooms):
-            room = rooms[k]
-            b = waiting[room].popleft()
-            if not waiting[room]:
-                del waiting[room]
-                rooms.pop(k)
-        else:
-            room, b = capacity, len(bins)
-            bins.append([])
-        bins[b].append(i)
-        left = room - n
-        if left > 0:
-            if left not in waiting:
-                bisect.insort(rooms, left)
-                waiting[left] = deque()
-            waiting[left].append(b)
-    return bins
-
-
-def _columns(ds: datasets.Dataset) -> tuple[list[list[int]], list[list[int]]]:
-    ids = [list(x) for x in ds["input_ids"]]
-    labels = [list(x) for x in ds["labels"]] if "labels" in ds.column_names else [list(x) for x in ids]
-    return ids, labels
+    order, per_row = best_fit_rows(np.asarray(lengths, dtype=np.int64), capacity)
+    bounds = np.cumsum(per_row).tolist()
+    flat = order.tolist()
+    return [flat[a:b] for a, b in zip([0] + bounds, bounds)]
 
 
 def pack_bfd(ds: datasets.Dataset, max_length: int) -> datasets.Dataset:
     """Pack documents whole with :func:`best_fit_decreasing`; per-document positions, first tokens masked.
 
+    Computed on Arrow offsets (:func:`~hf_lightning.data.packing_engine.pack_bfd_table`): no token goes through
+    Python.
+
     Returns:
-        a dataset with ``input_ids``, ``labels`` and ``position_ids`` columns (one row per bin), each row's three
-        the same length.
+        a dataset with ``input_ids``, ``labels`` and ``position_ids`` columns (int32 lists, one row per bin), each
+        row's three the same length.
 
     Raises:
         ValueError: a document longer than ``max_length`` (tokenization truncates them first).
     """
-    ids, labels = _columns(ds)
-    rows: dict[str, list] = {"input_ids": [], "labels": [], "position_ids": []}
-    for b in best_fit_decreasing([len(x) for x in ids], max_length):
-        row_ids, row_labels, row_pos = [], [], []
-        for i in b:
-            row_ids += ids[i]
-            row_labels += [IGNORE_INDEX] * min(len(ids[i]), 1) + labels[i][1:]
-            row_pos += list(range(len(ids[i])))
-        rows["input_ids"].append(row_ids)
-        rows["labels"].append(row_labels)
-        rows["position_ids"].append(row_pos)
-    return datasets.Dataset.from_dict(rows)
+    return to_dataset(pack_bfd_table(*token_columns(ds), max_length)[0])
 
 
 def pack_wrapped(ds: datasets.Dataset, max_length: int) -> datasets.Dataset:
@@ -239,27 +215,14 @@ def pack_wrapped(ds: datasets.Dataset, max_length: int) -> datasets.Dataset:
     ``[5, 2, 6]``.
 
     Returns:
-        a dataset with ``input_ids``, ``labels`` and ``position_ids`` (``0..n-1``) columns.
+        a dataset with ``input_ids``, ``labels`` and ``position_ids`` (``0..n-1``) columns (int32 lists).
     """
-    ids, labels = _columns(ds)
-    flat_ids = [t for row in ids for t in row]
-    flat_labels = [t for row in labels for t in row]
-    rows: dict[str, list] = {"input_ids": [], "labels": [], "position_ids": []}
-    for start in range(0, len(flat_ids), max_length):
-        chunk = flat_ids[start : start + max_length]
-        rows["input_ids"].append(chunk)
-        rows["labels"].append(flat_labels[start : start + max_length])
-        rows["position_ids"].append(list(range(len(chunk))))
-    return datasets.Dataset.from_dict(rows)
+    return to_dataset(pack_wrapped_table(*token_columns(ds), max_length))
 
 
 def documents_across_rows(lengths: Sequence[int], max_length: int) -> int:
     """How many documents of ``lengths``, concatenated and cut every ``max_length`` tokens, span two rows or more."""
-    n, start = 0, 0
-    for length in lengths:
-        n += length > 0 and start // max_length != (start + length - 1) // max_length
-        start += length
-    return n
+    return documents_across(lengths, max_length)
 
 
 def announce_document_ends(tokenizer: Any, fmt: str, packing: str | None) -> None:
@@ -293,7 +256,8 @@ def pack_dataset(
     Raises:
         KeyError: a strategy not in :data:`STRATEGIES` (:func:`check_packing` refuses it first).
     """
-    pack = {"bfd": pack_bfd, "wrapped": pack_wrapped}[strategy]
+    if strategy not in STRATEGIES:
+        raise KeyError(strategy)
     left = [c for c in ds.column_names if c not in ("input_ids", "attention_mask", "labels")]
     if left:
         log.warning(
@@ -301,25 +265,32 @@ def pack_dataset(
             split,
             left,
         )
-    n_docs = len(ds)
-    packed = pack(ds, max_length)
-    tokens = sum(len(x) for x in packed["input_ids"])
-    slots = len(packed) * max_length
+    ids, labels = token_columns(ds)
+    lengths = pc.list_value_length(ids).to_numpy(zero_copy_only=False).astype(np.int64)
+    if strategy == "bfd":
+        table = pack_bfd_table(ids, labels, max_length)[0]
+    else:
+        table = pack_wrapped_table(ids, labels, max_length)
+    tokens = int(lengths.sum())
+    slots = table.num_rows * max_length
     log.info(
         "%s: packed %d documents into %d rows of %d (%s): efficiency %.1f%% (%d real tokens / %d slots)",
         split,
-        n_docs,
-        len(packed),
+        len(lengths),
+        table.num_rows,
         max_length,
         strategy,
-        100.0 * tokens / slots,
+        100.0 * tokens / slots if slots else 0.0,
         tokens,
         slots,
     )
+    empty = int(np.count_nonzero(lengths == 0))
+    if empty:
+        log.warning("%s: %d empty documents (no token) are in no packed row", split, empty)
     if strategy == "wrapped":
-        across = documents_across_rows([len(x) for x in ds["input_ids"]], max_length)
+        across = documents_across(lengths, max_length)
         log.info("%s: %d documents continue from one row into the next (nothing is cut off)", split, across)
-    return packed
+    return to_dataset(table)
 
 
 class PackedCollator:
