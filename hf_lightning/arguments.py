@@ -2,8 +2,9 @@
 supports, how ``trainer.devices`` counts processes, the dotted-key lookup in nested settings, and the value
 rules (:class:`Allowed`) that constructor signatures carry in their annotations for the schema to read.
 
-The schema pass (:mod:`hf_lightning.config.schema`), the DeepSpeed config (:mod:`hf_lightning.strategies.deepspeed`)
-and the run-folder identity check (:mod:`hf_lightning.run_folder`) all read these; none keeps its own copy.
+The schema pass (:mod:`hf_lightning.config.schema`), the DeepSpeed config
+(:mod:`hf_lightning.strategies.deepspeed`) and the run-folder identity check (:mod:`hf_lightning.run_folder`)
+all read these; none keeps its own copy.
 """
 
 from __future__ import annotations
@@ -103,10 +104,10 @@ def flatten(value: Any, prefix: str, leaf: Callable[[Any], Any] = lambda v: v) -
 # ------------------------------------------------------------------------------------ value constraints
 @dataclass(frozen=True)
 class Allowed:
-    """A value rule written in an argument's annotation (``lr: Annotated[float, FINITE_NON_NEGATIVE]``): the schema
-    pass (:mod:`hf_lightning.config.schema`) reads it from the signature, so the rule sits beside the argument it
-    is about and a config is refused before anything is built (``optim.lr=inf: allowed values: a finite number
-    >= 0``)."""
+    """A value rule written in an argument's annotation (``lr: Annotated[float, FINITE_NON_NEGATIVE]``): the
+    schema pass (:mod:`hf_lightning.config.schema`) reads it from the signature, so the rule sits beside the
+    argument it is about and a config is refused before anything is built (``optim.lr=inf: allowed values: a
+    finite number >= 0``)."""
 
     check: Callable[[Any], bool]
     text: str

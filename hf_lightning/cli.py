@@ -21,6 +21,7 @@ HIDDEN_WARNINGS = (
 
 def hide_library_warnings() -> None:
     """Install the filters of :data:`HIDDEN_WARNINGS` in this process. Calling it again (a Hydra multirun runs
-    each job's ``main`` in the same process) adds nothing: ``warnings.filterwarnings`` replaces an equal filter."""
+    each job's ``main`` in the same process) adds nothing: ``warnings.filterwarnings`` replaces an equal
+    filter."""
     for message, category in HIDDEN_WARNINGS:
         warnings.filterwarnings("ignore", message=message, category=category)

@@ -1,16 +1,17 @@
 """What the command-line entry points print: only lines a user needs, once, from rank 0.
 
-Installed by ``python -m hf_lightning.train`` / ``evaluate`` at start (:func:`quiet_known_noise`) and once Hydra
-has configured logging (:func:`speak_for_the_run`); never at library import time, so a Python user of
+Installed by ``python -m hf_lightning.train`` / ``evaluate`` at start (:func:`quiet_known_noise`) and once
+Hydra has configured logging (:func:`speak_for_the_run`); never at library import time, so a Python user of
 ``HFDataModule`` / ``HFLightningModule`` keeps every library message.
 
 - Lightning's "💡 Tip" advertisements (litlogger, litmodels): nothing to act on.
 - transformers' "We strongly recommend passing in an `attention_mask`": packed and padding-free batches carry
   ``position_ids`` without an ``attention_mask`` on purpose (the positions separate the documents).
-- Lightning's "Checkpoint directory ... exists and is not empty": a fresh run into a folder that holds a run is
-  refused before any work (:mod:`hf_lightning.run_folder`), so it can only be a resume, where it is expected.
-- Ranks other than 0 of a multi-process run log errors only: rank 0 speaks for the run (Lightning relaunches the
-  command line per rank, and every rank would print and append to ``train.log`` each line).
+- Lightning's "Checkpoint directory ... exists and is not empty": a fresh run into a folder that holds a run
+  is refused before any work (:mod:`hf_lightning.run_folder`), so it can only be a resume, where it is
+  expected.
+- Ranks other than 0 of a multi-process run log errors only: rank 0 speaks for the run (Lightning relaunches
+  the command line per rank, and every rank would print and append to ``train.log`` each line).
 - Progress bars (the training bar, ``datasets``' and ``transformers``' bars) draw on a terminal only: written
   into a file they are megabytes of carriage returns.
 """
@@ -40,7 +41,8 @@ class _DropMessages(logging.Filter):
 
 
 def rank() -> int:
-    """This process's global rank as the launcher set it (``RANK``, ``LOCAL_RANK``, ``SLURM_PROCID``); 0 without."""
+    """This process's global rank as the launcher set it (``RANK``, ``LOCAL_RANK``, ``SLURM_PROCID``); 0
+    without."""
     from hf_lightning.compat import launcher_rank  # the env keys Lightning itself reads
 
     return launcher_rank()
@@ -67,8 +69,8 @@ _job = {"start": None, "first": True, "by_cli": False}
 
 def begin_job(cli: bool = False) -> None:
     """Start the clock of one training job. The command line's first job counts from the process start (the
-    imports and the config are part of what the user waits for); a sweep's later jobs and a ``train(cfg)`` call
-    from Python count from here. ``train()`` calls it unless ``main`` already did for this job."""
+    imports and the config are part of what the user waits for); a sweep's later jobs and a ``train(cfg)``
+    call from Python count from here. ``train()`` calls it unless ``main`` already did for this job."""
     if not cli and _job["by_cli"]:
         _job["by_cli"] = False  # main began this job
         return
@@ -125,8 +127,8 @@ def progress_bar_wanted(given: bool, explicit: bool) -> bool:
 
 
 def progress_bar(trainer_cfg: Any, logger: logging.Logger) -> bool:
-    """``trainer.enable_progress_bar`` of a Hydra job: off when stdout is not a terminal unless the command line
-    gave it (said at INFO); as configured outside a Hydra job."""
+    """``trainer.enable_progress_bar`` of a Hydra job: off when stdout is not a terminal unless the command
+    line gave it (said at INFO); as configured outside a Hydra job."""
     from hf_lightning.config.run_length import command_line_overrides, given_keys
 
     given = bool(trainer_cfg.get("enable_progress_bar", True))
@@ -135,14 +137,15 @@ def progress_bar(trainer_cfg: Any, logger: logging.Logger) -> bool:
     bar = progress_bar_wanted(given, explicit)
     if given and not bar:
         logger.info(
-            "no progress bar: the output is not a terminal (trainer.enable_progress_bar=true draws it anyway); "
-            "the log lines show the progress"
+            "no progress bar: the output is not a terminal (trainer.enable_progress_bar=true draws it "
+            "anyway); the log lines show the progress"
         )
     return bar
 
 
 def report_error(err: BaseException, logger: logging.Logger) -> None:
-    """``hf_lightning: error: ...`` once on stderr; the same line goes into the log file (``train.log``) only."""
+    """``hf_lightning: error: ...`` once on stderr; the same line goes into the log file (``train.log``)
+    only."""
     print(f"hf_lightning: error: {err}", file=sys.stderr)
     record = logger.makeRecord(logger.name, logging.ERROR, __file__, 0, "%s", (err,), None)
     for handler in _file_handlers():

@@ -62,8 +62,9 @@ def epoch_being_trained(trainer: Any) -> int:
 
 
 def total_batch_index(trainer: Any) -> int:
-    """Index of the batch being trained counted over the whole fit, all epochs (``epoch_loop.total_batch_idx``):
-    what Lightning's ``val_check_batch`` rule counts when ``check_val_every_n_epoch`` is ``None``."""
+    """Index of the batch being trained counted over the whole fit, all epochs
+    (``epoch_loop.total_batch_idx``): what Lightning's ``val_check_batch`` rule counts when
+    ``check_val_every_n_epoch`` is ``None``."""
     return int(trainer.fit_loop.epoch_loop.total_batch_idx)
 
 
@@ -106,8 +107,8 @@ def uses_script_launcher(strategy: Any) -> bool:
 
 def launcher_rank() -> int:
     """This process's global rank as the launcher set it (``RANK``, ``LOCAL_RANK``, ``SLURM_PROCID``, ...), 0
-    without one, read by Lightning's own ``lightning.fabric.utilities.rank_zero._get_rank`` (no public function
-    reads the launcher's variables before a Trainer exists)."""
+    without one, read by Lightning's own ``lightning.fabric.utilities.rank_zero._get_rank`` (no public
+    function reads the launcher's variables before a Trainer exists)."""
     from lightning.fabric.utilities.rank_zero import _get_rank
 
     return _get_rank() or 0
@@ -146,10 +147,10 @@ def mark_saved_at(callback: Any, step: int) -> None:
 
 
 def acts_after_every_validation(callback: Any) -> None:
-    """Make a monitoring ``ModelCheckpoint`` or ``EarlyStopping`` act after every validation, not only at train epoch
-    ends (``_save_on_train_epoch_end`` / ``_check_on_train_epoch_end`` = False: what their constructors'
-    ``save_on_train_epoch_end`` / ``check_on_train_epoch_end`` set, which their own ``setup`` fills in when
-    ``None``). Any other callback is left alone."""
+    """Make a monitoring ``ModelCheckpoint`` or ``EarlyStopping`` act after every validation, not only at
+    train epoch ends (``_save_on_train_epoch_end`` / ``_check_on_train_epoch_end`` = False: what their
+    constructors' ``save_on_train_epoch_end`` / ``check_on_train_epoch_end`` set, which their own ``setup``
+    fills in when ``None``). Any other callback is left alone."""
     from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 
     if isinstance(callback, ModelCheckpoint):
@@ -168,8 +169,8 @@ def stop_own_triggers(callback: Any) -> None:
 
 def save_checkpoint_now(callback: Any, trainer: Any) -> None:
     """Save through a ``ModelCheckpoint`` now, as its own trigger would: unless it must skip
-    (``_should_skip_saving_checkpoint``: a sanity check, not fitting, or saved at this step already), its top-k
-    checkpoint and ``last.ckpt`` with the current monitor candidates (``_save_topk_checkpoint``,
+    (``_should_skip_saving_checkpoint``: a sanity check, not fitting, or saved at this step already), its
+    top-k checkpoint and ``last.ckpt`` with the current monitor candidates (``_save_topk_checkpoint``,
     ``_save_last_checkpoint``, ``_monitor_candidates``)."""
     if callback._should_skip_saving_checkpoint(trainer):
         return

@@ -1,7 +1,9 @@
-"""``python -m hf_lightning.evaluate ckpt_path=RUN/checkpoints/last.ckpt`` (or ``model.name_or_path=RUN/hf_model``).
+"""``python -m hf_lightning.evaluate ckpt_path=RUN/checkpoints/last.ckpt`` (or
+``model.name_or_path=RUN/hf_model``).
 
-Evaluates a trained model on its validation data, or on all of ``data.path``, prints a metrics table and writes
-``eval_metrics.json`` and ``predictions.jsonl`` (one line per example, in dataset order) into the output folder.
+Evaluates a trained model on its validation data, or on all of ``data.path``, prints a metrics table and
+writes ``eval_metrics.json`` and ``predictions.jsonl`` (one line per example, in dataset order) into the
+output folder.
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ log = logging.getLogger("hf_lightning.evaluate")
 
 
 def prompt_and_reference(row: dict[str, Any], causal: bool) -> tuple[list[int], list[int]]:
-    """``(prompt ids, reference ids)`` of a tokenized row: for a causal LM the prompt is every token before the
-    first trained-on label (position >= 1) and the reference the trained-on tokens from there; for an
+    """``(prompt ids, reference ids)`` of a tokenized row: for a causal LM the prompt is every token before
+    the first trained-on label (position >= 1) and the reference the trained-on tokens from there; for an
     encoder-decoder model the source and the target."""
     ids = list(row["input_ids"])
     labels = row.get("labels")
@@ -39,9 +41,9 @@ def prompt_and_reference(row: dict[str, Any], causal: bool) -> tuple[list[int], 
 def generate_replies(
     module: Any, prompts: list[list[int]], max_new_tokens: int, batch_size: int
 ) -> list[str]:
-    """Greedy replies (``do_sample=False``), ``batch_size`` prompts at a time, left-padded with an attention mask
-    as HF ``Seq2SeqTrainer``'s ``predict_with_generate`` batches them; the reply is the text after the prompt
-    (skip_special_tokens). Equal to generating one prompt at a time (tested)."""
+    """Greedy replies (``do_sample=False``), ``batch_size`` prompts at a time, left-padded with an attention
+    mask as HF ``Seq2SeqTrainer``'s ``predict_with_generate`` batches them; the reply is the text after the
+    prompt (skip_special_tokens). Equal to generating one prompt at a time (tested)."""
     import torch
 
     tok, model = module.tokenizer, module.model
@@ -72,8 +74,8 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     """Validate and predict; returns the metrics.
 
     The objects come from :func:`hf_lightning.config.build.build` (``purpose="evaluate"``), as training builds
-    them: ``module.*`` (the loss settings), ``trainer.precision`` and ``trainer.accelerator`` are honoured; one
-    device (more is refused in one line).
+    them: ``module.*`` (the loss settings), ``trainer.precision`` and ``trainer.accelerator`` are honoured;
+    one device (more is refused in one line).
 
     Raises:
         HFLightningError: bad input (the message names the key, file or field).

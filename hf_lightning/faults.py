@@ -82,7 +82,8 @@ def out_of_memory_message(
                 if half * double == b * accumulate_grad_batches
                 else f" (now {b * accumulate_grad_batches})"
             )
-            + ", and the same loss and gradients, because the loss is normalised over the whole accumulation window"
+            + ", and the same loss and gradients, because the loss is normalised over the whole accumulation "
+            "window"
         )
     elif b and b > 1:
         fixes.append(f"lower {key} (now {b}); evaluation results do not depend on it")

@@ -4,8 +4,8 @@ cannot be loaded.
 Resolution itself is ``transformers``' ``from_pretrained`` and ``datasets``' ``load_dataset`` with their own
 cache (``HF_HOME``, ``HF_HUB_CACHE``, ``HF_DATASETS_CACHE``) and their own offline switch (``HF_HUB_OFFLINE``,
 which no entry point of ours sets): nothing here downloads or caches anything. This module only tells a hub id
-from a local path, and turns the loaders' many exception types into one line naming the id, the cache looked in
-and the ``hf download`` command that fills it beforehand.
+from a local path, and turns the loaders' many exception types into one line naming the id, the cache looked
+in and the ``hf download`` command that fills it beforehand.
 """
 
 from __future__ import annotations
@@ -94,7 +94,8 @@ def hub_error_message(
 
     Args:
         key: the config key (``model.name_or_path``, ``data.path``, ...).
-        kind: ``model`` or ``dataset`` (the cache and the way to fill it differ: ``load_dataset`` offline reads
+        kind: ``model`` or ``dataset`` (the cache and the way to fill it differ: ``load_dataset`` offline
+        reads
             only the datasets cache it prepared itself, not files fetched by ``hf download``).
         revision: the revision asked for (``None``: the default branch).
         name: a dataset's config name (``data.name``).
@@ -103,8 +104,9 @@ def hub_error_message(
     if kind == "model":
         flags = f" --revision {revision}" if revision else ""
         return (
-            f"{key}={repo_id}: not a local folder, and the hub model {where} (cache looked in: {model_cache()}); "
-            f"fetch it beforehand with `hf download {repo_id}{flags}` on a machine with internet and the same HF_HOME"
+            f"{key}={repo_id}: not a local folder, and the hub model {where} (cache looked in: "
+            f"{model_cache()}); fetch it beforehand with `hf download {repo_id}{flags}` on a machine with "
+            "internet and the same HF_HOME"
         )
     args = ", ".join(
         [repr(repo_id), *([repr(name)] if name else []), *([f"revision={revision!r}"] if revision else [])]

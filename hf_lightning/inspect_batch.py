@@ -1,4 +1,5 @@
-"""``python -m hf_lightning.inspect_batch +experiment=sft [overrides]``: print one training batch as the model gets it.
+"""``python -m hf_lightning.inspect_batch +experiment=sft [overrides]``: print one training batch as the model
+gets it.
 
 The same Hydra config as ``python -m hf_lightning.train`` (``conf/train.yaml``) and the same overrides. The
 model, tokenizer, DataModule and LightningModule come from the builder training uses

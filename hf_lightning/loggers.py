@@ -1,13 +1,14 @@
 """A CSV logger that survives a resume, a kill and a full disk: ``metrics.csv`` keeps the history up to the
 checkpoint's step, and a row is either written whole or not at all.
 
-Lightning's ``CSVLogger`` deletes an existing ``metrics.csv`` when it starts (a resumed run would lose every row
-logged before the stop) and rewrites the file in place when a new column appears (a kill then leaves it
+Lightning's ``CSVLogger`` deletes an existing ``metrics.csv`` when it starts (a resumed run would lose every
+row logged before the stop) and rewrites the file in place when a new column appears (a kill then leaves it
 truncated). This one reads the existing header and appends; a new column, and
-:meth:`ResumableCSVLogger.truncate_after` (rows logged after the step the run resumes from are logged again, so
-each step appears once), rewrite the whole file atomically. Appended rows go out in one write of whole lines: a
-last line without its newline is a write cut short by a kill, and is dropped when the file is next read. A write
-refused by the disk is one :class:`~hf_lightning.errors.TrainingError` naming the file, with the file as it was.
+:meth:`ResumableCSVLogger.truncate_after` (rows logged after the step the run resumes from are logged again,
+so each step appears once), rewrite the whole file atomically. Appended rows go out in one write of whole
+lines: a last line without its newline is a write cut short by a kill, and is dropped when the file is next
+read. A write refused by the disk is one :class:`~hf_lightning.errors.TrainingError` naming the file, with the
+file as it was.
 """
 
 from __future__ import annotations
@@ -117,7 +118,8 @@ def _ends_with_newline(path: str) -> bool:
 
 
 def _append(path: str, data: bytes) -> None:
-    """One ``write`` of whole lines at the end of ``path``; on failure the file is cut back to its old size."""
+    """One ``write`` of whole lines at the end of ``path``; on failure the file is cut back to its old
+    size."""
     fd = os.open(path, os.O_WRONLY | os.O_APPEND)
     try:
         size = os.fstat(fd).st_size
@@ -133,7 +135,8 @@ def _append(path: str, data: bytes) -> None:
 
 
 class ResumableCSVLogger(CSVLogger):
-    """``lightning.pytorch.loggers.CSVLogger`` that appends to an existing ``metrics.csv`` (same arguments)."""
+    """``lightning.pytorch.loggers.CSVLogger`` that appends to an existing ``metrics.csv`` (same
+    arguments)."""
 
     @property
     @rank_zero_experiment

@@ -1,17 +1,18 @@
-"""``python -m hf_lightning.migrate ARGS [OVERRIDE ...]``: an HF ``TrainingArguments`` dump as our command line.
+"""``python -m hf_lightning.migrate ARGS [OVERRIDE ...]``: an HF ``TrainingArguments`` dump as our command
+line.
 
-``ARGS`` is either the JSON that ``TrainingArguments.to_json_string()`` writes, or the ``training_args.bin`` that HF
-``Trainer`` saves beside its checkpoints. Prints, on stdout, the ``python -m hf_lightning.train`` command that runs
-the same schedule (see :mod:`hf_lightning.migrate_fields` for each field), then, as ``#`` comment lines, every
-field away from HF's default that hf_lightning cannot honour, with why. ``OVERRIDE`` words (the model and data,
-which ``TrainingArguments`` does not hold: ``model.name_or_path=DIR data.path=FILE``) are appended to the command.
-``--experiment NAME`` picks the experiment (default ``clm``).
+``ARGS`` is either the JSON that ``TrainingArguments.to_json_string()`` writes, or the ``training_args.bin``
+that HF ``Trainer`` saves beside its checkpoints. Prints, on stdout, the ``python -m hf_lightning.train``
+command that runs the same schedule (see :mod:`hf_lightning.migrate_fields` for each field), then, as ``#``
+comment lines, every field away from HF's default that hf_lightning cannot honour, with why. ``OVERRIDE``
+words (the model and data, which ``TrainingArguments`` does not hold: ``model.name_or_path=DIR
+data.path=FILE``) are appended to the command. ``--experiment NAME`` picks the experiment (default ``clm``).
 
 Loading ``training_args.bin`` safely: it is a pickle. It is read with ``torch.load(weights_only=True)``, whose
-unpickler builds only the classes it is given: here ``TrainingArguments`` (and transformers' own subclasses), its
-enums, ``AcceleratorConfig``, and the accelerate state it caches (``PartialState``, ``DistributedType``); their
-objects are built without running their code (``__new__`` and a ``__dict__`` update). A file naming any other
-class is refused: dump the arguments as JSON instead.
+unpickler builds only the classes it is given: here ``TrainingArguments`` (and transformers' own subclasses),
+its enums, ``AcceleratorConfig``, and the accelerate state it caches (``PartialState``, ``DistributedType``);
+their objects are built without running their code (``__new__`` and a ``__dict__`` update). A file naming any
+other class is refused: dump the arguments as JSON instead.
 
 Bad input (a missing file, neither JSON nor a ``TrainingArguments`` pickle): one line, exit status 2.
 """
@@ -80,12 +81,13 @@ def _load_pickle(path: str) -> dict[str, Any]:
     except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as err:
         import re
 
-        # torch names the class it refused: "Unsupported global: GLOBAL a.b" or "unsupported GLOBAL a.b whose ..."
+        # torch names the class it refused: "Unsupported global: GLOBAL a.b" or "unsupported GLOBAL a.b whose
+        # ..."
         found = re.search(r"GLOBAL ([\w.]+)", str(err))
         what = found.group(1) if found else "content that is not a TrainingArguments pickle"
         raise ConfigError(
-            f"{path}: holds {what}, which migrate does not unpickle (only TrainingArguments and its enums); dump "
-            "the arguments as JSON instead: open('args.json', 'w').write(args.to_json_string())"
+            f"{path}: holds {what}, which migrate does not unpickle (only TrainingArguments and its enums); "
+            "dump the arguments as JSON instead: open('args.json', 'w').write(args.to_json_string())"
         ) from None
     if not isinstance(args, TrainingArguments):
         raise ConfigError(f"{path}: holds a {type(args).__name__}, not TrainingArguments")
@@ -138,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
             del argv[i : i + 2]
         if not argv or argv[0].startswith("-"):
             raise ConfigError(
-                "usage: python -m hf_lightning.migrate ARGS.json|training_args.bin [--experiment NAME] [OVERRIDE ...]"
+                "usage: python -m hf_lightning.migrate ARGS.json|training_args.bin [--experiment NAME] "
+                "[OVERRIDE ...]"
             )
         print(command(argv[0], experiment, argv[1:]))
     except HFLightningError as err:

@@ -1,10 +1,11 @@
 """``TrainingArguments`` fields -> our overrides, or the reason a field cannot be honoured.
 
-:func:`convert` reads a ``TrainingArguments.to_dict()`` (what ``to_json_string()`` writes) and compares it with
-the dict of a default ``TrainingArguments`` of the installed transformers. The core numbers (batch sizes,
-accumulation, learning rate, schedule, run length, evaluation / save / logging schedule, seed) are always written,
-since several of our defaults are not HF's (docs/migration.md, "Defaults that are not HF's"); any other field is
-written when it is away from HF's default and we have its equivalent, or listed with why when we do not.
+:func:`convert` reads a ``TrainingArguments.to_dict()`` (what ``to_json_string()`` writes) and compares it
+with the dict of a default ``TrainingArguments`` of the installed transformers. The core numbers (batch sizes,
+accumulation, learning rate, schedule, run length, evaluation / save / logging schedule, seed) are always
+written, since several of our defaults are not HF's (docs/migration.md, "Defaults that are not HF's"); any
+other field is written when it is away from HF's default and we have its equivalent, or listed with why when
+we do not.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ REASONS = {
     "bf16_full_eval": "evaluation runs in trainer.precision",
     "fp16_full_eval": "evaluation runs in trainer.precision",
     "tf32": "not set by hf_lightning: torch.backends.cuda.matmul.allow_tf32 in your own launcher",
-    "activation_checkpointing": "FSDP's activation checkpointing: strategy=fsdp strategy.activation_checkpointing=true",
+    "activation_checkpointing": "FSDP's activation checkpointing: strategy=fsdp "
+    "strategy.activation_checkpointing=true",
     "activation_checkpointing_kwargs": "not supported",
     "gradient_checkpointing_kwargs": "model.gradient_checkpointing=true uses the model's default kwargs",
     "torch_compile_backend": "model.compile=true uses torch.compile's default backend",
@@ -43,9 +45,11 @@ REASONS = {
     "liger_kernel_config": "Liger kernels are not used (the lean loss is plain PyTorch)",
     "neftune_noise_alpha": "NEFTune noise is not supported",
     "torch_empty_cache_steps": "not supported",
-    "auto_find_batch_size": "not supported: set data.per_device_train_batch_size and trainer.accumulate_grad_batches",
+    "auto_find_batch_size": "not supported: set data.per_device_train_batch_size and "
+    "trainer.accumulate_grad_batches",
     "log_on_each_node": "rank 0 logs for the run",
-    "logging_nan_inf_filter": "non-finite losses stop the run (callbacks.nonfinite_guard.on_nonfinite=stop|skip)",
+    "logging_nan_inf_filter": "non-finite losses stop the run "
+    "(callbacks.nonfinite_guard.on_nonfinite=stop|skip)",
     "include_num_input_tokens_seen": "the log reports real tokens per second at the end, not a running count",
     "log_level": "Python logging levels are not set from the config",
     "log_level_replica": "Python logging levels are not set from the config",
@@ -86,7 +90,8 @@ REASONS = {
     "deepspeed": "strategy=deepspeed_zero2 (or deepspeed_zero3) trainer.strategy.config=ds.json",
     "debug": "not supported",
     "skip_memory_metrics": "memory metrics are not reported",
-    "resume_from_checkpoint": "an HF checkpoint folder cannot be resumed: ckpt_path=last resumes one of our runs",
+    "resume_from_checkpoint": "an HF checkpoint folder cannot be resumed: ckpt_path=last resumes one of our "
+    "runs",
 }
 LOGGERS = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
 
@@ -99,10 +104,12 @@ def _num(value: Any) -> str:
 
 
 def convert(args: dict[str, Any], defaults: dict[str, Any]) -> tuple[Overrides, Dropped, list[str]]:
-    """``(overrides, dropped, notes)`` for the ``TrainingArguments`` dict ``args`` (HF's ``defaults`` beside it).
+    """``(overrides, dropped, notes)`` for the ``TrainingArguments`` dict ``args`` (HF's ``defaults`` beside
+    it).
 
-    ``dropped`` holds ``(field, value, why)`` for each field away from its default that hf_lightning cannot honour
-    (fields not in ``defaults`` too: a subclass's, such as TRL's); ``notes`` are lines for the user to read.
+    ``dropped`` holds ``(field, value, why)`` for each field away from its default that hf_lightning cannot
+    honour (fields not in ``defaults`` too: a subclass's, such as TRL's); ``notes`` are lines for the user to
+    read.
     """
     out: Overrides = []
     dropped: Dropped = []
@@ -284,7 +291,8 @@ def _devices(take, changed, out, dropped, notes) -> None:
         out += ["trainer.accelerator=gpu", "trainer.precision=16-mixed"]
     if not cpu:
         notes.append(
-            "HF Trainer takes a GPU when it finds one; hf_lightning runs on the CPU unless you add trainer=gpu"
+            "HF Trainer takes a GPU when it finds one; hf_lightning runs on the CPU unless you add "
+            "trainer=gpu"
         )
     (report,) = take("report_to")
     report = [report] if isinstance(report, str) else list(report or [])

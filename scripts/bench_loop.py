@@ -1,7 +1,8 @@
-"""Benchmark 1, loop overhead: the same training run by (a) a hand-written PyTorch loop, (b) hf_lightning and (c) HF
-``transformers.Trainer``; median optimizer-step time and the ratios b/a and b/c.
+"""Benchmark 1, loop overhead: the same training run by (a) a hand-written PyTorch loop, (b) hf_lightning and
+(c) HF ``transformers.Trainer``; median optimizer-step time and the ratios b/a and b/c.
 
-    python scripts/bench_loop.py [--rounds 5] [--steps N] [--warmup 2] [--models overhead compute] [--json OUT]
+    python scripts/bench_loop.py [--rounds 5] [--steps N] [--warmup 2] [--models overhead compute]
+        [--json OUT]
 
 Every side trains the same seeded ``LlamaForCausalLM`` (fp32, CPU, one torch thread) on the same
 ``datasets.Dataset`` (random token rows of varying length, the first quarter of each masked with -100, so
@@ -11,30 +12,31 @@ same collator (``PaddingCollator``) and a loss log line (a host read) every 10 o
 
 (a) raw: ``DataLoader``; per window the label targets are counted on the host, each micro-batch adds
     ``sum(token CE) / count`` and calls ``backward``; then clip, step, zero_grad.
-(b) hf_lightning: ``HFLightningModule`` + ``HFDataModule`` + ``lightning.Trainer`` in process, with what a user of
-    ``python -m hf_lightning.train`` sees: the progress bar of ``conf/callbacks/default.yaml`` (tqdm, redrawn once
-    per optimizer step), Lightning's model summary, the TensorBoard logger and checkpointing; ``log_every_n_steps=10``.
-    "b lean": the same without progress bar, logger and model summary.
+(b) hf_lightning: ``HFLightningModule`` + ``HFDataModule`` + ``lightning.Trainer`` in process, with what a
+    user of ``python -m hf_lightning.train`` sees: the progress bar of ``conf/callbacks/default.yaml`` (tqdm,
+    redrawn once per optimizer step), Lightning's model summary, the TensorBoard logger and checkpointing;
+    ``log_every_n_steps=10``. "b lean": the same without progress bar, logger and model summary.
     "b plain": "b lean" with ``module.lean_loss=false`` (the loss from the full logits, as (a) and (c) compute
     it): the lean loss's own cost on each model.
-    "b rich": (b) with Lightning's own default bar instead (with ``rich`` installed: ``RichProgressBar``, redrawn
-    every micro-batch), what a plain ``lightning.Trainer`` user gets.
+    "b rich": (b) with Lightning's own default bar instead (with ``rich`` installed: ``RichProgressBar``,
+    redrawn every micro-batch), what a plain ``lightning.Trainer`` user gets.
 (c) HF ``Trainer``: ``TrainingArguments(optim="adamw_torch", logging_steps=10, lr_scheduler_type="constant",
-    save_strategy="no", report_to="none")`` and its defaults (tqdm bar); its model loss takes ``num_items_in_batch``.
+    save_strategy="no", report_to="none")`` and its defaults (tqdm bar); its model loss takes
+    ``num_items_in_batch``.
 
-Step time: between two consecutive optimizer-step ends (a callback on (b) and (c)), so it includes fetching and
-collating the next window; the first ``--warmup`` steps are dropped. Both the process CPU time and the wall time
-are given: on a machine shared with other jobs the wall time also counts the waits for a core, the CPU time
-does not, so the CPU-time ratios are the steadier ones. Sides run interleaved ``--rounds`` times, rotating the
-order; the tables give the median step time over the rounds and the median of the per-round ratios. Progress
-bars write to ``/dev/null``.
+Step time: between two consecutive optimizer-step ends (a callback on (b) and (c)), so it includes fetching
+and collating the next window; the first ``--warmup`` steps are dropped. Both the process CPU time and the
+wall time are given: on a machine shared with other jobs the wall time also counts the waits for a core, the
+CPU time does not, so the CPU-time ratios are the steadier ones. Sides run interleaved ``--rounds`` times,
+rotating the order; the tables give the median step time over the rounds and the median of the per-round
+ratios. Progress bars write to ``/dev/null``.
 
 Models: ``overhead`` (hidden 8, 1 layer, vocab 64, rows <= 16 tokens, B = 2: the framework's own work per step
 dominates) and ``compute`` (hidden 128, 2 layers, vocab 4096, rows <= 128 tokens, B = 4: the model dominates).
 
-``--device cuda`` runs every side on one GPU (fp32, same settings); a round's figure is then the mean wall time
-of the timed steps, the stamps of the first and last of them taken after ``torch.cuda.synchronize()`` (no other
-sync is added to any side, so each keeps the host syncs it has by itself).
+``--device cuda`` runs every side on one GPU (fp32, same settings); a round's figure is then the mean wall
+time of the timed steps, the stamps of the first and last of them taken after ``torch.cuda.synchronize()`` (no
+other sync is added to any side, so each keeps the host syncs it has by itself).
 
 Also measured: the cost of the ``Throughput`` callback, as the CPU time spent inside its hooks over the step
 time of the "b lean" run it is added to (goal < 1%).
@@ -83,7 +85,8 @@ def stamp(step: int) -> tuple[float, float]:
 
 
 class PadOnly:
-    """The one tokenizer attribute pre-tokenized rows need (``HFDataModule`` and the collator read the pad id)."""
+    """The one tokenizer attribute pre-tokenized rows need (``HFDataModule`` and the collator read the pad
+    id)."""
 
     pad_token_id = 0
 
@@ -243,8 +246,9 @@ def run_hf(spec: dict, rows, steps: int) -> list[tuple[float, float]]:
 
 
 class TimedThroughput:
-    """A ``Throughput`` callback that sums the CPU time spent in its hooks: its own cost, measured directly (on
-    the CPU its device reductions run inside the hooks), since a < 1% difference drowns in step-time noise."""
+    """A ``Throughput`` callback that sums the CPU time spent in its hooks: its own cost, measured directly
+    (on the CPU its device reductions run inside the hooks), since a < 1% difference drowns in step-time
+    noise."""
 
     def __new__(cls):
         from hf_lightning.callbacks import Throughput
@@ -372,7 +376,8 @@ def main() -> None:
         print(table(header, rows))
     print("goals (issue 19): b/a <= 1.10 (overhead model), <= 1.02 (compute model); b/c <= 0.95 on both")
     print(
-        "\nThroughput callback: CPU time in its hooks / step CPU time (b lean + callback), median and max of rounds"
+        "\nThroughput callback: CPU time in its hooks / step CPU time (b lean + callback), median and max of "
+        "rounds"
     )
     print(table(["model", "median", "max"], meters))
     if args.json:

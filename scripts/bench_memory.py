@@ -1,12 +1,14 @@
 """Benchmark 6, training memory: peak RSS above the imports and step time of HF ``Trainer`` and hf_lightning.
 
-    python scripts/bench_memory.py [--cases llama128k gpt2] [--steps 3] [--rounds 1] [--threads 1] [--json OUT]
+    python scripts/bench_memory.py [--cases llama128k gpt2] [--steps 3] [--rounds 1] [--threads 1]
+        [--json OUT]
     python scripts/bench_memory.py --probe SIDE CASE STEPS     # one measurement, printed as JSON
 
 A step's memory in a causal LM with a large vocabulary is dominated by the ``(tokens x vocab)`` logits: in
 float32 at 2,048 tokens x 128,256 (Llama 3's vocabulary) one copy is 1 GiB, and the plain loss holds the
-logits, their log-softmax and their gradient. Cases (seeded random weights, fp32, CPU, rows of 512 random tokens
-all labelled, micro-batch 4 = 2,048 tokens per optimizer step, no accumulation, AdamW lr 1e-4, clipping at 1.0):
+logits, their log-softmax and their gradient. Cases (seeded random weights, fp32, CPU, rows of 512 random
+tokens all labelled, micro-batch 4 = 2,048 tokens per optimizer step, no accumulation, AdamW lr 1e-4, clipping
+at 1.0):
 
 - ``llama128k``: ``LlamaForCausalLM`` hidden 64, 2 layers, vocabulary 128,256, untied head;
 - ``gpt2``: ``GPT2LMHeadModel`` hidden 64, 2 layers, vocabulary 50,257, head tied to the input embedding;
@@ -14,17 +16,18 @@ all labelled, micro-batch 4 = 2,048 tokens per optimizer step, no accumulation, 
 
 Sides, each measurement in a fresh Python process (a peak RSS only grows):
 
-- ``hf``: ``transformers.Trainer`` (``optim="adamw_torch"``, ``save_strategy="no"``, ``report_to="none"``), whose
-  model computes its own loss from the full logits;
+- ``hf``: ``transformers.Trainer`` (``optim="adamw_torch"``, ``save_strategy="no"``, ``report_to="none"``),
+  whose model computes its own loss from the full logits;
 - ``plain``: ``HFLightningModule(lean_loss=False)`` + ``HFDataModule`` + ``lightning.Trainer`` (no logger, no
   checkpoint, no bar): our loss from the full logits, as before the lean loss;
 - ``lean``: the same with the default, the lean loss (:mod:`hf_lightning.module.lean_loss`).
 
-Peak RSS above the imports: ``VmHWM`` (``/proc/self/status``) at the end minus the RSS once torch, transformers, datasets, lightning
-and hf_lightning are imported (so it counts the model, the optimizer state, the data and the steps). Step time:
-between consecutive optimizer-step ends, the first step dropped (CPU time of the process and wall time; see
-``bench_support``). ``--rounds`` repeats every probe, rotating the order of the sides; medians are reported.
-Goal: ``lean`` <= 0.3x ``hf`` in peak memory above the imports, at equal or better step time.
+Peak RSS above the imports: ``VmHWM`` (``/proc/self/status``) at the end minus the RSS once torch,
+transformers, datasets, lightning and hf_lightning are imported (so it counts the model, the optimizer state,
+the data and the steps). Step time: between consecutive optimizer-step ends, the first step dropped (CPU time
+of the process and wall time; see ``bench_support``). ``--rounds`` repeats every probe, rotating the order of
+the sides; medians are reported. Goal: ``lean`` <= 0.3x ``hf`` in peak memory above the imports, at equal or
+better step time.
 """
 
 from __future__ import annotations
@@ -80,7 +83,8 @@ def make_rows(spec: dict, n: int):
 
 
 def probe(side: str, case: str, steps: int) -> dict:
-    """One side on one case in this process: peak RSS above the imports (KiB) and the step-end clock stamps."""
+    """One side on one case in this process: peak RSS above the imports (KiB) and the step-end clock
+    stamps."""
     import warnings
 
     import datasets  # noqa: F401
@@ -268,8 +272,9 @@ def main() -> None:
             ]
         )
     print(
-        f"\none optimizer step of {BATCH} x {ROW_TOKENS} = {BATCH * ROW_TOKENS} tokens, fp32, CPU; peak RSS above "
-        f"the imports (MiB) and step time (ms), medians of {args.rounds} round(s), each probe in a fresh process"
+        f"\none optimizer step of {BATCH} x {ROW_TOKENS} = {BATCH * ROW_TOKENS} tokens, fp32, CPU; peak RSS "
+        f"above the imports (MiB) and step time (ms), medians of {args.rounds} round(s), each probe in a "
+        "fresh process"
     )
     print(
         table(

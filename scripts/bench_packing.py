@@ -1,24 +1,26 @@
 """Packing benchmark: tokens/s and peak memory of ``bfd`` and ``wrapped`` packing, before / ours / TRL.
 
     python scripts/bench_packing.py [--rounds 3] [--sizes 10000 100000 1000000] [--before-max 100000]
-    python scripts/bench_packing.py --probe SIDE STRATEGY SOURCE N DATA_DIR   # one measurement, printed as JSON
+    python scripts/bench_packing.py --probe SIDE STRATEGY SOURCE N DATA_DIR  # one measurement as JSON
 
-Inputs (``max_length`` 512, GPT-2 BPE, ``input_ids`` and ``labels`` columns, as the DataModule hands them over):
-``c4-demo`` (300 web documents, each ``text + EOS`` cut to 512), ``gsm8k`` (7,473 rows ``question + " " + answer +
-EOS``, the question masked in ``labels``), and ``synthetic-N``: N documents whose lengths are drawn from GSM8K's
-(seeded) with random token ids.
+Inputs (``max_length`` 512, GPT-2 BPE, ``input_ids`` and ``labels`` columns, as the DataModule hands them
+over): ``c4-demo`` (300 web documents, each ``text + EOS`` cut to 512), ``gsm8k`` (7,473 rows ``question + " "
++ answer + EOS``, the question masked in ``labels``), and ``synthetic-N``: N documents whose lengths are drawn
+from GSM8K's (seeded) with random token ids.
 
-Sides: ``before`` (``hf_lightning/data/packing.py`` at commit ``22a61d6``, every token a Python int, loaded from
-git), ``ours`` (the Arrow engine), ``trl`` (``trl.pack_dataset`` as ``SFTTrainer`` calls it: map batches of 1,000
-documents, each packed on its own) and, for ``bfd``, ``trl-1batch`` (one map batch holding every document: the same
-rows as ours; up to ``--one-batch-max`` documents). Every input is an in-memory ``datasets.Dataset`` over one Arrow table.
+Sides: ``before`` (``hf_lightning/data/packing.py`` at commit ``22a61d6``, every token a Python int, loaded
+from git), ``ours`` (the Arrow engine), ``trl`` (``trl.pack_dataset`` as ``SFTTrainer`` calls it: map batches
+of 1,000 documents, each packed on its own) and, for ``bfd``, ``trl-1batch`` (one map batch holding every
+document: the same rows as ours; up to ``--one-batch-max`` documents). Every input is an in-memory
+``datasets.Dataset`` over one Arrow table.
 
-Each measurement runs in a fresh process: each side packs 50 c4-demo documents first (imports and first-call costs
-stay out of the figures), the input is built, then ``VmRSS`` read, the packing call timed (wall and
-CPU), and ``VmHWM`` (the process's peak resident memory, not ``ru_maxrss``, which carries the parent's peak) read
-after it: "peak above start" is their difference. Configurations run interleaved over ``--rounds`` rounds;
-medians and the medians of per-round ratios are printed. ``before`` holds ~50 bytes per token in Python lists, so
-it runs only up to ``--before-max`` documents (10^6 GSM8K-length documents would need about 10 GB).
+Each measurement runs in a fresh process: each side packs 50 c4-demo documents first (imports and first-call
+costs stay out of the figures), the input is built, then ``VmRSS`` read, the packing call timed (wall and
+CPU), and ``VmHWM`` (the process's peak resident memory, not ``ru_maxrss``, which carries the parent's peak)
+read after it: "peak above start" is their difference. Configurations run interleaved over ``--rounds``
+rounds; medians and the medians of per-round ratios are printed. ``before`` holds ~50 bytes per token in
+Python lists, so it runs only up to ``--before-max`` documents (10^6 GSM8K-length documents would need about
+10 GB).
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ SIDES = ("before", "ours", "trl", "trl-1batch")
 
 
 def _input_dataset(source: str, n: int, data_dir: Path):
-    """The packing input as a ``datasets.Dataset`` (``input_ids``, ``labels``: int32 lists) and its token count."""
+    """The packing input as a ``datasets.Dataset`` (``input_ids``, ``labels``: int32 lists) and its token
+    count."""
     import datasets
     import numpy as np
     import pyarrow as pa
@@ -121,7 +124,8 @@ def run_probe(side: str, strategy: str, source: str, n: int, data_dir: Path) -> 
 
 
 def prepare(data_dir: Path) -> dict[str, int]:
-    """Tokenize c4-demo and GSM8K once (token arrays in ``data_dir``), write the ``before`` module; document counts."""
+    """Tokenize c4-demo and GSM8K once (token arrays in ``data_dir``), write the ``before`` module; document
+    counts."""
     import numpy as np
     from bench_support import REPO, gpt2_tokenizer, gsm8k_tokenized, shared_data
 
@@ -151,7 +155,8 @@ def prepare(data_dir: Path) -> dict[str, int]:
 
 
 def report(results: dict[tuple[str, str, str], list[dict]], rounds: str) -> None:
-    """Print the table: medians over the rounds each configuration ran, ratios per round (ours / side, CPU time)."""
+    """Print the table: medians over the rounds each configuration ran, ratios per round (ours / side, CPU
+    time)."""
     from bench_support import median, table
 
     rows = []

@@ -1,17 +1,19 @@
-"""Stream readers: rows/s per reader at 2 ranks x 2 DataLoader workers, split by rows (before) and by shards (after).
+"""Stream readers: rows/s per reader at 2 ranks x 2 DataLoader workers, split by rows (before) and by shards
+(after).
 
-A ``datasets`` stream of GSM8K rows (cycled, each row made distinct by its index) written as ``--files`` JSON Lines
-or Parquet files, ``--rows`` rows in all, read by the 4 readers of 2 ranks x 2 workers through
-:class:`hf_lightning.data.streams.ShardedStream` exactly as the training loader reads it (shuffle buffer 1000, the
-epoch's seed), without tokenization (``--tokenize`` adds the GPT-2 tokenization of the rows a reader keeps):
+A ``datasets`` stream of GSM8K rows (cycled, each row made distinct by its index) written as ``--files`` JSON
+Lines or Parquet files, ``--rows`` rows in all, read by the 4 readers of 2 ranks x 2 workers through
+:class:`hf_lightning.data.streams.ShardedStream` exactly as the training loader reads it (shuffle buffer 1000,
+the epoch's seed), without tokenization (``--tokenize`` adds the GPT-2 tokenization of the rows a reader
+keeps):
 
 - ``rows``: today's split, every reader decodes all the rows and keeps 1 in 4 (no :meth:`plan_readers`);
-- ``shards``: each reader reads its own 2 files (``plan_readers``); the per-shard row count that the plan makes
-  once per rank, when the loader is built, is timed on its own (``count s``).
+- ``shards``: each reader reads its own 2 files (``plan_readers``); the per-shard row count that the plan
+  makes once per rank, when the loader is built, is timed on its own (``count s``).
 
 ``datasets`` 5.2 ends every shuffled pass over Parquet files with a fixed 5 s pause (``time.sleep`` of
-``config.SLEEP_TIME_ON_THREADS_SHUTDOWN``, a workaround for an Arrow thread issue), once per reader and epoch, in both
-configurations; ``--no-shuffle`` measures the decoding without it.
+``config.SLEEP_TIME_ON_THREADS_SHUTDOWN``, a workaround for an Arrow thread issue), once per reader and epoch,
+in both configurations; ``--no-shuffle`` measures the decoding without it.
 
 Readers run one after the other in this process (one core each when they run in parallel); rows/s per reader =
 the rows it yields / its time. Configurations interleaved per round; medians over readers and rounds.

@@ -2,8 +2,8 @@
 interleaved runner that reports medians and ratios.
 
 Benchmarks on a shared machine: absolute times move with the load of the other processes, so every script runs
-its configurations *interleaved* (round 1: a, b, c; round 2: b, c, a; ...) and reports medians and the ratios of
-medians. A ratio is only compared within one run of one script.
+its configurations *interleaved* (round 1: a, b, c; round 2: b, c, a; ...) and reports medians and the ratios
+of medians. A ratio is only compared within one run of one script.
 
 Imported by the scripts beside it (``python scripts/NAME.py`` puts this folder first on ``sys.path``).
 """
@@ -23,9 +23,9 @@ REPO = Path(__file__).resolve().parents[1]
 def proc_status_kib(field: str) -> int:
     """A ``/proc/self/status`` memory field in KiB: ``VmRSS`` (resident now) or ``VmHWM`` (peak resident).
 
-    ``VmHWM`` belongs to this process's address space, which ``exec`` makes new. ``getrusage().ru_maxrss`` does
-    not: Linux carries the parent's peak across ``fork`` + ``exec``, so a probe started from a large pytest
-    process would report the parent's peak as its own.
+    ``VmHWM`` belongs to this process's address space, which ``exec`` makes new. ``getrusage().ru_maxrss``
+    does not: Linux carries the parent's peak across ``fork`` + ``exec``, so a probe started from a large
+    pytest process would report the parent's peak as its own.
     """
     with open("/proc/self/status") as fh:
         for line in fh:
@@ -66,7 +66,8 @@ def gsm8k_prompt_completion(limit: int | None = None):
 
 
 def gsm8k_tokenized(tokenizer, max_length: int = 512, limit: int | None = None) -> list[dict[str, list[int]]]:
-    """GSM8K rows as ``input_ids`` / ``labels`` with the question masked (-100): the SFT rows of the benchmarks.
+    """GSM8K rows as ``input_ids`` / ``labels`` with the question masked (-100): the SFT rows of the
+    benchmarks.
 
     Tokenized as ``tokenizer(question + " " + answer + eos)``, the question part measured with the same call.
     """
@@ -171,6 +172,6 @@ def machine_note() -> str:
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     return (
         f"{os.cpu_count()} CPUs, torch {torch.__version__} ({torch.get_num_threads()} threads), lightning "
-        f"{lightning.__version__}, transformers {transformers.__version__}, load average {load:.1f} at start, "
-        f"{time.strftime('%Y-%m-%d %H:%M')}"
+        f"{lightning.__version__}, transformers {transformers.__version__}, load average {load:.1f} at "
+        f"start, {time.strftime('%Y-%m-%d %H:%M')}"
     )

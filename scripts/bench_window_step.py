@@ -2,18 +2,21 @@
 
     python scripts/bench_window_step.py [--rounds 3] [--models overhead compute] [--steps N] [--warmup 2]
 
-The models, rows, micro-batch, accumulation (4), AdamW, clipping and step clock of ``bench_loop.py``, four sides:
+The models, rows, micro-batch, accumulation (4), AdamW, clipping and step clock of ``bench_loop.py``, four
+sides:
 
 (a) raw: ``bench_loop.run_raw``, the hand-written loop.
 (m) minimal Lightning, per micro-batch: a ``LightningModule`` of a few lines (the token loss from the logits,
-    divided by the window count that the loader counted on the host, times ``k`` against Lightning's division),
-    automatic optimization with ``accumulate_grad_batches=4``: what Lightning itself costs per micro-batch.
-(w) minimal Lightning, per window: the same loss in ONE ``training_step`` per optimizer step (manual optimization,
-    the loader yields the window's 4 micro-batches; ``manual_backward`` each, then clipping and the step): what
-    Lightning would cost if it ran once per optimizer step. A prototype for the measurement only: no DDP
-    ``no_sync``, no resume, no logging (see docs/benchmarks.md, "A window-sized step").
-(b) hf_lightning: ``bench_loop``'s "b lean" (``HFLightningModule`` + ``HFDataModule``, no bar/logger/summary), and
-    "b plain" the same with ``lean_loss=False`` (the loss from the logits, as (a), (m) and (w) compute it).
+    divided by the window count that the loader counted on the host, times ``k`` against Lightning's
+    division), automatic optimization with ``accumulate_grad_batches=4``: what Lightning itself costs per
+    micro-batch.
+(w) minimal Lightning, per window: the same loss in ONE ``training_step`` per optimizer step (manual
+    optimization, the loader yields the window's 4 micro-batches; ``manual_backward`` each, then clipping and
+    the step): what Lightning would cost if it ran once per optimizer step. A prototype for the measurement
+    only: no DDP ``no_sync``, no resume, no logging (see docs/benchmarks.md, "A window-sized step").
+(b) hf_lightning: ``bench_loop``'s "b lean" (``HFLightningModule`` + ``HFDataModule``, no bar/logger/summary),
+    and "b plain" the same with ``lean_loss=False`` (the loss from the logits, as (a), (m) and (w) compute
+    it).
 
 Process CPU time per optimizer step, medians over interleaved rounds and medians of per-round ratios.
 """
@@ -47,8 +50,8 @@ def _count(batches) -> int:
 
 
 class _Windows:
-    """The shuffled micro-batches of ``bench_loop`` grouped by window: per window one item (``windows=True``: the
-    list and its count) or its micro-batches each carrying the window count."""
+    """The shuffled micro-batches of ``bench_loop`` grouped by window: per window one item (``windows=True``:
+    the list and its count) or its micro-batches each carrying the window count."""
 
     def __init__(self, spec: dict, rows, windows: bool) -> None:
         from hf_lightning.data.collators import PaddingCollator

@@ -6,8 +6,8 @@ Prints, with the log lines the DataModule writes:
 
 - ``wrapped`` packing at ``max_length`` 512: tokens kept of the corpus (text + one EOS per document);
 - ``bfd`` packing: documents that end with EOS (those truncated to 512 lose it, as in TRL);
-- pre-tokenized rows padded to 64 (``padding="max_length"``) plus one all-padding row: targets of the first batch
-  of 4 against ``transformers.DataCollatorForLanguageModeling(mlm=False)``, and the rows kept;
+- pre-tokenized rows padded to 64 (``padding="max_length"``) plus one all-padding row: targets of the first
+  batch of 4 against ``transformers.DataCollatorForLanguageModeling(mlm=False)``, and the rows kept;
 - text rows that tokenize to nothing: rows kept and batch shapes at batch size 1; bfd labels per token;
 - chat rows without an assistant turn: the drop line.
 """
@@ -78,14 +78,16 @@ def main() -> None:
     ours = next(iter(dm.train_dataloader()))
     hf_n, our_n = (int((b["labels"][:, 1:] != -100).sum()) for b in (hf, ours))
     print(
-        f"   targets in the first batch: HF {hf_n}, hf_lightning {our_n}; rows kept {len(dm.train_dataset)} of 13"
+        f"   targets in the first batch: HF {hf_n}, hf_lightning {our_n}; rows kept {len(dm.train_dataset)} "
+        "of 13"
     )
 
     print("3. text rows that tokenize to nothing, batch size 1")
     ds = datasets.Dataset.from_dict({"text": ["hello world", "", "the cat sat"]})
     dm = datamodule(tok, ds, max_length=64, per_device_train_batch_size=1)
     print(
-        f"   rows kept {len(dm.train_dataset)} of 3; batch shapes {[tuple(b['input_ids'].shape) for b in dm.train_dataloader()]}"
+        f"   rows kept {len(dm.train_dataset)} of 3; batch shapes "
+        f"{[tuple(b['input_ids'].shape) for b in dm.train_dataloader()]}"
     )
     row = datamodule(tok, ds, max_length=64, packing="bfd").train_dataset[0]
     print(f"   bfd row: {len(row['input_ids'])} tokens, {len(row['labels'])} labels")

@@ -1,7 +1,8 @@
-"""GPU throughput: real tokens/s and MFU of a ~160M-parameter Llama in bf16 on one CUDA device, padded vs packed
-rows, with and without ``torch.compile``. Exits 1 at once without CUDA.
+"""GPU throughput: real tokens/s and MFU of a ~160M-parameter Llama in bf16 on one CUDA device, padded vs
+packed rows, with and without ``torch.compile``. Exits 1 at once without CUDA.
 
-    python scripts/gpu_bench.py [--steps 40] [--batch-size 16] [--max-length 1024] [--size 160m|460m] [--json OUT]
+    python scripts/gpu_bench.py [--steps 40] [--batch-size 16] [--max-length 1024] [--size 160m|460m]
+        [--json OUT]
 
 Data: GSM8K train tokenized with the shared GPT-2 tokenizer (question masked), through ``HFDataModule``:
 padded (``pad_to_multiple_of=64``, so that compiled graphs see few shapes) or BFD-packed into rows of

@@ -1,17 +1,19 @@
-"""GPU smoke test: a few optimizer steps each of bf16 single-GPU (with the lean loss, the default, and with the loss
-from the full logits, ``module.lean_loss=false``), bitsandbytes' 8-bit AdamW (``optim.name=adamw_8bit``: its
-checkpoint must hold uint8 optimizer state), FSDP and DeepSpeed ZeRO-2 (one GPU is enough),
-with their per-step train/loss compared to the fp32 CPU run of the same data and init, within bf16 tolerance,
-and their pre-clip ``grad_norm`` too (norm clipping at 1.0 is on, as HF's ``max_grad_norm``: under FSDP the norm
-comes from the root module's ``clip_grad_norm_`` over all shards); each run's HF export must load. Exits 1 on any
-failure, and at once without CUDA.
+"""GPU smoke test: a few optimizer steps each of bf16 single-GPU (with the lean loss, the default, and with
+the loss from the full logits, ``module.lean_loss=false``), bitsandbytes' 8-bit AdamW
+(``optim.name=adamw_8bit``: its checkpoint must hold uint8 optimizer state), FSDP and DeepSpeed ZeRO-2 (one
+GPU is enough), with their per-step train/loss compared to the fp32 CPU run of the same data and init, within
+bf16 tolerance, and their pre-clip ``grad_norm`` too (norm clipping at 1.0 is on, as HF's ``max_grad_norm``:
+under FSDP the norm comes from the root module's ``clip_grad_norm_`` over all shards); each run's HF export
+must load. Exits 1 on any failure, and at once without CUDA.
 
-Adapters: the fp32 CPU run's export is the pretrained base of LoRA in fp32 on CPU (the reference), LoRA in bf16 on
-the GPU, and QLoRA (``peft=qlora``: the base in 4-bit NF4 with bitsandbytes), whose losses are compared to the
-reference within ``--qlora-rtol`` (the 4-bit base is not the base); the QLoRA adapter export must load with
-``AutoPeftModelForCausalLM`` and its merged export (``export.merge_adapters=true``) with ``AutoModelForCausalLM``.
+Adapters: the fp32 CPU run's export is the pretrained base of LoRA in fp32 on CPU (the reference), LoRA in
+bf16 on the GPU, and QLoRA (``peft=qlora``: the base in 4-bit NF4 with bitsandbytes), whose losses are
+compared to the reference within ``--qlora-rtol`` (the 4-bit base is not the base); the QLoRA adapter export
+must load with ``AutoPeftModelForCausalLM`` and its merged export (``export.merge_adapters=true``) with
+``AutoModelForCausalLM``.
 
-    python scripts/gpu_smoke.py [--steps 4] [--rtol 0.03] [--norm-rtol 0.1] [--qlora-rtol 0.15] [--out gpu_smoke]
+    python scripts/gpu_smoke.py [--steps 4] [--rtol 0.03] [--norm-rtol 0.1] [--qlora-rtol 0.15]
+        [--out gpu_smoke]
         [--skip deepspeed_zero2 qlora]
 """
 
@@ -40,10 +42,12 @@ COMMON = [
 ]
 RUNS = {
     "cpu_fp32": ["trainer.accelerator=cpu", "trainer.precision=32-true"],
-    # the lean loss (the default; FSDP and DeepSpeed fall back to the logits) and the loss from the full logits
+    # the lean loss (the default; FSDP and DeepSpeed fall back to the logits) and the loss from the full
+    # logits
     "gpu_bf16": ["trainer=gpu"],
     "gpu_bf16_logits": ["trainer=gpu", "module.lean_loss=false"],
-    # HF's optim="adamw_8bit" (bitsandbytes): 8-bit state, so the losses track fp32 AdamW's within bf16 tolerance
+    # HF's optim="adamw_8bit" (bitsandbytes): 8-bit state, so the losses track fp32 AdamW's within bf16
+    # tolerance
     "gpu_adamw_8bit": ["trainer=gpu", "optim.name=adamw_8bit"],
     "fsdp": ["trainer=gpu", "strategy=fsdp"],
     "deepspeed_zero2": ["trainer=gpu", "strategy=deepspeed_zero2"],

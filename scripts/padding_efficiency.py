@@ -2,8 +2,8 @@
 
     python scripts/padding_efficiency.py [--batch-size 16] [--max-length 512]
 
-GSM8K rows become prompt/completion (question / answer), tokenized with the shared GPT-2 tokenizer; one epoch of
-each training loader is read and its real tokens divided by the slots of its batches (B x padded length; a
+GSM8K rows become prompt/completion (question / answer), tokenized with the shared GPT-2 tokenizer; one epoch
+of each training loader is read and its real tokens divided by the slots of its batches (B x padded length; a
 padding-free batch is one row with no padding). Padding follows ``hf_lightning.data.describe.padding_mask``.
 """
 

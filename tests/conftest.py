@@ -50,7 +50,8 @@ def word_tokenizer():
 
 @pytest.fixture(scope="session")
 def gpt2_tokenizer():
-    """GPT-2 BPE from the shared data folder (pad = eos = ``<|endoftext|>``); skips when the folder is missing."""
+    """GPT-2 BPE from the shared data folder (pad = eos = ``<|endoftext|>``); skips when the folder is
+    missing."""
     from transformers import PreTrainedTokenizerFast
 
     from tests.data_support import shared_data
@@ -62,8 +63,8 @@ def gpt2_tokenizer():
 
 
 # ------------------------------------------------------------------------------------- Hydra composition
-# What every composed test config is shrunk to (lightning-hydra-template's cfg_train fixture): CPU, one device,
-# a couple of steps, tiny validation, no progress bar. Tests add their own overrides after these.
+# What every composed test config is shrunk to (lightning-hydra-template's cfg_train fixture): CPU, one
+# device, a couple of steps, tiny validation, no progress bar. Tests add their own overrides after these.
 SHRINK = (
     "trainer.accelerator=cpu",
     "trainer.devices=1",

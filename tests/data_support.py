@@ -20,8 +20,9 @@ def shared_data() -> Path:
 
 
 def make_word_tokenizer():
-    """Words ``a``..``z`` are ids 4..29 (``a`` = 4); ``<pad>`` 0, ``<unk>`` 1, ``<eos>`` 2, ``<bos>`` 3; no special
-    tokens are added, so ``"a b c"`` encodes to ``[4, 5, 6]``. Chat template: ``"<role initial> <content> <eos> "``."""
+    """Words ``a``..``z`` are ids 4..29 (``a`` = 4); ``<pad>`` 0, ``<unk>`` 1, ``<eos>`` 2, ``<bos>`` 3; no
+    special tokens are added, so ``"a b c"`` encodes to ``[4, 5, 6]``. Chat template: ``"<role initial>
+    <content> <eos> "``."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 

@@ -1,19 +1,20 @@
 """A stand-in for the ``deepspeed`` package that emulates the engine's accumulation and stepping on CPU.
 
-deepspeed needs CUDA and is not installed here. Lightning's ``DeepSpeedStrategy`` only reaches the package through
-``deepspeed.initialize`` (the engine), ``deepspeed.init_distributed``, ``deepspeed.zero.Init`` and
-``deepspeed.utils.logging``; everything else it does (config, the precision plugin that calls ``engine.backward``
-and ``engine.step()``, the optimizer and scheduler set-up) runs for real. :class:`EmulatedEngine` does what
-``deepspeed/runtime/engine.py`` does with accumulation (read there, paraphrased):
+deepspeed needs CUDA and is not installed here. Lightning's ``DeepSpeedStrategy`` only reaches the package
+through ``deepspeed.initialize`` (the engine), ``deepspeed.init_distributed``, ``deepspeed.zero.Init`` and
+``deepspeed.utils.logging``; everything else it does (config, the precision plugin that calls
+``engine.backward`` and ``engine.step()``, the optimizer and scheduler set-up) runs for real.
+:class:`EmulatedEngine` does what ``deepspeed/runtime/engine.py`` does with accumulation (read there,
+paraphrased):
 
 - ``backward(loss, scale_wrt_gas=True)``: divides the loss by ``gradient_accumulation_steps`` when
   ``scale_wrt_gas``, then back-propagates; gradients add up over micro-batches (ZeRO-2 adds them into its
   partitions: the same sums);
-- ``is_gradient_accumulation_boundary()``: the value last given to ``set_gradient_accumulation_boundary``, or, when
-  none was given, ``(micro_steps + 1) % gradient_accumulation_steps == 0`` with ``micro_steps`` counting every
-  ``step()`` call since the engine was built (across epochs);
-- ``step()``: at a boundary, clips to ``gradient_clipping`` (the global norm), steps the optimizer and zeroes the
-  gradients; ``micro_steps`` grows by one on every call, boundary or not.
+- ``is_gradient_accumulation_boundary()``: the value last given to ``set_gradient_accumulation_boundary``, or,
+  when none was given, ``(micro_steps + 1) % gradient_accumulation_steps == 0`` with ``micro_steps`` counting
+  every ``step()`` call since the engine was built (across epochs);
+- ``step()``: at a boundary, clips to ``gradient_clipping`` (the global norm), steps the optimizer and zeroes
+  the gradients; ``micro_steps`` grows by one on every call, boundary or not.
 
 Each real update is recorded: which micro-batches (by backward call) it applied and the learning rate it used.
 """
@@ -83,7 +84,8 @@ class EmulatedEngine(torch.nn.Module):
 
 
 def fake_deepspeed() -> types.ModuleType:
-    """A ``deepspeed`` module whose ``initialize`` returns an :class:`EmulatedEngine` (kept in ``.engines``)."""
+    """A ``deepspeed`` module whose ``initialize`` returns an :class:`EmulatedEngine` (kept in
+    ``.engines``)."""
     ds = types.ModuleType("deepspeed")
     # a spec, so that importlib.util.find_spec (hf_lightning.optional.is_missing) finds it as installed
     ds.__spec__ = importlib.machinery.ModuleSpec("deepspeed", None)

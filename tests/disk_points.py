@@ -1,5 +1,6 @@
-"""A test-only callback that fills the run folder's filesystem, or remounts it read-only, just before one kind of
-write (``+callbacks.disk=...``): the write itself is the real one, on a real tmpfs (``tests/errors/test_disk_full.py``).
+"""A test-only callback that fills the run folder's filesystem, or remounts it read-only, just before one kind
+of write (``+callbacks.disk=...``): the write itself is the real one, on a real tmpfs
+(``tests/errors/test_disk_full.py``).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import lightning as L
 
 WRITES = (
     "checkpoint",  # the first checkpoint file of step `step`
-    "metrics_row",  # the first validation row of metrics.csv at step `step` (new columns: the file is rewritten;
+    "metrics_row",  # the first validation row of metrics.csv at step `step` (new columns: file rewritten;
     # an appended row may fit in the file's last page even on a full disk, and then rightly succeeds)
     "export_weights",  # hf_model/model.safetensors
     "export_tokenizer",  # the tokenizer files of hf_model/
@@ -33,7 +34,8 @@ def fill(folder: str) -> None:
 
 
 class DiskFault(L.Callback):
-    """``mode``: ``full`` (fill ``mount``) or ``read_only`` (``mount -o remount,ro mount``), before ``write``."""
+    """``mode``: ``full`` (fill ``mount``) or ``read_only`` (``mount -o remount,ro mount``), before
+    ``write``."""
 
     def __init__(self, write: str, mount: str, mode: str = "full", step: int = 1) -> None:
         if write not in WRITES:
@@ -50,8 +52,8 @@ class DiskFault(L.Callback):
             return
         import logging
 
-        # a remount waits for files open for writing: the log file (Hydra's train.log) is closed first; its next
-        # line reopens it, and fails as a real read-only filesystem makes it fail
+        # a remount waits for files open for writing: the log file (Hydra's train.log) is closed first; its
+        # next line reopens it, and fails as a real read-only filesystem makes it fail
         for handler in logging.getLogger().handlers:
             if isinstance(handler, logging.FileHandler):
                 handler.close()

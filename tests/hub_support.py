@@ -1,7 +1,7 @@
-"""A hub laid out on disk for tests without the internet: a model in the hub cache the way ``hf download`` leaves
-it (``models--org--name/refs/main`` + ``snapshots/<sha>/``), a dataset in the ``datasets`` cache the way
-``load_dataset`` of a hub repo leaves it (``org___name/default/0.0.0/<hash>/``, written by ``datasets``' own json
-builder), and a stand-in hub server on 127.0.0.1 that records the requests it gets and answers 404.
+"""A hub laid out on disk for tests without the internet: a model in the hub cache the way ``hf download``
+leaves it (``models--org--name/refs/main`` + ``snapshots/<sha>/``), a dataset in the ``datasets`` cache the
+way ``load_dataset`` of a hub repo leaves it (``org___name/default/0.0.0/<hash>/``, written by ``datasets``'
+own json builder), and a stand-in hub server on 127.0.0.1 that records the requests it gets and answers 404.
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ def save_tiny_llama(folder: Path, tokenizer, seed: int = 0) -> Path:
 
 
 def lay_out_model(hub_cache: Path, repo_id: str, folder: Path, revision: str = "main") -> Path:
-    """Put the files of ``folder`` into ``hub_cache`` as hub repo ``repo_id`` at ``revision``; the snapshot."""
+    """Put the files of ``folder`` into ``hub_cache`` as hub repo ``repo_id`` at ``revision``; the
+    snapshot."""
     repo = Path(hub_cache) / ("models--" + repo_id.replace("/", "--"))
     snapshot = repo / "snapshots" / SHA
     shutil.copytree(folder, snapshot, dirs_exist_ok=True)
@@ -50,8 +51,8 @@ def lay_out_model(hub_cache: Path, repo_id: str, folder: Path, revision: str = "
 
 
 def lay_out_dataset(datasets_cache: Path, repo_id: str, files: dict[str, str]) -> Path:
-    """Prepare ``files`` (``{split: jsonl path}``) with ``datasets``' json builder into ``datasets_cache`` under
-    the name ``load_dataset(repo_id)`` looks for offline (config ``default``); the prepared folder."""
+    """Prepare ``files`` (``{split: jsonl path}``) with ``datasets``' json builder into ``datasets_cache``
+    under the name ``load_dataset(repo_id)`` looks for offline (config ``default``); the prepared folder."""
     from datasets.packaged_modules.json.json import Json
 
     namespace, name = repo_id.split("/")

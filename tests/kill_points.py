@@ -1,9 +1,10 @@
 """A test-only callback that stops the CLI process at one chosen point of a run (``+callbacks.kill=...``).
 
-The kill harness (``tests/integration/test_kill_harness.py``) picks the points with a seeded RNG. Each point is a
-place where a real process can die: between two micro-batches, between the update and the checkpoint, halfway
-through a checkpoint or an export file, just after ``last.ckpt`` is committed, while the log row or
-``final_metrics.json`` is written. The writes themselves are the real ones; only the moment of death is chosen.
+The kill harness (``tests/integration/test_kill_harness.py``) picks the points with a seeded RNG. Each point
+is a place where a real process can die: between two micro-batches, between the update and the checkpoint,
+halfway through a checkpoint or an export file, just after ``last.ckpt`` is committed, while the log row or
+``final_metrics.json`` is written. The writes themselves are the real ones; only the moment of death is
+chosen.
 """
 
 from __future__ import annotations
@@ -65,7 +66,8 @@ def _half_then_die(real_save: Any, signal: int) -> Any:
 
 
 class KillAt(L.Callback):
-    """Send ``signal`` (default SIGKILL) to this process at ``point`` (one of :data:`POINTS`) of step ``step``."""
+    """Send ``signal`` (default SIGKILL) to this process at ``point`` (one of :data:`POINTS`) of step
+    ``step``."""
 
     def __init__(self, point: str, step: int = 0, signal: str = "SIGKILL") -> None:
         if point not in POINTS:

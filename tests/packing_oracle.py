@@ -1,5 +1,6 @@
-"""The pure-Python packing of ``hf_lightning/data/packing.py`` before the Arrow engine (commit 22a61d6), kept only
-as the oracle the engine's tests compare with, row for row. Every token is a Python int here: slow on purpose."""
+"""The pure-Python packing of ``hf_lightning/data/packing.py`` before the Arrow engine (commit 22a61d6), kept
+only as the oracle the engine's tests compare with, row for row. Every token is a Python int here: slow on
+purpose."""
 
 from __future__ import annotations
 

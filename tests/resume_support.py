@@ -9,7 +9,8 @@ import lightning as L
 
 
 class SignalAtStep(L.Callback):
-    """Send ``signal`` to this process right after optimizer step ``step`` (SIGKILL: no chance to clean up)."""
+    """Send ``signal`` to this process right after optimizer step ``step`` (SIGKILL: no chance to clean
+    up)."""
 
     def __init__(self, step: int, signal: str = "SIGKILL") -> None:
         self.step = step

@@ -1,11 +1,12 @@
 """A checkpoint of an adapter run holds what trains, not the frozen base model.
 
-Lightning writes ``LightningModule.state_dict()`` whole: with LoRA that is the base model (frozen, and read again
-from ``model.name_or_path`` by every run) plus a fraction of a percent of adapter weights. Here the checkpoint's
-``state_dict`` keeps the trainable parameters only (and the optimizer state, which holds only those: see
-:func:`hf_lightning.module.optim.parameter_groups`), and records how many frozen entries it left out. On load the
-frozen entries are filled back from the model as built, so Lightning's strict load still refuses a checkpoint
-whose trainable weights do not fit (an adapter checkpoint without ``peft``, or another rank or target list).
+Lightning writes ``LightningModule.state_dict()`` whole: with LoRA that is the base model (frozen, and read
+again from ``model.name_or_path`` by every run) plus a fraction of a percent of adapter weights. Here the
+checkpoint's ``state_dict`` keeps the trainable parameters only (and the optimizer state, which holds only
+those: see :func:`hf_lightning.module.optim.parameter_groups`), and records how many frozen entries it left
+out. On load the frozen entries are filled back from the model as built, so Lightning's strict load still
+refuses a checkpoint whose trainable weights do not fit (an adapter checkpoint without ``peft``, or another
+rank or target list).
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ def trainable_keys(module: Any) -> set[str]:
 
 
 def base_fingerprint(module: Any) -> list[float]:
-    """One float64 sum per frozen parameter of ``module`` (computed once, then cached on it: the base is frozen).
+    """One float64 sum per frozen parameter of ``module`` (computed once, then cached on it: the base is
+    frozen).
 
     A checkpoint without its base can be put on the wrong one (another ``model.name_or_path``, or a base built
     from a config with another seed); the fingerprint tells, within the rounding of a sum on another device.
@@ -44,7 +46,8 @@ def base_fingerprint(module: Any) -> list[float]:
 
 
 def same_base(saved: list[float], current: list[float]) -> bool:
-    """Whether two fingerprints are of the same base (relative 1e-6 per sum, for sums taken on other devices)."""
+    """Whether two fingerprints are of the same base (relative 1e-6 per sum, for sums taken on other
+    devices)."""
     if len(saved) != len(current):
         return False
     return all(abs(a - b) <= 1e-6 * max(abs(a), abs(b), 1.0) for a, b in zip(saved, current, strict=True))
@@ -55,13 +58,15 @@ COMPUTE_SETTINGS = ("r", "lora_alpha", "use_rslora", "use_dora")
 
 
 def adapter_settings_of(model: Any) -> dict[str, Any]:
-    """The ``peft`` settings of ``model``'s default adapter that change its output (:data:`COMPUTE_SETTINGS`)."""
+    """The ``peft`` settings of ``model``'s default adapter that change its output
+    (:data:`COMPUTE_SETTINGS`)."""
     config = model.peft_config["default"]
     return {k: getattr(config, k, None) for k in COMPUTE_SETTINGS}
 
 
 def drop_frozen(module: Any, checkpoint: dict[str, Any]) -> None:
-    """Keep only trainable entries in ``checkpoint["state_dict"]`` when ``module.model`` is an adapter model."""
+    """Keep only trainable entries in ``checkpoint["state_dict"]`` when ``module.model`` is an adapter
+    model."""
     if not is_adapter_model(getattr(module, "model", None)) or "state_dict" not in checkpoint:
         return
     keep = trainable_keys(module)
@@ -78,12 +83,13 @@ def drop_frozen(module: Any, checkpoint: dict[str, Any]) -> None:
 def fill_frozen(module: Any, checkpoint: dict[str, Any]) -> None:
     """Put the frozen entries of ``module`` (as built) into an adapter checkpoint's ``state_dict``.
 
-    Only entries that are frozen in ``module`` and absent from the checkpoint are filled: a trainable weight the
-    checkpoint lacks stays missing, and the strict load names it.
+    Only entries that are frozen in ``module`` and absent from the checkpoint are filled: a trainable weight
+    the checkpoint lacks stays missing, and the strict load names it.
 
     Raises:
         ModelError: the checkpoint's base fingerprint (:func:`base_fingerprint`) is not the model's.
-        ConfigError: the model's ``peft.r`` / ``lora_alpha`` / ``use_rslora`` / ``use_dora`` are not the ones the
+        ConfigError: the model's ``peft.r`` / ``lora_alpha`` / ``use_rslora`` / ``use_dora`` are not the ones
+        the
             adapter was trained with (the same weights would compute another model).
     """
     if KEY not in checkpoint or "state_dict" not in checkpoint:
@@ -95,9 +101,9 @@ def fill_frozen(module: Any, checkpoint: dict[str, Any]) -> None:
 
         base = checkpoint[KEY].get("base_model") or "a base built from model.config"
         raise ModelError(
-            f"ckpt_path: this adapter checkpoint was trained on another base model ({base}); its frozen weights "
-            "differ from the ones built now. Use the run's model.name_or_path and model.* overrides (and its "
-            "seed, for a base built from a config)"
+            f"ckpt_path: this adapter checkpoint was trained on another base model ({base}); its frozen "
+            "weights differ from the ones built now. Use the run's model.name_or_path and model.* overrides "
+            "(and its seed, for a base built from a config)"
         )
     saved_settings = checkpoint[KEY].get("settings") or {}
     if adapter and saved_settings:

@@ -3,13 +3,13 @@
 - Adapter (default): ``adapter_config.json`` + ``adapter_model.safetensors``, loadable with
   ``peft.AutoPeftModelForCausalLM.from_pretrained(hf_model)`` (which loads the base named by
   ``base_model_name_or_path``) or ``transformers.AutoModelForCausalLM.from_pretrained(hf_model)`` with peft
-  installed. A base built from a config (the embedded default, no ``model.name_or_path``) has no folder to point
-  at: it is saved into ``hf_model/base_model/``, and the adapter points at that folder by its absolute path (move
-  the two together and edit ``base_model_name_or_path`` in ``adapter_config.json``).
-- Merged (``export.merge_adapters=true``): ``merge_and_unload`` of a copy of the model (the trained one is left
-  as it is), saved with ``save_pretrained``: a plain model folder for ``AutoModelForCausalLM``. A 4-bit (QLoRA)
-  base is not merged into: the base is loaded again unquantized (in the compute dtype) and the adapter merged
-  into that, as PEFT recommends.
+  installed. A base built from a config (the embedded default, no ``model.name_or_path``) has no folder to
+  point at: it is saved into ``hf_model/base_model/``, and the adapter points at that folder by its absolute
+  path (move the two together and edit ``base_model_name_or_path`` in ``adapter_config.json``).
+- Merged (``export.merge_adapters=true``): ``merge_and_unload`` of a copy of the model (the trained one is
+  left as it is), saved with ``save_pretrained``: a plain model folder for ``AutoModelForCausalLM``. A 4-bit
+  (QLoRA) base is not merged into: the base is loaded again unquantized (in the compute dtype) and the adapter
+  merged into that, as PEFT recommends.
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ def base_state_dict(model: Any) -> dict[str, Any]:
     """The base model's own weights, under its own names, from a ``PeftModel`` whose LoRA layers wrap them.
 
     peft renames a wrapped layer's weight ``x.base_layer.weight`` and a ``modules_to_save`` module's original
-    ``x.original_module.weight``; adapter tensors (``lora_*``, the trained copies of ``modules_to_save``) are left
-    out. The result loads into the base architecture with ``from_pretrained``.
+    ``x.original_module.weight``; adapter tensors (``lora_*``, the trained copies of ``modules_to_save``) are
+    left out. The result loads into the base architecture with ``from_pretrained``.
     """
     state = {}
     for name, value in model.get_base_model().state_dict().items():
@@ -53,8 +53,8 @@ def base_state_dict(model: Any) -> dict[str, Any]:
 
 
 def save_adapter(model: Any, folder: str, final_folder: str) -> str:
-    """Write the adapter of ``model`` into ``folder`` (which will be renamed ``final_folder``); returns what was
-    written, for the log."""
+    """Write the adapter of ``model`` into ``folder`` (which will be renamed ``final_folder``); returns what
+    was written, for the log."""
     base = _base_source(model)
     config = model.peft_config["default"]
     previous = config.base_model_name_or_path
@@ -84,7 +84,8 @@ def save_merged(model: Any, folder: str) -> str:
 
 
 def _merged_from_reloaded_base(model: Any) -> Any:
-    """QLoRA: the base loaded again in its compute dtype on CPU, the trained adapter set into it and merged."""
+    """QLoRA: the base loaded again in its compute dtype on CPU, the trained adapter set into it and
+    merged."""
     import torch
     import transformers
     from peft import get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict

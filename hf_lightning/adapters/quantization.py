@@ -19,8 +19,8 @@ def qlora_refusal(settings: AdapterSettings | None, accelerator: Any, cuda_avail
     if str(accelerator) == "cpu" or not cuda_available:
         where = "trainer.accelerator=cpu" if str(accelerator) == "cpu" else "this machine has no CUDA device"
         return (
-            f"peft=qlora (peft.load_in_4bit=true) on {where}: the 4-bit base model needs bitsandbytes on a CUDA GPU; "
-            "use peft=lora on CPU, or trainer=gpu on a machine with a GPU"
+            f"peft=qlora (peft.load_in_4bit=true) on {where}: the 4-bit base model needs bitsandbytes on a "
+            "CUDA GPU; use peft=lora on CPU, or trainer=gpu on a machine with a GPU"
         )
     return None
 
@@ -44,8 +44,8 @@ def quantization_config(settings: AdapterSettings | None) -> Any:
     dtype = getattr(torch, str(settings.bnb_4bit_compute_dtype), None)
     if not isinstance(dtype, torch.dtype):
         raise ConfigError(
-            f"peft.bnb_4bit_compute_dtype={settings.bnb_4bit_compute_dtype}: allowed values: bfloat16, float16, "
-            "float32"
+            f"peft.bnb_4bit_compute_dtype={settings.bnb_4bit_compute_dtype}: allowed values: bfloat16, "
+            "float16, float32"
         )
     return BitsAndBytesConfig(
         load_in_4bit=True,

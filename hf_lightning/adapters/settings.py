@@ -2,8 +2,8 @@
 
 ``conf/peft/lora.yaml`` and ``conf/peft/qlora.yaml`` fill :class:`AdapterSettings`; its field names are
 ``peft.LoraConfig``'s (``r``, ``lora_alpha``, ``lora_dropout``, ``target_modules``, ...) and, for QLoRA,
-``transformers.BitsAndBytesConfig``'s (``load_in_4bit``, ``bnb_4bit_quant_type``, ...), so a TRL or PEFT user's
-values carry over unchanged.
+``transformers.BitsAndBytesConfig``'s (``load_in_4bit``, ``bnb_4bit_quant_type``, ...), so a TRL or PEFT
+user's values carry over unchanged.
 """
 
 from __future__ import annotations
@@ -28,16 +28,19 @@ class AdapterSettings:
 
     Args:
         r: LoRA rank (``LoraConfig.r``).
-        lora_alpha: LoRA scaling numerator: the update is ``lora_alpha / r`` (``/ sqrt(r)`` with ``use_rslora``)
+        lora_alpha: LoRA scaling numerator: the update is ``lora_alpha / r`` (``/ sqrt(r)`` with
+        ``use_rslora``)
             times ``B @ A``.
         lora_dropout: dropout on the adapter's input.
-        target_modules: module names (or one regex) to adapt; ``all-linear``: every linear layer but the output
+        target_modules: module names (or one regex) to adapt; ``all-linear``: every linear layer but the
+        output
             head (peft's shorthand).
         modules_to_save: modules trained in full and saved with the adapter (a new classification head).
         use_rslora: rank-stabilised scaling ``lora_alpha / sqrt(r)``.
         use_dora: weight-decomposed LoRA (DoRA).
         bias: ``none``, ``all`` or ``lora_only``: which biases train.
-        init_lora_weights: peft's initialisation (``true``: A Kaiming-uniform, B zeros, so training starts from
+        init_lora_weights: peft's initialisation (``true``: A Kaiming-uniform, B zeros, so training starts
+        from
             the base model exactly).
         init_seed: the seed of the adapter's random initialisation (``${seed}``): the adapter starts the same
             whatever consumed random numbers before it.

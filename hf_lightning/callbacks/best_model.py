@@ -1,4 +1,5 @@
-"""``metric_for_best_model`` / ``greater_is_better`` (HF ``TrainingArguments``) as Lightning's monitor and mode."""
+"""``metric_for_best_model`` / ``greater_is_better`` (HF ``TrainingArguments``) as Lightning's monitor and
+mode."""
 
 from __future__ import annotations
 
@@ -25,8 +26,9 @@ def resolve_monitor(metric_for_best_model: str, greater_is_better: bool | None =
     if greater_is_better is None:
         if not name.endswith("loss"):
             raise ConfigError(
-                f"metric_for_best_model={metric_for_best_model!r} does not end in 'loss': set greater_is_better "
-                "to true or false, so the best checkpoint is not chosen in the wrong direction"
+                f"metric_for_best_model={metric_for_best_model!r} does not end in 'loss': set "
+                "greater_is_better to true or false, so the best checkpoint is not chosen in the wrong "
+                "direction"
             )
         greater_is_better = False
     return name, "max" if greater_is_better else "min"

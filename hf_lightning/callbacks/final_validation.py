@@ -13,8 +13,8 @@ log = logging.getLogger(__name__)
 
 
 def is_final_step(trainer: L.Trainer) -> bool:
-    """Whether the optimizer step just taken ends the run: ``trainer.max_steps`` reached, or the last batch of the
-    last epoch of ``trainer.max_epochs`` (valid in ``on_train_batch_end``)."""
+    """Whether the optimizer step just taken ends the run: ``trainer.max_steps`` reached, or the last batch of
+    the last epoch of ``trainer.max_epochs`` (valid in ``on_train_batch_end``)."""
     if trainer.max_steps is not None and 0 < trainer.max_steps <= trainer.global_step:
         return True
     if trainer.max_epochs in (None, -1) or trainer.current_epoch + 1 < trainer.max_epochs:
@@ -26,12 +26,12 @@ class FinalValidation(L.Callback):
     """Run a validation at the run's last optimizer step when the schedule (``val_check_interval``,
     ``check_val_every_n_epoch``) would not, *inside* ``fit``: ``ModelCheckpoint`` (``best.ckpt``, the periodic
     checkpoints), ``EarlyStopping`` and the loggers treat it as any other validation. HF ``Trainer`` does the
-    same (``DefaultFlowCallback.on_step_end`` evaluates at ``max_steps`` when that step is not an eval step, and
-    its best model is chosen among all evaluations). Logs ``validating the final weights (step N)``.
+    same (``DefaultFlowCallback.on_step_end`` evaluates at ``max_steps`` when that step is not an eval step,
+    and its best model is chosen among all evaluations). Logs ``validating the final weights (step N)``.
 
-    How: ``trainer.should_stop`` set after the final step, which makes Lightning validate at once (its rule for a
-    stop request, e.g. early stopping) where validation is allowed in this epoch; the run ends at that step
-    anyway. When this epoch does not validate (``check_val_every_n_epoch`` > 1 skipping it), ``train()``
+    How: ``trainer.should_stop`` set after the final step, which makes Lightning validate at once (its rule
+    for a stop request, e.g. early stopping) where validation is allowed in this epoch; the run ends at that
+    step anyway. When this epoch does not validate (``check_val_every_n_epoch`` > 1 skipping it), ``train()``
     validates after ``fit`` instead.
     """
 

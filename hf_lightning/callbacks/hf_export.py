@@ -17,10 +17,12 @@ def full_model_state_dict(trainer: L.Trainer, pl_module: L.LightningModule) -> d
     """The HF model's complete state dict, gathered from every rank (a collective: call it on all ranks).
 
     - DDP / single device: the module's own weights (``None``: ``save_pretrained`` reads them itself).
-    - FSDP: ``strategy.lightning_module_state_dict()`` (full state dict on rank 0 with ``state_dict_type=full``;
-      with ``sharded`` a full one is gathered here all the same, since an HF folder holds whole tensors).
-    - DeepSpeed ZeRO-3: the engine's consolidated 16-bit weights (``stage3_gather_16bit_weights_on_model_save``,
-      which the derived DeepSpeed config sets), as HF ``Trainer`` exports them.
+    - FSDP: ``strategy.lightning_module_state_dict()`` (full state dict on rank 0 with
+      ``state_dict_type=full``; with ``sharded`` a full one is gathered here all the same, since an HF folder
+      holds whole tensors).
+    - DeepSpeed ZeRO-3: the engine's consolidated 16-bit weights
+      (``stage3_gather_16bit_weights_on_model_save``, which the derived DeepSpeed config sets), as HF
+      ``Trainer`` exports them.
 
     Keys are the HF model's (the LightningModule's ``model.`` prefix removed).
     """

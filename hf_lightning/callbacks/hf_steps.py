@@ -1,12 +1,14 @@
-"""Evaluate, save and log at HF ``Trainer``'s optimizer steps (``eval_steps``, ``save_steps``, ``logging_steps``).
+"""Evaluate, save and log at HF ``Trainer``'s optimizer steps (``eval_steps``, ``save_steps``,
+``logging_steps``).
 
 Lightning's ``val_check_interval`` counts micro-batches (optimizer steps x ``accumulate_grad_batches``, which
-drifts whenever an epoch ends in a short accumulation window) and, with ``check_val_every_n_epoch`` set, restarts
-each epoch. HF counts optimizer steps over the whole run. :class:`HFSteps` decides at the end of every optimizer
-step, with the rules of ``DefaultFlowCallback.on_step_end`` / ``on_epoch_end`` (transformers 5.24):
+drifts whenever an epoch ends in a short accumulation window) and, with ``check_val_every_n_epoch`` set,
+restarts each epoch. HF counts optimizer steps over the whole run. :class:`HFSteps` decides at the end of
+every optimizer step, with the rules of ``DefaultFlowCallback.on_step_end`` / ``on_epoch_end`` (transformers
+5.24):
 
-- ``steps``: at every multiple of ``eval_steps`` / ``save_steps``, and at the final step (HF evaluates and saves
-  at ``max_steps`` when it is not a multiple);
+- ``steps``: at every multiple of ``eval_steps`` / ``save_steps``, and at the final step (HF evaluates and
+  saves at ``max_steps`` when it is not a multiple);
 - ``epoch``: at the last step of every epoch, and at the final step (HF's epoch loop ends there and calls
   ``on_epoch_end``);
 - ``logging_steps``: every multiple (``trainer.log_every_n_steps``, which
@@ -14,8 +16,9 @@ step, with the rules of ``DefaultFlowCallback.on_step_end`` / ``on_epoch_end`` (
   ``logging_first_step``;
 - a ratio (a float < 1) is ``ceil(run steps x ratio)``, as ``TrainerState.compute_steps``.
 
-HF saves after it evaluates at the same step (``_maybe_log_save_evaluate``); so does this callback: a checkpoint
-at an evaluation step is written at the end of that validation, with the validation's results in it.
+HF saves after it evaluates at the same step (``_maybe_log_save_evaluate``); so does this callback: a
+checkpoint at an evaluation step is written at the end of that validation, with the validation's results in
+it.
 """
 
 from __future__ import annotations
@@ -57,18 +60,20 @@ class HFSteps(L.Callback):
     Validation (``eval_strategy`` ``steps`` / ``epoch``): Lightning validates after a micro-batch when
     ``(batch index + 1) % trainer.val_check_batch == 0``; this sets ``trainer.val_check_batch`` (a Lightning
     attribute without a public setter) after every micro-batch, so that exactly HF's steps pass. The config
-    leaves ``trainer.val_check_interval`` to this callback (:func:`~hf_lightning.config.hf_args.apply_schedule`).
+    leaves ``trainer.val_check_interval`` to this callback
+    (:func:`~hf_lightning.config.hf_args.apply_schedule`).
 
     Saving (``save_strategy`` ``steps`` / ``epoch``): every ``ModelCheckpoint`` that does not monitor a metric
     (the periodic one, ``monitor`` ``step`` or ``None``) saves when this callback says, with its own rotation
-    (``save_top_k``) and ``last.ckpt``; its own triggers (private ``_every_n_train_steps``, ``_every_n_epochs``,
-    ``_train_time_interval``) are switched off, and its private ``_save_topk_checkpoint`` /
-    ``_save_last_checkpoint`` / ``_monitor_candidates`` do the saving, as its own hooks do. ``save_strategy=no``:
-    no periodic checkpoint (``last.ckpt`` is still written at the end, for a resume).
+    (``save_top_k``) and ``last.ckpt``; its own triggers (private ``_every_n_train_steps``,
+    ``_every_n_epochs``, ``_train_time_interval``) are switched off, and its private ``_save_topk_checkpoint``
+    / ``_save_last_checkpoint`` / ``_monitor_candidates`` do the saving, as its own hooks do.
+    ``save_strategy=no``: no periodic checkpoint (``last.ckpt`` is still written at the end, for a resume).
 
     Attributes:
         steps: ``{"eval": n, "save": n, "logging": n}`` resolved at the start of training (``None``: unused).
-        evaluated_steps, saved_steps: the optimizer steps where it asked for a validation / wrote a checkpoint.
+        evaluated_steps, saved_steps: the optimizer steps where it asked for a validation / wrote a
+        checkpoint.
     """
 
     def __init__(self, schedule: StepSchedule) -> None:
@@ -87,9 +92,10 @@ class HFSteps(L.Callback):
         if self.schedule.eval_strategy not in ("steps", "epoch"):
             return
         # Lightning reads trainer.val_check_interval == 1.0 as "validation only at epoch ends" and then lets a
-        # monitoring ModelCheckpoint / EarlyStopping act at train epoch end only; validations come at our steps,
-        # so they act after each validation (private: the constructors' save_on_train_epoch_end /
-        # check_on_train_epoch_end, which their own setup fills in when None; this callback's setup runs first)
+        # monitoring ModelCheckpoint / EarlyStopping act at train epoch end only; validations come at our
+        # steps, so they act after each validation (private: the constructors' save_on_train_epoch_end /
+        # check_on_train_epoch_end, which their own setup fills in when None; this callback's setup runs
+        # first)
         from lightning.pytorch.callbacks import EarlyStopping
 
         for cb in trainer.callbacks:

@@ -18,25 +18,27 @@ class LoadBestModel(L.Callback):
     """Keep the best saved model by ``monitor`` as HF ``Trainer`` does, and load it before the export.
 
     HF's rule (``Trainer._determine_best_metric`` and ``_save_checkpoint``, transformers 5.24): after every
-    evaluation the metric is compared strictly (``<`` for ``mode="min"``, ``>`` for ``"max"``) with the best so
-    far; at every save, the best evaluation's checkpoint becomes the best model *if that step was saved*. A best
-    evaluation at a step without a checkpoint (``eval_steps=10, save_steps=20``, best at step 30) therefore leaves
-    the previous best model in place. The final step is evaluated and saved like any other, so it competes.
+    evaluation the metric is compared strictly (``<`` for ``mode="min"``, ``>`` for ``"max"``) with the best
+    so far; at every save, the best evaluation's checkpoint becomes the best model *if that step was saved*. A
+    best evaluation at a step without a checkpoint (``eval_steps=10, save_steps=20``, best at step 30)
+    therefore leaves the previous best model in place. The final step is evaluated and saved like any other,
+    so it competes.
 
     Here: the best evaluation at a save step writes ``dirpath/best.ckpt`` (a whole Lightning checkpoint, never
     rotated out) at the end of that validation; at the end of training, its model weights are loaded into the
-    module before :class:`~hf_lightning.callbacks.HFExport` writes ``hf_model/`` (put this callback before it).
-    ``checkpoints/last.ckpt`` keeps the final state, so a resume continues the run, not the best model.
+    module before :class:`~hf_lightning.callbacks.HFExport` writes ``hf_model/`` (put this callback before
+    it). ``checkpoints/last.ckpt`` keeps the final state, so a resume continues the run, not the best model.
 
     Args:
-        monitor: the logged metric (``val/loss``), from :func:`~hf_lightning.callbacks.best_model.resolve_monitor`.
-        mode: ``min`` or ``max``.
+        monitor: the logged metric (``val/loss``), from
+        :func:`~hf_lightning.callbacks.best_model.resolve_monitor`. mode: ``min`` or ``max``.
         dirpath: the checkpoint folder.
         steps: the :class:`~hf_lightning.callbacks.hf_steps.HFSteps` of the run, which knows the save steps.
 
     Attributes:
         best_metric, best_global_step: the best evaluation so far (HF ``TrainerState``'s names).
-        best_model_step, best_model_metric: the step and metric of ``best.ckpt`` (``None`` until one is saved).
+        best_model_step, best_model_metric: the step and metric of ``best.ckpt`` (``None`` until one is
+        saved).
     """
 
     def __init__(self, monitor: str, mode: str, dirpath: str, steps: Any) -> None:
@@ -62,7 +64,8 @@ class LoadBestModel(L.Callback):
         if self.monitor not in metrics:
             names = ", ".join(sorted(k for k in metrics if k.startswith("val/"))) or "none"
             raise ConfigError(
-                f"metric_for_best_model names {self.monitor}, which the validation did not log (it logged: {names})"
+                f"metric_for_best_model names {self.monitor}, which the validation did not log (it logged: "
+                f"{names})"
             )
         value, step = float(metrics[self.monitor]), trainer.global_step
         if self._better(value):
@@ -81,8 +84,8 @@ class LoadBestModel(L.Callback):
         if self.best_model_step is None:
             if trainer.is_global_zero:
                 log.warning(
-                    "load_best_model_at_end: no evaluation at a save step was the best (best evaluation: step %s), "
-                    "so hf_model/ holds the final weights, as HF Trainer keeps them",
+                    "load_best_model_at_end: no evaluation at a save step was the best (best evaluation: "
+                    "step %s), so hf_model/ holds the final weights, as HF Trainer keeps them",
                     self.best_global_step,
                 )
             return

@@ -102,8 +102,8 @@ def _csv_logger_file(trainer: L.Trainer) -> str | None:
 
 
 class LossPlot(L.Callback):
-    """At the end of a finished ``fit`` (and of a ``validate`` after it), write ``path`` (``loss.png``) from the run's
-    ``metrics.csv`` (rank 0).
+    """At the end of a finished ``fit`` (and of a ``validate`` after it), write ``path`` (``loss.png``) from
+    the run's ``metrics.csv`` (rank 0).
 
     Args:
         path: the PNG to write (the config puts it at ``${output_dir}/loss.png``).

@@ -6,16 +6,17 @@ loss from the log); one NaN step makes every weight NaN, and the checkpoints sav
 
 - every micro-batch loss of the gradient-accumulation window (``on_before_backward`` keeps it on the device:
   no op and no host sync per micro-batch) and the total gradient norm, read together once per step
-  (``on_before_optimizer_step``; with :class:`~hf_lightning.HFLightningModule` the norm is the same pass as the
-  clipping's and the log line's);
+  (``on_before_optimizer_step``; with :class:`~hf_lightning.HFLightningModule` the norm is the same pass as
+  the clipping's and the log line's);
 - non-finite → ``on_nonfinite="stop"`` raises :class:`~hf_lightning.errors.TrainingError` before the update
   (the weights and the last checkpoint stay as they were), ``"skip"`` drops the window's gradients (every
-  ``p.grad = None``, so the optimizer leaves every parameter and its moments untouched, weight decay included),
-  counts the step in ``skipped_steps`` and goes on; ``max_consecutive_skips`` skipped steps in a row stop the run;
+  ``p.grad = None``, so the optimizer leaves every parameter and its moments untouched, weight decay
+  included), counts the step in ``skipped_steps`` and goes on; ``max_consecutive_skips`` skipped steps in a
+  row stop the run;
 - after each update, before any callback can save it, the weights themselves (``on_train_batch_end``, one
-  max-abs reduction per tensor and one host sync per step): an update that overflows a weight to inf/NaN while the
-  loss and the gradient norm were finite (a learning rate far too high) raises :class:`TrainingError` in both
-  modes, since an applied update cannot be skipped; no checkpoint ever holds such weights;
+  max-abs reduction per tensor and one host sync per step): an update that overflows a weight to inf/NaN while
+  the loss and the gradient norm were finite (a learning rate far too high) raises :class:`TrainingError` in
+  both modes, since an applied update cannot be skipped; no checkpoint ever holds such weights;
 - a finite norm above ``grad_norm_threshold``, or ``grad_norm_spike`` times the median of the recent norms, is
   reported at WARNING (``exploding_steps`` counts them); the step itself runs (clipping, if set, bounds it).
 
@@ -85,7 +86,8 @@ class NonFiniteGuard(L.Callback):
             )
         if not isinstance(max_consecutive_skips, int) or max_consecutive_skips < 1:
             raise ConfigError(
-                f"callbacks.nonfinite_guard.max_consecutive_skips must be a positive integer, got {max_consecutive_skips!r}"
+                "callbacks.nonfinite_guard.max_consecutive_skips must be a positive integer, got "
+                f"{max_consecutive_skips!r}"
             )
         for key, value in (
             ("grad_norm_threshold", grad_norm_threshold),
@@ -95,7 +97,8 @@ class NonFiniteGuard(L.Callback):
                 raise ConfigError(f"callbacks.nonfinite_guard.{key} must be > 0 or null, got {value!r}")
         if history < 1 or not 1 <= min_history <= history:
             raise ConfigError(
-                f"callbacks.nonfinite_guard: need history >= min_history >= 1, got history={history}, min_history={min_history}"
+                f"callbacks.nonfinite_guard: need history >= min_history >= 1, got history={history}, "
+                f"min_history={min_history}"
             )
         self.on_nonfinite = on_nonfinite
         self.max_consecutive_skips = max_consecutive_skips
@@ -132,8 +135,8 @@ class NonFiniteGuard(L.Callback):
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.on_nonfinite == "skip" and gradients_outside_params(trainer):
             raise ConfigError(
-                "callbacks.nonfinite_guard.on_nonfinite=skip cannot drop a step under DeepSpeed (its gradients are "
-                "not in p.grad); use on_nonfinite=stop"
+                "callbacks.nonfinite_guard.on_nonfinite=skip cannot drop a step under DeepSpeed (its "
+                "gradients are not in p.grad); use on_nonfinite=stop"
             )
 
     # ------------------------------------------------------------------------------------------ hooks
@@ -189,8 +192,8 @@ class NonFiniteGuard(L.Callback):
         params = [p for opt in trainer.optimizers for g in opt.param_groups for p in g["params"] if p.numel()]
         if not params:
             return
-        # max |w| per tensor (torch's foreach kernel, one launch per dtype/device group): NaN or inf exactly when
-        # the tensor holds one; a 2-norm would overflow on large finite weights
+        # max |w| per tensor (torch's foreach kernel, one launch per dtype/device group): NaN or inf exactly
+        # when the tensor holds one; a 2-norm would overflow on large finite weights
         finite = torch.isfinite(torch.stack([m.float() for m in foreach_norm(params, float("inf"))]))
         bad = not bool(finite.all())  # one host sync per optimizer step
         if trainer.world_size > 1:  # sharded weights (FSDP, DeepSpeed): another rank may hold the bad part
@@ -207,10 +210,10 @@ class NonFiniteGuard(L.Callback):
         lr = trainer.optimizers[0].param_groups[0].get("lr")
         raise TrainingError(
             f"optimizer step {trainer.global_step} (epoch {trainer.current_epoch}): the update made {shown} "
-            "non-finite (NaN/inf) while the loss and the gradient norm were finite, so training stopped before "
-            "anything saved them; every checkpoint already written is intact and holds finite weights (an update "
-            "cannot be undone, so on_nonfinite=skip stops here too). Usual cause: a learning rate too high"
-            + (f" (lr={lr:g} now)" if lr is not None else "")
+            "non-finite (NaN/inf) while the loss and the gradient norm were finite, so training stopped "
+            "before anything saved them; every checkpoint already written is intact and holds finite weights "
+            "(an update cannot be undone, so on_nonfinite=skip stops here too). Usual cause: a learning rate "
+            "too high" + (f" (lr={lr:g} now)" if lr is not None else "")
         )
 
     # ------------------------------------------------------------------------------------------ actions
@@ -218,28 +221,30 @@ class NonFiniteGuard(L.Callback):
         lr = optimizer.param_groups[0].get("lr")
         where = f"optimizer step {step} (epoch {trainer.current_epoch})"
         causes = (
-            f"usual causes: a learning rate too high (lr={lr:g} now), fp16 overflow (try trainer.precision=bf16-mixed), "
-            "or a broken batch"
+            f"usual causes: a learning rate too high (lr={lr:g} now), fp16 overflow (try "
+            "trainer.precision=bf16-mixed), or a broken batch"
             if lr is not None
             else "usual causes: a learning rate too high, fp16 overflow, or a broken batch"
         )
         if self.on_nonfinite == "stop":
             raise TrainingError(
-                f"{where}: {what}, so the update was not applied and training stopped; the weights are those after "
-                f"step {step - 1} and every checkpoint already written is intact. {causes}. To skip such steps "
-                "instead, set callbacks.nonfinite_guard.on_nonfinite=skip"
+                f"{where}: {what}, so the update was not applied and training stopped; the weights are those "
+                f"after step {step - 1} and every checkpoint already written is intact. {causes}. To skip "
+                "such steps instead, set callbacks.nonfinite_guard.on_nonfinite=skip"
             )
         for group in optimizer.param_groups:
             for p in group["params"]:
-                p.grad = None  # torch optimizers skip parameters without a gradient: no update, no decay, no moments
+                # torch optimizers skip parameters without a gradient: no update, no decay, no moments
+                p.grad = None
         self.skipped_steps += 1
         self._consecutive += 1
         log.warning("%s: %s; the update was skipped (%d skipped so far)", where, what, self.skipped_steps)
         _log_metric(trainer, "train/skipped_steps", self.skipped_steps, step)
         if self._consecutive >= self.max_consecutive_skips:
             raise TrainingError(
-                f"{where}: {self._consecutive} optimizer steps in a row had a non-finite loss or gradient and were "
-                f"skipped (callbacks.nonfinite_guard.max_consecutive_skips={self.max_consecutive_skips}): the run "
+                f"{where}: {self._consecutive} optimizer steps in a row had a non-finite loss or gradient "
+                "and were skipped "
+                f"(callbacks.nonfinite_guard.max_consecutive_skips={self.max_consecutive_skips}): the run "
                 f"has diverged. {causes}"
             )
 

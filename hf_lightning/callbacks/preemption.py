@@ -45,7 +45,8 @@ def save_last(trainer: L.Trainer) -> str:
 
 
 def _validates_here_anyway(trainer: L.Trainer) -> bool:
-    """Whether Lightning would validate after this batch even without a stop (``val_check_interval``, epoch end).
+    """Whether Lightning would validate after this batch even without a stop (``val_check_interval``, epoch
+    end).
 
     Lightning's own decision, asked with ``should_stop`` off
     (:func:`~hf_lightning.compat.validates_after_this_batch`)."""
@@ -110,8 +111,9 @@ class Preemption(L.Callback):
             return
         step = trainer.global_step
         for callback in trainer.checkpoint_callbacks:
-            # their own saves of this step first (Lightning runs them after every other callback): the save below
-            # marks the step as saved, and they would skip a periodic checkpoint the run that never stopped has
+            # their own saves of this step first (Lightning runs them after every other callback): the save
+            # below marks the step as saved, and they would skip a periodic checkpoint the run that never
+            # stopped has
             callback.on_train_batch_end(trainer, pl_module, *args)
         saved = [c for c in trainer.checkpoint_callbacks if last_saved_step(c) == step]
         path = next(
@@ -119,8 +121,9 @@ class Preemption(L.Callback):
         ) or save_last(trainer)
         trainer.should_stop = True
         if not _validates_here_anyway(trainer):
-            # Lightning validates whenever a run is asked to stop: a row at the stop step that the run which never
-            # stopped does not have, and time taken from the preemption's grace period. This process ends here
+            # Lightning validates whenever a run is asked to stop: a row at the stop step that the run which
+            # never stopped does not have, and time taken from the preemption's grace period. This process
+            # ends here
             trainer.limit_val_batches = 0
         # the signal number (truthy): the command exits with 128 + it, as a shell reports a killed command
         pl_module.preempted = self.received or signal.SIGTERM  # a rank that only heard of it from another

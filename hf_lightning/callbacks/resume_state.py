@@ -44,9 +44,10 @@ class ResumeState(L.Callback):
     since the checkpoint (batch size, accumulation, world size, max length, seed, dataset fingerprint):
     any of them makes the resumed data order or loss differ from the uninterrupted run.
 
-    A checkpoint written after ``trainer.max_steps`` (or a stop) ended training in the middle of an epoch records
-    that epoch as unfinished (:func:`~hf_lightning.checkpointing.loop_state.reopen_stopped_epoch`): a run
-    continued from it with a larger ``max_steps`` trains the rest of the epoch, as the uninterrupted run does.
+    A checkpoint written after ``trainer.max_steps`` (or a stop) ended training in the middle of an epoch
+    records that epoch as unfinished (:func:`~hf_lightning.checkpointing.loop_state.reopen_stopped_epoch`): a
+    run continued from it with a larger ``max_steps`` trains the rest of the epoch, as the uninterrupted run
+    does.
     """
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:

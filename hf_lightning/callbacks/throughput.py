@@ -17,9 +17,10 @@ Definitions, per log interval (all ranks summed):
 - ``throughput/mfu`` (CUDA only): model FLOPs per second over the device's dense peak for the run's compute
   dtype. Model FLOPs are the PaLM estimate (Chowdhery et al. 2022, appendix B), counted on real tokens:
   ``6 N`` per token (``N``: parameters except the input embedding, whose lookup does no matmul) plus
-  ``12 n_layers d_model T`` per token of a sequence of length ``T`` for attention (``12 n_layers d_model sum T_i^2``
-  over a batch's sequences). Padding counts as no useful work, so MFU falls with the padding share. The estimate
-  is the decoder-only one: for an encoder-decoder model it counts the encoder's input tokens only.
+  ``12 n_layers d_model T`` per token of a sequence of length ``T`` for attention (``12 n_layers d_model sum
+  T_i^2`` over a batch's sequences). Padding counts as no useful work, so MFU falls with the padding share.
+  The estimate is the decoder-only one: for an encoder-decoder model it counts the encoder's input tokens
+  only.
 """
 
 from __future__ import annotations
@@ -61,8 +62,8 @@ def dense_peak_flops(device_name: str) -> float | None:
 
 
 def model_flop_constants(model: torch.nn.Module) -> tuple[int, int, int]:
-    """``(N, n_layers, d_model)`` for the PaLM estimate: parameters except the input embedding, and the config's
-    layer count and width (0 when the config does not say; the attention term is then left out)."""
+    """``(N, n_layers, d_model)`` for the PaLM estimate: parameters except the input embedding, and the
+    config's layer count and width (0 when the config does not say; the attention term is then left out)."""
     embedding = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     skip = {id(p) for p in embedding.parameters()} if isinstance(embedding, torch.nn.Module) else set()
     output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
@@ -227,7 +228,8 @@ class Throughput(L.Callback):
     def state_dict(self) -> dict[str, Any]:
         # the counts since the last row go into the checkpoint, so that the next row after a resume covers the
         # same batches as in a run that never stopped (its padding_share is exact; its rates cover the resumed
-        # part only). Lightning collects callback states on every rank, so the sum over ranks can be taken here
+        # part only). Lightning collects callback states on every rank, so the sum over ranks can be taken
+        # here
         trainer = getattr(self, "_trainer", None)
         counts = self._totals(trainer).cpu().tolist() if trainer is not None and trainer.training else None
         return {"counts_since_log": counts}
@@ -237,7 +239,8 @@ class Throughput(L.Callback):
 
     # ------------------------------------------------------------------------------------------ flush
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """The counts since the last log step join the run totals (kept for a resume's next row as they are)."""
+        """The counts since the last log step join the run totals (kept for a resume's next row as they
+        are)."""
         if getattr(self, "_trainer", None) is None:
             return  # the training loop never started (a resume at the run's end)
         real = float(self._totals(trainer)[0])

@@ -1,12 +1,12 @@
 """Writes into a run folder that a kill, a full disk or a read-only remount cannot half-do.
 
-Every file the run writes (checkpoints, ``hf_model/``, ``final_metrics.json``, a rewrite of ``metrics.csv``) is
-written under a temporary name beginning with :data:`TMP_PREFIX` in the same folder, flushed, ``fsync``'d and
-renamed over its final name (``os.replace``, atomic on POSIX within one filesystem), so a reader sees the old
-version or the new one, never a mix. A folder (``hf_model/``) is written whole under a temporary name and renamed
-into place. A process killed half-way leaves only a temporary entry, which the next start in that folder removes
-(:func:`remove_leftovers`); the folder's owner lock (:mod:`hf_lightning.run_lock`) guarantees no other live
-process is writing it.
+Every file the run writes (checkpoints, ``hf_model/``, ``final_metrics.json``, a rewrite of ``metrics.csv``)
+is written under a temporary name beginning with :data:`TMP_PREFIX` in the same folder, flushed, ``fsync``'d
+and renamed over its final name (``os.replace``, atomic on POSIX within one filesystem), so a reader sees the
+old version or the new one, never a mix. A folder (``hf_model/``) is written whole under a temporary name and
+renamed into place. A process killed half-way leaves only a temporary entry, which the next start in that
+folder removes (:func:`remove_leftovers`); the folder's owner lock (:mod:`hf_lightning.run_lock`) guarantees
+no other live process is writing it.
 
 A write that fails on the disk (full, quota, read-only, permissions) becomes one
 :class:`~hf_lightning.errors.TrainingError` naming the path, the reason and the free space
@@ -31,7 +31,8 @@ TMP_PREFIX = ".tmp-"
 
 
 def free_space(folder: str) -> str:
-    """Free space of the filesystem holding ``folder`` (or its nearest existing parent), e.g. ``'12.5 MiB'``."""
+    """Free space of the filesystem holding ``folder`` (or its nearest existing parent), e.g. ``'12.5
+    MiB'``."""
     while folder and not os.path.isdir(folder):
         folder = os.path.dirname(folder)
     try:
@@ -42,14 +43,19 @@ def free_space(folder: str) -> str:
 
 
 def write_failure_message(what: str, path: str, err: OSError, kept: str, then: str = "") -> str:
-    """``could not write WHAT PATH: REASON (ERRNO); KEPT; free space there: N MiB. FIX[; THEN]`` on one line."""
+    """``could not write WHAT PATH: REASON (ERRNO); KEPT; free space there: N MiB. FIX[; THEN]`` on one
+    line."""
     reason = err.strerror or str(err)
     code = errno.errorcode.get(err.errno, "") if err.errno is not None else ""
     hint = {
         errno.ENOSPC: "free space on that disk or write the run elsewhere (hydra.run.dir=...)",
-        errno.EDQUOT: "the disk quota is exhausted: free space or write the run elsewhere (hydra.run.dir=...)",
-        errno.EACCES: "the folder is not writable by this user: fix its permissions or choose another hydra.run.dir",
-        errno.EPERM: "the folder is not writable by this user: fix its permissions or choose another hydra.run.dir",
+        errno.EDQUOT: (
+            "the disk quota is exhausted: free space or write the run elsewhere (hydra.run.dir=...)"
+        ),
+        errno.EACCES: "the folder is not writable by this user: fix its permissions or choose another "
+        "hydra.run.dir",
+        errno.EPERM: "the folder is not writable by this user: fix its permissions or choose another "
+        "hydra.run.dir",
         errno.EROFS: "the filesystem is read-only: make it writable again, or choose another hydra.run.dir",
     }.get(err.errno, "check the folder and the disk")
     return (
@@ -59,8 +65,8 @@ def write_failure_message(what: str, path: str, err: OSError, kept: str, then: s
 
 
 class RecordingWriter:
-    """A binary file wrapper for ``torch.save``: hashes what is written (SHA-256) and keeps the first ``OSError``
-    (torch re-raises it as a ``RuntimeError`` without the errno)."""
+    """A binary file wrapper for ``torch.save``: hashes what is written (SHA-256) and keeps the first
+    ``OSError`` (torch re-raises it as a ``RuntimeError`` without the errno)."""
 
     def __init__(self, fh: Any) -> None:
         self.fh = fh
@@ -136,7 +142,8 @@ def write_json(path: str, value: Any, what: str, then: str = "") -> None:
     """``json.dump(value)`` to ``path`` atomically.
 
     Raises:
-        TrainingError: the disk refused the write (:func:`write_failure_message`; the previous file is intact).
+        TrainingError: the disk refused the write (:func:`write_failure_message`; the previous file is
+        intact).
     """
     from hf_lightning.errors import TrainingError
 
@@ -155,8 +162,9 @@ def atomic_folder(path: str) -> Iterator[str]:
     """Yield a temporary folder beside ``path`` to fill; on a clean exit it replaces ``path`` (an existing
     ``path`` is first renamed aside, then removed), on an exception it is removed and ``path`` is untouched.
 
-    A kill between the two renames leaves no ``path`` and the previous version under a temporary name: the next
-    start removes it, and a resume writes ``path`` again (:func:`hf_lightning.train` completes a finished run)."""
+    A kill between the two renames leaves no ``path`` and the previous version under a temporary name: the
+    next start removes it, and a resume writes ``path`` again (:func:`hf_lightning.train` completes a finished
+    run)."""
     parent = os.path.dirname(os.path.abspath(path))
     tmp = tempfile.mkdtemp(prefix=TMP_PREFIX + os.path.basename(path) + ".", dir=parent)
     try:

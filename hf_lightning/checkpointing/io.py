@@ -1,12 +1,13 @@
 """Checkpoint files that a kill cannot half-write and bit rot cannot pass off as intact.
 
 Each checkpoint ``X.ckpt`` is written to a temporary file in its folder, fsync'd and renamed into place
-(:mod:`hf_lightning.checkpointing.files`), and comes with ``X.ckpt.sha256``: the SHA-256 of its bytes, computed
-while they were written, in ``sha256sum`` format (``sha256sum -c X.ckpt.sha256`` checks it by hand). Every load
-through :class:`AtomicCheckpointIO` and every resume check (:mod:`hf_lightning.checkpointing.resume`) verifies it.
+(:mod:`hf_lightning.checkpointing.files`), and comes with ``X.ckpt.sha256``: the SHA-256 of its bytes,
+computed while they were written, in ``sha256sum`` format (``sha256sum -c X.ckpt.sha256`` checks it by hand).
+Every load through :class:`AtomicCheckpointIO` and every resume check
+(:mod:`hf_lightning.checkpointing.resume`) verifies it.
 
-Between the checkpoint's rename and the sidecar's rewrite the sidecar lists the old and the new hash, so a kill
-there leaves a pair that still verifies; a file that matches neither was changed after it was written.
+Between the checkpoint's rename and the sidecar's rewrite the sidecar lists the old and the new hash, so a
+kill there leaves a pair that still verifies; a file that matches neither was changed after it was written.
 """
 
 from __future__ import annotations
@@ -88,8 +89,9 @@ def checksum_problem(path: str) -> str | None:
     if _VERIFIED[key]:
         return None
     return (
-        f"is damaged: its SHA-256 does not match the one written with it ({os.path.basename(checksum_path(path))}), "
-        "so its bytes changed after it was saved (a failing disk or an incomplete copy)"
+        "is damaged: its SHA-256 does not match the one written with it "
+        f"({os.path.basename(checksum_path(path))}), so its bytes changed after it was saved (a failing disk "
+        "or an incomplete copy)"
     )
 
 

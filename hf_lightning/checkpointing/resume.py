@@ -1,10 +1,10 @@
 """Find the checkpoint to resume from, and refuse one that cannot give an exact resume.
 
-``ckpt_path=last`` is the newest state of the run in its checkpoint folder: ``last.ckpt``; when the run was killed
-before writing its first ``last.ckpt``, the newest intact periodic checkpoint (said in a note); when it was killed
-before any checkpoint, step 0 (said in a note). A ``last.ckpt`` that exists but is damaged (its bytes fail their
-checksum, or it is not a readable checkpoint) is refused: the message names the newest intact checkpoint, and
-passing that one as ``ckpt_path`` resumes from it in the same folder.
+``ckpt_path=last`` is the newest state of the run in its checkpoint folder: ``last.ckpt``; when the run was
+killed before writing its first ``last.ckpt``, the newest intact periodic checkpoint (said in a note); when it
+was killed before any checkpoint, step 0 (said in a note). A ``last.ckpt`` that exists but is damaged (its
+bytes fail their checksum, or it is not a readable checkpoint) is refused: the message names the newest intact
+checkpoint, and passing that one as ``ckpt_path`` resumes from it in the same folder.
 """
 
 from __future__ import annotations
@@ -107,8 +107,8 @@ def remember_resolved(
     checkpoint_dir: str | None,
     resolved: str | None,
 ) -> None:
-    """Keep the run-folder guard's answer for ``train()``'s own call (so the notes are said once and the answer
-    does not change after Hydra has written ``.hydra/`` into the folder)."""
+    """Keep the run-folder guard's answer for ``train()``'s own call (so the notes are said once and the
+    answer does not change after Hydra has written ``.hydra/`` into the folder)."""
     _RESOLVED[(ckpt_path, output_dir, weights_only, checkpoint_dir)] = resolved
 
 
@@ -119,12 +119,13 @@ def find_resume_checkpoint(
 
     ``last`` means ``<checkpoint_dir>/last.ckpt`` (``checkpoint_dir``: ``callbacks.model_checkpoint.dirpath``,
     default ``<output_dir>/checkpoints``); without that file, the newest intact checkpoint there, or ``None``
-    (step 0) for a run stopped before any checkpoint. A checkpoint must hold the model, optimizer and scheduler
-    states and the loop state, unless ``weights_only`` (then only the weights are loaded and the run starts at
-    step 0).
+    (step 0) for a run stopped before any checkpoint. A checkpoint must hold the model, optimizer and
+    scheduler states and the loop state, unless ``weights_only`` (then only the weights are loaded and the run
+    starts at step 0).
 
     Raises:
-        ConfigError: ``last`` in a folder that holds no run; a missing file; a damaged file (checksum mismatch,
+        ConfigError: ``last`` in a folder that holds no run; a missing file; a damaged file (checksum
+        mismatch,
             unreadable) or one without optimizer/scheduler state. The message names the file and the newest
             intact checkpoint of its folder, which resumes when passed as ``ckpt_path``.
     """
@@ -165,8 +166,8 @@ def _without_last(path: str, folder: str, output_dir: str, weights_only: bool) -
     alternative, step = newest_intact(folder, weights_only)
     if alternative is not None:
         note(
-            f"ckpt_path=last: there is no {path} (the run stopped before writing it): resuming from the newest "
-            f"intact checkpoint, {alternative}{_step(step)}"
+            f"ckpt_path=last: there is no {path} (the run stopped before writing it): resuming from the "
+            f"newest intact checkpoint, {alternative}{_step(step)}"
         )
         return alternative
     damaged = _candidates(folder)
@@ -175,8 +176,8 @@ def _without_last(path: str, folder: str, output_dir: str, weights_only: bool) -
             f"{os.path.basename(p)} {checkpoint_problem(p, weights_only)[0]}" for p in damaged[:3]
         )
         raise ConfigError(
-            f"ckpt_path=last: there is no {path}, and no checkpoint in {folder} can be resumed from ({shown}); "
-            "start the run again in a new hydra.run.dir"
+            f"ckpt_path=last: there is no {path}, and no checkpoint in {folder} can be resumed from "
+            f"({shown}); start the run again in a new hydra.run.dir"
         )
     started, finished = run_traces(output_dir, folder)
     if finished:
@@ -191,8 +192,8 @@ def _without_last(path: str, folder: str, output_dir: str, weights_only: bool) -
         )
         return None
     raise ConfigError(
-        f"ckpt_path=last: no checkpoint at {path}, and {output_dir} holds no stopped run to resume. Resume needs "
-        "the folder of that run (hydra.run.dir=...); to start a new run here instead, drop ckpt_path"
+        f"ckpt_path=last: no checkpoint at {path}, and {output_dir} holds no stopped run to resume. Resume "
+        "needs the folder of that run (hydra.run.dir=...); to start a new run here instead, drop ckpt_path"
     )
 
 

@@ -21,13 +21,15 @@ MODEL_PREFIX = "model."  # HFLightningModule keeps the HF model under .model
 def weights_mismatch_message(ckpt_path: str, model_path: Any, details: str) -> str:
     """The one-line refusal for a checkpoint whose weights do not fit the model built from ``model_path``."""
     return (
-        f"ckpt_path={ckpt_path}: its weights do not fit the model of model.name_or_path={model_path} ({details}); "
-        "use the model.name_or_path (and model.* overrides) of the run that wrote the checkpoint"
+        f"ckpt_path={ckpt_path}: its weights do not fit the model of model.name_or_path={model_path} "
+        f"({details}); use the model.name_or_path (and model.* overrides) of the run that wrote the "
+        "checkpoint"
     )
 
 
 def summarize_load_error(err: BaseException) -> str:
-    """``load_state_dict``'s RuntimeError in a few words: per kind of problem, the count and the first keys."""
+    """``load_state_dict``'s RuntimeError in a few words: per kind of problem, the count and the first
+    keys."""
     parts = []
     for line in str(err).splitlines()[1:]:
         line = line.strip().rstrip(".")
@@ -47,8 +49,8 @@ def summarize_load_error(err: BaseException) -> str:
 def load_model_weights(module: torch.nn.Module, ckpt_path: str, model_path: Any) -> int:
     """Load the ``model.*`` weights of the Lightning checkpoint ``ckpt_path`` into ``module``.
 
-    Keys outside ``model.`` (metric states, extra state) may be absent or extra; every model weight must be present,
-    known and of the same shape.
+    Keys outside ``model.`` (metric states, extra state) may be absent or extra; every model weight must be
+    present, known and of the same shape.
 
     Returns:
         The checkpoint's ``global_step`` (``-1`` when it has none).

@@ -1,5 +1,5 @@
-"""The config side of the entry points: the one builder (:mod:`~hf_lightning.config.build`), the schema pass that
-checks a composed config before anything is built (:mod:`~hf_lightning.config.schema`, with the HF
+"""The config side of the entry points: the one builder (:mod:`~hf_lightning.config.build`), the schema pass
+that checks a composed config before anything is built (:mod:`~hf_lightning.config.schema`, with the HF
 ``TrainingArguments`` names of :mod:`~hf_lightning.config.hf_names`), the command-line group precedence
 (:mod:`~hf_lightning.config.choices`) and the Hydra callback that summarises a sweep. The library itself never
 imports this package."""

@@ -4,8 +4,9 @@
 Every group names what it builds with ``_target_`` (``model``: :class:`~hf_lightning.models.ModelLoader`;
 ``data``, ``module``, ``optim``, ``scheduler``: partials, completed here with what only the builder has: the
 tokenizer, the model, the optimizer). Order, cheapest checks first: :func:`check` (the schema pass, HF's
-``max_steps`` rule, missing packages), the seed, the Trainer (a multirun that would relaunch the command line is
-refused here), then tokenizer, data, model and module. What differs between the purposes is only the Trainer:
+``max_steps`` rule, missing packages), the seed, the Trainer (a multirun that would relaunch the command line
+is refused here), then tokenizer, data, model and module. What differs between the purposes is only the
+Trainer:
 
 ========== =================================================================================================
 train      ``trainer`` as configured, with the ``callbacks``, ``logger`` and the best-model checkpoint
@@ -59,7 +60,8 @@ def check(cfg: DictConfig, purpose: Purpose = "train") -> Any:
     training only, ``None`` when none is given). Call it once per config (the schedule is applied to ``cfg``).
 
     Raises:
-        ConfigError: the schema pass (:func:`~hf_lightning.config.schema.validate_config`), a bad HF step key, or
+        ConfigError: the schema pass (:func:`~hf_lightning.config.schema.validate_config`), a bad HF step key,
+        or
             a missing package.
     """
     from hf_lightning.config.choices import apply_group_precedence, say
@@ -176,8 +178,8 @@ def _evaluate_trainer(cfg: DictConfig) -> Any:
         devices = 1
     elif processes > 1:
         raise ConfigError(
-            f"trainer.devices={devices} with trainer.num_nodes={nodes}: python -m hf_lightning.evaluate runs on one "
-            "device (its predictions are not yet gathered across processes in dataset order); set "
+            f"trainer.devices={devices} with trainer.num_nodes={nodes}: python -m hf_lightning.evaluate runs "
+            "on one device (its predictions are not yet gathered across processes in dataset order); set "
             "trainer.devices=1 trainer.num_nodes=1"
         )
     strategy = cfg.trainer.get("strategy", "auto")
@@ -218,7 +220,8 @@ def _inspect_trainer(cfg: DictConfig) -> Any:
 
 
 def _precision(cfg: DictConfig, strategy: Any = None) -> dict[str, Any]:
-    """``{"precision": None, "plugins": [bf16 plugin]}`` where our bf16 plugin replaces Lightning's, else ``{}``."""
+    """``{"precision": None, "plugins": [bf16 plugin]}`` where our bf16 plugin replaces Lightning's, else
+    ``{}``."""
     from hf_lightning.strategies.precision import precision_plugin
 
     trainer_cfg = OmegaConf.to_container(cfg.trainer, resolve=True)
@@ -291,10 +294,10 @@ def _optimizer_partial(cfg: DictConfig, trainer: Any) -> Any:
 
 
 def with_best_model(cfg: DictConfig, callbacks: list[Any], schedule: Any = None) -> list[Any]:
-    """HF's ``metric_for_best_model``: add a ``best`` checkpoint (never rotated out) and point early stopping at it.
-    With HF step keys (``schedule``), :class:`~hf_lightning.callbacks.hf_steps.HFSteps` goes first; with
-    ``load_best_model_at_end``, :class:`~hf_lightning.callbacks.load_best.LoadBestModel` keeps ``best.ckpt`` by
-    HF's rule (metric ``loss`` when none is named, as HF) and ``hf_model/`` gets its weights.
+    """HF's ``metric_for_best_model``: add a ``best`` checkpoint (never rotated out) and point early stopping
+    at it. With HF step keys (``schedule``), :class:`~hf_lightning.callbacks.hf_steps.HFSteps` goes first;
+    with ``load_best_model_at_end``, :class:`~hf_lightning.callbacks.load_best.LoadBestModel` keeps
+    ``best.ckpt`` by HF's rule (metric ``loss`` when none is named, as HF) and ``hf_model/`` gets its weights.
 
     Raises:
         ConfigError: a metric not ending in ``loss`` without ``greater_is_better``.
@@ -312,7 +315,8 @@ def with_best_model(cfg: DictConfig, callbacks: list[Any], schedule: Any = None)
     monitor, mode = resolve_monitor(cfg.get("metric_for_best_model") or "loss", cfg.get("greater_is_better"))
     if load_best and not steps:  # check() refuses it first; a caller that skipped check() gets the same words
         raise ConfigError(
-            "load_best_model_at_end=true needs an evaluation schedule: give eval_steps=N (or eval_strategy=epoch)"
+            "load_best_model_at_end=true needs an evaluation schedule: give eval_steps=N (or "
+            "eval_strategy=epoch)"
         )
     if load_best:
         # before HFSteps (the save at an evaluation step stores the best state) and before HFExport (it loads)

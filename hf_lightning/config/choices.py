@@ -1,14 +1,17 @@
-"""A config group the user names on the command line wins over what ``+experiment=...`` sets for the same keys.
+"""A config group the user names on the command line wins over what ``+experiment=...`` sets for the same
+keys.
 
-Hydra merges an experiment (``# @package _global_``) after the defaults list, so ``+experiment=sft trainer=debug``
-would run with sft's ``trainer.val_check_interval`` and ``log_every_n_steps``, not debug's "4 steps, validation
-every 2": the option the user typed would lose silently. Here the keys that the named option's own file sets
-(its ``defaults`` excluded) take that file's value again wherever the experiment set them too, unless the key
-itself is on the command line (``trainer.val_check_interval=0.5`` wins over both). Each key taken back is said.
+Hydra merges an experiment (``# @package _global_``) after the defaults list, so ``+experiment=sft
+trainer=debug`` would run with sft's ``trainer.val_check_interval`` and ``log_every_n_steps``, not debug's "4
+steps, validation every 2": the option the user typed would lose silently. Here the keys that the named
+option's own file sets (its ``defaults`` excluded) take that file's value again wherever the experiment set
+them too, unless the key itself is on the command line (``trainer.val_check_interval=0.5`` wins over both).
+Each key taken back is said.
 
-:class:`CommandLineGroupsWin` (``hydra.callbacks.group_choices`` in ``train.yaml``) does it before Hydra writes
-``.hydra/config.yaml``, so the saved config is the run's; :func:`hf_lightning.config.build.check` repeats it for a
-multirun job and :func:`~hf_lightning.config.compose.compose_train` for a config composed from Python.
+:class:`CommandLineGroupsWin` (``hydra.callbacks.group_choices`` in ``train.yaml``) does it before Hydra
+writes ``.hydra/config.yaml``, so the saved config is the run's; :func:`hf_lightning.config.build.check`
+repeats it for a multirun job and :func:`~hf_lightning.config.compose.compose_train` for a config composed
+from Python.
 """
 
 from __future__ import annotations
@@ -40,7 +43,8 @@ def _package(path: str, group: str) -> str:
 
 
 def _file_keys(group: str, option: str) -> dict[str, Any] | None:
-    """``{dotted key: value}`` that ``conf/GROUP/OPTION.yaml`` sets itself (unresolved); ``None`` if no such file."""
+    """``{dotted key: value}`` that ``conf/GROUP/OPTION.yaml`` sets itself (unresolved); ``None`` if no such
+    file."""
     path = os.path.join(CONF_DIR, group, f"{option}.yaml")
     if not os.path.isfile(path):
         return None
@@ -75,8 +79,8 @@ def apply_group_precedence(cfg: DictConfig, overrides: Iterable[str] | None) -> 
     """Give the keys of each group option on the command line back their option's values where the experiment
     set them; returns ``["trainer.val_check_interval: 0.5 -> 2 (trainer=debug over +experiment=sft)", ...]``.
 
-    ``overrides=None`` (no command line) or no ``+experiment=`` changes nothing; an option or experiment file that
-    is not in this package's ``conf/`` (a user's own search path) is left to Hydra's order.
+    ``overrides=None`` (no command line) or no ``+experiment=`` changes nothing; an option or experiment file
+    that is not in this package's ``conf/`` (a user's own search path) is left to Hydra's order.
     """
     if not overrides:
         return []

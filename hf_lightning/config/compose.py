@@ -20,8 +20,8 @@ def compose_train(
 
     Args:
         overrides: command-line overrides (``+experiment=sft``, ``optim.lr=1e-4``, ``strategy=ddp``).
-        output_dir: the run folder to write to (``${hydra:runtime.output_dir}`` has no value outside a Hydra run).
-        return_hydra_config: keep the ``hydra`` node (launcher, sweeper).
+        output_dir: the run folder to write to (``${hydra:runtime.output_dir}`` has no value outside a Hydra
+        run). return_hydra_config: keep the ``hydra`` node (launcher, sweeper).
 
     Raises:
         hydra.errors.HydraException: an override that does not compose (unknown group option, unknown key).

@@ -37,8 +37,8 @@ def cross_field_errors(c: Mapping[str, Any]) -> list[str]:
 
     if accelerator == "cpu" and precision in ("16-mixed", "16-true"):
         errors.append(
-            f"trainer.precision={precision} on trainer.accelerator=cpu: float16 autocast needs a GPU; allowed values "
-            "on cpu: 32-true, bf16-mixed, bf16-true"
+            f"trainer.precision={precision} on trainer.accelerator=cpu: float16 autocast needs a GPU; "
+            "allowed values on cpu: 32-true, bf16-mixed, bf16-true"
         )
 
     strategy = trainer.get("strategy")
@@ -46,7 +46,8 @@ def cross_field_errors(c: Mapping[str, Any]) -> list[str]:
     if accelerator == "cpu" and ("fsdp" in target.lower() or "deepspeed" in target.lower()):
         errors.append(
             f"trainer.strategy={target} on trainer.accelerator=cpu: FSDP and DeepSpeed run on GPUs here; "
-            "allowed strategies on cpu: auto, ddp (trainer.accelerator=gpu for fsdp, deepspeed_zero2, deepspeed_zero3)"
+            "allowed strategies on cpu: auto, ddp (trainer.accelerator=gpu for fsdp, deepspeed_zero2, "
+            "deepspeed_zero3)"
         )
     if "deepspeed" in target.lower() and isinstance(strategy, Mapping):
         from hf_lightning.strategies.deepspeed import deepspeed_config
@@ -78,13 +79,13 @@ def cross_field_errors(c: Mapping[str, Any]) -> list[str]:
             errors.append(refusal)
         if model.get("name_or_path") is None:
             errors.append(
-                "peft=qlora with model.name_or_path=null: QLoRA quantizes pretrained weights; set model.name_or_path "
-                "to a model folder or hub id"
+                "peft=qlora with model.name_or_path=null: QLoRA quantizes pretrained weights; set "
+                "model.name_or_path to a model folder or hub id"
             )
     if model.get("gradient_checkpointing") and "fsdp" in target.lower():
         errors.append(
-            "model.gradient_checkpointing=true with strategy=fsdp: FSDP checkpoints its wrapped layers itself; "
-            "use strategy.activation_checkpointing=true (allowed: model.gradient_checkpointing=false)"
+            "model.gradient_checkpointing=true with strategy=fsdp: FSDP checkpoints its wrapped layers "
+            "itself; use strategy.activation_checkpointing=true (allowed: model.gradient_checkpointing=false)"
         )
     errors += optim_config_errors(c)  # hf_lightning.module.optim: CUDA-only names, metric-driven schedules
     return errors

@@ -1,14 +1,14 @@
 """HF ``TrainingArguments``' run-level names, top level of our config, with HF's semantics.
 
 Why top level: these keys say *when* things happen over the whole run (in optimizer steps), which is neither a
-``lightning.Trainer`` argument (``trainer.val_check_interval`` counts micro-batches and restarts each epoch) nor
-one callback's (evaluation, saving, logging and the best model are decided together, as HF's
+``lightning.Trainer`` argument (``trainer.val_check_interval`` counts micro-batches and restarts each epoch)
+nor one callback's (evaluation, saving, logging and the best model are decided together, as HF's
 ``DefaultFlowCallback`` does). HF users write them flat, so flat they stay, under HF's names.
 
 :data:`HF_RUN_KEYS` is the whole list. Every key defaults to "not given" (``null``, ``false``), and then
 Lightning's own knobs (``trainer.val_check_interval``, ``trainer.log_every_n_steps``,
-``callbacks.model_checkpoint.every_n_train_steps``) decide, as before. :func:`resolve_schedule` checks the keys
-and turns them into a :class:`StepSchedule`; :func:`apply_schedule` makes Lightning's knobs step aside.
+``callbacks.model_checkpoint.every_n_train_steps``) decide, as before. :func:`resolve_schedule` checks the
+keys and turns them into a :class:`StepSchedule`; :func:`apply_schedule` makes Lightning's knobs step aside.
 """
 
 from __future__ import annotations
@@ -46,7 +46,8 @@ SAVE_KNOBS = ("callbacks.model_checkpoint.every_n_train_steps",)
 
 @dataclass(frozen=True)
 class StepSchedule:
-    """When to evaluate, save and log, as HF ``TrainingArguments`` say it (``None``: Lightning's knobs decide).
+    """When to evaluate, save and log, as HF ``TrainingArguments`` say it (``None``: Lightning's knobs
+    decide).
 
     ``*_steps`` may be a ratio (a float in (0, 1)) of the run's optimizer steps, resolved by :meth:`steps`
     as HF's ``TrainerState.compute_steps`` does: ``ceil(max_steps * ratio)``.
@@ -92,8 +93,8 @@ def _strategy(key: str, value: Any) -> list[str]:
         return []
     if key == "save_strategy" and value == "best":
         return [
-            "save_strategy='best' is not supported: use save_strategy=steps or epoch with load_best_model_at_end=true "
-            "(checkpoints/best.ckpt holds the best one)"
+            "save_strategy='best' is not supported: use save_strategy=steps or epoch with "
+            "load_best_model_at_end=true (checkpoints/best.ckpt holds the best one)"
         ]
     return [f"{key}={value!r}: allowed values: null, {', '.join(STRATEGIES)}"]
 
@@ -103,8 +104,8 @@ def resolve_schedule(cfg: Mapping[str, Any], given: Iterable[str] | None = None)
 
     - ``eval_steps`` alone means ``eval_strategy=steps``; ``eval_strategy=steps`` without ``eval_steps`` takes
       ``logging_steps`` (HF's fallback); ``save_steps`` alone means ``save_strategy=steps``.
-    - With an evaluation schedule and no save schedule, checkpoints follow the evaluations (our default saves after
-      every validation).
+    - With an evaluation schedule and no save schedule, checkpoints follow the evaluations (our default saves
+      after every validation).
     - ``load_best_model_at_end=true`` needs an evaluation schedule whose strategy the saves share and, for
       ``steps``, ``save_steps`` a multiple of ``eval_steps`` (HF's own checks).
 
@@ -113,8 +114,10 @@ def resolve_schedule(cfg: Mapping[str, Any], given: Iterable[str] | None = None)
         given: the keys given on the command line (``None``: unknown, no clash check).
 
     Raises:
-        ConfigError: a bad value, a key that would be ignored (``eval_steps`` with ``eval_strategy=epoch``), an
-            HF key given together with the Lightning knob it replaces, or a ``load_best_model_at_end`` HF refuses.
+        ConfigError: a bad value, a key that would be ignored (``eval_steps`` with ``eval_strategy=epoch``),
+        an
+            HF key given together with the Lightning knob it replaces, or a ``load_best_model_at_end`` HF
+            refuses.
     """
     errors: list[str] = []
     get = cfg.get
@@ -144,8 +147,8 @@ def resolve_schedule(cfg: Mapping[str, Any], given: Iterable[str] | None = None)
     for strategy, name in ((eval_strategy, "eval"), (save_strategy, "save")):
         if strategy in ("epoch", "no") and get(f"{name}_steps") is not None:
             errors.append(
-                f"{name}_steps={get(f'{name}_steps')} with {name}_strategy={strategy}: the steps would be ignored; "
-                f"drop {name}_steps or set {name}_strategy=steps"
+                f"{name}_steps={get(f'{name}_steps')} with {name}_strategy={strategy}: the steps would be "
+                f"ignored; drop {name}_steps or set {name}_strategy=steps"
             )
     if save_strategy is None and eval_strategy in ("steps", "epoch"):
         save_strategy, save_steps = eval_strategy, eval_steps
@@ -167,23 +170,23 @@ def resolve_schedule(cfg: Mapping[str, Any], given: Iterable[str] | None = None)
 def _load_best_errors(eval_strategy: Any, eval_steps: Any, save_strategy: Any, save_steps: Any) -> list[str]:
     if eval_strategy in (None, "no"):
         return [
-            "load_best_model_at_end=true needs evaluations to choose from: set eval_strategy=steps with eval_steps=N, "
-            "or eval_strategy=epoch"
+            "load_best_model_at_end=true needs evaluations to choose from: set eval_strategy=steps with "
+            "eval_steps=N, or eval_strategy=epoch"
         ]
     if save_strategy != eval_strategy:
         return [
-            f"load_best_model_at_end=true needs save_strategy equal to eval_strategy (got {save_strategy} and "
-            f"{eval_strategy}), as HF requires"
+            f"load_best_model_at_end=true needs save_strategy equal to eval_strategy (got {save_strategy} "
+            f"and {eval_strategy}), as HF requires"
         ]
     if eval_strategy == "steps" and (eval_steps < 1) != (save_steps < 1):
         return [
-            f"load_best_model_at_end=true with save_steps={save_steps} and eval_steps={eval_steps}: mixing a ratio "
-            "and a step count cannot guarantee saves at evaluation steps; give both the same kind"
+            f"load_best_model_at_end=true with save_steps={save_steps} and eval_steps={eval_steps}: mixing a "
+            "ratio and a step count cannot guarantee saves at evaluation steps; give both the same kind"
         ]
     if eval_strategy == "steps" and round(save_steps * 1_000_000) % round(eval_steps * 1_000_000):
         return [
-            f"load_best_model_at_end=true needs save_steps={save_steps} to be a multiple of eval_steps={eval_steps} "
-            "(HF's rule: the best model must be a saved one)"
+            f"load_best_model_at_end=true needs save_steps={save_steps} to be a multiple of "
+            f"eval_steps={eval_steps} (HF's rule: the best model must be a saved one)"
         ]
     return []
 
@@ -200,8 +203,8 @@ def _clashes(given: set[str], cfg: Mapping[str, Any]) -> list[str]:
         for knob in knobs:
             if hf and knob in given:  # given_keys drops the +, ++ and ~ prefixes
                 errors.append(
-                    f"{hf[0]}={cfg.get(hf[0])} and {knob} are both given: {hf[0]} counts optimizer steps over the "
-                    f"whole run (HF's semantics) and replaces {knob}; drop one"
+                    f"{hf[0]}={cfg.get(hf[0])} and {knob} are both given: {hf[0]} counts optimizer steps "
+                    f"over the whole run (HF's semantics) and replaces {knob}; drop one"
                 )
     return errors
 
@@ -219,7 +222,8 @@ def apply_schedule(cfg: DictConfig, schedule: StepSchedule) -> None:
     - an evaluation schedule: ``trainer.val_check_interval=null`` and ``trainer.check_val_every_n_epoch=1``
       (every epoch may validate; :class:`~hf_lightning.callbacks.hf_steps.HFSteps` picks the steps);
       ``eval_strategy=no``: ``trainer.limit_val_batches=0`` (no validation, the final one included);
-    - a save schedule: ``callbacks.model_checkpoint.every_n_train_steps=null`` (``HFSteps`` triggers the saves);
+    - a save schedule: ``callbacks.model_checkpoint.every_n_train_steps=null`` (``HFSteps`` triggers the
+      saves);
     - ``logging_steps``: ``trainer.log_every_n_steps`` (already counted in optimizer steps over the run by
       :class:`~hf_lightning.HFLightningModule`); a ratio is resolved when the run's length is known.
     """
@@ -237,11 +241,12 @@ def apply_schedule(cfg: DictConfig, schedule: StepSchedule) -> None:
 
 
 def prepare_schedule(cfg: DictConfig) -> StepSchedule | None:
-    """The HF run-level keys (``eval_steps``, ``save_steps``, ``logging_steps``, ...) checked, resolved and applied
-    to Lightning's knobs (:mod:`hf_lightning.config.hf_args`); ``None`` when none is given.
+    """The HF run-level keys (``eval_steps``, ``save_steps``, ``logging_steps``, ...) checked, resolved and
+    applied to Lightning's knobs (:mod:`hf_lightning.config.hf_args`); ``None`` when none is given.
 
     Raises:
-        ConfigError: a bad value, a clash with the Lightning knob it replaces, or ``load_best_model_at_end`` under
+        ConfigError: a bad value, a clash with the Lightning knob it replaces, or ``load_best_model_at_end``
+        under
             a strategy whose checkpoints are not one file (FSDP, DeepSpeed).
     """
     from hf_lightning.config.run_length import command_line_overrides, given_keys
@@ -253,8 +258,9 @@ def prepare_schedule(cfg: DictConfig) -> StepSchedule | None:
         target = str(strategy.get("_target_", "") if isinstance(strategy, DictConfig) else strategy)
         if "fsdp" in target.lower() or "deepspeed" in target.lower():
             raise ConfigError(
-                f"load_best_model_at_end=true with trainer.strategy={target}: not supported yet (its checkpoints "
-                "are sharded); drop load_best_model_at_end and export checkpoints/best.ckpt yourself"
+                f"load_best_model_at_end=true with trainer.strategy={target}: not supported yet (its "
+                "checkpoints are sharded); drop load_best_model_at_end and export checkpoints/best.ckpt "
+                "yourself"
             )
     if not is_active(schedule):
         return None

@@ -1,12 +1,13 @@
 """HF ``TrainingArguments`` names at the top level of a config: our key for each, or why it is not honoured.
 
 A Trainer user writes ``+learning_rate=5e-5``; Hydra would store it and the run would ignore it. The schema's
-closed top level refuses it with our key instead (``learning_rate is HF's name: use optim.lr=5e-05``). Every field
-of the installed ``transformers.TrainingArguments`` is in :data:`OURS` or :data:`NOT_HONOURED` (a test checks it,
-so a new transformers field shows up as one failing test). Names that are ours too (``seed``, ``output_dir``, and
-:data:`~hf_lightning.config.hf_args.HF_RUN_KEYS`: ``eval_steps``, ``metric_for_best_model``, ...) are accepted by the
-schema before this table is read. TODO (coordinator): :mod:`hf_lightning.migrate_fields` holds a second table of
-the same fields for ``python -m hf_lightning.migrate``; one of the two should read the other.
+closed top level refuses it with our key instead (``learning_rate is HF's name: use optim.lr=5e-05``). Every
+field of the installed ``transformers.TrainingArguments`` is in :data:`OURS` or :data:`NOT_HONOURED` (a test
+checks it, so a new transformers field shows up as one failing test). Names that are ours too (``seed``,
+``output_dir``, and :data:`~hf_lightning.config.hf_args.HF_RUN_KEYS`: ``eval_steps``,
+``metric_for_best_model``, ...) are accepted by the schema before this table is read. TODO (coordinator):
+:mod:`hf_lightning.migrate_fields` holds a second table of the same fields for ``python -m
+hf_lightning.migrate``; one of the two should read the other.
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ OURS: dict[str, _Key] = {
     "num_train_epochs": "trainer.max_epochs={value}",
     "max_steps": "trainer.max_steps={value}",
     "learning_rate": "optim.lr={value}",
-    "lr_scheduler_type": "scheduler={value} (constant, linear, cosine; constant_with_warmup as scheduler.name)",
+    "lr_scheduler_type": "scheduler={value} (constant, linear, cosine; constant_with_warmup as "
+    "scheduler.name)",
     "warmup_steps": "scheduler.warmup_steps={value} (a fraction of the run: scheduler.warmup_ratio)",
     "optim": "optim=adamw or optim=sgd (HF's adamw_torch / adamw_torch_fused: optim=adamw)",
     "weight_decay": "optim.weight_decay={value}",
@@ -100,15 +102,18 @@ NOT_HONOURED: dict[str, str] = {
     "gradient_checkpointing_kwargs": "activation checkpointing is always non-reentrant here",
     "torch_compile_backend": "model.compile=true uses torch.compile's defaults",
     "torch_compile_mode": "model.compile=true uses torch.compile's defaults",
-    "use_liger_kernel": "no Liger kernels; module.lean_loss (on by default) gives the fused loss's memory saving",
+    "use_liger_kernel": "no Liger kernels; module.lean_loss (on by default) gives the fused loss's memory "
+    "saving",
     "liger_kernel_config": "no Liger kernels",
     "use_cache": "the model's use_cache is switched off for training by the module itself",
     "neftune_noise_alpha": "NEFTune is not implemented",
     "torch_empty_cache_steps": "not implemented",
-    "auto_find_batch_size": "not implemented; an out-of-memory error names the batch size and accumulation to try",
+    "auto_find_batch_size": "not implemented; an out-of-memory error names the batch size and accumulation "
+    "to try",
     "logging_strategy": "rows are written every trainer.log_every_n_steps optimizer steps",
     "log_on_each_node": "rank 0 logs for the run",
-    "logging_nan_inf_filter": "callbacks.nonfinite_guard stops (or skips) a non-finite step instead of hiding it",
+    "logging_nan_inf_filter": "callbacks.nonfinite_guard stops (or skips) a non-finite step instead of "
+    "hiding it",
     "include_num_input_tokens_seen": "callbacks.throughput logs the real and padded tokens of each row",
     "log_level": "log levels are Hydra's (hydra.job_logging)",
     "log_level_replica": "log levels are Hydra's (hydra.job_logging)",
@@ -123,7 +128,8 @@ NOT_HONOURED: dict[str, str] = {
     "eval_do_concat_batches": "predictions are gathered per example in dataset order",
     "eval_use_gather_object": "predictions are gathered per example in dataset order",
     "include_for_metrics": "compute_metrics receives predictions and labels",
-    "save_only_model": "checkpoints hold the optimizer state so a resume is exact; hf_model/ holds the model only",
+    "save_only_model": "checkpoints hold the optimizer state so a resume is exact; hf_model/ holds the model "
+    "only",
     "save_on_each_node": "rank 0 writes the checkpoints",
     "enable_jit_checkpoint": "callbacks.preemption checkpoints on SIGTERM/SIGINT at the next optimizer step",
     "push_to_hub": _HUB,
@@ -158,10 +164,14 @@ TRL_OURS: dict[str, _Key] = {
 
 
 def hf_name_error(key: str, value: Any) -> str | None:
-    """The one-line refusal of a top-level ``key`` that is an HF ``TrainingArguments`` (or TRL) name, else ``None``."""
+    """The one-line refusal of a top-level ``key`` that is an HF ``TrainingArguments`` (or TRL) name, else
+    ``None``."""
     if key in TRL_OURS:
         ours = TRL_OURS[key]
-        return f"{key} is TRL's name: use {ours(value) if callable(ours) else ours.replace('{value}', _value(value))}"
+        return (
+            f"{key} is TRL's name: use "
+            f"{ours(value) if callable(ours) else ours.replace('{value}', _value(value))}"
+        )
     if key in OURS:
         ours = OURS[key]
         use = ours(value) if callable(ours) else ours.replace("{value}", _value(value))

@@ -26,8 +26,8 @@ def resolve_function(path: str, key: str) -> Any:
 
 
 def instantiate(node: Any, **kwargs: Any) -> Any:
-    """``hydra.utils.instantiate``, with our own errors (and missing packages) raised inside a ``_target_`` as one
-    line instead of Hydra's multi-line "Error in call to target" (exit status 1)."""
+    """``hydra.utils.instantiate``, with our own errors (and missing packages) raised inside a ``_target_`` as
+    one line instead of Hydra's multi-line "Error in call to target" (exit status 1)."""
     from hydra.errors import InstantiationException
     from hydra.utils import instantiate as hydra_instantiate
 

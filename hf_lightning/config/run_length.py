@@ -1,4 +1,5 @@
-"""HF's run-length rule on the command line: a given ``trainer.max_steps`` wins over an epoch count nobody gave.
+"""HF's run-length rule on the command line: a given ``trainer.max_steps`` wins over an epoch count nobody
+gave.
 
 HF ``TrainingArguments.max_steps`` "overrides ``num_train_epochs``"; Lightning stops at whichever of
 ``max_steps`` and ``max_epochs`` comes first. Our configs set an epoch count (``trainer: max_epochs: 1``, an
@@ -20,8 +21,8 @@ MAX_EPOCHS = "trainer.max_epochs"
 
 
 def given_keys(overrides: Iterable[str]) -> set[str]:
-    """The config keys a list of Hydra overrides sets or deletes (``a.b=1``, ``+a.b=1``, ``++a.b=1``, ``~a.b``);
-    a group choice (``trainer=debug``) names the group, not the keys its file sets."""
+    """The config keys a list of Hydra overrides sets or deletes (``a.b=1``, ``+a.b=1``, ``++a.b=1``,
+    ``~a.b``); a group choice (``trainer=debug``) names the group, not the keys its file sets."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     return {o.key_or_group for o in OverridesParser.create().parse_overrides(list(overrides))}
@@ -39,8 +40,9 @@ def command_line_overrides() -> list[str] | None:
 def apply_max_steps_precedence(cfg: DictConfig, overrides: Iterable[str] | None) -> bool:
     """Unset ``trainer.max_epochs`` when the overrides give ``trainer.max_steps`` (a limit, not -1) and not
     ``trainer.max_epochs``, with one INFO line; returns whether it did. ``overrides=None`` (no command line:
-    ``train(cfg)`` called from Python) changes nothing. Both given: both stay, and Lightning stops at the first
-    one reached (:meth:`~hf_lightning.HFLightningModule.total_training_steps` warns when that is the epochs).
+    ``train(cfg)`` called from Python) changes nothing. Both given: both stay, and Lightning stops at the
+    first one reached (:meth:`~hf_lightning.HFLightningModule.total_training_steps` warns when that is the
+    epochs).
     """
     if overrides is None:
         return False

@@ -4,8 +4,8 @@ Config keys equal constructor argument names, so the signature a node's ``_targe
 (generated from it, nothing copied): unknown keys are found by binding (:func:`check_keys`) and value types by
 the signature's annotations (``int``, ``float``, ``bool``, ``str``, ``Literal[...]``, unions of them). The top
 level is closed too: the groups and :data:`RUN_SETTINGS` (HF ``TrainingArguments`` names get our key for them,
-:mod:`hf_lightning.config.hf_names`). Value rules (a batch size >= 1, an optimizer from a closed list) are in the
-signatures too (``lr: Annotated[float, FINITE_NON_NEGATIVE]``, :mod:`hf_lightning.arguments`), or in
+:mod:`hf_lightning.config.hf_names`). Value rules (a batch size >= 1, an optimizer from a closed list) are in
+the signatures too (``lr: Annotated[float, FINITE_NON_NEGATIVE]``, :mod:`hf_lightning.arguments`), or in
 :data:`OVERLAY` for signatures that do not carry them (Lightning's); rules between keys are in
 :func:`cross_field_errors`. Every problem found is reported in one :class:`~hf_lightning.errors.ConfigError`
 whose message names each key, its value and the allowed values.
@@ -42,8 +42,8 @@ from hf_lightning.config.cross_fields import cross_field_errors
 from hf_lightning.config.hf_args import HF_RUN_KEYS
 from hf_lightning.errors import ConfigError
 
-# The top level of a composed config, one list: the groups (each bound to the signature its ``_target_`` names)
-# and the run's own settings. A key added at the top level by a new feature goes here.
+# The top level of a composed config, one list: the groups (each bound to the signature its ``_target_``
+# names) and the run's own settings. A key added at the top level by a new feature goes here.
 GROUPS = ("model", "data", "optim", "scheduler", "module", "trainer", "logger", "callbacks", "peft")
 RUN_SETTINGS = (
     "seed",
@@ -79,8 +79,9 @@ def _some_training(value: Any) -> bool:
 
 
 # Value rules for arguments whose signature does not carry them: Lightning's Trainer (not ours) and the
-# DataModule (its constructor checks them itself; TODO data side: move them into its annotations). The optimizer,
-# scheduler and model rules are in their own signatures (``Annotated[..., Allowed]``), read by :func:`node_errors`.
+# DataModule (its constructor checks them itself; TODO data side: move them into its annotations). The
+# optimizer, scheduler and model rules are in their own signatures (``Annotated[..., Allowed]``), read by
+# :func:`node_errors`.
 OVERLAY: dict[str, Allowed] = {
     "data.per_device_train_batch_size": POSITIVE_INT,
     "data.per_device_eval_batch_size": POSITIVE_INT,
@@ -131,7 +132,8 @@ def _describe(hint: Any) -> str:
 
 
 def type_ok(value: Any, hint: Any) -> bool | None:
-    """Whether ``value`` fits the annotation ``hint``; ``None`` when the annotation is not one we can judge."""
+    """Whether ``value`` fits the annotation ``hint``; ``None`` when the annotation is not one we can
+    judge."""
     if hint is Any:
         return None
     origin = typing.get_origin(hint)
@@ -205,8 +207,8 @@ def node_errors(node: Mapping[str, Any], target: Callable, group: str, skip: Ite
 
 
 def _target_nodes(cfg: Mapping[str, Any]) -> Iterable[tuple[str, Mapping[str, Any]]]:
-    """``(dotted name, node)`` for every group with a ``_target_`` and every ``_target_`` node under ``trainer``,
-    ``logger``, ``callbacks``."""
+    """``(dotted name, node)`` for every group with a ``_target_`` and every ``_target_`` node under
+    ``trainer``, ``logger``, ``callbacks``."""
     for group in BUILT_GROUPS:
         node = cfg.get(group)
         if isinstance(node, Mapping) and "_target_" in node:
@@ -259,16 +261,17 @@ def validate_config(cfg: DictConfig, purpose: str = "train") -> None:
 
     Checks: the top level (closed: groups and :data:`RUN_SETTINGS`); unknown keys of ``data``, ``model``,
     ``optim``, ``scheduler``, ``module``, ``trainer`` and of every other ``_target_`` node (strategy, loggers,
-    callbacks) against the signatures their ``_target_`` names, minus the arguments the builder supplies; value
-    types from those signatures' annotations; the value rules in those annotations and in :data:`OVERLAY`; the cross-field rules
-    (:func:`cross_field_errors`); required values (``???``).
+    callbacks) against the signatures their ``_target_`` names, minus the arguments the builder supplies;
+    value types from those signatures' annotations; the value rules in those annotations and in
+    :data:`OVERLAY`; the cross-field rules (:func:`cross_field_errors`); required values (``???``).
 
     Args:
         cfg: a composed config.
         purpose: ``train``, ``evaluate`` or ``inspect`` (``evaluate`` allows its own top-level switches).
 
     Raises:
-        ConfigError: one message listing every problem (``key=value: allowed values: ...``), separated by ``; ``.
+        ConfigError: one message listing every problem (``key=value: allowed values: ...``), separated by ``;
+        ``.
     """
     required = list(cfg.get("required_keys") or [])
     missing = [k for k in required if OmegaConf.select(cfg, k, default=None) is None]
@@ -292,7 +295,8 @@ def validate_config(cfg: DictConfig, purpose: str = "train") -> None:
         for group in BUILT_GROUPS
         if isinstance(c.get(group), Mapping) and "_target_" not in c[group]
     ]
-    # the overlay's rules first: where a key breaks a rule and its annotation, the rule's message is the clearer one
+    # the overlay's rules first: where a key breaks a rule and its annotation, the rule's message is the
+    # clearer one
     for key, rule in OVERLAY.items():
         value = get_dotted(c, key)
         if value is not MISSING and not rule(value):

@@ -1,9 +1,10 @@
-"""A Hydra callback that writes one table for a whole multirun: ``summary.csv`` at the sweep root, also printed.
+"""A Hydra callback that writes one table for a whole multirun: ``summary.csv`` at the sweep root, also
+printed.
 
-Each job's run folder holds ``.hydra/overrides.yaml`` (written by Hydra) and ``final_metrics.json`` (written by
-``hf_lightning.train.train``). The table is built from those files when the multirun ends, in the process that
-started it, so it works the same with the basic launcher, joblib workers or SLURM jobs (submitit), and a job
-that crashed still has its row (``status=failed``, no metrics).
+Each job's run folder holds ``.hydra/overrides.yaml`` (written by Hydra) and ``final_metrics.json`` (written
+by ``hf_lightning.train.train``). The table is built from those files when the multirun ends, in the process
+that started it, so it works the same with the basic launcher, joblib workers or SLURM jobs (submitit), and a
+job that crashed still has its row (``status=failed``, no metrics).
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ SUMMARY_FILE = "summary.csv"
 
 
 def collect_rows(sweep_dir: str | os.PathLike) -> list[dict[str, Any]]:
-    """One row per job folder of ``sweep_dir`` (sorted by job number): ``job``, each override ``key=value`` as a
-    column, ``status`` and the final metrics."""
+    """One row per job folder of ``sweep_dir`` (sorted by job number): ``job``, each override ``key=value`` as
+    a column, ``status`` and the final metrics."""
     rows = []
     jobs = [p for p in Path(sweep_dir).iterdir() if (p / ".hydra" / "overrides.yaml").is_file()]
     for job in sorted(

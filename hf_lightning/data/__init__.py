@@ -1,4 +1,5 @@
-"""The data path: sources, formats, tokenize, checks, packing, collators, samplers, streams, loaders, the DataModule."""
+"""The data path: sources, formats, tokenize, checks, packing, collators, samplers, streams, loaders, the
+DataModule."""
 
 from hf_lightning.data.collators import ClassificationCollator, PaddingCollator, Seq2SeqCollator
 from hf_lightning.data.datamodule import HFDataModule

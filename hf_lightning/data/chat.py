@@ -1,4 +1,5 @@
-"""Chat formats: ``messages`` (role/content) and ShareGPT ``conversations`` (from/value), assistant-only labels.
+"""Chat formats: ``messages`` (role/content) and ShareGPT ``conversations`` (from/value), assistant-only
+labels.
 
 A conversation is rendered with the tokenizer's chat template; only assistant replies (and their end-of-turn
 token) are targets, every other position is ``-100`` (TRL's ``assistant_only_loss``).
@@ -44,7 +45,8 @@ def _check_messages(messages: Any) -> None:
     roles = [m["role"] for m in messages]
     if "system" in roles[1:]:
         raise DataError(
-            f"a 'system' message must come first, found one at position {roles.index('system', 1)} (roles: {roles})"
+            f"a 'system' message must come first, found one at position {roles.index('system', 1)} (roles: "
+            f"{roles})"
         )
 
 
@@ -58,8 +60,9 @@ def require_chat_template(tokenizer: Any) -> None:
 
 
 def _apply_template(tokenizer: Any, messages: list[dict[str, str]], **kwargs: Any) -> dict:
-    """``tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True, ...)``; a template that refuses
-    the conversation (``raise_exception``, e.g. roles that do not alternate) becomes a :class:`DataError`."""
+    """``tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True, ...)``; a template that
+    refuses the conversation (``raise_exception``, e.g. roles that do not alternate) becomes a
+    :class:`DataError`."""
     from jinja2.exceptions import TemplateError
 
     try:
@@ -118,8 +121,8 @@ def chat_labels(messages: list[dict[str, str]], tokenizer: Any) -> tuple[list[in
 def tokenize_chat(batch: dict[str, list], tokenizer: Any, max_length: int | None) -> dict[str, list]:
     """``datasets.map(batched=True)`` function for the ``messages`` format (assistant-only labels).
 
-    A conversation without an assistant turn has no target (``untrainable`` names it); ``max_length=None`` keeps
-    every token (``wrapped`` packing).
+    A conversation without an assistant turn has no target (``untrainable`` names it); ``max_length=None``
+    keeps every token (``wrapped`` packing).
     """
     out: dict[str, list] = {
         "input_ids": [],
@@ -146,7 +149,8 @@ def tokenize_chat(batch: dict[str, list], tokenizer: Any, max_length: int | None
 
 
 def sharegpt_to_messages(conversation: Any) -> list[dict[str, str]]:
-    """``[{"from": "human", "value": ...}, {"from": "gpt", ...}]`` -> ``[{"role": "user", "content": ...}, ...]``.
+    """``[{"from": "human", "value": ...}, {"from": "gpt", ...}]`` -> ``[{"role": "user", "content": ...},
+    ...]``.
 
     Speaker names follow FastChat (``human``/``gpt``/``system``, plus ``user``/``assistant``/``chatgpt``/...).
 

@@ -1,6 +1,6 @@
-"""Checks of the data against the model, run once at ``setup``, so that a mismatch stops with a message instead
-of an ``IndexError`` inside an embedding (on a GPU: a device-side assert that kills the process) or a silent
-mistake (zero training steps; packed sequences that attend to each other).
+"""Checks of the data against the model, run once at ``setup``, so that a mismatch stops with a message
+instead of an ``IndexError`` inside an embedding (on a GPU: a device-side assert that kills the process) or a
+silent mistake (zero training steps; packed sequences that attend to each other).
 
 Each check names the split, the row and the value, and says what to change.
 """
@@ -121,9 +121,10 @@ def check_fits_one_batch(n_per_rank: int, batch_size: int, drop_last: bool, spli
     """
     if drop_last and n_per_rank < batch_size:
         raise DataError(
-            f"the {split} split gives each rank {n_per_rank} example{'s' if n_per_rank != 1 else ''}, fewer than "
-            f"one batch of data.per_device_train_batch_size={batch_size}, and data.drop_last=true drops that "
-            f"partial batch: no training step would run. Lower the batch size or set data.drop_last=false"
+            f"the {split} split gives each rank {n_per_rank} example{'s' if n_per_rank != 1 else ''}, fewer "
+            f"than one batch of data.per_device_train_batch_size={batch_size}, and data.drop_last=true drops "
+            "that partial batch: no training step would run. Lower the batch size or set "
+            "data.drop_last=false"
         )
 
 
@@ -136,8 +137,8 @@ def _flat_values(arr: pa.Array | pa.ChunkedArray) -> pa.Array:
 
 
 def _column_max(ds: datasets.Dataset, column: str, skip: int | None = None) -> int | None:
-    """Largest value of a (nested) integer list column, ``skip`` values excluded; ``None`` if the column is empty
-    or not numeric (a ``Json`` column of mixed values is checked row by row by the collator instead)."""
+    """Largest value of a (nested) integer list column, ``skip`` values excluded; ``None`` if the column is
+    empty or not numeric (a ``Json`` column of mixed values is checked row by row by the collator instead)."""
     best = None
     for table in ds.select_columns([column]).with_format("arrow").iter(batch_size=10_000):
         values = _flat_values(table.column(column))
@@ -177,8 +178,8 @@ def _output_classes(model: Any) -> int | None:
 
 
 def check_token_ids(ds: Any, model: Any, pad_token_id: int | None, path: Any, split: str) -> None:
-    """Every ``input_ids`` value (and the pad id) must have a row in the model's input embedding, and every token
-    label a column in its output layer.
+    """Every ``input_ids`` value (and the pad id) must have a row in the model's input embedding, and every
+    token label a column in its output layer.
 
     Checked for a ``datasets.Dataset`` (one vectorised pass over Arrow); streams and plain torch datasets are
     not scanned.
@@ -193,7 +194,8 @@ def check_token_ids(ds: Any, model: Any, pad_token_id: int | None, path: Any, sp
     if pad_token_id is not None and pad_token_id >= rows:
         raise DataError(
             f"the tokenizer's pad_token_id={pad_token_id} is outside {name}'s input embedding ({rows} rows); "
-            "the tokenizer does not belong to this model (or call model.resize_token_embeddings(len(tokenizer)))"
+            "the tokenizer does not belong to this model (or call "
+            "model.resize_token_embeddings(len(tokenizer)))"
         )
     limits = [("input_ids", rows, None, "input embedding")]
     classes = _output_classes(model)
@@ -206,9 +208,10 @@ def check_token_ids(ds: Any, model: Any, pad_token_id: int | None, path: Any, sp
         if top is not None and top >= limit:
             row, value = _first_row_above(ds, column, limit, skip)
             raise DataError(
-                f"data.path={path} ({split} row {row}): {column} holds token id {value}, but {name}'s {what} has "
-                f"only {limit} entries (ids 0..{limit - 1}); the data was tokenized with a larger vocabulary than the "
-                "model's. Use the model's own tokenizer, or resize the model (model.resize_token_embeddings)"
+                f"data.path={path} ({split} row {row}): {column} holds token id {value}, but {name}'s {what} "
+                f"has only {limit} entries (ids 0..{limit - 1}); the data was tokenized with a larger "
+                "vocabulary than the model's. Use the model's own tokenizer, or resize the model "
+                "(model.resize_token_embeddings)"
             )
 
 
@@ -242,14 +245,15 @@ def _probe_ids(vocab: int | None, n: int, offset: int) -> list[int]:
 
 
 def packed_sequences_isolated(model: Any, atol: float = 1e-4) -> bool | None:
-    """Whether ``model`` keeps packed sequences apart, measured: two one-row batches that pack a different first
-    sequence before the same second one (``position_ids`` restarting at 0, no ``attention_mask``, no KV cache),
-    and the second sequence's logits compared. An attention backend that honours the boundaries gives the same
-    logits (up to ``atol`` relative to their scale); one that does not lets the first sequence leak in.
+    """Whether ``model`` keeps packed sequences apart, measured: two one-row batches that pack a different
+    first sequence before the same second one (``position_ids`` restarting at 0, no ``attention_mask``, no KV
+    cache), and the second sequence's logits compared. An attention backend that honours the boundaries gives
+    the same logits (up to ``atol`` relative to their scale); one that does not lets the first sequence leak
+    in.
 
     Returns:
-        ``True``/``False``, or ``None`` when the model cannot be probed here (parameters not materialised, e.g.
-        on the meta device or partitioned by DeepSpeed ZeRO-3).
+        ``True``/``False``, or ``None`` when the model cannot be probed here (parameters not materialised,
+        e.g. on the meta device or partitioned by DeepSpeed ZeRO-3).
     """
     params = list(model.parameters())
     if not params or any(p.is_meta or p.numel() == 0 for p in params):
@@ -281,7 +285,8 @@ def check_sequence_isolation(model: Any, option: str) -> None:
     """Refuse packing / padding-free batches for a model whose attention lets packed sequences see each other.
 
     Raises:
-        ConfigError: the probe of :func:`packed_sequences_isolated` shows a leak (names the attention backend).
+        ConfigError: the probe of :func:`packed_sequences_isolated` shows a leak (names the attention
+        backend).
     """
     isolated = packed_sequences_isolated(model)
     if isolated is None:
@@ -292,9 +297,9 @@ def check_sequence_isolation(model: Any, option: str) -> None:
     if not isolated:
         backend = attention_backend(model)
         raise ConfigError(
-            f"{option}: {type(model).__name__} with attention backend {backend!r} lets packed sequences attend to "
-            "each other (probed: the second sequence's logits change with the first one). transformers separates "
-            "packed sequences by position_ids only for the backends it builds masks for (sdpa, eager, "
-            "flash_attention_*, flex_attention). Use one of those (model.attn_implementation=sdpa), or set "
-            "data.packing=false and data.padding_free=false"
+            f"{option}: {type(model).__name__} with attention backend {backend!r} lets packed sequences "
+            "attend to each other (probed: the second sequence's logits change with the first one). "
+            "transformers separates packed sequences by position_ids only for the backends it builds masks "
+            "for (sdpa, eager, flash_attention_*, flex_attention). Use one of those "
+            "(model.attn_implementation=sdpa), or set data.packing=false and data.padding_free=false"
         )

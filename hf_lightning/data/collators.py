@@ -33,8 +33,8 @@ def as_row(value: Any) -> torch.Tensor:
     Raises:
         DataError: a value that is not a (nested) list of integers, e.g. a string or a ragged list.
     """
-    # torch would read "" as an empty sequence ([""] an empty row) and size [[], [0]] by its first row ((2, 0),
-    # dropping the 0): both would lose or invent tokens silently
+    # torch would read "" as an empty sequence ([""] an empty row) and size [[], [0]] by its first row ((2,
+    # 0), dropping the 0): both would lose or invent tokens silently
     if _holds_text(value):
         raise DataError(f"a token row must be a list of integer ids, got {value!r:.80} (text)")
     nested = isinstance(value, (list, tuple)) and value and all(isinstance(v, (list, tuple)) for v in value)
@@ -128,8 +128,8 @@ def checked_column(
 ) -> torch.Tensor | None:
     """The concatenated ``key`` rows, ``None`` when no example has the key; every row must match ``lengths``.
 
-    Examples without the key get what it would default to: ``labels`` a copy of ``input_ids``, ``position_ids``
-    ``0..n-1``, anything else (``attention_mask``) all ones.
+    Examples without the key get what it would default to: ``labels`` a copy of ``input_ids``,
+    ``position_ids`` ``0..n-1``, anything else (``attention_mask``) all ones.
 
     Raises:
         DataError: an example whose ``key`` row has a different length than its ``input_ids``.

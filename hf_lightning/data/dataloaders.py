@@ -1,16 +1,17 @@
-"""The DataModule's loaders: its loader hooks (:class:`DataLoaderHooks`), :class:`EpochDataLoader` (epoch-aware
-worker seeds, stream epochs) and :func:`batches_per_epoch` (their length without building them). Training loaders are
-wrapped in :class:`~hf_lightning.data.windows.AccumulationWindowLoader` (``num_items_in_batch`` per window).
+"""The DataModule's loaders: its loader hooks (:class:`DataLoaderHooks`), :class:`EpochDataLoader`
+(epoch-aware worker seeds, stream epochs) and :func:`batches_per_epoch` (their length without building them).
+Training loaders are wrapped in :class:`~hf_lightning.data.windows.AccumulationWindowLoader`
+(``num_items_in_batch`` per window).
 
-Ours, not a plain ``DataLoader``: HF ``Trainer`` seeds workers per epoch inside its own loop; Lightning has no hook
-for it, so it lives in the loader.
+Ours, not a plain ``DataLoader``: HF ``Trainer`` seeds workers per epoch inside its own loop; Lightning has no
+hook for it, so it lives in the loader.
 
-Worker seeding. PyTorch seeds each worker's ``torch``, ``random`` and ``numpy`` from a base seed drawn from the
-loader's ``generator`` plus the worker id. Here that generator is re-seeded at the start of every epoch from
-``(seed, rank, epoch)``, so random draws inside workers differ across workers, epochs and ranks, and repeat
-with the same seed, including after a resume at an epoch boundary. (Lightning's ``seed_everything(workers=True)``
-worker init derives its seeds from the same base seed, so it composes.) With persistent workers the seeds are
-set once, when the workers start.
+Worker seeding. PyTorch seeds each worker's ``torch``, ``random`` and ``numpy`` from a base seed drawn from
+the loader's ``generator`` plus the worker id. Here that generator is re-seeded at the start of every epoch
+from ``(seed, rank, epoch)``, so random draws inside workers differ across workers, epochs and ranks, and
+repeat with the same seed, including after a resume at an epoch boundary. (Lightning's
+``seed_everything(workers=True)`` worker init derives its seeds from the same base seed, so it composes.) With
+persistent workers the seeds are set once, when the workers start.
 
 Epoch. Lightning calls ``set_epoch`` on the sampler of a map-style loader; the epoch is read from there. A
 stream has no sampler, so the epoch comes from ``epoch_fn`` (the trainer's epoch) or, alone, from a count of
@@ -39,12 +40,14 @@ from hf_lightning.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-# HF's mega-batch multiplier cap (``get_length_grouped_indices``); streams group within buffers this many batches long
+# HF's mega-batch multiplier cap (``get_length_grouped_indices``); streams group within buffers this many
+# batches long
 MEGA_BATCH_MULT = 50
 
 
 def worker_base_seed(seed: int, rank: int, epoch: int) -> int:
-    """A 63-bit seed that mixes ``seed``, ``rank`` and ``epoch`` (no two nearby triples collide in practice)."""
+    """A 63-bit seed that mixes ``seed``, ``rank`` and ``epoch`` (no two nearby triples collide in
+    practice)."""
     digest = hashlib.blake2b(f"{seed}:{rank}:{epoch}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") >> 1
 
@@ -122,10 +125,11 @@ class EpochDataLoader(DataLoader):
 def batches_per_epoch(
     n: int | None, *, stream: bool, world: int, batch_size: int, num_workers: int, drop_last: bool
 ) -> int | None:
-    """``len()`` of the training loader, without building it: ``n`` rows (``None``: a stream of unknown length,
-    then ``None``) split over ``world`` ranks as :class:`~hf_lightning.data.samplers.ExactDistributedSampler`
-    (map-style: ``ceil(n / world)`` with the masked top-up, ``n // world`` with ``drop_last``) or
-    :class:`~hf_lightning.data.streams.ShardedStream` (per reader, ``world x workers`` readers) does, then batched.
+    """``len()`` of the training loader, without building it: ``n`` rows (``None``: a stream of unknown
+    length, then ``None``) split over ``world`` ranks as
+    :class:`~hf_lightning.data.samplers.ExactDistributedSampler` (map-style: ``ceil(n / world)`` with the
+    masked top-up, ``n // world`` with ``drop_last``) or :class:`~hf_lightning.data.streams.ShardedStream`
+    (per reader, ``world x workers`` readers) does, then batched.
     """
     if stream:
         return stream_batches(n, world, batch_size, num_workers, drop_last)
@@ -134,11 +138,12 @@ def batches_per_epoch(
 
 
 class DataLoaderHooks:
-    """The loader hooks of :class:`~hf_lightning.data.datamodule.HFDataModule` (a mixin: it reads the DataModule's
-    arguments, its prepared splits and collators, and ``self.trainer`` for the world size, rank and accumulation).
+    """The loader hooks of :class:`~hf_lightning.data.datamodule.HFDataModule` (a mixin: it reads the
+    DataModule's arguments, its prepared splits and collators, and ``self.trainer`` for the world size, rank
+    and accumulation).
 
-    Map-style splits go through :class:`~hf_lightning.data.samplers.ExactDistributedSampler` (training: seeded order
-    or length groups, masked top-up; evaluation: dataset order, no padding), streams through
+    Map-style splits go through :class:`~hf_lightning.data.samplers.ExactDistributedSampler` (training: seeded
+    order or length groups, masked top-up; evaluation: dataset order, no padding), streams through
     :class:`~hf_lightning.data.streams.ShardedStream` (exact per-reader split).
     """
 
@@ -326,16 +331,16 @@ class DataLoaderHooks:
             trainer.accumulate_grad_batches,
             count,
             max_batches=lambda: trainer.num_training_batches,
-            # the epoch being trained: current_epoch counts it as done already when a checkpoint is written after
-            # training stopped in its middle (at on_train_end), epochs started minus one does not (Lightning's
-            # loop progress, read through hf_lightning.compat)
+            # the epoch being trained: current_epoch counts it as done already when a checkpoint is written
+            # after training stopped in its middle (at on_train_end), epochs started minus one does not
+            # (Lightning's loop progress, read through hf_lightning.compat)
             progress=lambda: (epoch_being_trained(trainer), batches_processed(trainer)),
         )
 
     def val_dataloader(self) -> Any:
         """Batches of ``per_device_eval_batch_size`` examples in dataset order, this rank's share without any
-        padding or repetition (ranks may differ by one example; a rank with none gets one placeholder batch, see
-        :mod:`~hf_lightning.data.placeholder`); ``[]`` without validation data."""
+        padding or repetition (ranks may differ by one example; a rank with none gets one placeholder batch,
+        see :mod:`~hf_lightning.data.placeholder`); ``[]`` without validation data."""
         if self.train_dataset is None:
             self.setup("validate")
         if self.val_dataset is None:

@@ -4,15 +4,15 @@ It wires the steps, each in its own module, in the order a batch is made:
 
     sources      load, split, rename; tell the format from the columns
     formats      rows of each format -> input_ids / labels        (chat.py: chat templates)
-    tokenize     Dataset.map (cached) with truncation/drop counts; column pruning   (on_the_fly.py: streams, torch)
+    tokenize     Dataset.map (cached), truncation/drop counts, column pruning (on_the_fly.py: streams, torch)
     checks       token ids, labels and positions against the model (positions.py)
     packing      check_packing (every packing rule), bfd / wrapped rows
     collators    padding, classification, seq2seq, padding-free (flattening.py), column pruning per example
     samplers     seeded global order, length grouping, exact distributed split    (streams.py: streams)
     dataloaders  the loader hooks; per-epoch worker seeds; batches per epoch  (windows.py: num_items_in_batch)
 
-What it needs from the model side arrives through :meth:`bind` (or is read once from the trainer's LightningModule
-when nobody called it); what the model side needs from it is :meth:`train_batches_per_epoch`.
+What it needs from the model side arrives through :meth:`bind` (or is read once from the trainer's
+LightningModule when nobody called it); what the model side needs from it is :meth:`train_batches_per_epoch`.
 """
 
 from __future__ import annotations
@@ -56,24 +56,27 @@ class HFDataModule(DataLoaderHooks, L.LightningDataModule):
 
     Args:
         tokenizer: a ``transformers`` tokenizer (needs a pad token; a chat template for chat data).
-        path: a json/jsonl/csv/parquet file, a ``save_to_disk`` folder, a hub dataset id (``org/name``), a ``datasets`` ``Dataset`` /
+        path: a json/jsonl/csv/parquet file, a ``save_to_disk`` folder, a hub dataset id (``org/name``), a
+        ``datasets`` ``Dataset`` /
             ``DatasetDict`` / ``IterableDataset``, a torch ``Dataset`` / ``IterableDataset`` of mappings, or
             ``None`` for the embedded chatterbot-corpus chat data.
         validation_path: a separate validation source (same kinds); overrides any split of ``path``.
         format: ``"auto"`` (from the schema, see :mod:`~hf_lightning.data.formats`) or one of
             ``text, prompt_completion, messages, conversations, classification, seq2seq, tokenized``.
         validation_split: share of rows held out for validation when the source has no validation split.
-        max_length: tokens per example after truncation (truncated and dropped rows are counted in the log); with
+        max_length: tokens per example after truncation (truncated and dropped rows are counted in the log);
+        with
             ``packing`` the row length (``wrapped`` truncates no document, ``bfd`` truncates longer ones).
         per_device_train_batch_size / per_device_eval_batch_size: examples (packed rows) per micro-batch.
         shuffle: random training order (seeded by ``seed + epoch``, the same on every rank).
         group_by_length: HF's mega-batch length grouping (map-style), a bounded sort buffer (streams).
-        packing: ``False``, ``"bfd"`` (``True`` means ``"bfd"``) or ``"wrapped"`` (causal formats, map-style); packed
+        packing: ``False``, ``"bfd"`` (``True`` means ``"bfd"``) or ``"wrapped"`` (causal formats, map-style);
+        packed
             ``text`` documents end with EOS (see :mod:`~hf_lightning.data.packing`).
         padding_free: flatten each batch into one row with restarting ``position_ids`` (no padding).
         layout: ``None`` (the three settings above as given) or ``"auto"``: the fastest layout that keeps the
-            loss exact, chosen at setup from the format and the model when none of the three is set, and said in
-            one INFO line (:mod:`~hf_lightning.data.layout`).
+            loss exact, chosen at setup from the format and the model when none of the three is set, and said
+            in one INFO line (:mod:`~hf_lightning.data.layout`).
         streaming: read files lazily as a stream (sharded per rank and per worker).
         shuffle_buffer_size: buffer of the stream shuffle.
         remove_unused_columns: keep only the model's ``forward`` arguments and the label columns (HF default).
@@ -82,39 +85,45 @@ class HFDataModule(DataLoaderHooks, L.LightningDataModule):
         label_names: the batch keys evaluation treats as labels (HF ``label_names``); default: the ``forward``
             parameters with ``label`` in their name, else ``["labels"]``.
         num_workers / pin_memory / persistent_workers / prefetch_factor / drop_last: ``DataLoader`` knobs.
-        num_proc: processes of ``Dataset.map`` for tokenizing a map-style split (``datasets``' ``num_proc``, TRL's
-            ``dataset_num_proc``); ``None``: one. Streams and torch datasets tokenize on the fly (a log line says so).
+        num_proc: processes of ``Dataset.map`` for tokenizing a map-style split (``datasets``' ``num_proc``,
+        TRL's
+            ``dataset_num_proc``); ``None``: one. Streams and torch datasets tokenize on the fly (a log line
+            says so).
         pad_to_multiple_of: round padded lengths up to this multiple.
         seed: seed of the order, of worker RNGs and of the validation hold-out.
         rename_columns: ``{source column: new name}`` applied to every split before the format is read (a
             banking77 CSV's ``category`` becomes the classification format's ``label``).
-        name / revision: a hub dataset's config name and revision when ``path`` is a hub id (``load_dataset``'s
-            ``name`` and ``revision``; resolved through the ``datasets`` cache, ``HF_HUB_OFFLINE=1`` reads it only).
+        name / revision: a hub dataset's config name and revision when ``path`` is a hub id
+        (``load_dataset``'s
+            ``name`` and ``revision``; resolved through the ``datasets`` cache, ``HF_HUB_OFFLINE=1`` reads it
+            only).
         split / validation_split_name: the training split of a dataset with splits (a hub dataset, a
             ``DatasetDict``; default ``train``) and its validation split (default: the first of
             validation/valid/val/test; none: ``validation_split`` of the rows is held out).
 
     Batches (``B`` examples, ``L`` tokens after padding to the longest row, all tensors int64):
 
-    - causal formats: ``input_ids``, ``attention_mask``, ``labels`` ``(B, L)``; labels are -100 where nothing is
-      trained on (padding, prompts, user turns);
+    - causal formats: ``input_ids``, ``attention_mask``, ``labels`` ``(B, L)``; labels are -100 where nothing
+      is trained on (padding, prompts, user turns);
     - padding-free: ``input_ids``, ``labels``, ``position_ids`` ``(1, T)``, ``T`` the batch's real tokens;
       packed: ``input_ids``, ``labels``, ``position_ids`` ``(B, L)``, ``L`` at most ``max_length``;
-    - classification: ``input_ids``, ``attention_mask`` ``(B, L)``, ``labels`` ``(B,)`` (float32 for regression);
-    - seq2seq: ``input_ids``, ``attention_mask`` ``(B, S)``, ``labels`` (and ``decoder_input_ids``) ``(B, T)``.
+    - classification: ``input_ids``, ``attention_mask`` ``(B, L)``, ``labels`` ``(B,)`` (float32 for
+      regression);
+    - seq2seq: ``input_ids``, ``attention_mask`` ``(B, S)``, ``labels`` (and ``decoder_input_ids``) ``(B,
+      T)``.
 
-    With a ``count_loss_items(batch) -> int`` bound (:meth:`bind`; :class:`HFLightningModule` has one), training
-    batches also carry three Python ``int`` keys (see
+    With a ``count_loss_items(batch) -> int`` bound (:meth:`bind`; :class:`HFLightningModule` has one),
+    training batches also carry three Python ``int`` keys (see
     :class:`~hf_lightning.data.windows.AccumulationWindowLoader`): ``num_items_in_batch``, the label count of
     their whole gradient-accumulation window on this process; ``num_items_in_micro_batch``; and
     ``num_batches_in_window``.
 
-    What it reproduces of HF ``Trainer``: ``_remove_unused_columns`` (``remove_unused_columns``, with the dropped
-    names logged), ``_get_train_sampler`` (a seeded random order, or ``LengthGroupedSampler``'s
+    What it reproduces of HF ``Trainer``: ``_remove_unused_columns`` (``remove_unused_columns``, with the
+    dropped names logged), ``_get_train_sampler`` (a seeded random order, or ``LengthGroupedSampler``'s
     ``get_length_grouped_indices`` with ``group_by_length``), ``get_train_dataloader`` (per-worker seeds) and
-    ``get_batch_samples`` (``num_items_in_batch`` counted before the window's first forward). The collators are
-    listed in :mod:`hf_lightning.data.collators`. It differs where HF's sampler repeats examples to even out
-    ranks: here every example is used exactly once per epoch across ranks and workers.
+    ``get_batch_samples`` (``num_items_in_batch`` counted before the window's first forward). The collators
+    are listed in :mod:`hf_lightning.data.collators`. It differs where HF's sampler repeats examples to even
+    out ranks: here every example is used exactly once per epoch across ranks and workers.
 
     Metrics check: with ``metrics=True`` bound and no key of ``label_names`` in an evaluation batch, ``setup``
     raises :class:`ConfigError`.
@@ -229,13 +238,14 @@ class HFDataModule(DataLoaderHooks, L.LightningDataModule):
 
         Args:
             model: the ``nn.Module`` the batches are for: its ``forward`` gives the input and label names
-                (pruning), its embedding, position table and classes are checked against the data, and packed or
-                padding-free rows need ``position_ids`` and an attention that keeps them apart.
+                (pruning), its embedding, position table and classes are checked against the data, and packed
+                or padding-free rows need ``position_ids`` and an attention that keeps them apart.
             count_loss_items: ``batch -> int``, the loss's target count of a micro-batch
                 (:meth:`HFLightningModule.count_loss_items`); with it training batches carry the window keys.
             forward_kwargs: what the LightningModule passes to every forward (``use_cache=False``).
             metrics: evaluation computes metrics, so an evaluation batch must carry a label key.
-            handles_placeholder_batches: mark an empty rank's stand-in batch (:mod:`~hf_lightning.data.placeholder`).
+            handles_placeholder_batches: mark an empty rank's stand-in batch
+            (:mod:`~hf_lightning.data.placeholder`).
 
         Without a call, :meth:`setup` and the loaders read the same from ``trainer.lightning_module`` (its
         ``.model``, ``count_loss_items``, ``forward_kwargs``, ``compute_metrics``/``metrics`` and
@@ -267,7 +277,8 @@ class HFDataModule(DataLoaderHooks, L.LightningDataModule):
             prepare_chatterbot()
 
     def _splits(self, eval_only: bool = False) -> tuple[Any, Any, Any, Any]:
-        """``(path, train, validation, hold-out)``; ``eval_only``: the validation file alone, no train split."""
+        """``(path, train, validation, hold-out)``; ``eval_only``: the validation file alone, no train
+        split."""
         if eval_only:
             return (
                 self.path,
@@ -292,8 +303,8 @@ class HFDataModule(DataLoaderHooks, L.LightningDataModule):
         """Load, format, tokenize, prune and pack both splits once (later calls return at once).
 
         Fills ``train_dataset``, ``val_dataset`` (``None`` without validation data), ``data_format``,
-        ``id2label`` (classification), ``dropped_columns`` and the collators. Reads the bound model (:meth:`bind`),
-        when there is one, for pruning and for the checks.
+        ``id2label`` (classification), ``dropped_columns`` and the collators. Reads the bound model
+        (:meth:`bind`), when there is one, for pruning and for the checks.
 
         Raises:
             ConfigError: an option the data or the model cannot honour (named).
@@ -368,7 +379,8 @@ class HFDataModule(DataLoaderHooks, L.LightningDataModule):
             self._check_label_names()
 
     def check_positions(self, model: Any) -> None:
-        """The prepared rows against ``model``'s positions (:func:`~hf_lightning.data.positions.check_positions`)."""
+        """The prepared rows against ``model``'s positions
+        (:func:`~hf_lightning.data.positions.check_positions`)."""
         splits = {"train": self.train_dataset, "validation": self.val_dataset}
         check_positions(model, self.max_length, self.pad_to_multiple_of, self.padding_free, splits)
 
@@ -416,7 +428,8 @@ class HFDataModule(DataLoaderHooks, L.LightningDataModule):
         keys = set(self.eval_collator([example])) if example is not None else set()
         if not any(name in keys for name in self.resolved_label_names):
             raise ConfigError(
-                f"metrics are configured but no label key resolves: data.label_names={self.resolved_label_names} "
-                f"and an evaluation batch has the keys {sorted(keys)}. Set data.label_names to the key(s) holding "
-                "the labels, or remove the metrics"
+                "metrics are configured but no label key resolves: "
+                f"data.label_names={self.resolved_label_names} and an evaluation batch has the keys "
+                f"{sorted(keys)}. Set data.label_names to the key(s) holding the labels, or remove the "
+                "metrics"
             )

@@ -18,8 +18,8 @@ OPEN, CLOSE = "[[", "]]"
 def padding_mask(batch: Mapping[str, Any], pad_token_id: int | None) -> torch.Tensor:
     """``True`` at padded positions of ``input_ids``.
 
-    With ``attention_mask``: where it is 0. Without (padding-free or packed rows): the trailing run of each row
-    whose ids are the pad id and whose labels are -100 (a real EOS that doubles as pad is a target, so it
+    With ``attention_mask``: where it is 0. Without (padding-free or packed rows): the trailing run of each
+    row whose ids are the pad id and whose labels are -100 (a real EOS that doubles as pad is a target, so it
     is not counted).
     """
     ids = batch["input_ids"]
@@ -94,7 +94,8 @@ def describe_batch(
     if isinstance(labels, torch.Tensor) and labels.dim() == 2:
         ignored = int((labels == IGNORE_INDEX).sum())
         lines.append(
-            f"labels -100: {100 * ignored / labels.numel():.1f}% of label positions ({ignored} of {labels.numel()})"
+            f"labels -100: {100 * ignored / labels.numel():.1f}% of label positions ({ignored} of "
+            f"{labels.numel()})"
         )
         if labels.shape == pad.shape:
             real = ~pad

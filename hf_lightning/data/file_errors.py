@@ -1,10 +1,10 @@
 """Say which line of a data file is wrong, when ``datasets`` only says that something is.
 
-``datasets.load_dataset`` reports a broken file as ``DatasetGenerationError: An error occurred while generating
-the dataset`` with the parser's error as its cause (``pyarrow``'s ``JSON parse error ... in row 56`` counts
-rows of one read block, not lines of the file), a non-UTF-8 byte as a ``UnicodeDecodeError`` at an offset of
-an internal buffer, and an empty file as a bare ``StopIteration``. On that error path only, the file is read
-again line by line to find the culprit, so the message can say ``line 57`` and show the line.
+``datasets.load_dataset`` reports a broken file as ``DatasetGenerationError: An error occurred while
+generating the dataset`` with the parser's error as its cause (``pyarrow``'s ``JSON parse error ... in row
+56`` counts rows of one read block, not lines of the file), a non-UTF-8 byte as a ``UnicodeDecodeError`` at an
+offset of an internal buffer, and an empty file as a bare ``StopIteration``. On that error path only, the file
+is read again line by line to find the culprit, so the message can say ``line 57`` and show the line.
 
 Rows and lines: the ``json`` builder skips blank lines of a JSON Lines file, so source row ``r`` (0-based) is
 the ``r + 1``-th non-blank line (:func:`jsonl_line_of_row`).
@@ -62,8 +62,8 @@ def first_non_utf8_line(path: str) -> tuple[int, int, int, bytes] | None:
 
 
 def first_bad_json_line(path: str) -> tuple[int, str, str] | None:
-    """``(line number, parser message, line excerpt)`` of the first non-blank line of a JSON Lines file that is
-    not one JSON object, else ``None``."""
+    """``(line number, parser message, line excerpt)`` of the first non-blank line of a JSON Lines file that
+    is not one JSON object, else ``None``."""
     with open(path, encoding="utf-8", errors="replace") as fh:
         for number, line in enumerate(fh, start=1):
             if not line.strip():
@@ -90,8 +90,8 @@ def jsonl_line_of_row(path: str, row: int) -> int | None:
 
 
 def is_json_lines(path: str) -> bool:
-    """Whether ``path`` is read line by line by the ``json`` builder (``.jsonl``, or ``.json`` not starting with
-    ``[``/``{`` spanning lines). A ``.json`` file holding one array or object is not."""
+    """Whether ``path`` is read line by line by the ``json`` builder (``.jsonl``, or ``.json`` not starting
+    with ``[``/``{`` spanning lines). A ``.json`` file holding one array or object is not."""
     if path.lower().endswith(".jsonl"):
         return True
     with open(path, "rb") as fh:
@@ -120,8 +120,8 @@ def non_utf8_message(path: str) -> str | None:
 
 
 def non_utf8_error(path: Any, split: str, err: UnicodeDecodeError) -> DataError:
-    """A :class:`DataError` naming the file line for a ``UnicodeDecodeError`` raised while reading rows (pyarrow
-    may load bad bytes and fail only when they are decoded)."""
+    """A :class:`DataError` naming the file line for a ``UnicodeDecodeError`` raised while reading rows
+    (pyarrow may load bad bytes and fail only when they are decoded)."""
     detail = None
     if isinstance(path, (str, os.PathLike)) and os.path.isfile(path):
         detail = non_utf8_message(os.fspath(path))
@@ -131,8 +131,9 @@ def non_utf8_error(path: Any, split: str, err: UnicodeDecodeError) -> DataError:
 def explain_load_error(path: str, builder: str, err: BaseException) -> str:
     """One sentence (after ``data.path=PATH:``) saying why ``datasets`` could not read ``path``.
 
-    In order: an empty file; no rows at all; a non-UTF-8 byte (line, column, byte, and the fix); for JSON Lines,
-    the first line that is not a JSON object; otherwise the parser's own message (``pandas`` names the CSV line).
+    In order: an empty file; no rows at all; a non-UTF-8 byte (line, column, byte, and the fix); for JSON
+    Lines, the first line that is not a JSON object; otherwise the parser's own message (``pandas`` names the
+    CSV line).
     """
     if os.path.getsize(path) == 0:
         return "the file is empty (0 bytes): no rows to train on"
@@ -156,7 +157,8 @@ def explain_load_error(path: str, builder: str, err: BaseException) -> str:
 
 
 def read_error(name: Any, split: str, err: BaseException) -> DataError:
-    """The :class:`DataError` for an exception raised while a stream reads its source ``name`` (``data.path``)."""
+    """The :class:`DataError` for an exception raised while a stream reads its source ``name``
+    (``data.path``)."""
     if isinstance(name, (str, os.PathLike)) and os.path.isfile(name):
         path = os.fspath(name)
         builder = {".csv": "csv", ".parquet": "parquet"}.get(os.path.splitext(path)[1].lower(), "json")

@@ -1,10 +1,11 @@
 """Padding-free batches: every example of the batch flattened into one row, no padding at all.
 
 Ours rather than a wrapper of transformers' ``DataCollatorWithFlattening``: the wrapper (our checks of empty,
-text, ragged and padded rows, then HF's collator) costs 2.1x the CPU time per batch of this one (1,896 vs 896 us,
-GSM8K rows, batches of 16: ``python scripts/bench_flattening.py``), over the 10% issue 16 allows; HF's collator also
-fills positions token by token in Python, ignores an ``attention_mask`` (it would flatten padding) and the
-``position_ids`` of packed rows (document boundaries lost). Outputs are equal (``tests/unit/test_collators.py``).
+text, ragged and padded rows, then HF's collator) costs 2.1x the CPU time per batch of this one (1,896 vs 896
+us, GSM8K rows, batches of 16: ``python scripts/bench_flattening.py``), over the 10% issue 16 allows; HF's
+collator also fills positions token by token in Python, ignores an ``attention_mask`` (it would flatten
+padding) and the ``position_ids`` of packed rows (document boundaries lost). Outputs are equal
+(``tests/unit/test_collators.py``).
 
 Sequences ``[10, 11, 12, 13]``, ``[20, 21, 22]`` and ``[30, 31]`` become::
 

@@ -1,7 +1,7 @@
 """Formats: tokenize the rows of each data format into ``input_ids`` / ``attention_mask`` / ``labels``.
 
-The formats, the columns that select them (:func:`~hf_lightning.data.sources.detect_format` reads the schema, never
-the first row; the first matching rule wins) and what is trained on:
+The formats, the columns that select them (:func:`~hf_lightning.data.sources.detect_format` reads the schema,
+never the first row; the first matching rule wins) and what is trained on:
 
 ============================  ====================  =========================================================
 columns                       format                targets
@@ -56,14 +56,15 @@ def _strings(batch: Mapping[str, list], field: str) -> list[str]:
 def _encode_counted(
     tokenizer: Any, texts: list[str], max_length: int | None, add_eos: bool = False, **kwargs: Any
 ) -> tuple[dict, list[int], list[bool]]:
-    """``tokenizer(texts, truncation=True, max_length=max_length)``, the tokens cut off per row, and which rows hold
-    no token but the special ones the tokenizer adds (an empty or blank text).
+    """``tokenizer(texts, truncation=True, max_length=max_length)``, the tokens cut off per row, and which
+    rows hold no token but the special ones the tokenizer adds (an empty or blank text).
 
-    One untruncated pass measures every row; only the rows that overflow are encoded again with truncation, so each
-    row equals ``tokenizer(text, truncation=True, max_length=max_length)`` exactly (special tokens a post-processor
-    appends survive truncation; plain slicing would cut them). ``add_eos`` (packed text) ends each non-empty row
-    with the EOS token unless the tokenizer already did; a row that does not fit with it is the truncated
-    encoding, so what truncation cuts includes that EOS (as TRL, which appends ``eos_token`` before tokenizing).
+    One untruncated pass measures every row; only the rows that overflow are encoded again with truncation, so
+    each row equals ``tokenizer(text, truncation=True, max_length=max_length)`` exactly (special tokens a
+    post-processor appends survive truncation; plain slicing would cut them). ``add_eos`` (packed text) ends
+    each non-empty row with the EOS token unless the tokenizer already did; a row that does not fit with it is
+    the truncated encoding, so what truncation cuts includes that EOS (as TRL, which appends ``eos_token``
+    before tokenizing).
     """
     enc = {k: [list(x) for x in v] for k, v in tokenizer(texts, **kwargs).items()}
     special = special_ids(tokenizer)
@@ -89,10 +90,12 @@ def _encode_counted(
 def tokenize_text(
     batch: dict[str, list], tokenizer: Any, max_length: int | None, add_eos: bool = False
 ) -> dict[str, list]:
-    """``text``: causal LM on every token, each row exactly ``tokenizer(text, truncation=True, max_length=...)``.
+    """``text``: causal LM on every token, each row exactly ``tokenizer(text, truncation=True,
+    max_length=...)``.
 
-    ``add_eos`` (set for packed rows only): each document ends with the EOS token, as TRL appends ``eos_token`` to
-    text before packing; without it packed documents would run into each other with no trained end.
+    ``add_eos`` (set for packed rows only): each document ends with the EOS token, as TRL appends
+    ``eos_token`` to text before packing; without it packed documents would run into each other with no
+    trained end.
     """
     enc, cut, empty = _encode_counted(tokenizer, _strings(batch, "text"), max_length, add_eos=add_eos)
     causes = [
@@ -160,8 +163,9 @@ def tokenize_classification(
 ) -> dict[str, list]:
     """``text`` + ``label``: sequence classification; ``label`` stays a column (the collator renames it).
 
-    Every tokenizer output (``input_ids``, ``attention_mask``, ``token_type_ids`` ...) is kept, truncated as in
-    :func:`tokenize_text`. String labels are mapped through ``label2id``; integer and float labels are kept.
+    Every tokenizer output (``input_ids``, ``attention_mask``, ``token_type_ids`` ...) is kept, truncated as
+    in :func:`tokenize_text`. String labels are mapped through ``label2id``; integer and float labels are
+    kept.
 
     Raises:
         DataError: a string label missing from ``label2id`` (named), or a label that is neither.
@@ -181,7 +185,8 @@ def tokenize_classification(
 
 
 def tokenize_seq2seq(batch: dict[str, list], tokenizer: Any, max_length: int) -> dict[str, list]:
-    """``source`` + ``target``: encoder input ``tokenizer(source)``, ``labels = tokenizer(text_target=target)``.
+    """``source`` + ``target``: encoder input ``tokenizer(source)``, ``labels =
+    tokenizer(text_target=target)``.
 
     Both sides are truncated to ``max_length``; a row counts as truncated when either side was.
     """
@@ -244,8 +249,9 @@ def fitting_formats(columns: Sequence[str]) -> list[str]:
 
 
 def rename_hint(columns: Sequence[str]) -> str:
-    """A ``+data.rename_columns=...`` override that maps the first columns onto a format's names: two columns to
-    ``prompt`` / ``completion``, one to ``text`` (``question, answer`` -> ``{question: prompt, answer: completion}``).
+    """A ``+data.rename_columns=...`` override that maps the first columns onto a format's names: two columns
+    to ``prompt`` / ``completion``, one to ``text`` (``question, answer`` -> ``{question: prompt, answer:
+    completion}``).
     """
     cols = list(columns)
     if len(cols) >= 2:
@@ -254,8 +260,9 @@ def rename_hint(columns: Sequence[str]) -> str:
 
 
 def check_columns(columns: Sequence[str], fmt: str, path: Any, split: str) -> None:
-    """Raise :class:`DataError` naming the missing field when ``columns`` cannot feed format ``fmt``; the message
-    names the formats the columns do fit (and ``data.format=auto``) or the rename that would fit ``fmt``."""
+    """Raise :class:`DataError` naming the missing field when ``columns`` cannot feed format ``fmt``; the
+    message names the formats the columns do fit (and ``data.format=auto``) or the rename that would fit
+    ``fmt``."""
     missing = [c for c in SOURCE_COLUMNS[fmt] if c not in columns]
     if missing:
         what = (

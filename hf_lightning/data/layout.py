@@ -1,4 +1,5 @@
-"""``data.layout=auto``: the fastest batch layout that keeps the loss exact, chosen once at setup and said in the log.
+"""``data.layout=auto``: the fastest batch layout that keeps the loss exact, chosen once at setup and said in
+the log.
 
 The layouts, and what each costs (``docs/benchmarks.md`` section 3 measures them side by side):
 
@@ -18,22 +19,23 @@ packed            almost all (``data.packing``)             more documents per s
 ``auto`` keeps every step's documents (so the run is the padded run, step for step, up to float rounding) and
 removes the padding the model's attention allows:
 
-1. a causal-LM format and a model that keeps the documents of one row apart (``forward`` takes ``position_ids``,
-   no KV cache, and the probe of :func:`~hf_lightning.data.checks.packed_sequences_isolated` passes):
-   **padding-free** when its attention is a variable-length kernel (``flash_attention_*``: it attends within each
-   document, ``sum(L_i**2)`` work); otherwise (``sdpa``, ``eager``, whose mask over one flat row of
-   ``T = sum(L_i)`` tokens is a dense ``(T, T)``: about ``B`` times the padded rows' attention) **packed per
-   batch**, whose rows are no longer than the padded rows.
+1. a causal-LM format and a model that keeps the documents of one row apart (``forward`` takes
+   ``position_ids``, no KV cache, and the probe of :func:`~hf_lightning.data.checks.packed_sequences_isolated`
+   passes): **padding-free** when its attention is a variable-length kernel (``flash_attention_*``: it attends
+   within each document, ``sum(L_i**2)`` work); otherwise (``sdpa``, ``eager``, whose mask over one flat row
+   of ``T = sum(L_i)`` tokens is a dense ``(T, T)``: about ``B`` times the padded rows' attention) **packed
+   per batch**, whose rows are no longer than the padded rows.
 2. classification (one loss per example, each example weighs ``1/B`` in any batch): **length-grouped**.
-3. otherwise (seq2seq, a model that cannot keep documents apart, no model to probe): **padded**, said in the line.
+3. otherwise (seq2seq, a model that cannot keep documents apart, no model to probe): **padded**, said in the
+   line.
 
 Not chosen, although each keeps the loss per token: length grouping for token losses, because a step's loss is
 divided by its own target count, so batches of short documents weigh each of their tokens more than batches of
-long ones (on the default experiment it left ``val/loss`` at 6.19 after 60 steps, against 3.68 padded); dataset
-packing, because it changes how many documents a step holds, so an experiment's learning rate, batch size and
-step count no longer mean what they say. A layout set by hand (``data.group_by_length``, ``data.packing``,
-``data.padding_free``) wins over ``auto``. ``HFDataModule`` and ``conf/data/default.yaml`` default to
-``layout=null`` (those three keys as given); the shipped experiments set ``auto``.
+long ones (on the default experiment it left ``val/loss`` at 6.19 after 60 steps, against 3.68 padded);
+dataset packing, because it changes how many documents a step holds, so an experiment's learning rate, batch
+size and step count no longer mean what they say. A layout set by hand (``data.group_by_length``,
+``data.packing``, ``data.padding_free``) wins over ``auto``. ``HFDataModule`` and ``conf/data/default.yaml``
+default to ``layout=null`` (those three keys as given); the shipped experiments set ``auto``.
 """
 
 from __future__ import annotations
@@ -100,8 +102,8 @@ def check_layout(layout: Any) -> None:
     """
     if layout not in (None, "auto"):
         raise ConfigError(
-            f"data.layout={layout!r}; expected auto (the fastest exact layout the data and model allow) or null "
-            "(data.group_by_length, data.packing and data.padding_free as given)"
+            f"data.layout={layout!r}; expected auto (the fastest exact layout the data and model allow) or "
+            "null (data.group_by_length, data.packing and data.padding_free as given)"
         )
 
 
@@ -128,8 +130,8 @@ def cannot_flatten(model: Any, forward_kwargs: Mapping[str, Any] | None) -> str 
         return f"{name}'s parameters are not materialised here, so its attention could not be probed"
     if not isolated:
         return (
-            f"{name} with {attention_of(model)!r} attention lets the documents of one row attend to each other "
-            "(probed)"
+            f"{name} with {attention_of(model)!r} attention lets the documents of one row attend to each "
+            "other (probed)"
         )
     return None
 
@@ -186,9 +188,10 @@ def choose_layout(
 def apply_layout(
     dm: Any, given: tuple[bool, str | None, bool], fmt: str, model: Any, forward_kwargs: Any
 ) -> Layout:
-    """Choose ``dm``'s layout (:func:`choose_layout` of ``dm.layout`` and the settings it was ``given``) and set its
-    ``group_by_length``, ``packing`` and ``padding_free`` to it; called by ``HFDataModule.setup``. Packed per
-    batch is padding-free for tokenization, the checks and evaluation; only the training collator differs."""
+    """Choose ``dm``'s layout (:func:`choose_layout` of ``dm.layout`` and the settings it was ``given``) and
+    set its ``group_by_length``, ``packing`` and ``padding_free`` to it; called by ``HFDataModule.setup``.
+    Packed per batch is padding-free for tokenization, the checks and evaluation; only the training collator
+    differs."""
     group_by_length, packing, padding_free = given
     chosen = choose_layout(
         dm.layout,

@@ -1,10 +1,11 @@
 """What the data needs to know about the model: its input and label names (HF ``remove_unused_columns``).
 
-HF ``Trainer`` keeps the ``forward`` parameters plus ``label``, ``label_ids`` and ``label_names`` and drops the
-rest, logging the dropped columns at INFO (so most users never see it). Here the drop is logged once at WARNING
-(:func:`~hf_lightning.data.tokenize.prune_dataset`, :class:`~hf_lightning.data.collators.PruneColumnsCollator`),
-and a dataset left with no model input is an error that lists what was found (:func:`check_inputs_survive`),
-instead of an empty batch deep inside the model.
+HF ``Trainer`` keeps the ``forward`` parameters plus ``label``, ``label_ids`` and ``label_names`` and drops
+the rest, logging the dropped columns at INFO (so most users never see it). Here the drop is logged once at
+WARNING (:func:`~hf_lightning.data.tokenize.prune_dataset`,
+:class:`~hf_lightning.data.collators.PruneColumnsCollator`), and a dataset left with no model input is an
+error that lists what was found (:func:`check_inputs_survive`), instead of an empty batch deep inside the
+model.
 
 Example: ``forward(input_ids, attention_mask, position_ids, labels)`` with columns
 ``input_ids, attention_mask, labels, label, text, id`` keeps ``input_ids, attention_mask, labels, label`` and
@@ -54,8 +55,8 @@ def forward_parameters(model: Any) -> list[str]:
 
 def find_label_names(model: Any) -> list[str]:
     """HF's ``transformers.utils.find_labels`` of the (unwrapped) model's class: ``forward`` parameters with
-    ``label`` in their name, plus ``start_positions``/``end_positions`` for question answering; ``["labels"]`` if
-    none."""
+    ``label`` in their name, plus ``start_positions``/``end_positions`` for question answering; ``["labels"]``
+    if none."""
     from transformers.utils import find_labels
 
     return find_labels(type(unwrap_model(model))) or ["labels"]
@@ -90,8 +91,8 @@ def check_inputs_survive(
 
 @dataclass(frozen=True)
 class Columns:
-    """What column pruning keeps: ``keep`` (model inputs, then the label columns), ``inputs`` (the model's input
-    names) and ``inputs_from`` (where those came from, for messages)."""
+    """What column pruning keeps: ``keep`` (model inputs, then the label columns), ``inputs`` (the model's
+    input names) and ``inputs_from`` (where those came from, for messages)."""
 
     keep: list[str]
     inputs: list[str]
@@ -101,7 +102,8 @@ class Columns:
 def resolve_columns(
     model: Any, model_input_names: Sequence[str] | None, label_names: Sequence[str], tokenizer: Any
 ) -> Columns:
-    """:class:`Columns` of a model (or of ``model_input_names``, else the tokenizer's names) and ``label_names``."""
+    """:class:`Columns` of a model (or of ``model_input_names``, else the tokenizer's names) and
+    ``label_names``."""
     inputs, inputs_from = resolve_model_inputs(model, model_input_names, tokenizer)
     return Columns(signature_columns(inputs, label_names), inputs, inputs_from)
 

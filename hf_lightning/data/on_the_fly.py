@@ -1,8 +1,8 @@
 """Tokenize on the fly: streams and plain torch datasets, one example at a time, as :mod:`tokenize` would.
 
 :class:`ExampleProcessor` runs a format function of :mod:`~hf_lightning.data.formats` on one example (inside
-``DataLoader`` workers for a stream, see :mod:`~hf_lightning.data.streams`); :func:`scan_torch_dataset` reads a torch
-map-style dataset once to count truncations, drop rows without a target and measure lengths.
+``DataLoader`` workers for a stream, see :mod:`~hf_lightning.data.streams`); :func:`scan_torch_dataset` reads
+a torch map-style dataset once to count truncations, drop rows without a target and measure lengths.
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ def fn_kwargs_for(
 ) -> dict:
     """The keyword arguments of format ``fmt``'s function.
 
-    ``wrapped`` packing tokenizes whole documents (``max_length=None``: the concatenation is cut, no document is
-    truncated; HF ``run_clm``'s ``group_texts`` and TRL's ``wrapped`` keep every token too); packed ``text`` ends
-    each document with EOS; packed and padding-free pre-tokenized rows lose their padding.
+    ``wrapped`` packing tokenizes whole documents (``max_length=None``: the concatenation is cut, no document
+    is truncated; HF ``run_clm``'s ``group_texts`` and TRL's ``wrapped`` keep every token too); packed
+    ``text`` ends each document with EOS; packed and padding-free pre-tokenized rows lose their padding.
     """
     kwargs: dict[str, Any] = {
         "tokenizer": tokenizer,
@@ -48,17 +48,19 @@ def fn_kwargs_for(
 
 
 class ExampleProcessor:
-    """Tokenizes one example on the fly (streams, plain torch datasets), as :func:`~hf_lightning.data.tokenize.tokenize_dataset` would.
+    """Tokenizes one example on the fly (streams, plain torch datasets), as
+    :func:`~hf_lightning.data.tokenize.tokenize_dataset` would.
 
     Args:
         fmt: a format name of :mod:`~hf_lightning.data.formats`.
-        tokenizer / max_length / label2id / packing / padding_free: as for :func:`~hf_lightning.data.tokenize.tokenize_dataset`.
+        tokenizer / max_length / label2id / packing / padding_free: as for
+        :func:`~hf_lightning.data.tokenize.tokenize_dataset`.
 
-    Calling it with one example mapping returns ``(example, report)``: the example keeps the columns the format does
-    not read; ``report`` holds its report columns (:mod:`~hf_lightning.data.row_report`). A row without a target
-    comes back as a zero-weight stand-in (labels all -100; one pad token when it has no real token, so that no
-    ``(B, 0)`` batch can reach a model), for streams that cannot drop it. Picklable (runs inside ``DataLoader``
-    workers).
+    Calling it with one example mapping returns ``(example, report)``: the example keeps the columns the
+    format does not read; ``report`` holds its report columns (:mod:`~hf_lightning.data.row_report`). A row
+    without a target comes back as a zero-weight stand-in (labels all -100; one pad token when it has no real
+    token, so that no ``(B, 0)`` batch can reach a model), for streams that cannot drop it. Picklable (runs
+    inside ``DataLoader`` workers).
 
     Raises:
         DataError: a missing field or a bad value (from the format function).
@@ -92,7 +94,8 @@ class ExampleProcessor:
         return row, report
 
     def stand_in(self, row: dict[str, Any], cause: str) -> dict[str, Any]:
-        """``row`` with no loss term; a row with no real token becomes one pad token (attended, label -100)."""
+        """``row`` with no loss term; a row with no real token becomes one pad token (attended, label
+        -100)."""
         if cause in (EMPTY, ALL_PADDING):
             token = {"input_ids": [self.pad_token_id], "attention_mask": [1], "position_ids": [0]}
             row = {**row, **{k: v for k, v in token.items() if k == "input_ids" or k in row}}
@@ -121,9 +124,11 @@ class ProcessedDataset(Dataset):
 def scan_torch_dataset(
     base: Any, processor: ExampleProcessor, split: str, path: Any = None
 ) -> tuple[ProcessedDataset, list[int]]:
-    """One pass over a torch map-style dataset: ``(view without target-less rows, token length of each kept row)``.
+    """One pass over a torch map-style dataset: ``(view without target-less rows, token length of each kept
+    row)``.
 
-    Truncated and dropped rows are counted and logged at WARNING (per cause), as :func:`~hf_lightning.data.tokenize.tokenize_dataset` does.
+    Truncated and dropped rows are counted and logged at WARNING (per cause), as
+    :func:`~hf_lightning.data.tokenize.tokenize_dataset` does.
 
     Raises:
         DataError: a bad row (named by index) or nothing left.
@@ -143,8 +148,8 @@ def scan_torch_dataset(
     report.log(processor.kwargs["max_length"])
     if not keep:
         raise DataError(
-            f"data.path={path}: the {split} split is empty after tokenization: {n} rows were read and none has a "
-            f"trained-on token [{report.describe_causes()}]; raise data.max_length (now "
+            f"data.path={path}: the {split} split is empty after tokenization: {n} rows were read and none "
+            f"has a trained-on token [{report.describe_causes()}]; raise data.max_length (now "
             f"{processor.kwargs['max_length']}) or check which fields hold the targets"
         )
     return ProcessedDataset(base, processor, keep), lengths

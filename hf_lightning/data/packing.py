@@ -4,11 +4,11 @@
 into the open row with the least room that still fits it (ties: the row that came to have that room first, as
 TRL), else a new row.
 Documents stay whole and isolated: each restarts its ``position_ids`` at 0 and its first token is not a
-target. So a document longer than ``max_length`` cannot be packed whole: it is truncated at tokenization, like an
-unpacked row, and the rows and tokens cut are counted in the log. TRL's ``bfd`` cuts the same overflow without a
-word (its ``bfd_split`` spreads it over rows as separate documents, which breaks a conversation apart); to keep
-every token of long documents use ``wrapped``. A row of three documents of lengths 3, 2 and 2 with ``max_length``
-8::
+target. So a document longer than ``max_length`` cannot be packed whole: it is truncated at tokenization, like
+an unpacked row, and the rows and tokens cut are counted in the log. TRL's ``bfd`` cuts the same overflow
+without a word (its ``bfd_split`` spreads it over rows as separate documents, which breaks a conversation
+apart); to keep every token of long documents use ``wrapped``. A row of three documents of lengths 3, 2 and 2
+with ``max_length`` 8::
 
     input_ids     a0   a1   a2 | b0   b1 | c0   c1 | pad
     position_ids   0    1    2 |  0    1 |  0    1 |   0
@@ -24,16 +24,17 @@ every token of long documents use ``wrapped``. A row of three documents of lengt
         c1           1 1
 
 ``wrapped`` (TRL's ``"wrapped"``, HF ``run_clm``'s ``group_texts``): all documents, tokenized whole (no
-truncation), concatenated and cut every ``max_length`` tokens: every token is kept, the last row may be shorter
-(``group_texts`` drops that remainder). Documents in a row attend to each other, as in classic pre-training.
+truncation), concatenated and cut every ``max_length`` tokens: every token is kept, the last row may be
+shorter (``group_texts`` drops that remainder). Documents in a row attend to each other, as in classic
+pre-training.
 
-Where one document ends is marked by the documents themselves, never after a cut: ``text`` documents end with EOS
-when packed (TRL appends ``eos_token`` to each text; ``group_texts`` adds nothing), prompt/completion rows always
-end with EOS, chat rows with the template's end of turn, and pre-tokenized rows are packed as given.
+Where one document ends is marked by the documents themselves, never after a cut: ``text`` documents end with
+EOS when packed (TRL appends ``eos_token`` to each text; ``group_texts`` adds nothing), prompt/completion rows
+always end with EOS, chat rows with the template's end of turn, and pre-tokenized rows are packed as given.
 
 The packing efficiency, real tokens / (rows x ``max_length``), is logged at INFO. The rows are computed by
-:mod:`~hf_lightning.data.packing_engine` on Arrow offsets and lengths (no token goes through Python; the packed
-columns are int32, 12 bytes per token). A stream is not packed (:func:`check_packing` says why).
+:mod:`~hf_lightning.data.packing_engine` on Arrow offsets and lengths (no token goes through Python; the
+packed columns are int32, 12 bytes per token). A stream is not packed (:func:`check_packing` says why).
 """
 
 from __future__ import annotations
@@ -97,20 +98,23 @@ def check_packing(
     model: Any = None,
     forward_kwargs: Mapping[str, Any] | None = None,
 ) -> str | None:
-    """Every rule of ``data.packing`` (and of ``data.padding_free``, which shares the model's part), in one place.
+    """Every rule of ``data.packing`` (and of ``data.padding_free``, which shares the model's part), in one
+    place.
 
-    A rule runs when its facts are given (``None``: not known yet), so the config schema calls it before anything
-    is built (``packing``, ``task``, ``encoder_decoder``) and ``HFDataModule.setup`` once with the data and the
-    model (``fmt``, ``stream``, ``model``, ``forward_kwargs``).
+    A rule runs when its facts are given (``None``: not known yet), so the config schema calls it before
+    anything is built (``packing``, ``task``, ``encoder_decoder``) and ``HFDataModule.setup`` once with the
+    data and the model (``fmt``, ``stream``, ``model``, ``forward_kwargs``).
 
     Args:
         packing / padding_free: the two options as given.
-        fmt: the data format (:mod:`~hf_lightning.data.formats`); only causal formats can be packed or flattened.
-        stream: whether the training source is a stream (packing needs the whole dataset).
+        fmt: the data format (:mod:`~hf_lightning.data.formats`); only causal formats can be packed or
+        flattened. stream: whether the training source is a stream (packing needs the whole dataset).
         task / encoder_decoder: the model's task (``model.task``) and whether it is an encoder-decoder.
-        model: the ``nn.Module``; its ``forward`` must take ``position_ids`` and its attention must keep packed
+        model: the ``nn.Module``; its ``forward`` must take ``position_ids`` and its attention must keep
+        packed
             sequences apart (:func:`~hf_lightning.data.checks.check_sequence_isolation`, a probe forward).
-        forward_kwargs: what the LightningModule passes to every forward (``use_cache=False`` keeps the sequences
+        forward_kwargs: what the LightningModule passes to every forward (``use_cache=False`` keeps the
+        sequences
             apart; without it one WARNING, else no line).
 
     Returns:
@@ -122,9 +126,9 @@ def check_packing(
     strategy = packing_strategy(packing)
     if strategy and encoder_decoder:
         raise ConfigError(
-            f"data.packing={strategy!r} with an encoder-decoder model (model.task={task}): packing concatenates "
-            "examples into one causal sequence, which an encoder-decoder cannot attend correctly; allowed "
-            "values: false"
+            f"data.packing={strategy!r} with an encoder-decoder model (model.task={task}): packing "
+            "concatenates examples into one causal sequence, which an encoder-decoder cannot attend "
+            "correctly; allowed values: false"
         )
     if strategy and task == "sequence_classification":
         raise ConfigError(
@@ -177,10 +181,10 @@ def _check_model_separates_sequences(
 def best_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int]]:
     """Bins of example indices, each summing to at most ``capacity`` (best-fit decreasing).
 
-    Examples go longest first (ties in dataset order), each into the bin with the least room that still fits it;
-    among bins with that room, the one that came to have it first (TRL's ``_pack_bfd`` rule, so the rows are TRL's
-    row for row). Empty examples are in no bin (TRL leaves them out too). Example: lengths ``[3, 7, 2, 5, 1]`` with
-    capacity 8 give ``[[1, 4], [3, 0], [2]]`` (7+1, 5+3, 2). Computed by
+    Examples go longest first (ties in dataset order), each into the bin with the least room that still fits
+    it; among bins with that room, the one that came to have it first (TRL's ``_pack_bfd`` rule, so the rows
+    are TRL's row for row). Empty examples are in no bin (TRL leaves them out too). Example: lengths ``[3, 7,
+    2, 5, 1]`` with capacity 8 give ``[[1, 4], [3, 0], [2]]`` (7+1, 5+3, 2). Computed by
     :func:`~hf_lightning.data.packing_engine.best_fit_rows` (O(n log capacity)).
 
     Raises:
@@ -195,12 +199,12 @@ def best_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int]
 def pack_bfd(ds: datasets.Dataset, max_length: int) -> datasets.Dataset:
     """Pack documents whole with :func:`best_fit_decreasing`; per-document positions, first tokens masked.
 
-    Computed on Arrow offsets (:func:`~hf_lightning.data.packing_engine.pack_bfd_table`): no token goes through
-    Python.
+    Computed on Arrow offsets (:func:`~hf_lightning.data.packing_engine.pack_bfd_table`): no token goes
+    through Python.
 
     Returns:
-        a dataset with ``input_ids``, ``labels`` and ``position_ids`` columns (int32 lists, one row per bin), each
-        row's three the same length.
+        a dataset with ``input_ids``, ``labels`` and ``position_ids`` columns (int32 lists, one row per bin),
+        each row's three the same length.
 
     Raises:
         ValueError: a document longer than ``max_length`` (tokenization truncates them first).
@@ -211,8 +215,8 @@ def pack_bfd(ds: datasets.Dataset, max_length: int) -> datasets.Dataset:
 def pack_wrapped(ds: datasets.Dataset, max_length: int) -> datasets.Dataset:
     """Concatenate every document as it is (no separator added) and cut into ``max_length`` rows.
 
-    Example: documents ``[1, 2, 3]``, ``[4, 5, 2]``, ``[6]`` with ``max_length`` 4 give rows ``[1, 2, 3, 4]`` and
-    ``[5, 2, 6]``.
+    Example: documents ``[1, 2, 3]``, ``[4, 5, 2]``, ``[6]`` with ``max_length`` 4 give rows ``[1, 2, 3, 4]``
+    and ``[5, 2, 6]``.
 
     Returns:
         a dataset with ``input_ids``, ``labels`` and ``position_ids`` (``0..n-1``) columns (int32 lists).
@@ -221,7 +225,8 @@ def pack_wrapped(ds: datasets.Dataset, max_length: int) -> datasets.Dataset:
 
 
 def documents_across_rows(lengths: Sequence[int], max_length: int) -> int:
-    """How many documents of ``lengths``, concatenated and cut every ``max_length`` tokens, span two rows or more."""
+    """How many documents of ``lengths``, concatenated and cut every ``max_length`` tokens, span two rows or
+    more."""
     return documents_across(lengths, max_length)
 
 
@@ -237,8 +242,9 @@ def announce_document_ends(tokenizer: Any, fmt: str, packing: str | None) -> Non
         )
         return
     log.info(
-        "data.packing=%s: each text document ends with the EOS token %r (id %d) unless the tokenizer ended it with "
-        "one, as TRL does; unpacked and padding-free rows stay exactly tokenizer(text, truncation=True, max_length=...)",
+        "data.packing=%s: each text document ends with the EOS token %r (id %d) unless the tokenizer ended "
+        "it with one, as TRL does; unpacked and padding-free rows stay exactly tokenizer(text, "
+        "truncation=True, max_length=...)",
         packing,
         tokenizer.eos_token,
         eos,

@@ -1,18 +1,19 @@
-"""The packing engine: ``bfd`` and ``wrapped`` rows computed on Arrow offsets and lengths, never per token in Python.
+"""The packing engine: ``bfd`` and ``wrapped`` rows computed on Arrow offsets and lengths, never per token in
+Python.
 
-:mod:`~hf_lightning.data.packing` says what the rows are; this module computes them. Per document, Python touches
-one length (the best-fit choice, a ``bisect`` over the distinct rooms left: O(n log max_length)); every token moves
-in Arrow or numpy (``pyarrow.compute.take`` on the list column, index arithmetic for labels and positions). Memory:
-the input columns as they are (a memory-mapped ``datasets`` table stays mapped) plus the output, three int32
-columns: 12 bytes per packed token, and a few bytes per document.
+:mod:`~hf_lightning.data.packing` says what the rows are; this module computes them. Per document, Python
+touches one length (the best-fit choice, a ``bisect`` over the distinct rooms left: O(n log max_length));
+every token moves in Arrow or numpy (``pyarrow.compute.take`` on the list column, index arithmetic for labels
+and positions). Memory: the input columns as they are (a memory-mapped ``datasets`` table stays mapped) plus
+the output, three int32 columns: 12 bytes per packed token, and a few bytes per document.
 
-Why ours rather than ``trl.pack_dataset`` (TRL 1.16, ``trl/data_utils.py``), whose rows ``bfd`` and ``wrapped``
-reproduce: TRL packs inside ``Dataset.map(batched=True)``, so each map batch (1,000 documents by default, what
-``SFTTrainer`` uses) is packed on its own: ``bfd`` bins documents only against the others of its batch, and
-``wrapped`` leaves a short row at the end of every batch. Its ``bfd`` cuts documents longer than ``seq_length``
-and drops empty ones without a word (we count the cut at tokenization, see
-:mod:`~hf_lightning.data.row_report`), gives ``seq_lengths`` but no ``position_ids`` and no label masking of each
-document's first token, and its best-fit search walks a segment tree in Python per document.
+Why ours rather than ``trl.pack_dataset`` (TRL 1.16, ``trl/data_utils.py``), whose rows ``bfd`` and
+``wrapped`` reproduce: TRL packs inside ``Dataset.map(batched=True)``, so each map batch (1,000 documents by
+default, what ``SFTTrainer`` uses) is packed on its own: ``bfd`` bins documents only against the others of its
+batch, and ``wrapped`` leaves a short row at the end of every batch. Its ``bfd`` cuts documents longer than
+``seq_length`` and drops empty ones without a word (we count the cut at tokenization, see
+:mod:`~hf_lightning.data.row_report`), gives ``seq_lengths`` but no ``position_ids`` and no label masking of
+each document's first token, and its best-fit search walks a segment tree in Python per document.
 """
 
 from __future__ import annotations
@@ -38,17 +39,18 @@ BLOCK_TOKENS = 1 << 18
 def best_fit_rows(lengths: np.ndarray, capacity: int) -> tuple[np.ndarray, np.ndarray]:
     """Best-fit decreasing over document lengths, as ``(order, docs_per_row)``.
 
-    Documents go longest first (ties in dataset order), each into the row with the least room that still fits it;
-    among rows with that room, the one that came to have it first (TRL's ``_pack_bfd`` rule); else a new row.
-    Empty documents are left out (as TRL does).
+    Documents go longest first (ties in dataset order), each into the row with the least room that still fits
+    it; among rows with that room, the one that came to have it first (TRL's ``_pack_bfd`` rule); else a new
+    row. Empty documents are left out (as TRL does).
 
     Args:
         lengths: int array ``(n,)``, tokens per document.
         capacity: tokens per row (``max_length``).
 
     Returns:
-        ``order``: int64 ``(m,)``, the non-empty documents' indices, row after row (rows in the order they were
-        opened, documents in each row in the order they were placed); ``docs_per_row``: int64 ``(rows,)``.
+        ``order``: int64 ``(m,)``, the non-empty documents' indices, row after row (rows in the order they
+        were opened, documents in each row in the order they were placed); ``docs_per_row``: int64
+        ``(rows,)``.
 
     Raises:
         ValueError: a document longer than ``capacity`` (the longest, first in dataset order, is named).
@@ -108,8 +110,9 @@ def _rows(offsets: np.ndarray, values: pa.Array) -> pa.Array:
 def _gather(
     ids: pa.Array, labels: pa.Array | None, order: np.ndarray, doc_lengths: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The tokens, labels (first of each document -100) and positions of the documents ``order``, one after the
-    other: int32 ``(total,)`` each, filled :data:`BLOCK_TOKENS` at a time so that the scratch stays bounded."""
+    """The tokens, labels (first of each document -100) and positions of the documents ``order``, one after
+    the other: int32 ``(total,)`` each, filled :data:`BLOCK_TOKENS` at a time so that the scratch stays
+    bounded."""
     ends = np.cumsum(doc_lengths)
     total = int(ends[-1]) if ends.size else 0
     out_ids, out_labels, out_pos = (np.empty(total, np.int32) for _ in range(3))
@@ -160,8 +163,8 @@ def pack_wrapped_table(ids: pa.Array, labels: pa.Array | None, capacity: int) ->
     """Every token of every document, concatenated as given and cut every ``capacity`` tokens.
 
     Returns:
-        ``input_ids``, ``labels`` (as given, or ``input_ids``) and ``position_ids`` (``0..n-1`` per row): int32
-        lists; the last row may be shorter.
+        ``input_ids``, ``labels`` (as given, or ``input_ids``) and ``position_ids`` (``0..n-1`` per row):
+        int32 lists; the last row may be shorter.
     """
     values = _values(ids)
     total = len(values)
@@ -203,14 +206,15 @@ def _list_or_empty(table: pa.Table, name: str) -> pa.Array:
 def to_dataset(table: pa.Table) -> datasets.Dataset:
     """An in-memory ``datasets.Dataset`` over ``table`` (no copy).
 
-    With a random fingerprint, as ``datasets`` gives in-memory tables it cannot hash: left to compute one, it would
-    pickle the whole table (about 30 bytes of Python memory per token).
+    With a random fingerprint, as ``datasets`` gives in-memory tables it cannot hash: left to compute one, it
+    would pickle the whole table (about 30 bytes of Python memory per token).
     """
     return datasets.Dataset(table, fingerprint=generate_random_fingerprint())
 
 
 def documents_across(lengths: Any, capacity: int) -> int:
-    """How many documents of ``lengths``, concatenated and cut every ``capacity`` tokens, span two rows or more."""
+    """How many documents of ``lengths``, concatenated and cut every ``capacity`` tokens, span two rows or
+    more."""
     lengths = np.asarray(lengths, dtype=np.int64)
     starts = np.cumsum(lengths) - lengths
     ends = starts + lengths - 1

@@ -7,9 +7,9 @@ end). So that rank evaluates one *placeholder*: a masked copy of an example (eve
 :class:`~hf_lightning.data.samplers.PlaceholderRow`), which adds nothing to the loss, accuracy or F1 sums.
 
 A LightningModule that sets ``handles_placeholder_batches = True`` (as
-:class:`~hf_lightning.HFLightningModule` does) gets such a batch marked with ``batch[PLACEHOLDER_KEY] = True``, and
-leaves it out of ``compute_metrics`` and of the predictions too. Any other module receives the masked copy as it
-is, like the masked top-up rows of training.
+:class:`~hf_lightning.HFLightningModule` does) gets such a batch marked with ``batch[PLACEHOLDER_KEY] =
+True``, and leaves it out of ``compute_metrics`` and of the predictions too. Any other module receives the
+masked copy as it is, like the masked top-up rows of training.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ PLACEHOLDER_KEY = "placeholder_batch"
 
 
 class PlaceholderAwareCollator:
-    """Wraps an evaluation collator: a batch whose examples are all placeholders gets ``PLACEHOLDER_KEY: True``."""
+    """Wraps an evaluation collator: a batch whose examples are all placeholders gets ``PLACEHOLDER_KEY:
+    True``."""
 
     def __init__(self, collate: Callable[[Sequence[Any]], Any]) -> None:
         self.collate = collate

@@ -1,16 +1,18 @@
 """The longest row a model can take, checked against ``data.max_length`` at setup.
 
 A model with a *learned* absolute position table (GPT-2's ``wpe``, GPT-Neo, OPT, BART, BERT/RoBERTa) or a
-precomputed table of rotary angles (GPT-J, CodeGen) has one row per position: a longer sequence indexes past it,
-and the first such batch dies with ``IndexError: index out of range in self`` (on a GPU a device-side assert that
-kills the process), possibly hours into a run. Those limits are refused at setup. Rotary models that compute their
-angles on the fly (Llama, Qwen, Mistral, GPT-NeoX, ...) run past ``max_position_embeddings`` without any error
-(transformers does too); there the field only says what the model was trained on, so a longer ``max_length`` is a
-WARNING, not an error. Models with relative positions (T5) or ALiBi (BLOOM) have no limit and are not checked.
+precomputed table of rotary angles (GPT-J, CodeGen) has one row per position: a longer sequence indexes past
+it, and the first such batch dies with ``IndexError: index out of range in self`` (on a GPU a device-side
+assert that kills the process), possibly hours into a run. Those limits are refused at setup. Rotary models
+that compute their angles on the fly (Llama, Qwen, Mistral, GPT-NeoX, ...) run past
+``max_position_embeddings`` without any error (transformers does too); there the field only says what the
+model was trained on, so a longer ``max_length`` is a WARNING, not an error. Models with relative positions
+(T5) or ALiBi (BLOOM) have no limit and are not checked.
 
-The limit is read from the model itself: the position table whose row count matches one of the config fields of
-:data:`POSITION_FIELDS` (less the rows its positions skip: OPT and BART start at 2, RoBERTa after its padding index).
-HF's ``run_clm.py`` caps ``block_size`` at ``tokenizer.model_max_length`` instead; the model's table is what fails.
+The limit is read from the model itself: the position table whose row count matches one of the config fields
+of :data:`POSITION_FIELDS` (less the rows its positions skip: OPT and BART start at 2, RoBERTa after its
+padding index). HF's ``run_clm.py`` caps ``block_size`` at ``tokenizer.model_max_length`` instead; the model's
+table is what fails.
 """
 
 from __future__ import annotations
@@ -34,8 +36,9 @@ POSITION_FIELDS = ("n_positions", "max_position_embeddings", "n_ctx", "max_seque
 
 @dataclass(frozen=True)
 class PositionLimit:
-    """``tokens``: the longest sequence the model takes; ``field`` / ``value``: the config field it comes from;
-    ``hard``: a longer sequence fails (a position table) rather than runs untrained (rotary angles on the fly)."""
+    """``tokens``: the longest sequence the model takes; ``field`` / ``value``: the config field it comes
+    from; ``hard``: a longer sequence fails (a position table) rather than runs untrained (rotary angles on
+    the fly)."""
 
     tokens: int
     field: str
@@ -52,7 +55,8 @@ def _config_limit(config: Any) -> tuple[str, int] | None:
 
 
 def _skipped_rows(table: nn.Embedding) -> int:
-    """Rows of a position table that no position uses: OPT/BART's ``offset`` (2), RoBERTa's padding index + 1."""
+    """Rows of a position table that no position uses: OPT/BART's ``offset`` (2), RoBERTa's padding index +
+    1."""
     offset = getattr(table, "offset", None)
     if isinstance(offset, int):
         return offset
@@ -86,16 +90,18 @@ def position_limit(model: Any) -> PositionLimit | None:
 
 
 def longest_row(max_length: int, pad_to_multiple_of: int | None, padding_free: bool) -> int:
-    """Positions of the longest row a batch can hold: ``max_length`` rounded up to ``pad_to_multiple_of`` (padded
-    and packed batches; a padding-free row restarts its ``position_ids`` per sequence and is never rounded)."""
+    """Positions of the longest row a batch can hold: ``max_length`` rounded up to ``pad_to_multiple_of``
+    (padded and packed batches; a padding-free row restarts its ``position_ids`` per sequence and is never
+    rounded)."""
     if padding_free or not pad_to_multiple_of:
         return max_length
     return -(-max_length // pad_to_multiple_of) * pad_to_multiple_of
 
 
 def longest_measured(splits: Mapping[str, Any]) -> tuple[int, str] | None:
-    """``(tokens, split)`` of the longest row over the splits (``input_ids``, and list ``labels`` such as seq2seq
-    targets), read from Arrow; ``None`` when a split cannot be measured ahead (a stream, a torch dataset)."""
+    """``(tokens, split)`` of the longest row over the splits (``input_ids``, and list ``labels`` such as
+    seq2seq targets), read from Arrow; ``None`` when a split cannot be measured ahead (a stream, a torch
+    dataset)."""
     best: tuple[int, str] = (0, "")
     for split, ds in splits.items():
         if ds is None:
@@ -120,13 +126,15 @@ def check_positions(
 ) -> None:
     """Refuse rows the model's position table cannot hold; warn past a rotary model's trained length.
 
-    Nothing to check while ``data.max_length`` (rounded up to ``pad_to_multiple_of``) fits. Past that, the rows of
-    ``splits`` (the prepared, tokenized or packed datasets) are measured: when every one fits, one WARNING says
-    that ``data.max_length`` exceeds the model's positions (a longer row would fail); when one does not, or the data
-    cannot be measured ahead (streams, torch datasets, ``splits`` not given), the run is refused.
+    Nothing to check while ``data.max_length`` (rounded up to ``pad_to_multiple_of``) fits. Past that, the
+    rows of ``splits`` (the prepared, tokenized or packed datasets) are measured: when every one fits, one
+    WARNING says that ``data.max_length`` exceeds the model's positions (a longer row would fail); when one
+    does not, or the data cannot be measured ahead (streams, torch datasets, ``splits`` not given), the run is
+    refused.
 
     Raises:
-        ConfigError: names the longest row (when measured), ``data.max_length`` (and ``data.pad_to_multiple_of`` when
+        ConfigError: names the longest row (when measured), ``data.max_length`` (and
+        ``data.pad_to_multiple_of`` when
             the rounding is what goes past), the model's limit, the config field it comes from, and what fits.
     """
     limit = position_limit(model)
@@ -144,10 +152,15 @@ def check_positions(
             if not limit.hard:
                 return  # within what the rotary model was trained on: nothing to say
             log.warning(
-                "data.max_length=%d is longer than %s's %d positions (%s); no row of this data is (the longest has "
-                "%d tokens%s), so nothing fails now, but a longer row would: set data.max_length=%d",
+                "data.max_length=%d is longer than %s's %d positions (%s); no row of this data is (the "
+                "longest has %d tokens%s), so nothing fails now, but a longer row would: set "
+                "data.max_length=%d",
                 max_length, name, limit.tokens, field, tokens,
-                f", {padded} padded to data.pad_to_multiple_of={pad_to_multiple_of}" if padded != tokens else "",
+                (
+                    f", {padded} padded to data.pad_to_multiple_of={pad_to_multiple_of}"
+                    if padded != tokens
+                    else ""
+                ),
                 limit.tokens,
             )  # fmt: skip
             return
@@ -166,9 +179,9 @@ def check_positions(
             what += " (the rows of a stream or a torch dataset are not measured ahead)"
     if not limit.hard:
         log.warning(
-            "%s is longer than %s's %d positions (%s): its rotary positions go on without an error, but the model "
-            "was not trained past position %d, so longer rows may be modelled badly; set data.max_length=%d to stay "
-            "within them",
+            "%s is longer than %s's %d positions (%s): its rotary positions go on without an error, but the "
+            "model was not trained past position %d, so longer rows may be modelled badly; set "
+            "data.max_length=%d to stay within them",
             what, name, limit.tokens, field, limit.tokens, limit.tokens,
         )  # fmt: skip
         return

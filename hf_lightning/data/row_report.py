@@ -1,18 +1,18 @@
 """What tokenization did to each row, and the log lines that count it per split.
 
-Every format function of :mod:`~hf_lightning.data.formats` returns, beside the token columns, one value per row
-in each of these columns (the caller counts them with :class:`RowReport` and removes them):
+Every format function of :mod:`~hf_lightning.data.formats` returns, beside the token columns, one value per
+row in each of these columns (the caller counts them with :class:`RowReport` and removes them):
 
 - ``truncated``: how many tokens truncation to ``data.max_length`` cut off (0: none);
 - ``untrainable``: ``""`` when the row has a target, else why it has none (one of the causes below);
-- pre-tokenized rows only: ``padding_masked``, given labels set to -100 because ``attention_mask`` is 0 there, and
-  ``padding_removed``, padding positions taken out for packed or padding-free batches.
+- pre-tokenized rows only: ``padding_masked``, given labels set to -100 because ``attention_mask`` is 0 there,
+  and ``padding_removed``, padding positions taken out for packed or padding-free batches.
 
-A row without a target is dropped from a map-style split (a stream keeps a zero-weight stand-in instead, so that
-ranks stay in step). The warning names each cause with its count and its first rows::
+A row without a target is dropped from a map-style split (a stream keeps a zero-weight stand-in instead, so
+that ranks stay in step). The warning names each cause with its count and its first rows::
 
-    train: dropped 3 of 5 rows with no trained-on token: empty after tokenization: 2 (data.path=F.jsonl lines 2, 4);
-    no assistant turn: 1 (data.path=F.jsonl line 5)
+    train: dropped 3 of 5 rows with no trained-on token: empty after tokenization: 2 (data.path=F.jsonl lines
+    2, 4); no assistant turn: 1 (data.path=F.jsonl line 5)
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ SHOWN_ROWS = 5  # row numbers listed per cause
 def has_target(labels: Any, causal: bool) -> bool:
     """Whether a label row holds at least one position that gets a loss term.
 
-    A causal LM never trains on position 0 (it has no preceding token), so it is skipped when ``causal``; a scalar
-    (a class label) is a target unless it is -100; ``None`` (no labels) counts as a target.
+    A causal LM never trains on position 0 (it has no preceding token), so it is skipped when ``causal``; a
+    scalar (a class label) is a target unless it is -100; ``None`` (no labels) counts as a target.
     """
     if labels is None:
         return True
@@ -63,8 +63,8 @@ def target_cause(
 
 
 def special_ids(tokenizer: Any) -> set[int]:
-    """The ids of the special tokens a tokenizer may add around text (BOS, EOS, CLS, ...); not ``unk``, which stands
-    for real text the vocabulary lacks."""
+    """The ids of the special tokens a tokenizer may add around text (BOS, EOS, CLS, ...); not ``unk``, which
+    stands for real text the vocabulary lacks."""
     ids = set(getattr(tokenizer, "all_special_ids", ()) or ())
     return ids - {getattr(tokenizer, "unk_token_id", None)}
 
@@ -81,7 +81,8 @@ def row_numbers(noun: str, values: Sequence[int]) -> str:
 
 
 def jsonl_lines(path: str, rows: Sequence[int]) -> list[int | None]:
-    """The 1-based lines of source rows ``rows`` of a JSON Lines file (blank lines are not rows), in one pass."""
+    """The 1-based lines of source rows ``rows`` of a JSON Lines file (blank lines are not rows), in one
+    pass."""
     wanted = set(rows)
     found: dict[int, int] = {}
     seen = -1
@@ -130,7 +131,8 @@ class RowReport:
         return cause
 
     def add_columns(self, columns: Mapping[str, Sequence[Any]]) -> list[int]:
-        """Count every row of a ``Dataset.map`` output (its report columns, by name); returns the rows to keep."""
+        """Count every row of a ``Dataset.map`` output (its report columns, by name); returns the rows to
+        keep."""
         n = len(next(iter(columns.values())))
         keep = []
         for i in range(n):
@@ -152,7 +154,8 @@ class RowReport:
     def log(
         self, max_length: int | None, level: int = logging.WARNING, prefix: str = "", kept: bool = False
     ) -> None:
-        """One line per thing that happened: truncation, padding labels masked, padding removed, rows without target.
+        """One line per thing that happened: truncation, padding labels masked, padding removed, rows without
+        target.
 
         ``kept``: the rows without a target stay as zero-weight stand-ins (streams) instead of being dropped.
         """
@@ -176,14 +179,15 @@ class RowReport:
             )
         if self.removed[0]:
             log.info(
-                "%s%d padding positions (attention_mask 0) in %d rows were removed (packed and padding-free rows hold "
-                "no padding)",
+                "%s%d padding positions (attention_mask 0) in %d rows were removed (packed and padding-free "
+                "rows hold no padding)",
                 head,
                 *self.removed,
             )
         if self.causes:
             what = (
-                "%s%d of %d rows have no trained-on token, kept with zero weight so that ranks stay in step: %s"
+                "%s%d of %d rows have no trained-on token, kept with zero weight so that ranks stay in step: "
+                "%s"
                 if kept
                 else "%sdropped %d of %d rows with no trained-on token: %s"
             )

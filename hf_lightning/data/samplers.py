@@ -8,11 +8,11 @@ masked top-up copy that adds nothing to the loss. The length-grouped order itsel
   ``torch.utils.data.DistributedSampler``), or HF's length grouping (:func:`length_grouped_indices`) with a
   generator seeded the same way. Every rank computes the same order; rank ``r`` takes positions
   ``r, r + W, r + 2W, ...`` (W = world size).
-- Evaluation order: the dataset order, split the same way, without any padding (ranks may differ by one). A rank
-  whose share is empty (fewer examples than ranks) gets one *placeholder* instead: a masked copy of example 0
-  (:class:`PlaceholderRow`), so that every rank runs the evaluation loop and its collectives (Lightning refuses a
-  loader of length zero on one rank, and a rank that skipped the loop would leave the others waiting); it adds
-  nothing to any metric and no prediction (see :mod:`hf_lightning.data.placeholder`).
+- Evaluation order: the dataset order, split the same way, without any padding (ranks may differ by one). A
+  rank whose share is empty (fewer examples than ranks) gets one *placeholder* instead: a masked copy of
+  example 0 (:class:`PlaceholderRow`), so that every rank runs the evaluation loop and its collectives
+  (Lightning refuses a loader of length zero on one rank, and a rank that skipped the loop would leave the
+  others waiting); it adds nothing to any metric and no prediction (see :mod:`hf_lightning.data.placeholder`).
 
 The tail (``N`` not divisible by ``W``), training only:
 
@@ -50,8 +50,8 @@ def length_grouped_indices(
     generator: torch.Generator | None = None,
     mega_batch_mult: int | None = None,
 ) -> list[int]:
-    """HF's ``transformers.trainer_pt_utils.get_length_grouped_indices`` (called, not copied), and ``[]`` for no
-    rows (HF's ``argmax`` of an empty tensor raises).
+    """HF's ``transformers.trainer_pt_utils.get_length_grouped_indices`` (called, not copied), and ``[]`` for
+    no rows (HF's ``argmax`` of an empty tensor raises).
 
     A random permutation (``torch.randperm`` with ``generator``) cut into mega-batches of
     ``mega_batch_mult * batch_size`` indices (default ``min(N // (4 * batch_size), 50)``, at least 1), each
@@ -88,7 +88,8 @@ def _numel(value: Any) -> int:
 
 
 def sequence_lengths(ds: Any, column: str = "input_ids") -> list[int]:
-    """Token count of every row, computed once: the number of elements of ``column`` (``(1, n)`` counts ``n``).
+    """Token count of every row, computed once: the number of elements of ``column`` (``(1, n)`` counts
+    ``n``).
 
     A ``datasets.Dataset`` is read column-wise from Arrow (fast, honours ``select``/``filter``); any other
     map-style dataset is read example by example.
@@ -156,14 +157,15 @@ class ExactDistributedSampler(DistributedSampler):
         drop_last: see the module docstring (tail handling).
         lengths: per-example lengths; with them, the order is :func:`length_grouped_indices`.
         group_batch_size: ``B`` of the length grouping (per-device batch x accumulation steps).
-        top_up: pad short ranks with masked copies (training); ``False`` lets ranks differ by one (evaluation),
+        top_up: pad short ranks with masked copies (training); ``False`` lets ranks differ by one
+        (evaluation),
             and gives a rank with no example one placeholder (``~0``).
 
     Yields:
         dataset indices, and ``~i`` for a masked top-up copy of ``i`` (read it through :class:`TopUpDataset`).
 
-    Reproduces ``torch.utils.data.DistributedSampler``'s seeding (``seed + epoch``) and, with ``lengths``, HF's
-    ``LengthGroupedSampler`` order; unlike both, no rank is padded with a *real* repeated example.
+    Reproduces ``torch.utils.data.DistributedSampler``'s seeding (``seed + epoch``) and, with ``lengths``,
+    HF's ``LengthGroupedSampler`` order; unlike both, no rank is padded with a *real* repeated example.
 
     Raises:
         ValueError: ``lengths`` of another size than the dataset.
@@ -231,6 +233,6 @@ class ExactDistributedSampler(DistributedSampler):
 
     @property
     def needs_top_up(self) -> bool:
-        """Whether some rank receives a masked copy this epoch, or this rank a placeholder (the dataset must be a
-        :class:`TopUpDataset`)."""
+        """Whether some rank receives a masked copy this epoch, or this rank a placeholder (the dataset must
+        be a :class:`TopUpDataset`)."""
         return self.placeholder or (self.top_up and not self.drop_last and self.n % self.num_replicas != 0)

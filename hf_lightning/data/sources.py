@@ -10,10 +10,11 @@ the embedded chatterbot-corpus default.
 A ``datasets.Dataset`` with a format or a transform is judged on what its rows return, not on its stored
 columns: ``set_transform`` / ``with_transform`` (e.g. tokenizing on access), ``set_format(columns=[...])`` and
 ``set_format("torch")`` change what ``ds[i]`` returns without changing ``ds.column_names``; ``Dataset.map``
-hands the transformed rows to its function. Reading formats and pruning off the stored columns while mapping the
-transformed ones broke both ways (``KeyError: 'text'`` when the transform tokenized the text away; the stored
-``input_ids`` used when the format showed only ``text``). HF ``Trainer`` trains on what ``ds[i]`` returns, and so
-does hf_lightning: :func:`as_returned` turns such a dataset into a plain one holding exactly those rows.
+hands the transformed rows to its function. Reading formats and pruning off the stored columns while mapping
+the transformed ones broke both ways (``KeyError: 'text'`` when the transform tokenized the text away; the
+stored ``input_ids`` used when the format showed only ``text``). HF ``Trainer`` trains on what ``ds[i]``
+returns, and so does hf_lightning: :func:`as_returned` turns such a dataset into a plain one holding exactly
+those rows.
 """
 
 from __future__ import annotations
@@ -70,9 +71,9 @@ def _same(batch: dict[str, Any]) -> dict[str, Any]:
 def as_returned(ds: datasets.Dataset, name: Any) -> datasets.Dataset:
     """``ds`` as plain Arrow rows equal to what ``ds[i]`` returns (``ds`` itself when it has no format).
 
-    - a format transform (``set_transform`` / ``with_transform``): the rows are read through it once, in memory
-      (``Dataset.map`` without a cache file, so a changed transform is never served from a cache), and only the
-      columns it returns are kept;
+    - a format transform (``set_transform`` / ``with_transform``): the rows are read through it once, in
+      memory (``Dataset.map`` without a cache file, so a changed transform is never served from a cache), and
+      only the columns it returns are kept;
     - ``set_format(columns=...)`` without ``output_all_columns``: only those columns;
     - a tensor format (``torch``, ``numpy``, ...): the same values as Python lists.
 
@@ -117,7 +118,8 @@ def as_returned(ds: datasets.Dataset, name: Any) -> datasets.Dataset:
         ds = ds.select_columns(list(columns))
         hidden = [c for c in stored if c not in columns]
         log.info(
-            "data.path=%s: the dataset's format returns the columns %s only; the stored columns %s are not used",
+            "data.path=%s: the dataset's format returns the columns %s only; the stored columns %s are not "
+            "used",
             name,
             list(columns),
             hidden,
@@ -216,7 +218,8 @@ def load_source(
 
 
 def is_stream(ds: Any) -> bool:
-    """Whether ``ds`` is read by iteration only (``datasets.IterableDataset`` or torch ``IterableDataset``)."""
+    """Whether ``ds`` is read by iteration only (``datasets.IterableDataset`` or torch
+    ``IterableDataset``)."""
     return isinstance(ds, (datasets.IterableDataset, torch.utils.data.IterableDataset))
 
 
@@ -230,11 +233,12 @@ def split_train_validation(
 ) -> tuple[Any, Any, float | None]:
     """Pick or make the train and validation splits: ``(train, validation or None, stream hold-out or None)``.
 
-    A ``DatasetDict`` / ``IterableDatasetDict`` uses its ``split`` split (``data.split``, default ``train``) and
-    its ``validation_split_name`` split, or by default its first split named validation/valid/val/test. Otherwise ``validation_split`` of the rows is held out (``0`` means no
-    validation): a ``datasets.Dataset`` with ``Dataset.train_test_split(seed=seed)``, a torch map-style dataset
-    with a permutation seeded by ``seed``, and a stream by a stable hash of each row's content (the third
-    value is then the fraction, and train and validation are the same stream read with opposite filters).
+    A ``DatasetDict`` / ``IterableDatasetDict`` uses its ``split`` split (``data.split``, default ``train``)
+    and its ``validation_split_name`` split, or by default its first split named validation/valid/val/test.
+    Otherwise ``validation_split`` of the rows is held out (``0`` means no validation): a ``datasets.Dataset``
+    with ``Dataset.train_test_split(seed=seed)``, a torch map-style dataset with a permutation seeded by
+    ``seed``, and a stream by a stable hash of each row's content (the third value is then the fraction, and
+    train and validation are the same stream read with opposite filters).
 
     Raises:
         DataError: no ``split`` (or no ``validation_split_name``) split, or an empty dataset.
@@ -305,7 +309,8 @@ def load_splits(
 
     Raises:
         ConfigError: ``rename_columns`` with a source that is not a ``datasets`` one.
-        DataError: see :func:`load_source`, :func:`split_train_validation`; a renamed column not in the source.
+        DataError: see :func:`load_source`, :func:`split_train_validation`; a renamed column not in the
+        source.
     """
     if path is None:
         from hf_lightning.defaults import prepare_chatterbot
@@ -326,7 +331,8 @@ def load_splits(
 
 
 def load_validation(validation_path: Any, streaming: bool, rename_columns: Mapping[str, str] | None) -> Any:
-    """The validation file alone, renamed as :func:`load_splits` renames it (an evaluation reads no train split).
+    """The validation file alone, renamed as :func:`load_splits` renames it (an evaluation reads no train
+    split).
 
     Raises:
         ConfigError, DataError: as :func:`load_splits`.
@@ -381,7 +387,7 @@ def detect_format(columns: Sequence[str], path: Any = None) -> str:
         return fits[0]
     layouts = ", ".join(f"{fmt}: {'+'.join(SOURCE_COLUMNS[fmt])}" for fmt in DETECTION_ORDER)
     raise DataError(
-        f"data.path={path}: cannot tell the data format from the columns {list(columns)}: no format fits them "
-        f"(formats and their columns: {layouts}). Rename the columns to a format's, e.g. {rename_hint(columns)}, "
-        "or set data.format=NAME"
+        f"data.path={path}: cannot tell the data format from the columns {list(columns)}: no format fits "
+        f"them (formats and their columns: {layouts}). Rename the columns to a format's, e.g. "
+        f"{rename_hint(columns)}, or set data.format=NAME"
     )

@@ -1,23 +1,26 @@
-"""Which shards of a stream each reader reads: every row decoded once per epoch, where the source has enough shards.
+"""Which shards of a stream each reader reads: every row decoded once per epoch, where the source has enough
+shards.
 
 A reader is one ``DataLoader`` worker of one rank (``S = world_size x max(num_workers, 1)`` readers). A
-``datasets.IterableDataset`` with ``num_shards >= S`` (several data files, ``to_iterable_dataset(num_shards=...)``) is
-split by shards: reader ``r`` reads the shards ``i`` with ``i mod S == r``, through ``IterableDataset.shard(S, r,
-contiguous=False)`` (the call ``datasets.distributed.split_dataset_by_node`` and ``datasets``' own worker split make;
-they are not called themselves: the first reshuffles which shards a node gets every epoch and neither evens out the
-row counts, and DDP hangs when ranks run different numbers of steps).
+``datasets.IterableDataset`` with ``num_shards >= S`` (several data files,
+``to_iterable_dataset(num_shards=...)``) is split by shards: reader ``r`` reads the shards ``i`` with ``i mod
+S == r``, through ``IterableDataset.shard(S, r, contiguous=False)`` (the call
+``datasets.distributed.split_dataset_by_node`` and ``datasets``' own worker split make; they are not called
+themselves: the first reshuffles which shards a node gets every epoch and neither evens out the row counts,
+and DDP hangs when ranks run different numbers of steps).
 
-Even counts: the rows of each shard are counted once, when the training loader is built (in Arrow, without making
-Python rows; through the hold-out filter when there is one), so every reader knows the largest reader's share and
-ends its own with masked copies (labels all -100: no loss term, nothing in ``num_items_in_batch``) up to it. Every
-rank then runs the same number of steps. Uneven shards would make that share, hence the steps of an epoch, larger
-than the split by rows gives (``ceil(rows / S)``): the split by shards is taken only while it adds at most
-:data:`MAX_EXTRA_BATCHES` of the batches per epoch (none for fewer than 100 batches).
+Even counts: the rows of each shard are counted once, when the training loader is built (in Arrow, without
+making Python rows; through the hold-out filter when there is one), so every reader knows the largest reader's
+share and ends its own with masked copies (labels all -100: no loss term, nothing in ``num_items_in_batch``)
+up to it. Every rank then runs the same number of steps. Uneven shards would make that share, hence the steps
+of an epoch, larger than the split by rows gives (``ceil(rows / S)``): the split by shards is taken only while
+it adds at most :data:`MAX_EXTRA_BATCHES` of the batches per epoch (none for fewer than 100 batches).
 
-Otherwise (a plain torch stream, a single file, fewer shards than readers, a reader left without rows, uneven shards,
-evaluation),
-every reader reads the whole stream and keeps one row in ``S`` (:class:`~hf_lightning.data.streams.ShardedStream`),
-and one INFO line says so with the shard and reader counts.
+Otherwise (a plain torch stream, a single file, fewer shards than readers, a reader left without rows, uneven
+shards, evaluation),
+every reader reads the whole stream and keeps one row in ``S``
+(:class:`~hf_lightning.data.streams.ShardedStream`), and one INFO line says so with the shard and reader
+counts.
 """
 
 from __future__ import annotations
@@ -58,7 +61,8 @@ class ShardPlan:
 
 
 def count_shard_rows(source: datasets.IterableDataset, holdout: Any = None) -> tuple[int, ...]:
-    """Rows in each shard of ``source`` (one pass; ``holdout``: a row filter ``example -> bool`` applied first).
+    """Rows in each shard of ``source`` (one pass; ``holdout``: a row filter ``example -> bool`` applied
+    first).
 
     Without a filter the shards are read as Arrow tables (no Python row is made); with one, row by row.
     """
@@ -82,7 +86,8 @@ def plan_shards(
     batch_size: int = 1,
     drop_last: bool = False,
 ) -> ShardPlan | None:
-    """The shard split for ``readers`` readers, or ``None`` for the row-skipping fallback (with its INFO line).
+    """The shard split for ``readers`` readers, or ``None`` for the row-skipping fallback (with its INFO
+    line).
 
     Args:
         source: the stream (a ``datasets.IterableDataset`` can be split by shards; anything else cannot).
@@ -112,14 +117,15 @@ def plan_shards(
             why = f"reader {empty[0]}'s shards hold no row"
         elif by_shards - by_rows > int(MAX_EXTRA_BATCHES * by_rows):
             why = (
-                f"uneven shards: split by shards the largest reader's {plan.per_reader} rows take {by_shards} batches "
-                f"per epoch where the split by rows takes {by_rows}"
+                f"uneven shards: split by shards the largest reader's {plan.per_reader} rows take "
+                f"{by_shards} batches per epoch where the split by rows takes {by_rows}"
             )
         else:
             low = min(plan.rows_of(r) for r in range(readers))
             log.info(
-                "%s stream: %d shards over %s: each reader reads only its own shards, every row once per epoch "
-                "(%d to %d rows per reader; shorter readers end with %d masked copies in all, so ranks stay in step)",
+                "%s stream: %d shards over %s: each reader reads only its own shards, every row once per "
+                "epoch (%d to %d rows per reader; shorter readers end with %d masked copies in all, so ranks "
+                "stay in step)",
                 split,
                 shards,
                 who,

@@ -1,28 +1,32 @@
 """Streams (``datasets.IterableDataset``, ``streaming=true`` files, plain torch ``IterableDataset``): sharded.
 
-:class:`ShardedStream` is what the ``DataLoader`` iterates, once per reader (``S = world_size x workers`` readers:
-every ``DataLoader`` worker of every rank). Two exact splits, each example seen exactly once per epoch across
-ranks x workers, every reader yielding the same number of examples (DDP hangs on unequal step counts):
+:class:`ShardedStream` is what the ``DataLoader`` iterates, once per reader (``S = world_size x workers``
+readers: every ``DataLoader`` worker of every rank). Two exact splits, each example seen exactly once per
+epoch across ranks x workers, every reader yielding the same number of examples (DDP hangs on unequal step
+counts):
 
-- by shards, where a training ``datasets.IterableDataset`` has at least ``S`` shards (files): each reader reads
-  only its own shards, so every row is decoded once; the rows per shard are counted once when the loader is built,
-  and shorter readers end with masked copies (:mod:`~hf_lightning.data.stream_shards`, which says why it splits
-  this way rather than with ``datasets.distributed.split_dataset_by_node``);
-- by rows, otherwise (one INFO line says so): every reader reads the whole source in the same order and keeps one
-  example in ``S``: stream position ``j`` goes to rank ``(j mod S) // workers``, worker ``(j mod S) mod workers``.
-  The price: each of the ``S`` readers decodes every row (tokenization runs only on the rows it keeps).
+- by shards, where a training ``datasets.IterableDataset`` has at least ``S`` shards (files): each reader
+  reads only its own shards, so every row is decoded once; the rows per shard are counted once when the loader
+  is built, and shorter readers end with masked copies (:mod:`~hf_lightning.data.stream_shards`, which says
+  why it splits this way rather than with ``datasets.distributed.split_dataset_by_node``);
+- by rows, otherwise (one INFO line says so): every reader reads the whole source in the same order and keeps
+  one example in ``S``: stream position ``j`` goes to rank ``(j mod S) // workers``, worker ``(j mod S) mod
+  workers``. The price: each of the ``S`` readers decodes every row (tokenization runs only on the rows it
+  keeps).
 
-The tail: when the stream ends, readers that got fewer examples than the others yield *masked copies* (all labels
-``-100``; one at most when split by rows) so that all readers, hence all ranks, produce the same number of batches; it adds
-nothing to the loss or to ``num_items_in_batch``. For the same reason a row without a target (empty, no assistant
-turn, all labels -100 after truncation, ...) is not dropped (that would unbalance the ranks): it is counted per
-cause, logged, and kept with zero weight (a row with no real token as one pad token, so no batch is empty).
+The tail: when the stream ends, readers that got fewer examples than the others yield *masked copies* (all
+labels ``-100``; one at most when split by rows) so that all readers, hence all ranks, produce the same number
+of batches; it adds nothing to the loss or to ``num_items_in_batch``. For the same reason a row without a
+target (empty, no assistant turn, all labels -100 after truncation, ...) is not dropped (that would unbalance
+the ranks): it is counted per cause, logged, and kept with zero weight (a row with no real token as one pad
+token, so no batch is empty).
 
 Order: with ``shuffle``, a ``datasets`` stream uses its own shuffle buffer (``IterableDataset.shuffle(seed,
 buffer_size)``; ``set_epoch`` shifts the seed and the file order), a torch stream a buffer of the same kind
-seeded by ``seed + epoch`` (and its own ``set_epoch`` if it has one). ``group_by_length`` sorts, longest first,
-within consecutive bounded buffers (``length_buffer`` examples) per reader (HF ignores ``group_by_length`` for streams).
-A validation hold-out picks rows by a stable hash of their content: the same rows in every epoch and reader.
+seeded by ``seed + epoch`` (and its own ``set_epoch`` if it has one). ``group_by_length`` sorts, longest
+first, within consecutive bounded buffers (``length_buffer`` examples) per reader (HF ignores
+``group_by_length`` for streams). A validation hold-out picks rows by a stable hash of their content: the same
+rows in every epoch and reader.
 """
 
 from __future__ import annotations
@@ -56,7 +60,8 @@ def _jsonable(value: Any) -> Any:
 
 
 def row_hash(example: Mapping[str, Any]) -> int:
-    """A stable 64-bit hash of a row's content (independent of the process, the order and ``PYTHONHASHSEED``)."""
+    """A stable 64-bit hash of a row's content (independent of the process, the order and
+    ``PYTHONHASHSEED``)."""
     text = json.dumps(example, sort_keys=True, default=_jsonable, ensure_ascii=False)
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
 
@@ -67,7 +72,8 @@ def in_holdout(example: Mapping[str, Any], fraction: float) -> bool:
 
 
 def buffer_shuffle(rows: Iterable[Any], buffer_size: int, rng: random.Random) -> Iterator[Any]:
-    """Shuffle through a bounded buffer (the algorithm of ``datasets``' ``BufferShuffledExamplesIterable``)."""
+    """Shuffle through a bounded buffer (the algorithm of ``datasets``'
+    ``BufferShuffledExamplesIterable``)."""
     buffer: list[Any] = []
     for row in rows:
         if len(buffer) < buffer_size:
@@ -96,7 +102,8 @@ def _length(example: Mapping[str, Any]) -> int:
 
 
 def per_reader(length: int | None, world_size: int, num_workers: int) -> int | None:
-    """Examples each of the ``world_size x max(num_workers, 1)`` readers yields per epoch (top-ups included)."""
+    """Examples each of the ``world_size x max(num_workers, 1)`` readers yields per epoch (top-ups
+    included)."""
     if length is None:
         return None
     return math.ceil(length / (world_size * max(num_workers, 1)))
@@ -105,8 +112,8 @@ def per_reader(length: int | None, world_size: int, num_workers: int) -> int | N
 def stream_batches(
     length: int | None, world_size: int, batch_size: int, num_workers: int, drop_last: bool
 ) -> int | None:
-    """Batches one rank's ``DataLoader`` yields from a stream of ``length`` rows (each worker batches its share);
-    ``None`` when the length is unknown."""
+    """Batches one rank's ``DataLoader`` yields from a stream of ``length`` rows (each worker batches its
+    share); ``None`` when the length is unknown."""
     n = per_reader(length, world_size, num_workers)
     if n is None:
         return None
@@ -120,8 +127,10 @@ class ShardedStream(IterableDataset):
     Args:
         source: a ``datasets.IterableDataset`` or a torch ``IterableDataset`` (yielding mappings). A torch
             stream must yield the full stream in every process: this class does the sharding.
-        processor: ``example -> (example, report)`` (an :class:`~hf_lightning.data.on_the_fly.ExampleProcessor`,
-            which returns a zero-weight stand-in for a row without a target) or ``None`` to yield rows as they are.
+        processor: ``example -> (example, report)`` (an
+        :class:`~hf_lightning.data.on_the_fly.ExampleProcessor`,
+            which returns a zero-weight stand-in for a row without a target) or ``None`` to yield rows as they
+            are.
         rank / world_size: this process and the number of processes.
         shuffle / seed / buffer_size: buffered shuffling, seeded by ``seed + epoch``.
         length_buffer: group by length: sort within consecutive buffers of this many examples (longest
@@ -133,8 +142,9 @@ class ShardedStream(IterableDataset):
         split: name used in the log.
         name: the source's ``data.path`` (for messages: a bad row is named by its file line when it can be).
 
-    ``set_epoch(e)`` is stored in shared memory, so persistent workers see it too. :meth:`plan_readers`, called in
-    the main process before the workers copy the object, chooses the split by shards where the source allows it.
+    ``set_epoch(e)`` is stored in shared memory, so persistent workers see it too. :meth:`plan_readers`,
+    called in the main process before the workers copy the object, chooses the split by shards where the
+    source allows it.
     """
 
     def __init__(
@@ -175,9 +185,9 @@ class ShardedStream(IterableDataset):
     def plan_readers(
         self, num_workers: int, batch_size: int = 1, drop_last: bool = False
     ) -> ShardPlan | None:
-        """Split a training stream by shards over ``world_size x max(num_workers, 1)`` readers where it has enough
-        (:func:`~hf_lightning.data.stream_shards.plan_shards`: counts each shard's rows once, logs one line);
-        evaluation keeps the split by rows. Returns the plan (``None``: by rows)."""
+        """Split a training stream by shards over ``world_size x max(num_workers, 1)`` readers where it has
+        enough (:func:`~hf_lightning.data.stream_shards.plan_shards`: counts each shard's rows once, logs one
+        line); evaluation keeps the split by rows. Returns the plan (``None``: by rows)."""
         holdout = None
         if self.holdout is not None:
             fraction, keep = self.holdout
@@ -223,8 +233,8 @@ class ShardedStream(IterableDataset):
 
     # ------------------------------------------------------------------------------------- iteration
     def _rows(self, epoch: int, shard: tuple[int, int] | None = None) -> Iterator[dict[str, Any]]:
-        """The whole source in this epoch's order (identical in every reader); ``shard=(index, count)``: only the
-        shards ``i`` with ``i mod count == index`` (``IterableDataset.shard``), in this epoch's order."""
+        """The whole source in this epoch's order (identical in every reader); ``shard=(index, count)``: only
+        the shards ``i`` with ``i mod count == index`` (``IterableDataset.shard``), in this epoch's order."""
         src = self.source
         holdout = self.holdout
         if isinstance(src, datasets.IterableDataset):
@@ -237,7 +247,8 @@ class ShardedStream(IterableDataset):
                 # set_epoch only with shuffling: datasets also reorders the files of an epoch > 0
                 src = src.shuffle(seed=self.seed, buffer_size=self.buffer_size)
                 src.set_epoch(epoch)
-            # .iter() instead of iter(): datasets would otherwise split its files across DataLoader workers itself
+            # .iter() instead of iter(): datasets would otherwise split its files across DataLoader workers
+            # itself
             yield from _unbatch(src.iter(batch_size=256))
             return
         if self.shuffle and hasattr(src, "set_epoch"):
@@ -262,8 +273,9 @@ class ShardedStream(IterableDataset):
         yield from self._grouped(kept, self.length_buffer) if self.length_buffer else kept
 
     def read_shard(self, index: int, count: int) -> Iterator[dict[str, Any]]:
-        """The rows of reader ``index`` of ``count`` for this epoch (tokenized, top-ups included): its own shards
-        when :attr:`plan` splits by shards for ``count`` readers, else one row in ``count`` of the whole stream."""
+        """The rows of reader ``index`` of ``count`` for this epoch (tokenized, top-ups included): its own
+        shards when :attr:`plan` splits by shards for ``count`` readers, else one row in ``count`` of the
+        whole stream."""
         plan = self.plan if self.plan is not None and self.plan.readers == count else None
         total = mine = 0
         first = None
@@ -285,14 +297,15 @@ class ShardedStream(IterableDataset):
         share = plan.per_reader if plan else (math.ceil(total / count) if total else 0)
         if plan is not None and mine != plan.rows_of(index):
             raise DataError(
-                f"{self._source()}: reader {index} of {count} read {mine} rows from its shards, but {plan.rows_of(index)} "
-                "were counted when the loader was built: the source changed while training read it"
+                f"{self._source()}: reader {index} of {count} read {mine} rows from its shards, but "
+                f"{plan.rows_of(index)} were counted when the loader was built: the source changed while "
+                "training read it"
             )
         if first is not None and ((self.top_up and mine < share) or (not self.top_up and mine == 0)):
             row = mask_example(self.processor(first)[0] if self.processor is not None else first)
-            # training: tail top-ups (same step count on every rank, no loss term; one at most when split by rows);
-            # evaluation: a reader with no row evaluates one placeholder, so that its rank runs the loop
-            # (hf_lightning.data.placeholder)
+            # training: tail top-ups (same step count on every rank, no loss term; one at most when split by
+            # rows); evaluation: a reader with no row evaluates one placeholder, so that its rank runs the
+            # loop (hf_lightning.data.placeholder)
             for _ in range(share - mine if self.top_up else 1):
                 yield row if self.top_up else PlaceholderRow(row)
         max_length = getattr(self.processor, "kwargs", {}).get("max_length")
@@ -304,8 +317,8 @@ class ShardedStream(IterableDataset):
         )
 
     def _read(self, epoch: int, shard: tuple[int, int] | None = None) -> Iterator[dict[str, Any]]:
-        """:meth:`_rows`, with a reader's error (a broken line, a byte that is not UTF-8) as a :class:`DataError`
-        that names the file line."""
+        """:meth:`_rows`, with a reader's error (a broken line, a byte that is not UTF-8) as a
+        :class:`DataError` that names the file line."""
         rows = self._rows(epoch, shard)
         while True:
             try:
@@ -322,8 +335,9 @@ class ShardedStream(IterableDataset):
         return f"data.path={self.name}" if self.name is not None else "the stream"
 
     def _where(self, j: int, reader: int | None = None) -> str:
-        """Where row ``j`` of this epoch's order comes from: the file line when the order is the file's (no shuffle,
-        no hold-out, one reader's order is the file's), else the position (in ``reader``'s shards, when split)."""
+        """Where row ``j`` of this epoch's order comes from: the file line when the order is the file's (no
+        shuffle, no hold-out, one reader's order is the file's), else the position (in ``reader``'s shards,
+        when split)."""
         name = self.name
         if reader is not None:
             order = ", in this epoch's shuffled order" if self.shuffle else ""

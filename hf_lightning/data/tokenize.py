@@ -1,15 +1,17 @@
-"""Tokenize a ``datasets.Dataset`` in a chosen format, counting what is truncated and dropped, and prune its columns.
+"""Tokenize a ``datasets.Dataset`` in a chosen format, counting what is truncated and dropped, and prune its
+columns.
 
 - :func:`tokenize_dataset`: the format functions of :mod:`hf_lightning.data.formats` through ``Dataset.map``
-  (cached by ``datasets`` under the fingerprint of the data, the function and the tokenizer), then rows with no
-  target are dropped; truncations and drops (per cause, see :mod:`~hf_lightning.data.row_report`) are logged at
-  WARNING. Streams and plain torch datasets take the same functions one example at a time
+  (cached by ``datasets`` under the fingerprint of the data, the function and the tokenizer), then rows with
+  no target are dropped; truncations and drops (per cause, see :mod:`~hf_lightning.data.row_report`) are
+  logged at WARNING. Streams and plain torch datasets take the same functions one example at a time
   (:mod:`~hf_lightning.data.on_the_fly`).
-- :func:`prune_dataset`: HF ``remove_unused_columns``, the columns the model's ``forward`` does not take dropped.
+- :func:`prune_dataset`: HF ``remove_unused_columns``, the columns the model's ``forward`` does not take
+  dropped.
 
-Both tokenize whole documents for ``wrapped`` packing (it cuts the concatenation, so nothing is truncated), end
-packed ``text`` documents with EOS, and take padding out of pre-tokenized rows bound for packed or padding-free
-batches (:func:`~hf_lightning.data.on_the_fly.fn_kwargs_for`).
+Both tokenize whole documents for ``wrapped`` packing (it cuts the concatenation, so nothing is truncated),
+end packed ``text`` documents with EOS, and take padding out of pre-tokenized rows bound for packed or
+padding-free batches (:func:`~hf_lightning.data.on_the_fly.fn_kwargs_for`).
 """
 
 from __future__ import annotations
@@ -72,8 +74,8 @@ def tokenize_rows(batch: dict[str, list], indices: list[int], fmt: str, **kwargs
 
 
 def source_row(ds: Any, row: int) -> int:
-    """Row ``row`` of ``ds`` as a row of the table it was selected from (``train_test_split``/``select`` keep an
-    indices mapping over the loaded file's table); ``row`` itself when there is no mapping."""
+    """Row ``row`` of ``ds`` as a row of the table it was selected from (``train_test_split``/``select`` keep
+    an indices mapping over the loaded file's table); ``row`` itself when there is no mapping."""
     indices = selection_indices(ds)  # datasets' selection mapping; None on an unselected dataset
     if indices is None:
         return row
@@ -84,7 +86,8 @@ def source_row(ds: Any, row: int) -> int:
 
 
 def describe_row(ds: Any, row: int, path: Any, split: str) -> str:
-    """``data.path=FILE line 57 (train row 12)`` for a JSON Lines file we loaded, else ``... (train row 12)``."""
+    """``data.path=FILE line 57 (train row 12)`` for a JSON Lines file we loaded, else ``... (train row
+    12)``."""
     where = f"{split} row {row}"
     if isinstance(path, (str, os.PathLike)) and os.path.isfile(path):
         path = os.fspath(path)
@@ -112,10 +115,11 @@ def tokenize_dataset(
     """Tokenize ``ds`` in format ``fmt`` with ``Dataset.map`` (cached) and drop rows with no target.
 
     Columns the format does not read are kept (pruning against the model's ``forward`` is a separate step).
-    ``packing`` / ``padding_free``: what the rows are for (see :func:`~hf_lightning.data.on_the_fly.fn_kwargs_for`).
-    ``num_proc``: processes of ``Dataset.map`` (``datasets``' own argument; ``None``: this process). The result, its
-    row order and the row report are the same for any value (``map`` concatenates the shards in order, the report
-    columns come back with the rows); one INFO line gives the rows, tokens and rates of the tokenization.
+    ``packing`` / ``padding_free``: what the rows are for (see
+    :func:`~hf_lightning.data.on_the_fly.fn_kwargs_for`). ``num_proc``: processes of ``Dataset.map``
+    (``datasets``' own argument; ``None``: this process). The result, its row order and the row report are the
+    same for any value (``map`` concatenates the shards in order, the report columns come back with the rows);
+    one INFO line gives the rows, tokens and rates of the tokenization.
 
     Returns:
         the tokenized dataset: ``input_ids`` (and ``attention_mask``, ``labels`` or ``label`` per format).
@@ -133,8 +137,8 @@ def tokenize_dataset(
         except ValueError as err:
             row, value = next((i, v) for i, v in enumerate(ds["label"]) if v not in label2id)
             raise DataError(
-                f"{describe_row(ds, row, path, split)}: label {value!r} is not one of the {len(names)} training "
-                f"labels {names[:20]}{' ...' if len(names) > 20 else ''}"
+                f"{describe_row(ds, row, path, split)}: label {value!r} is not one of the {len(names)} "
+                f"training labels {names[:20]}{' ...' if len(names) > 20 else ''}"
             ) from err
     start = time.perf_counter()
     try:
@@ -159,9 +163,9 @@ def tokenize_dataset(
     out = out.remove_columns(columns)
     if not keep:
         raise DataError(
-            f"data.path={path}: the {split} split is empty after tokenization: {len(ds)} rows were read and none has "
-            f"a trained-on token [{report.describe_causes()}]; raise data.max_length (now {max_length}) or check "
-            "which fields hold the targets"
+            f"data.path={path}: the {split} split is empty after tokenization: {len(ds)} rows were read and "
+            f"none has a trained-on token [{report.describe_causes()}]; raise data.max_length (now "
+            f"{max_length}) or check which fields hold the targets"
         )
     if len(keep) < len(out):
         out = out.select(keep)
@@ -192,20 +196,23 @@ def _amount(n: float) -> str:
 
 
 def from_cache(out: datasets.Dataset, start: float) -> bool:
-    """Whether ``Dataset.map`` served ``out`` from the ``datasets`` cache: every cache file is older than the call."""
+    """Whether ``Dataset.map`` served ``out`` from the ``datasets`` cache: every cache file is older than the
+    call."""
     files = [f["filename"] for f in out.cache_files]
     wall_start = time.time() - (time.perf_counter() - start)
     return bool(files) and all(os.path.getmtime(f) < wall_start for f in files if os.path.exists(f))
 
 
 def log_rate(out: datasets.Dataset, split: str, seconds: float, num_proc: int | None) -> None:
-    """One INFO line: ``tokenized train: 7,473 rows, 1.2 M tokens in 3.1 s (2,410 rows/s, 390 k tokens/s), num_proc=2``
-    (tokens: the ``input_ids`` of every tokenized row, before rows without a target are dropped)."""
+    """One INFO line: ``tokenized train: 7,473 rows, 1.2 M tokens in 3.1 s (2,410 rows/s, 390 k tokens/s),
+    num_proc=2`` (tokens: the ``input_ids`` of every tokenized row, before rows without a target are
+    dropped)."""
     rows = len(out)
     tokens = int(pc.sum(pc.list_value_length(out.data.column("input_ids"))).as_py() or 0)
     if from_cache(out, time.perf_counter() - seconds):
         log.info(
-            "tokenized %s: %s rows, %s tokens read from the datasets cache in %.2f s (tokenized by an earlier run)",
+            "tokenized %s: %s rows, %s tokens read from the datasets cache in %.2f s (tokenized by an "
+            "earlier run)",
             split,
             _amount(rows),
             _amount(tokens),
@@ -225,7 +232,8 @@ def log_rate(out: datasets.Dataset, split: str, seconds: float, num_proc: int | 
 
 
 def label_mapping(ds: Any, path: Any) -> dict[str, int] | None:
-    """``label2id`` of a classification source: its ``ClassLabel`` names, or the sorted distinct string labels.
+    """``label2id`` of a classification source: its ``ClassLabel`` names, or the sorted distinct string
+    labels.
 
     Integer or float labels need no mapping (``None``). Sorting the distinct names is what HF's
     ``run_glue.py`` does, so ids do not depend on row order.
@@ -254,9 +262,9 @@ def label_mapping(ds: Any, path: Any) -> dict[str, int] | None:
 
 
 def row_names(ds: Any, path: Any, split: str) -> Callable[[list[int]], str]:
-    """A function naming rows of ``ds`` for the log: ``data.path=F.jsonl lines 3, 8`` for a JSON Lines file we loaded
-    (one pass over the file for all rows named), ``data.path=F.csv rows 2, 7 of the file`` for another file, else
-    ``train rows 2, 7``."""
+    """A function naming rows of ``ds`` for the log: ``data.path=F.jsonl lines 3, 8`` for a JSON Lines file we
+    loaded (one pass over the file for all rows named), ``data.path=F.csv rows 2, 7 of the file`` for another
+    file, else ``train rows 2, 7``."""
     if not (isinstance(path, (str, os.PathLike)) and os.path.isfile(path)):
         return lambda rows: row_numbers(f"{split} row", rows)
     path = os.fspath(path)
@@ -282,8 +290,8 @@ def prune_dataset(
 ) -> tuple[datasets.Dataset, list[str]]:
     """Drop the columns of ``ds`` not in ``keep``; log them once at WARNING.
 
-    ``consumed``: the source columns the data format has just tokenized (``text``, ``messages``, ...). Their drop
-    is expected, so it is logged at INFO; any other dropped column is a WARNING (HF drops both silently).
+    ``consumed``: the source columns the data format has just tokenized (``text``, ``messages``, ...). Their
+    drop is expected, so it is logged at INFO; any other dropped column is a WARNING (HF drops both silently).
 
     Returns:
         ``(pruned dataset, dropped column names)``.
@@ -326,20 +334,21 @@ def prepare_split(
 ) -> tuple[Any, list[str] | None, list[int] | None]:
     """One split from source rows to model rows: ``(rows, dropped columns or None, token lengths or None)``.
 
-    A stream is returned as it is (tokenized on the fly by :class:`~hf_lightning.data.streams.ShardedStream`); a
-    torch map-style dataset is scanned once (:func:`~hf_lightning.data.on_the_fly.scan_torch_dataset`, which measures
-    the lengths); a ``datasets.Dataset`` is tokenized (:func:`tokenize_dataset`) and pruned to ``columns`` (``None``:
-    ``remove_unused_columns=false``). With ``packing`` the rows are then packed
-    (:func:`~hf_lightning.data.packing.pack_dataset`). ``num_proc`` (``data.num_proc``) reaches ``Dataset.map``; a
-    stream or a torch dataset is tokenized row by row (inside the ``DataLoader`` readers for a stream), so one INFO
-    line says that it does not apply there.
+    A stream is returned as it is (tokenized on the fly by :class:`~hf_lightning.data.streams.ShardedStream`);
+    a torch map-style dataset is scanned once (:func:`~hf_lightning.data.on_the_fly.scan_torch_dataset`, which
+    measures the lengths); a ``datasets.Dataset`` is tokenized (:func:`tokenize_dataset`) and pruned to
+    ``columns`` (``None``: ``remove_unused_columns=false``). With ``packing`` the rows are then packed
+    (:func:`~hf_lightning.data.packing.pack_dataset`). ``num_proc`` (``data.num_proc``) reaches
+    ``Dataset.map``; a stream or a torch dataset is tokenized row by row (inside the ``DataLoader`` readers
+    for a stream), so one INFO line says that it does not apply there.
 
     Raises:
         DataError: see :func:`tokenize_dataset`, :func:`prune_dataset`.
     """
     if num_proc is not None and not isinstance(ds, datasets.Dataset):
         log.info(
-            "data.num_proc=%d does not apply to the %s split: %s is tokenized row by row, not with Dataset.map%s",
+            "data.num_proc=%d does not apply to the %s split: %s is tokenized row by row, not with "
+            "Dataset.map%s",
             num_proc,
             split,
             "a stream" if is_stream(ds) else "a torch dataset",

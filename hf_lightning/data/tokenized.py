@@ -1,7 +1,8 @@
-"""Pre-tokenized rows (the ``tokenized`` format): checked token values, truncated, and counted like the others.
+"""Pre-tokenized rows (the ``tokenized`` format): checked token values, truncated, and counted like the
+others.
 
-Rows arrive with ``input_ids`` (and maybe ``attention_mask`` / ``labels``), possibly as ``(1, n)`` leftovers of
-``return_tensors``; positions with ``attention_mask == 0`` never become targets (HF
+Rows arrive with ``input_ids`` (and maybe ``attention_mask`` / ``labels``), possibly as ``(1, n)`` leftovers
+of ``return_tensors``; positions with ``attention_mask == 0`` never become targets (HF
 ``DataCollatorForLanguageModeling``), and a row that keeps no target is reported as untrainable.
 """
 
@@ -23,7 +24,8 @@ from hf_lightning.errors import DataError
 
 
 def _flat(x: Any) -> list:
-    """A token row as a flat list: ``(n,)`` stays, ``(1, n)`` (a ``return_tensors`` leftover) becomes ``(n,)``."""
+    """A token row as a flat list: ``(n,)`` stays, ``(1, n)`` (a ``return_tensors`` leftover) becomes
+    ``(n,)``."""
     if hasattr(x, "tolist"):
         x = x.tolist()
     x = list(x)
@@ -60,14 +62,15 @@ def _token_row(x: Any) -> Any:
 def truncate_tokenized(
     batch: dict[str, list], tokenizer: Any, max_length: int | None, drop_padding: bool = False
 ) -> dict[str, list]:
-    """``tokenized``: rows that already hold ``input_ids`` (optional ``attention_mask``/``labels``/``position_ids``).
+    """``tokenized``: rows that already hold ``input_ids`` (optional
+    ``attention_mask``/``labels``/``position_ids``).
 
-    Padding (``attention_mask`` 0) is never a target: without given labels, labels are ``input_ids`` with -100 where
-    the mask is 0 (what ``DataCollatorForLanguageModeling(mlm=False)`` gives when the pad id marks only padding; it
-    compares ids with the pad id, so with ``pad = eos`` it also masks real EOS tokens, which we keep); given labels on
-    padding are set to -100 and counted (``padding_masked``). ``drop_padding`` (packed and padding-free rows, which
-    cannot hold padding) removes the padding positions from every token column first (``padding_removed``). Then
-    each row is truncated to ``max_length`` tokens.
+    Padding (``attention_mask`` 0) is never a target: without given labels, labels are ``input_ids`` with -100
+    where the mask is 0 (what ``DataCollatorForLanguageModeling(mlm=False)`` gives when the pad id marks only
+    padding; it compares ids with the pad id, so with ``pad = eos`` it also masks real EOS tokens, which we
+    keep); given labels on padding are set to -100 and counted (``padding_masked``). ``drop_padding`` (packed
+    and padding-free rows, which cannot hold padding) removes the padding positions from every token column
+    first (``padding_removed``). Then each row is truncated to ``max_length`` tokens.
 
     Example: ``input_ids [4, 5, 0]``, ``attention_mask [1, 1, 0]`` give ``labels [4, 5, -100]``; with
     ``drop_padding``, ``input_ids [4, 5]``, ``labels [4, 5]``.
@@ -84,8 +87,9 @@ def truncate_tokenized(
         for row in batch["labels"]:
             if row is None:
                 raise DataError(
-                    "field 'labels' is missing on this row while other rows have it; give every row its labels "
-                    "(-100 where nothing is trained on), or drop the field from every row (then every token is a target)"
+                    "field 'labels' is missing on this row while other rows have it; give every row its "
+                    "labels (-100 where nothing is trained on), or drop the field from every row (then every "
+                    "token is a target)"
                 )
             if not isinstance(row, int):
                 _check_token_values("labels", _flat(row), allowed_negative=-100)

@@ -1,10 +1,11 @@
 """Gradient-accumulation windows: count ``num_items_in_batch`` before the first forward of a step.
 
-Ours, because Lightning's loop has no hook for it: HF ``Trainer`` pulls the next ``gradient_accumulation_steps``
-batches from the iterator, counts their label targets, then runs the micro-steps (``Trainer.get_batch_samples``).
-Lightning's loop pulls one batch at a time, so :class:`AccumulationWindowLoader` does the look-ahead on the data
-side: it reads a whole window from the wrapped loader, counts it on the host (no device sync), and yields its
-batches with the count attached under ``num_items_in_batch``.
+Ours, because Lightning's loop has no hook for it: HF ``Trainer`` pulls the next
+``gradient_accumulation_steps`` batches from the iterator, counts their label targets, then runs the
+micro-steps (``Trainer.get_batch_samples``). Lightning's loop pulls one batch at a time, so
+:class:`AccumulationWindowLoader` does the look-ahead on the data side: it reads a whole window from the
+wrapped loader, counts it on the host (no device sync), and yields its batches with the count attached under
+``num_items_in_batch``.
 
 Windows are aligned with Lightning's optimizer steps: Lightning steps after batch index ``i`` when
 ``(i + 1) % accumulate_grad_batches == 0`` or ``i`` is the last batch of the epoch (or of

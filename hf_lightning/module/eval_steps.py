@@ -29,9 +29,11 @@ STAGES = ("val", "test")
 
 
 def sequence_classes(model: nn.Module) -> int | None:
-    """Classes of a single-label ``*ForSequenceClassification`` model (``config.num_labels`` >= 2), else ``None``.
+    """Classes of a single-label ``*ForSequenceClassification`` model (``config.num_labels`` >= 2), else
+    ``None``.
 
-    Regression (one label) and multi-label problems get no F1 here (a user ``compute_metrics`` can add theirs).
+    Regression (one label) and multi-label problems get no F1 here (a user ``compute_metrics`` can add
+    theirs).
     """
     if not type(model).__name__.endswith("ForSequenceClassification"):
         return None
@@ -55,8 +57,8 @@ class EvalStepsMixin:
     ``exp(loss)``, ``{stage}/accuracy`` the token accuracy with the causal shift. For a
     ``*ForSequenceClassification`` model: ``{stage}/loss`` (mean CE per example), ``{stage}/accuracy`` (per
     example) and ``{stage}/f1`` (macro over ``config.num_labels`` classes) instead of perplexity. A user
-    ``compute_metrics`` adds its keys under the same prefix. Without ``compute_metrics``, a causal LM's loss and
-    accuracy come from the lean path when it is on (the argmax per chunk of tokens, no logits held).
+    ``compute_metrics`` adds its keys under the same prefix. Without ``compute_metrics``, a causal LM's loss
+    and accuracy come from the lean path when it is on (the argmax per chunk of tokens, no logits held).
 
     The values go to the loggers at ``step`` = optimizer steps done, and ``lightning.Trainer.validate()`` /
     ``.test()`` return them as Lightning does: ``[{"val/loss": float, ...}]``, the same floats.
@@ -108,7 +110,8 @@ class EvalStepsMixin:
         loss_sum = token_cross_entropy_sum(
             logits, labels, causal=self.causal, shift_labels=batch.get("shift_labels")
         )
-        # a placeholder (hf_lightning.data.placeholder) has no target: it adds 0 to these sums, and nothing below
+        # a placeholder (hf_lightning.data.placeholder) has no target: it adds 0 to these sums, and nothing
+        # below
         metrics["loss"].update(loss_sum, self.count_loss_items(batch))
         metrics["accuracy"].update(logits, labels)
         if "f1" in metrics:
@@ -141,7 +144,8 @@ class EvalStepsMixin:
             return False
         count = int((targets != IGNORE_INDEX).sum())
         loss_sum, correct = self.lean.stats(lean[1], targets, count)
-        # the loss is averaged over the module's own target rule: the same count unless a subclass redefines it
+        # the loss is averaged over the module's own target rule: the same count unless a subclass redefines
+        # it
         own_count = type(self).count_loss_items is ComputeLoss.count_loss_items
         metrics["loss"].update(loss_sum, count if own_count else self.count_loss_items(batch))
         metrics["accuracy"].update(correct=correct, total=count)
@@ -224,8 +228,8 @@ class EvalStepsMixin:
         for key, value in getattr(self, "_user_metrics", {}).items():
             name = key.removeprefix("eval_")
             values[f"{stage}/{name}"] = torch.as_tensor(float(value))
-        # the values are already the same on every rank (the metrics sync their states); a max over ranks keeps
-        # them exact and tells Lightning so (it warns about epoch-level values logged without sync_dist)
+        # the values are already the same on every rank (the metrics sync their states); a max over ranks
+        # keeps them exact and tells Lightning so (it warns about epoch-level values logged without sync_dist)
         synced = self.trainer.world_size > 1
         for key, value in values.items():
             self.log(
@@ -240,11 +244,11 @@ class EvalStepsMixin:
         return floats
 
     def _results_list(self, stage: str) -> list[dict[str, float]] | None:
-        """The list ``trainer.validate()`` / ``.test()`` will return (one dict per dataloader), while it is being
-        built; ``None`` inside ``fit`` (which returns nothing).
+        """The list ``trainer.validate()`` / ``.test()`` will return (one dict per dataloader), while it is
+        being built; ``None`` inside ``fit`` (which returns nothing).
 
-        Lightning fills it from metrics logged with ``logger=True``; these metrics are written to the loggers by
-        :meth:`log_to_loggers` instead (at HF's step), so they are added to it at ``on_{stage}_end``, after
+        Lightning fills it from metrics logged with ``logger=True``; these metrics are written to the loggers
+        by :meth:`log_to_loggers` instead (at HF's step), so they are added to it at ``on_{stage}_end``, after
         Lightning has sent its own (then empty) row to the loggers. Private attribute of Lightning's
         ``_EvaluationLoop``: ``_logged_outputs`` (the list object it swaps out and returns).
         """

@@ -1,8 +1,8 @@
 """The lean loss of a causal LM: its final hidden states and LM head, without its ``(tokens x vocab)`` logits.
 
 :class:`LeanLoss` decides once whether a model qualifies, then, per micro-batch, runs the model's own
-``forward`` with a forward pre-hook on its LM head (``get_output_embeddings()``): the hook keeps the head's input,
-the final hidden states ``(B, L, H)``, and hands the head only the last position, so the model computes
+``forward`` with a forward pre-hook on its LM head (``get_output_embeddings()``): the hook keeps the head's
+input, the final hidden states ``(B, L, H)``, and hands the head only the last position, so the model computes
 ``(B, 1, V)`` logits instead of ``(B, L, V)``. The loss then comes from
 :func:`~hf_lightning.module.linear_cross_entropy.linear_cross_entropy` on the head's weight, chunk by chunk.
 Running the real ``forward`` (rather than calling the decoder directly) keeps whatever the model does before
@@ -42,7 +42,8 @@ log = logging.getLogger(__name__)
 # attention / router / MLP internals are not about the logits
 _SUSPECT_KEY = re.compile(r"soft_?cap|logit_cap|logits?_?scal|(logit|lm_head|output)\w*multiplier")
 _INTERNAL_KEY = re.compile(r"^(attn|attention|conf_attention|moe_router|router|mlp|gate|up)_")
-# the first micro-batch's check: largest |lean - model| over the last position's logits, relative to the largest
+# the first micro-batch's check: largest |lean - model| over the last position's logits, relative to the
+# largest
 # |logit|. dtype noise (a bf16 softcap against ours in float32) stays far below it; a missing factor, bias or
 # mask is far above it
 _CHECK_TOLERANCE = 2e-2
@@ -77,7 +78,8 @@ def logit_transform(config: Any) -> tuple[LogitTransform | None, str | None]:
 
 
 def output_head(model: nn.Module) -> tuple[nn.Linear | None, str | None]:
-    """The model's LM head if it is a plain ``torch.nn.Linear`` with floating weights, else ``(None, why not)``."""
+    """The model's LM head if it is a plain ``torch.nn.Linear`` with floating weights, else ``(None, why
+    not)``."""
     get = getattr(model, "get_output_embeddings", None)
     head = get() if callable(get) else None
     if head is None:
@@ -98,7 +100,8 @@ class LeanLoss:
 
     Attributes:
         reason: why the lean loss is not used (``None`` while it is).
-        chunk_size: tokens per chunk (``None``: :func:`~hf_lightning.module.linear_cross_entropy.default_chunk_size`).
+        chunk_size: tokens per chunk (``None``:
+        :func:`~hf_lightning.module.linear_cross_entropy.default_chunk_size`).
     """
 
     def __init__(self, model: nn.Module, reason: str | None = None) -> None:
@@ -124,9 +127,9 @@ class LeanLoss:
         vocab, hidden = self.head.weight.shape
         chunk = self.chunk_size or default_chunk_size(vocab, self.head.weight.device)
         return (
-            f"lean loss: on (the {vocab} x {hidden} LM head applied to at most {chunk} tokens at a time, never "
-            f"to all tokens at once; logit transform: {self.transform.describe()}; module.lean_loss=false turns "
-            "it off)"
+            f"lean loss: on (the {vocab} x {hidden} LM head applied to at most {chunk} tokens at a time, "
+            f"never to all tokens at once; logit transform: {self.transform.describe()}; "
+            "module.lean_loss=false turns it off)"
         )
 
     def say(self, rank_zero: bool = True) -> None:
@@ -160,9 +163,9 @@ class LeanLoss:
     def forward(self, call: Callable[[], Any], label_shape: torch.Size) -> tuple[Any, torch.Tensor] | None:
         """Run ``call()`` (the model's forward) keeping the head's input: ``(outputs, hidden (B, L, H))``.
 
-        ``outputs.logits`` is set to ``None`` (the model computed only the last position's). On the first call the
-        lean path is checked against those logits; ``None`` (and :attr:`reason` set) when the model does not fit,
-        in which case the caller runs the plain path.
+        ``outputs.logits`` is set to ``None`` (the model computed only the last position's). On the first call
+        the lean path is checked against those logits; ``None`` (and :attr:`reason` set) when the model does
+        not fit, in which case the caller runs the plain path.
         """
         with self._captured() as inputs:
             if self._checked:
@@ -211,15 +214,15 @@ class LeanLoss:
         err, scale = float((mine - ref).abs().max()), float(ref.abs().max())
         if not err <= _CHECK_TOLERANCE * scale + 1e-6:
             return (
-                f"its logits differ from lm_head(hidden) with logit transform {self.transform.describe()} by up to "
-                f"{err:.3g} (largest logit {scale:.3g}): its forward changes them in a way the lean loss does not "
-                "reproduce"
+                f"its logits differ from lm_head(hidden) with logit transform {self.transform.describe()} by "
+                f"up to {err:.3g} (largest logit {scale:.3g}): its forward changes them in a way the lean "
+                "loss does not reproduce"
             )
         return None
 
     def _compact(self, hidden: torch.Tensor, targets: torch.Tensor, count: int | None):  # noqa: ANN202
-        """``(N, H)`` hidden states and ``(N,)`` targets; with ``count`` (the targets, known on the host) only the
-        target positions, in order, chosen without a host-device sync."""
+        """``(N, H)`` hidden states and ``(N,)`` targets; with ``count`` (the targets, known on the host) only
+        the target positions, in order, chosen without a host-device sync."""
         flat_h, flat_t = hidden.reshape(-1, hidden.size(-1)), targets.reshape(-1).to(hidden.device)
         if count is not None and count < flat_t.numel():
             # a stable sort puts the target positions first, in their order
@@ -236,8 +239,8 @@ class LeanLoss:
     ) -> torch.Tensor:
         """Summed token CE (0-dim float32) of ``hidden`` ``(B, L, H)`` against shifted ``targets`` ``(B, L)``.
 
-        ``count``: the number of targets (``!= -100``) when known on the host; it must be exact (a smaller count
-        drops targets): only the target rows are then multiplied by the head.
+        ``count``: the number of targets (``!= -100``) when known on the host; it must be exact (a smaller
+        count drops targets): only the target rows are then multiplied by the head.
         """
         flat_h, flat_t = self._compact(hidden, targets, count)
         return linear_cross_entropy(
@@ -294,8 +297,8 @@ def strategy_reason(strategy: Any) -> str | None:
     """Why the lean loss cannot run under a Lightning ``strategy`` (``None``: it can).
 
     The lean loss reads the head's weight after the model's forward: only strategies that keep every parameter
-    whole on every rank qualify (single device, DDP). FSDP and DeepSpeed may shard it (DeepSpeed ZeRO-1/2 would
-    keep it whole, but is not tested here).
+    whole on every rank qualify (single device, DDP). FSDP and DeepSpeed may shard it (DeepSpeed ZeRO-1/2
+    would keep it whole, but is not tested here).
     """
     from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, SingleDeviceStrategy
 

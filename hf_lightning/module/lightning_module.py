@@ -57,36 +57,41 @@ class HFLightningModule(
     The loss of one optimizer step is the sum of the loss terms over every micro-batch of the accumulation
     window divided by ``num_items_in_batch``, the window's number of targets summed across data-parallel
     ranks: it does not depend on how the window is split into micro-batches or ranks. Where the loss comes
-    from, first match wins (:func:`~hf_lightning.module.loss.loss_source`): a subclass overriding :meth:`compute_loss`;
-    HF's ``compute_loss_func(outputs, labels, num_items_in_batch)``; the model's own ``outputs.loss`` when
-    ``use_model_loss`` (by default: when the model is *declared* to honour ``num_items_in_batch``,
-    ``model_accepts_loss_kwargs`` or ``accepts_loss_kwargs = True``; never inferred from a bare ``**kwargs``
-    as HF does, since a model that swallows it inflates the gradients by accumulation x world size); otherwise
-    the token cross-entropy from the logits (:func:`~hf_lightning.module.loss.token_cross_entropy_sum`, HF's
-    ``LabelSmoother`` when ``label_smoothing_factor > 0``), computed without the ``(tokens x vocab)`` logits
-    for a causal LM whose head ``get_output_embeddings()`` reaches (``lean_loss``). A loss that does not take
-    the count is HF's fallback, a mean per micro-batch divided by the window length, with one warning.
+    from, first match wins (:func:`~hf_lightning.module.loss.loss_source`): a subclass overriding
+    :meth:`compute_loss`; HF's ``compute_loss_func(outputs, labels, num_items_in_batch)``; the model's own
+    ``outputs.loss`` when ``use_model_loss`` (by default: when the model is *declared* to honour
+    ``num_items_in_batch``, ``model_accepts_loss_kwargs`` or ``accepts_loss_kwargs = True``; never inferred
+    from a bare ``**kwargs`` as HF does, since a model that swallows it inflates the gradients by accumulation
+    x world size); otherwise the token cross-entropy from the logits
+    (:func:`~hf_lightning.module.loss.token_cross_entropy_sum`, HF's ``LabelSmoother`` when
+    ``label_smoothing_factor > 0``), computed without the ``(tokens x vocab)`` logits for a causal LM whose
+    head ``get_output_embeddings()`` reaches (``lean_loss``). A loss that does not take the count is HF's
+    fallback, a mean per micro-batch divided by the window length, with one warning.
 
     Args:
         model: an ``nn.Module`` whose ``forward(**batch)`` returns an object with ``.logits`` ``(B, L, V)``
             (or ``(B, C)`` for sequence classification).
         tokenizer: saved next to the model by the export callback (optional).
-        optim: keyword arguments of :func:`~hf_lightning.module.optim.build_optimizer` (``name``, ``lr``, ...),
+        optim: keyword arguments of :func:`~hf_lightning.module.optim.build_optimizer` (``name``, ``lr``,
+        ...),
             or a callable ``(model) -> Optimizer`` (the ``optim`` config node, built with ``_partial_``).
         scheduler: keyword arguments of :func:`~hf_lightning.module.optim.build_scheduler` (``name``,
-            ``warmup_steps``, ``warmup_ratio``), or a callable ``(optimizer, num_training_steps) -> scheduler``.
+            ``warmup_steps``, ``warmup_ratio``), or a callable ``(optimizer, num_training_steps) ->
+            scheduler``.
         average_tokens_across_devices: sum the target count across ranks (HF's default, exact); ``False``
             normalises by each rank's own count (biased when ranks hold different numbers of targets).
         compute_loss_func: ``(outputs, labels, num_items_in_batch) -> 0-dim loss``, as HF ``Trainer``'s
             argument: ``outputs`` from ``model(**inputs)`` without labels, ``labels`` ``(B, L)`` int64, and
-            ``num_items_in_batch`` an ``int`` (one process) or 0-dim int64 tensor (summed across ranks), never 0.
-            It must return the micro-batch's *share*: a sum over its items divided by ``num_items_in_batch``.
+            ``num_items_in_batch`` an ``int`` (one process) or 0-dim int64 tensor (summed across ranks), never
+            0. It must return the micro-batch's *share*: a sum over its items divided by
+            ``num_items_in_batch``.
         use_model_loss: use ``model(**inputs, labels=...).loss``. ``None``: only when the model is declared to
             honour ``num_items_in_batch`` (see above) and no label smoothing is asked for.
         model_accepts_loss_kwargs: declare that the model's ``forward`` divides its summed loss by a
-            ``num_items_in_batch`` keyword (HF's attribute name). ``None``: read ``model.accepts_loss_kwargs``.
-        label_smoothing_factor: HF's ``TrainingArguments.label_smoothing_factor`` for the built-in loss, in [0, 1).
-        causal: the labels are aligned for a causal LM (shifted by one). ``None``: HF's rule
+            ``num_items_in_batch`` keyword (HF's attribute name). ``None``: read
+            ``model.accepts_loss_kwargs``.
+        label_smoothing_factor: HF's ``TrainingArguments.label_smoothing_factor`` for the built-in loss, in
+        [0, 1). causal: the labels are aligned for a causal LM (shifted by one). ``None``: HF's rule
             (:func:`~hf_lightning.module.loss.loss_shifts_labels`).
         compute_metrics: HF-style ``compute_metrics(EvalPrediction) -> dict`` over the whole evaluation set
             (numpy arrays padded with -100, in dataset order); its keys are logged as ``val/<key>``.
@@ -121,7 +126,8 @@ class HFLightningModule(
     #: or a per-micro-batch mean (``False``, HF's fallback). ``None``: decided from the loss source; a
     #: subclass overriding :meth:`compute_loss` counts as ``True`` unless it sets this.
     loss_is_scaled_for_ga: bool | None = None
-    #: an evaluation rank with no example gets a marked placeholder batch (:mod:`hf_lightning.data.placeholder`)
+    #: an evaluation rank with no example gets a marked placeholder batch
+    #: (:mod:`hf_lightning.data.placeholder`)
     handles_placeholder_batches: bool = True
 
     def __init__(
@@ -236,9 +242,9 @@ class HFLightningModule(
             if not self._warned_unwrapped:
                 log.warning(
                     "training batches carry no num_items_in_batch (the train dataloader is not an "
-                    "HFDataModule one, nor wrapped in hf_lightning.data.windows.AccumulationWindowLoader): each "
-                    "micro-batch is normalised by its own count and divided by the window length, HF's fallback, "
-                    "which weights targets unequally"
+                    "HFDataModule one, nor wrapped in hf_lightning.data.windows.AccumulationWindowLoader): "
+                    "each micro-batch is normalised by its own count and divided by the window length, HF's "
+                    "fallback, which weights targets unequally"
                 )
                 self._warned_unwrapped = True
             return None
@@ -294,9 +300,10 @@ class HFLightningModule(
             self.lean.turn_off(reason)
         self._say_lean()
         if stage == "fit":
-            # HF Trainer calls model.train() before its loop. from_pretrained returns the model in eval mode and
-            # Lightning (>= 2.2) keeps each submodule's mode, so without this dropout would silently stay off.
-            # Here rather than in on_train_start, so that the model summary and Lightning's mode check agree
+            # HF Trainer calls model.train() before its loop. from_pretrained returns the model in eval mode
+            # and Lightning (>= 2.2) keeps each submodule's mode, so without this dropout would silently stay
+            # off. Here rather than in on_train_start, so that the model summary and Lightning's mode check
+            # agree
             self.model.train()
 
     def configure_optimizers(self) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""The token cross-entropy of an LM head computed in chunks of tokens: no ``(tokens x vocab)`` tensor ever exists.
+"""The token cross-entropy of an LM head computed in chunks of tokens: no ``(tokens x vocab)`` tensor ever
+exists.
 
 A causal LM's loss is ``CE(transform(hidden @ W.T + b), targets)``. Computing the logits of every token first
 holds ``N x V`` floats (2,048 tokens x 128,256 vocabulary = 1 GiB in float32), then their float32 copy, the
@@ -11,8 +12,8 @@ Cross-Entropy, in plain PyTorch (CPU and any GPU).
 The gradients are computed in the forward pass (as Liger does), chunk by chunk, and kept until the backward
 pass, which only multiplies them by the incoming scalar gradient: the head costs the same three matrix
 products as the plain path (recomputing the logits in the backward pass would cost a fourth), and the extra
-memory is one gradient of the hidden states ``(N, H)`` and one of the head ``(V, H)`` (float32), which the plain
-path creates as well. Within a chunk the loss is the plain path's: the logits in the input's dtype (or
+memory is one gradient of the hidden states ``(N, H)`` and one of the head ``(V, H)`` (float32), which the
+plain path creates as well. Within a chunk the loss is the plain path's: the logits in the input's dtype (or
 autocast's), upcast to float32, then the model's logit transform (:class:`LogitTransform`) and the terms of
 ``torch.nn.functional.cross_entropy`` (sum, ``ignore_index=-100``, ``label_smoothing``), with their gradient
 written out and computed in place (one ``(rows, V)`` float32 tensor per chunk, two with a soft-cap). The loss
@@ -28,12 +29,12 @@ import torch.nn.functional as F
 
 from hf_lightning.batch import IGNORE_INDEX
 
-#: float32 bytes of one chunk's logits, per device type: rows per chunk = bytes // (4 x vocabulary), at least 16.
-#: CPU: measured with scripts/bench_memory.py (one step of 2,048 tokens, vocabulary 128,256, hidden 64): 32 MiB
-#: was the fastest of 16/32/64/128 MiB (16 MiB ~12 % slower: every chunk reads the whole head again), and at or
-#: below 32 MiB glibc reuses the freed chunk from its heap instead of mapping fresh pages for every chunk. CUDA:
-#: not measured yet; large enough that the head's matrix products are not bound by reading the weight once per
-#: chunk (512 rows of a 128,256 vocabulary), as Liger sizes its chunks.
+#: float32 bytes of one chunk's logits, per device type: rows per chunk = bytes // (4 x vocabulary), at least
+#: 16. CPU: measured with scripts/bench_memory.py (one step of 2,048 tokens, vocabulary 128,256, hidden 64):
+#: 32 MiB was the fastest of 16/32/64/128 MiB (16 MiB ~12 % slower: every chunk reads the whole head again),
+#: and at or below 32 MiB glibc reuses the freed chunk from its heap instead of mapping fresh pages for every
+#: chunk. CUDA: not measured yet; large enough that the head's matrix products are not bound by reading the
+#: weight once per chunk (512 rows of a 128,256 vocabulary), as Liger sizes its chunks.
 CHUNK_BYTES = {"cpu": 32 * 2**20, "cuda": 256 * 2**20}
 DEFAULT_CHUNK_BYTES = 64 * 2**20
 
@@ -73,8 +74,8 @@ IDENTITY = LogitTransform()
 
 
 def default_chunk_size(vocab_size: int, device: torch.device | str = "cpu") -> int:
-    """Rows per chunk on ``device``: :data:`CHUNK_BYTES` of float32 logits (262 rows of a 32,000 vocabulary and 65 of
-    128,256 on the CPU)."""
+    """Rows per chunk on ``device``: :data:`CHUNK_BYTES` of float32 logits (262 rows of a 32,000 vocabulary
+    and 65 of 128,256 on the CPU)."""
     budget = CHUNK_BYTES.get(torch.device(device).type, DEFAULT_CHUNK_BYTES)
     return max(16, budget // (4 * max(int(vocab_size), 1)))
 
@@ -93,8 +94,8 @@ def _chunk(
 
     The loss is ``torch.nn.functional.cross_entropy(transform(logits.float()), targets, reduction="sum",
     ignore_index=-100, label_smoothing=eps)`` written out: per target ``(1 - eps) * (lse - z_t) + eps * (lse -
-    mean_v z_v)`` with ``lse = logsumexp_v z_v``; its gradient ``softmax(z) - (1 - eps) * onehot(t) - eps / V``
-    (zero for ignored rows), times the transform's derivative. Computed in place on the one float32 logits
+    mean_v z_v)`` with ``lse = logsumexp_v z_v``; its gradient ``softmax(z) - (1 - eps) * onehot(t) - eps /
+    V`` (zero for ignored rows), times the transform's derivative. Computed in place on the one float32 logits
     tensor of the chunk (plus one for a soft-cap): a chunk allocates one or two ``(rows, V)`` tensors.
     """
     raw = F.linear(hidden, weight, bias)
@@ -122,7 +123,8 @@ def _chunk(
     loss = per_row.masked_fill(~valid, 0.0).sum()
     if not want_grad:
         return loss, None, correct
-    # the softmax, in place; an ignored row is divided by infinity instead: its gradient is 0 with no extra pass
+    # the softmax, in place; an ignored row is divided by infinity instead: its gradient is 0 with no extra
+    # pass
     grad = z.div_(total.masked_fill_(~valid.unsqueeze(1), float("inf")))
     grad.scatter_add_(1, safe, torch.where(valid, eps - 1.0, 0.0).unsqueeze(1))
     if eps:
@@ -137,8 +139,8 @@ def _chunk(
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
-    """Loss sum of ``CE(transform(hidden @ weight.T + bias), targets)``, with its gradients computed chunk by chunk
-    in the forward pass (see the module docstring)."""
+    """Loss sum of ``CE(transform(hidden @ weight.T + bias), targets)``, with its gradients computed chunk by
+    chunk in the forward pass (see the module docstring)."""
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, targets, transform, eps, chunk_size):  # noqa: ANN001, ANN205
@@ -247,8 +249,8 @@ def _no_grad_stats(hidden, weight, bias, targets, transform, eps, chunk, with_co
     total = torch.zeros((), dtype=torch.float32, device=hidden.device)
     correct = torch.zeros((), dtype=torch.long, device=hidden.device)
     for start in range(0, hidden.size(0), chunk):
-        # the argmax of the transformed float32 logits: scaling and tanh are monotonic, so it is the argmax of the
-        # plain path's logits up to ties
+        # the argmax of the transformed float32 logits: scaling and tanh are monotonic, so it is the argmax of
+        # the plain path's logits up to ties
         loss, _, right = _chunk(
             hidden[start : start + chunk],
             weight,

@@ -8,9 +8,9 @@ count (cheap, on the host, before the first forward of the step) and the sum of 
 (optionally label-smoothed exactly as HF's ``LabelSmoother``). They also hold the two decisions HF takes by
 inspecting the model: whether its loss shifts labels, and whether its ``forward`` honours
 ``num_items_in_batch``; which loss a module gets (:func:`loss_source`, :func:`loss_is_share`); and
-:class:`ComputeLoss`, HF's ``compute_loss`` for one micro-batch. How the micro-batch losses add up to the step's
-loss (the count across ranks, the fallback, the factors against Lightning and DDP) is decided in one place:
-``HFLightningModule.training_step``.
+:class:`ComputeLoss`, HF's ``compute_loss`` for one micro-batch. How the micro-batch losses add up to the
+step's loss (the count across ranks, the fallback, the factors against Lightning and DDP) is decided in one
+place: ``HFLightningModule.training_step``.
 """
 
 from __future__ import annotations
@@ -252,8 +252,8 @@ Count = int | torch.Tensor
 class ComputeLoss:
     """Mixin of :class:`~hf_lightning.HFLightningModule`: HF ``Trainer.compute_loss`` for one micro-batch.
 
-    Needs ``model``, ``compute_loss_func``, ``use_model_loss``, ``model_accepts_loss_kwargs``, ``loss_is_share``,
-    ``causal``, ``label_smoothing_factor``, ``forward_kwargs``, ``lean`` (a
+    Needs ``model``, ``compute_loss_func``, ``use_model_loss``, ``model_accepts_loss_kwargs``,
+    ``loss_is_share``, ``causal``, ``label_smoothing_factor``, ``forward_kwargs``, ``lean`` (a
     :class:`~hf_lightning.module.lean_loss.LeanLoss`) and ``_say_lean()``. The scale of the step's loss is
     decided by the caller, ``HFLightningModule.training_step``.
     """
@@ -290,14 +290,15 @@ class ComputeLoss:
             batch: the collated micro-batch (``labels`` ``(B, L)`` or ``(B,)``; the window keys of
                 :mod:`hf_lightning.data.windows` are never passed to the model).
             num_items_in_batch: the window's target count (``int``, or a 0-dim int64 tensor when summed across
-                ranks), at least 1; ``None`` when the batches carry no count (HF: "not counted") or the loss is
-                HF's fallback (``loss_is_scaled_for_ga`` resolved to ``False``): the loss is then a mean over
-                this micro-batch, which ``training_step`` divides by the window length.
+                ranks), at least 1; ``None`` when the batches carry no count (HF: "not counted") or the loss
+                is HF's fallback (``loss_is_scaled_for_ga`` resolved to ``False``): the loss is then a mean
+                over this micro-batch, which ``training_step`` divides by the window length.
 
         Returns:
-            The micro-batch's share of the window loss (a sum over its items divided by ``num_items_in_batch``)
-            as a 0-dim float tensor, and the model outputs. An override must return the same (or set
-            ``loss_is_scaled_for_ga = False`` and return a per-micro-batch mean) for the step to stay exact.
+            The micro-batch's share of the window loss (a sum over its items divided by
+            ``num_items_in_batch``) as a 0-dim float tensor, and the model outputs. An override must return
+            the same (or set ``loss_is_scaled_for_ga = False`` and return a per-micro-batch mean) for the step
+            to stay exact.
         """
         if self.compute_loss_func is not None:
             outputs = self(batch)
@@ -311,8 +312,8 @@ class ComputeLoss:
         labels = batch["labels"]
         if labels.is_floating_point():
             raise ConfigError(
-                "labels are floating point (regression or multi-label): the built-in token cross-entropy needs "
-                "integer class ids; set module.use_model_loss=true or pass module.compute_loss_func"
+                "labels are floating point (regression or multi-label): the built-in token cross-entropy "
+                "needs integer class ids; set module.use_model_loss=true or pass module.compute_loss_func"
             )
         loss_sum, outputs = self._token_loss_sum(batch, labels)
         if num_items_in_batch is None:
@@ -322,13 +323,14 @@ class ComputeLoss:
         return loss_sum / num_items_in_batch, outputs
 
     def _token_loss_sum(self, batch: Mapping[str, Any], labels: torch.Tensor) -> tuple[torch.Tensor, Any]:
-        """The summed token CE of the micro-batch and the model outputs: lean when it can be, else from the logits."""
+        """The summed token CE of the micro-batch and the model outputs: lean when it can be, else from the
+        logits."""
         if self.lean.active:
             targets = loss_targets(labels, self.causal, batch.get("shift_labels"))
             lean = self.lean.forward(lambda: self(batch), targets.shape)
             if lean is not None:
-                # the window loader's count of this micro-batch lets the head skip the non-target rows without a
-                # host-device sync; it counts the targets when count_loss_items is ours
+                # the window loader's count of this micro-batch lets the head skip the non-target rows without
+                # a host-device sync; it counts the targets when count_loss_items is ours
                 own_count = type(self).count_loss_items is ComputeLoss.count_loss_items
                 count = batch.get(MICRO_ITEMS_KEY) if own_count else None
                 return self.lean.loss_sum(lean[1], targets, self.label_smoothing_factor, count), lean[0]

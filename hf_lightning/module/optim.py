@@ -143,9 +143,9 @@ def _import(path: str, key: str) -> Any:
 def resolve_optimizer(optimizer: Any) -> tuple[Callable[..., torch.optim.Optimizer], dict[str, Any]]:
     """``optim.optimizer`` as ``(class or callable, its fixed keyword arguments)``.
 
-    Takes a ``torch.optim.Optimizer`` subclass, a ``functools.partial`` of one (what Hydra's ``_partial_: true``
-    builds), or the mapping ``{"_target_": "torch.optim.NAdam", "_partial_": true, **kwargs}`` as it comes from
-    the config (imported here, so the library needs no Hydra).
+    Takes a ``torch.optim.Optimizer`` subclass, a ``functools.partial`` of one (what Hydra's ``_partial_:
+    true`` builds), or the mapping ``{"_target_": "torch.optim.NAdam", "_partial_": true, **kwargs}`` as it
+    comes from the config (imported here, so the library needs no Hydra).
 
     Raises:
         ConfigError: a mapping without ``_target_``, ``_partial_: false``, or a target that does not import.
@@ -221,19 +221,21 @@ def build_optimizer(
         betas, eps: HF's ``adam_beta1/2`` and ``adam_epsilon`` (``None``: HF's 0.9, 0.999, 1e-8) for the AdamW
             names and Lion (betas only); for ``optim.optimizer`` passed when given.
         momentum: SGD / RMSprop momentum (``None``: 0, as HF, whose ``optim_args`` sets it).
-        fused: torch's fused kernel (``adamw``, ``adamw_torch``, ``sgd``, ``adagrad``; ``None``: torch's choice).
-        kwargs: more keyword arguments of the optimizer class (HF's ``optim_args``: a mapping, or the
+        fused: torch's fused kernel (``adamw``, ``adamw_torch``, ``sgd``, ``adagrad``; ``None``: torch's
+        choice). kwargs: more keyword arguments of the optimizer class (HF's ``optim_args``: a mapping, or the
             ``"momentum=0.9,nesterov=true"`` string); checked against the class's signature.
         optimizer: another optimizer class (see :func:`resolve_optimizer`); ``name`` must then be ``None``.
 
     Raises:
         ConfigError: an unknown ``name`` (the allowed list in the message), ``name`` and ``optimizer`` both or
             neither given, a negative or non-finite ``lr`` / ``weight_decay``, a knob or ``kwargs`` key the
-            optimizer does not take, a ``bitsandbytes`` name on a model not on CUDA, or ``bitsandbytes`` missing.
+            optimizer does not take, a ``bitsandbytes`` name on a model not on CUDA, or ``bitsandbytes``
+            missing.
     """
     if not (math.isfinite(lr) and lr >= 0 and weight_decay >= 0):
         raise ConfigError(
-            f"optim.lr must be a finite number >= 0 and optim.weight_decay >= 0, got lr={lr}, weight_decay={weight_decay}"
+            f"optim.lr must be a finite number >= 0 and optim.weight_decay >= 0, got lr={lr}, "
+            f"weight_decay={weight_decay}"
         )
     given = {k: v for k, v in (("betas", betas), ("eps", eps), ("momentum", momentum), ("fused", fused))}
     given = {k: v for k, v in given.items() if v is not None}
@@ -257,7 +259,8 @@ def build_optimizer(
         if spec.cuda and not _on_cuda(model):
             raise ConfigError(
                 f"optim.name={name} is a bitsandbytes optimizer and runs on CUDA only; this model is on "
-                f"{next(model.parameters()).device.type}: use a GPU (trainer.accelerator=gpu) or another optim.name"
+                f"{next(model.parameters()).device.type}: use a GPU (trainer.accelerator=gpu) or another "
+                "optim.name"
             )
         cls, fixed, knobs = _import(spec.cls, "optim.name"), dict(spec.fixed), dict(spec.knobs)
         label = f"optim.name={name}"
@@ -290,8 +293,8 @@ def build_optimizer(
 def optim_config_errors(config: Mapping[str, Any]) -> list[str]:
     """Cross-field rules of the ``optim`` / ``scheduler`` groups on a composed config (a plain container), for
     the schema pass before anything is built: a bitsandbytes ``optim.name`` on ``trainer.accelerator=cpu`` (or
-    ``auto`` without CUDA), and ``reduce_lr_on_plateau`` / ``greedy``, which step on a validation metric, without
-    validation (HF: "requires an eval strategy").
+    ``auto`` without CUDA), and ``reduce_lr_on_plateau`` / ``greedy``, which step on a validation metric,
+    without validation (HF: "requires an eval strategy").
 
     Returns:
         one message per problem (empty: none).
@@ -305,8 +308,9 @@ def optim_config_errors(config: Mapping[str, Any]) -> list[str]:
         accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
     ):
         errors.append(
-            f"optim.name={name} is a bitsandbytes optimizer and runs on CUDA only (trainer.accelerator={accelerator}); "
-            "use trainer.accelerator=gpu, or an optimizer that runs here: adamw_torch, adafactor, sgd, ..."
+            f"optim.name={name} is a bitsandbytes optimizer and runs on CUDA only "
+            f"(trainer.accelerator={accelerator}); use trainer.accelerator=gpu, or an optimizer that runs "
+            "here: adamw_torch, adafactor, sgd, ..."
         )
     schedule = (config.get("scheduler") or {}).get("name")
     no_val_batches = trainer.get("limit_val_batches") == 0
@@ -314,7 +318,7 @@ def optim_config_errors(config: Mapping[str, Any]) -> list[str]:
     if schedule in METRIC_DRIVEN and (no_val_batches or no_split):
         off = "trainer.limit_val_batches=0" if no_val_batches else "data.validation_split=0"
         errors.append(
-            f"scheduler.name={schedule} steps on a validation metric after each validation, but validation is off "
-            f"({off}); turn validation on, or choose a schedule of its own (linear, cosine, ...)"
+            f"scheduler.name={schedule} steps on a validation metric after each validation, but validation "
+            f"is off ({off}); turn validation on, or choose a schedule of its own (linear, cosine, ...)"
         )
     return errors

@@ -75,8 +75,8 @@ def report(plan: RunPlan, max_epochs: int | None) -> None:
     ``max_epochs`` ending the run before ``max_steps``, and the steps whose window is short."""
     if plan.max_steps != -1 and plan.epoch_steps < plan.max_steps:
         log.warning(
-            "trainer.max_epochs=%s ends this run after %d optimizer steps, before trainer.max_steps=%d (Lightning "
-            "stops at the first limit reached); set trainer.max_epochs=null to run %d steps",
+            "trainer.max_epochs=%s ends this run after %d optimizer steps, before trainer.max_steps=%d "
+            "(Lightning stops at the first limit reached); set trainer.max_epochs=null to run %d steps",
             max_epochs,
             plan.epoch_steps,
             plan.max_steps,
@@ -84,9 +84,9 @@ def report(plan: RunPlan, max_epochs: int | None) -> None:
         )
     if plan.short_steps:
         log.warning(
-            "gradient-accumulation windows: trainer.accumulate_grad_batches=%d, but an epoch has %d micro-batches "
-            "on this process, so its last window holds %d: %d of this run's %d optimizer steps are short (each "
-            "normalised by its own target count, as HF Trainer does)",
+            "gradient-accumulation windows: trainer.accumulate_grad_batches=%d, but an epoch has %d "
+            "micro-batches on this process, so its last window holds %d: %d of this run's %d optimizer steps "
+            "are short (each normalised by its own target count, as HF Trainer does)",
             plan.accumulation,
             plan.batches_per_epoch,
             plan.short_window,
@@ -102,8 +102,9 @@ def training_steps(trainer: Any) -> float:
 
     Lightning's property builds the train loader through ``fit_loop.setup_data()`` while the optimizers are
     configured, before a checkpoint's loop state is restored; the loader state of a mid-epoch resume is then
-    never loaded. Here the length comes from the DataModule (``HFDataModule.train_batches_per_epoch``, computed
-    without a loader; another DataModule's own loader), and Lightning's loader is built once, after the restore.
+    never loaded. Here the length comes from the DataModule (``HFDataModule.train_batches_per_epoch``,
+    computed without a loader; another DataModule's own loader), and Lightning's loader is built once, after
+    the restore.
     """
     datamodule = trainer.datamodule
     if datamodule is None:

@@ -1,10 +1,11 @@
-"""LR schedules: ``transformers.get_scheduler`` for every ``SchedulerType``, as HF ``Trainer.create_scheduler``.
+"""LR schedules: ``transformers.get_scheduler`` for every ``SchedulerType``, as HF
+``Trainer.create_scheduler``.
 
-Steps are optimizer steps. ``scheduler.kwargs`` is HF's ``lr_scheduler_kwargs`` (``scheduler_specific_kwargs``),
-checked against the schedule function's signature here instead of failing inside it. ``reduce_lr_on_plateau``
-and ``greedy`` are driven by a validation metric, as HF drives them: stepped once after each validation during
-training with ``metric_for_best_model`` (default ``eval_loss``), never per optimizer step
-(:func:`step_on_validation`).
+Steps are optimizer steps. ``scheduler.kwargs`` is HF's ``lr_scheduler_kwargs``
+(``scheduler_specific_kwargs``), checked against the schedule function's signature here instead of failing
+inside it. ``reduce_lr_on_plateau`` and ``greedy`` are driven by a validation metric, as HF drives them:
+stepped once after each validation during training with ``metric_for_best_model`` (default ``eval_loss``),
+never per optimizer step (:func:`step_on_validation`).
 """
 
 from __future__ import annotations
@@ -77,7 +78,8 @@ def build_scheduler(
     warmup_ratio: Annotated[float, UNIT_INTERVAL] = 0.0,
     kwargs: Mapping[str, Any] | None = None,
 ):
-    """``transformers.get_scheduler(name, optimizer, warmup, num_training_steps, scheduler_specific_kwargs=kwargs)``.
+    """``transformers.get_scheduler(name, optimizer, warmup, num_training_steps,
+    scheduler_specific_kwargs=kwargs)``.
 
     ``warmup_steps`` wins over ``warmup_ratio`` (HF ``TrainingArguments.get_warmup_steps``:
     ``ceil(num_training_steps * warmup_ratio)``). A warmup given to ``constant``, ``reduce_lr_on_plateau`` or
@@ -85,9 +87,10 @@ def build_scheduler(
     unstepped: :func:`step_on_validation` steps it.
 
     Raises:
-        ConfigError: an unknown ``name`` (the allowed list in the message), a negative warmup, a ``kwargs`` key the
-            schedule does not take, ``kwargs`` for ``constant`` / ``constant_with_warmup`` (HF drops them), or a
-            value the schedule refuses (e.g. ``cosine_with_min_lr`` without ``min_lr`` / ``min_lr_rate``).
+        ConfigError: an unknown ``name`` (the allowed list in the message), a negative warmup, a ``kwargs``
+        key the
+            schedule does not take, ``kwargs`` for ``constant`` / ``constant_with_warmup`` (HF drops them), or
+            a value the schedule refuses (e.g. ``cosine_with_min_lr`` without ``min_lr`` / ``min_lr_rate``).
     """
     from transformers import get_scheduler
 

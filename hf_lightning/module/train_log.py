@@ -2,9 +2,9 @@
 ``logging_steps``.
 
 Ours rather than ``self.log`` (the measured reasons are in :meth:`TrainLog.log_to_loggers`, the one place that
-writes): HF's ``loss`` is the mean of the *window* losses of the optimizer steps since the previous row (not of
-micro-batch values), written every ``trainer.log_every_n_steps`` optimizer steps counted across epochs, with
-``step`` = optimizer steps done; and the row survives a stop:
+writes): HF's ``loss`` is the mean of the *window* losses of the optimizer steps since the previous row (not
+of micro-batch values), written every ``trainer.log_every_n_steps`` optimizer steps counted across epochs,
+with ``step`` = optimizer steps done; and the row survives a stop:
 
 - the losses accumulated since the last row (every rank's, gathered), the ``lr``/``grad_norm``/``epoch`` of
   the newest step and the step whose validation was logged last are saved with each checkpoint and restored on
@@ -37,8 +37,9 @@ def warn_empty_window(step: int, rank: int | None = None) -> None:
     """One WARNING: optimizer step ``step``'s window has no label target (on ``rank``, or on any rank)."""
     where = "on any rank" if rank is None else f"on rank {rank}"
     log.warning(
-        "optimizer step %d: its accumulation window has no label targets %s (every label is -100): its loss is "
-        "0 and its gradient zero (the optimizer still steps, so weight decay and momentum still move weights)",
+        "optimizer step %d: its accumulation window has no label targets %s (every label is -100): its loss "
+        "is 0 and its gradient zero (the optimizer still steps, so weight decay and momentum still move "
+        "weights)",
         step,
         where,
     )
@@ -82,8 +83,8 @@ class TrainLog:
 
     def is_log_step(self, step: int) -> bool:
         """Whether the train row is written after optimizer step ``step`` (1-based): every
-        ``trainer.log_every_n_steps`` steps across epochs (HF's ``logging_steps``), at ``max_steps``, and after the
-        first step with ``logging_first_step``."""
+        ``trainer.log_every_n_steps`` steps across epochs (HF's ``logging_steps``), at ``max_steps``, and
+        after the first step with ``logging_first_step``."""
         trainer = self.trainer
         if step == 1 and self.logging_first_step:  # HF's logging_first_step (set by HFSteps)
             return True
@@ -168,12 +169,12 @@ class TrainLog:
           disk before checkpoint N: a kill between the two would resume from N without its row (the i15 kill
           harness's ``after_save`` point). Here the row is written from ``on_save_checkpoint`` first.
         - Lightning writes only when ``(batches_that_stepped + 1) % log_every_n_steps == 0`` or on
-          ``should_stop``: the rows of ``max_steps`` and of HF's ``logging_first_step`` would be dropped, and it
-          refuses ``self.log`` in ``on_train_end`` (the final flush) and in ``on_save_checkpoint``.
+          ``should_stop``: the rows of ``max_steps`` and of HF's ``logging_first_step`` would be dropped, and
+          it refuses ``self.log`` in ``on_train_end`` (the final flush) and in ``on_save_checkpoint``.
         - Its step is ``batches_that_stepped``, one less than HF's inside ``on_train_batch_end`` and for a
           validation inside ``fit``; the explicit ``"step"`` key that fixes it is also copied into
-          ``trainer.callback_metrics`` (hence ``final_metrics.json``) and the dicts ``trainer.validate()`` returns,
-          and without it Lightning adds an ``epoch`` column to the evaluation rows.
+          ``trainer.callback_metrics`` (hence ``final_metrics.json``) and the dicts ``trainer.validate()``
+          returns, and without it Lightning adds an ``epoch`` column to the evaluation rows.
 
         The cost is the same as Lightning's: one ``log_metrics`` and one ``save`` per row, on log steps only
         (Lightning's ``log_metrics`` also calls ``save`` after every write)."""
@@ -192,7 +193,8 @@ class TrainLog:
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         trainer = self.trainer
         if trainer.training and self.global_step != self._steps_seen:
-            self._end_step()  # the callbacks' on_train_batch_end (where checkpoints are saved) run before ours
+            # the callbacks' on_train_batch_end (where checkpoints are saved) run before ours
+            self._end_step()
         pending = torch.stack(self._loss_since_log).float() if self._loss_since_log else torch.zeros(0)
         if trainer.world_size > 1:
             # every rank holds its own share of each step's loss: rank 0 writes the checkpoint for all of them

@@ -1,25 +1,26 @@
 """DeepSpeed ZeRO-2/3 with its batch, accumulation, clipping and precision fields derived from ours.
 
 DeepSpeed reads those numbers from its own JSON; HF ``Trainer`` fills ``"auto"`` entries from
-``TrainingArguments``. Here :func:`deepspeed_config` derives them from the Hydra config (the YAML passes them by
-interpolation), so the two can never disagree, and a user JSON that sets one of them to a different value is
-refused before anything is built.
+``TrainingArguments``. Here :func:`deepspeed_config` derives them from the Hydra config (the YAML passes them
+by interpolation), so the two can never disagree, and a user JSON that sets one of them to a different value
+is refused before anything is built.
 
 Loss scaling: Lightning divides the ``training_step`` loss by ``accumulate_grad_batches``, and
 ``DeepSpeedEngine.backward`` divides it by ``gradient_accumulation_steps`` again unless it is called with
-``scale_wrt_gas=False`` (HF ``Trainer`` passes ``False`` too). :class:`HFDeepSpeedStrategy` passes ``False``, so the
-gradient that reaches the optimizer is the one the module's loss defines, as under DDP.
+``scale_wrt_gas=False`` (HF ``Trainer`` passes ``False`` too). :class:`HFDeepSpeedStrategy` passes ``False``,
+so the gradient that reaches the optimizer is the one the module's loss defines, as under DDP.
 
-Accumulation windows: left to itself the engine steps when its own micro-step counter, which runs across epochs,
-reaches a multiple of ``gradient_accumulation_steps``, and Lightning (which then lets the engine own accumulation)
-never closes the short last window of an epoch. With 5 micro-batches per epoch and accumulation 2, the engine
-would step after micro-batches 2, 4, 6, 8, 10 (its third window spanning two epochs), Lightning would count 4
-steps and step the schedule 4 times, and :class:`~hf_lightning.data.windows.AccumulationWindowLoader` would
-normalise 6 windows of 2, 2, 1 micro-batches. :class:`LightningWindows` makes the engine follow Lightning's
-windows, as HF ``Trainer`` (through accelerate) does: Lightning runs the windows as under DDP (the short one
-included), the engine is told before every backward whether this micro-batch closes a window
-(``set_gradient_accumulation_boundary``), and ``engine.step()`` is called once per window. Count, step count and
-learning-rate schedule then agree with the engine's updates: 6 in the example.
+Accumulation windows: left to itself the engine steps when its own micro-step counter, which runs across
+epochs, reaches a multiple of ``gradient_accumulation_steps``, and Lightning (which then lets the engine own
+accumulation) never closes the short last window of an epoch. With 5 micro-batches per epoch and accumulation
+2, the engine would step after micro-batches 2, 4, 6, 8, 10 (its third window spanning two epochs), Lightning
+would count 4 steps and step the schedule 4 times, and
+:class:`~hf_lightning.data.windows.AccumulationWindowLoader` would normalise 6 windows of 2, 2, 1
+micro-batches. :class:`LightningWindows` makes the engine follow Lightning's windows, as HF ``Trainer``
+(through accelerate) does: Lightning runs the windows as under DDP (the short one included), the engine is
+told before every backward whether this micro-batch closes a window (``set_gradient_accumulation_boundary``),
+and ``engine.step()`` is called once per window. Count, step count and learning-rate schedule then agree with
+the engine's updates: 6 in the example.
 """
 
 from __future__ import annotations
@@ -74,11 +75,12 @@ def deepspeed_config(
     """The DeepSpeed config dict derived from ours, merged with an optional user JSON.
 
     Derived fields (HF ``Trainer``'s ``"auto"`` fields): ``train_micro_batch_size_per_gpu`` =
-    ``data.per_device_train_batch_size``; ``gradient_accumulation_steps`` = ``trainer.accumulate_grad_batches``;
-    ``train_batch_size`` = micro-batch x accumulation x devices x nodes (omitted when the device count is
-    ``auto``); ``gradient_clipping`` = ``trainer.gradient_clip_val`` (``0`` = off); ``bf16.enabled`` /
-    ``fp16.enabled`` from ``trainer.precision``; ``zero_optimization.stage``. ZeRO-3 also sets
-    ``stage3_gather_16bit_weights_on_model_save`` so that the HF export can consolidate the weights.
+    ``data.per_device_train_batch_size``; ``gradient_accumulation_steps`` =
+    ``trainer.accumulate_grad_batches``; ``train_batch_size`` = micro-batch x accumulation x devices x nodes
+    (omitted when the device count is ``auto``); ``gradient_clipping`` = ``trainer.gradient_clip_val`` (``0``
+    = off); ``bf16.enabled`` / ``fp16.enabled`` from ``trainer.precision``; ``zero_optimization.stage``.
+    ZeRO-3 also sets ``stage3_gather_16bit_weights_on_model_save`` so that the HF export can consolidate the
+    weights.
 
     A user JSON (path or mapping) may add any other field. A derived field it sets must equal ours or be
     ``"auto"``; ``optimizer`` / ``scheduler`` sections are refused (``optim.*`` / ``scheduler.*`` own them).
@@ -107,7 +109,8 @@ def deepspeed_config(
         world = world_size(devices, num_nodes)
     except ValueError:
         raise ConfigError(
-            f"trainer.devices={devices!r}; allowed values: an integer >= 1, -1, 'auto', or a list of device indices"
+            f"trainer.devices={devices!r}; allowed values: an integer >= 1, -1, 'auto', or a list of device "
+            "indices"
         ) from None
 
     zero: dict[str, Any] = {"stage": stage}
@@ -148,8 +151,8 @@ def deepspeed_config(
     for section, owner in OWNED_SECTIONS.items():
         if section in user:
             raise ConfigError(
-                f"{where}: the DeepSpeed JSON has an {section!r} section, but {owner} owns it here; remove the "
-                f"section and set {owner} instead"
+                f"{where}: the DeepSpeed JSON has an {section!r} section, but {owner} owns it here; remove "
+                f"the section and set {owner} instead"
             )
     merged = copy.deepcopy(user)
     for dotted, owner in owners.items():
@@ -189,14 +192,15 @@ def _read_user_config(user_config: str | Mapping[str, Any]) -> dict[str, Any]:
 
 
 class LightningWindows:
-    """Strategy mixin: a DeepSpeed-style engine (``self.model``) steps at the end of Lightning's accumulation windows.
+    """Strategy mixin: a DeepSpeed-style engine (``self.model``) steps at the end of Lightning's accumulation
+    windows.
 
-    ``handles_gradient_accumulation`` is ``False``, so Lightning runs forward/backward alone inside a window and
-    calls ``optimizer_step`` (DeepSpeed's precision plugin: ``engine.step()``) at its last micro-batch, the short
-    last window of an epoch included; before each backward the engine's boundary is set to whether this
-    micro-batch closes its window (DeepSpeed's ``set_gradient_accumulation_boundary``, the call accelerate's
-    ``DeepSpeedEngineWrapper.backward`` makes for HF ``Trainer``), and ``scale_wrt_gas=False`` keeps the module's
-    loss as it is (see the module docstring).
+    ``handles_gradient_accumulation`` is ``False``, so Lightning runs forward/backward alone inside a window
+    and calls ``optimizer_step`` (DeepSpeed's precision plugin: ``engine.step()``) at its last micro-batch,
+    the short last window of an epoch included; before each backward the engine's boundary is set to whether
+    this micro-batch closes its window (DeepSpeed's ``set_gradient_accumulation_boundary``, the call
+    accelerate's ``DeepSpeedEngineWrapper.backward`` makes for HF ``Trainer``), and ``scale_wrt_gas=False``
+    keeps the module's loss as it is (see the module docstring).
     """
 
     @property

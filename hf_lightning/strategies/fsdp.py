@@ -1,9 +1,9 @@
 """FSDP as HF ``Trainer`` users configure it: full shard, wrap and checkpoint on the decoder-layer class.
 
-HF's ``fsdp_transformer_layer_cls_to_wrap`` defaults to the model's ``_no_split_modules`` (``LlamaDecoderLayer``,
-``T5Block``, ...). The model does not exist when the Trainer (and its strategy) is built, so the wrap policy
-is resolved lazily: :class:`NoSplitModulesPolicy` reads the class names from the module tree the first time
-FSDP asks it about the root.
+HF's ``fsdp_transformer_layer_cls_to_wrap`` defaults to the model's ``_no_split_modules``
+(``LlamaDecoderLayer``, ``T5Block``, ...). The model does not exist when the Trainer (and its strategy) is
+built, so the wrap policy is resolved lazily: :class:`NoSplitModulesPolicy` reads the class names from the
+module tree the first time FSDP asks it about the root.
 """
 
 from __future__ import annotations
@@ -21,14 +21,16 @@ STATE_DICT_TYPES = ("full", "sharded")
 
 
 class NoSplitModulesPolicy:
-    """An FSDP auto-wrap policy (the ``_Policy``-free callable form) that wraps every module whose class name is
-    in ``layer_classes``, or, when that is ``None``, in the HF model's ``_no_split_modules``.
+    """An FSDP auto-wrap policy (the ``_Policy``-free callable form) that wraps every module whose class name
+    is in ``layer_classes``, or, when that is ``None``, in the HF model's ``_no_split_modules``.
 
-    Called by ``torch.distributed.fsdp.wrap._recursive_wrap`` as ``policy(module, recurse, nonwrapped_numel)``:
-    with ``recurse=True`` it answers "descend into this module" (always), with ``recurse=False`` "wrap this one".
+    Called by ``torch.distributed.fsdp.wrap._recursive_wrap`` as ``policy(module, recurse,
+    nonwrapped_numel)``: with ``recurse=True`` it answers "descend into this module" (always), with
+    ``recurse=False`` "wrap this one".
 
     Raises:
-        ConfigError: ``layer_classes`` is ``None`` and no module of the tree declares ``_no_split_modules``, or a
+        ConfigError: ``layer_classes`` is ``None`` and no module of the tree declares ``_no_split_modules``,
+        or a
             named class does not occur in the model (the wrap would silently do nothing).
     """
 
@@ -48,7 +50,8 @@ class NoSplitModulesPolicy:
             if not declared:
                 raise ConfigError(
                     "strategy.layer_classes=null: the model declares no _no_split_modules; set "
-                    "strategy.layer_classes to its transformer block class names (for example [LlamaDecoderLayer])"
+                    "strategy.layer_classes to its transformer block class names (for example "
+                    "[LlamaDecoderLayer])"
                 )
             names = frozenset(n for n in declared if n in present)
         else:
@@ -82,8 +85,9 @@ def fsdp_strategy(
     """A ``lightning.pytorch.strategies.FSDPStrategy`` configured like HF's FSDP integration.
 
     Args:
-        sharding_strategy: one of ``FULL_SHARD`` (ZeRO-3 like), ``SHARD_GRAD_OP``, ``NO_SHARD``, ``HYBRID_SHARD``.
-        layer_classes: class names to wrap as FSDP units (and to checkpoint); ``None``: the model's
+        sharding_strategy: one of ``FULL_SHARD`` (ZeRO-3 like), ``SHARD_GRAD_OP``, ``NO_SHARD``,
+        ``HYBRID_SHARD``. layer_classes: class names to wrap as FSDP units (and to checkpoint); ``None``: the
+        model's
             ``_no_split_modules``.
         activation_checkpointing: recompute each wrapped layer's activations in backward (non-reentrant).
         state_dict_type: ``full`` gathers the whole state dict on rank 0 for checkpoints and the HF export;
@@ -108,8 +112,8 @@ def fsdp_strategy(
         )
     if not use_orig_params:
         raise ConfigError(
-            "strategy.use_orig_params=false: the optimizer's weight-decay groups are built by parameter name, "
-            "which flattened FSDP parameters lose; allowed values: true"
+            "strategy.use_orig_params=false: the optimizer's weight-decay groups are built by parameter "
+            "name, which flattened FSDP parameters lose; allowed values: true"
         )
     policy = NoSplitModulesPolicy(layer_classes)
     return FSDPStrategy(

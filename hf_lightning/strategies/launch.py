@@ -1,11 +1,12 @@
 """Multirun x DDP: refuse the combination that Lightning's script launcher cannot survive.
 
 Lightning starts ranks 1..N-1 of a DDP/FSDP/DeepSpeed job by re-running the script's command line
-(``_SubprocessScriptLauncher``; with Hydra it appends ``hydra.run.dir=...``). Under ``-m`` that command line is
-the whole sweep: each child would start a sweep of its own, and the sweep's next job would find the first
+(``_SubprocessScriptLauncher``; with Hydra it appends ``hydra.run.dir=...``). Under ``-m`` that command line
+is the whole sweep: each child would start a sweep of its own, and the sweep's next job would find the first
 job's ``LOCAL_RANK`` in the environment and wait forever for ranks that never start. A sweep over
-multi-process jobs needs a launcher that starts the ranks itself: ``hydra/launcher=slurm`` (submitit, one SLURM
-task per device; Lightning's SLURM environment then launches nothing), or ``torchrun`` around single runs.
+multi-process jobs needs a launcher that starts the ranks itself: ``hydra/launcher=slurm`` (submitit, one
+SLURM task per device; Lightning's SLURM environment then launches nothing), or ``torchrun`` around single
+runs.
 """
 
 from __future__ import annotations
@@ -37,18 +38,18 @@ def refuse_multirun_relaunch(trainer: Any, multirun: bool) -> None:
     raise ConfigError(
         f"multirun (-m) with a {trainer.world_size}-process strategy ({type(trainer.strategy).__name__}): "
         "Lightning starts the other ranks by re-running the command line, -m and the sweep included. "
-        "Sweep multi-process jobs with hydra/launcher=slurm (submitit: one SLURM task per device, so Lightning "
-        "launches nothing), or run each setting as a single run "
+        "Sweep multi-process jobs with hydra/launcher=slurm (submitit: one SLURM task per device, so "
+        "Lightning launches nothing), or run each setting as a single run "
         "(python -m hf_lightning.train ... without -m); single-process jobs (trainer.devices=1) sweep fine"
     )
 
 
 def other_rank_overrides(args: list[str], environ: Mapping[str, str] | None = None) -> list[str]:
-    """Hydra overrides for rank > 0 of a job whose ranks a cluster launcher started (torchrun, SLURM's ``srun``, or
-    ``NODE_RANK`` set by hand on each machine), so they share rank 0's run folder as Lightning's own DDP children do
-    (``_hydra_subprocess_cmd``): the log goes to ``train_rank_N.log`` (``train_node_N.log`` when only
-    ``NODE_RANK`` is known), and ``.hydra/`` is left to rank 0. Nothing for rank 0, a single process, or a command
-    line that already names ``hydra.job.name`` (Lightning's children).
+    """Hydra overrides for rank > 0 of a job whose ranks a cluster launcher started (torchrun, SLURM's
+    ``srun``, or ``NODE_RANK`` set by hand on each machine), so they share rank 0's run folder as Lightning's
+    own DDP children do (``_hydra_subprocess_cmd``): the log goes to ``train_rank_N.log``
+    (``train_node_N.log`` when only ``NODE_RANK`` is known), and ``.hydra/`` is left to rank 0. Nothing for
+    rank 0, a single process, or a command line that already names ``hydra.job.name`` (Lightning's children).
 
     Returns:
         ``["hydra.job.name=train_rank_1", "hydra.output_subdir=null"]`` or ``[]``.

@@ -1,5 +1,6 @@
 """The one builder (``hf_lightning.config.build``): every group names what it builds, ``evaluate`` and
-``inspect`` get their objects the way ``train`` does, and a run saved before the groups had ``_target_`` resumes."""
+``inspect`` get their objects the way ``train`` does, and a run saved before the groups had ``_target_``
+resumes."""
 
 from __future__ import annotations
 
@@ -100,8 +101,8 @@ def test_inspect_builds_one_cpu_process_whatever_the_trainer_says(compose_cfg, t
 
 
 def test_a_run_saved_before_the_groups_had_targets_is_the_same_run():
-    """``ckpt_path=last`` compares identity settings; ``_target_``/``_partial_`` say how a node is built, not what
-    the run is, so a run folder written before they existed still resumes."""
+    """``ckpt_path=last`` compares identity settings; ``_target_``/``_partial_`` say how a node is built, not
+    what the run is, so a run folder written before they existed still resumes."""
     from hf_lightning.run_folder import config_differences
 
     settings = {
@@ -124,8 +125,8 @@ def test_a_run_saved_before_the_groups_had_targets_is_the_same_run():
 
 
 def test_train_builds_hf_steps_and_the_best_model_from_the_hf_keys(compose_cfg, text_file):
-    """``eval_steps`` / ``save_steps`` / ``load_best_model_at_end`` reach the trainer as HF's step callback and the
-    best-model keeper (the builder once dropped the schedule: the steps were ignored, and
+    """``eval_steps`` / ``save_steps`` / ``load_best_model_at_end`` reach the trainer as HF's step callback
+    and the best-model keeper (the builder once dropped the schedule: the steps were ignored, and
     ``load_best_model_at_end=true`` died on an IndexError)."""
     from hf_lightning.callbacks.hf_steps import HFSteps
     from hf_lightning.callbacks.load_best import LoadBestModel

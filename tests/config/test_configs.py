@@ -204,7 +204,8 @@ def _build_trainer(cfg):
 
 
 def _build_adapters(cfg):
-    """The peft node on a tiny model: only the adapter trains (a QLoRA base needs CUDA and pretrained weights)."""
+    """The peft node on a tiny model: only the adapter trains (a QLoRA base needs CUDA and pretrained
+    weights)."""
     from hf_lightning.adapters import apply_adapters
     from hf_lightning.adapters.settings import adapter_settings
 
@@ -255,7 +256,8 @@ def _build_optimizer_and_scheduler(cfg):
 
 
 def _build_experiment(cfg):
-    """Everything an experiment describes except the data files: trainer, loggers, callbacks, model, module."""
+    """Everything an experiment describes except the data files: trainer, loggers, callbacks, model,
+    module."""
     from hf_lightning.data import HFDataModule
     from hf_lightning.errors import ConfigError
     from hf_lightning.module import HFLightningModule

@@ -1,4 +1,5 @@
-"""The shipped experiments train in the fastest exact layout (``data.layout=auto``); a bare config does not."""
+"""The shipped experiments train in the fastest exact layout (``data.layout=auto``); a bare config does
+not."""
 
 from __future__ import annotations
 

@@ -37,11 +37,13 @@ def rejected(compose_cfg, *overrides) -> str:
         ),
         (
             ["optim.name=adam"],
-            "optim.name='adam': allowed values: adamw, adamw_torch, adamw_torch_fused, adafactor, sgd, adagrad",
+            "optim.name='adam': allowed values: adamw, adamw_torch, adamw_torch_fused, adafactor, sgd, "
+            "adagrad",
         ),
         (
             ["optim.name=adamw_8bit"],
-            "optim.name=adamw_8bit is a bitsandbytes optimizer and runs on CUDA only (trainer.accelerator=cpu)",
+            "optim.name=adamw_8bit is a bitsandbytes optimizer and runs on CUDA only "
+            "(trainer.accelerator=cpu)",
         ),
         (
             ["scheduler=reduce_lr_on_plateau", "trainer.limit_val_batches=0"],
@@ -56,7 +58,8 @@ def rejected(compose_cfg, *overrides) -> str:
         (["optim.betas=[0.9,1.5]"], "optim.betas=[0.9, 1.5]: allowed values: null or two numbers in [0, 1)"),
         (
             ["scheduler.name=step"],
-            "scheduler.name='step': allowed values: linear, cosine, cosine_with_restarts, polynomial, constant",
+            "scheduler.name='step': allowed values: linear, cosine, cosine_with_restarts, polynomial, "
+            "constant",
         ),
         (["optim.lr=-0.1"], "optim.lr=-0.1: allowed values: a finite number >= 0"),
         (["optim.lr=inf"], "optim.lr=inf: allowed values: a finite number >= 0"),
@@ -64,7 +67,8 @@ def rejected(compose_cfg, *overrides) -> str:
         (
             ["trainer.limit_train_batches=0"],
             "trainer.limit_train_batches=0: allowed values: null (every batch), a "
-            "fraction in (0, 1] or a count >= 1: 0 trains nothing (to only evaluate, use python -m hf_lightning.evaluate)",
+            "fraction in (0, 1] or a count >= 1: 0 trains nothing (to only evaluate, use python -m "
+            "hf_lightning.evaluate)",
         ),
         (
             ["trainer.limit_train_batches=0.0"],
@@ -205,7 +209,8 @@ def test_valid_configs_pass(compose_cfg):
 
 
 def test_a_packing_value_outside_its_annotation_is_refused_before_anything_is_built(compose_cfg):
-    """``HFDataModule``'s ``packing: bool | Literal["bfd", "wrapped"]`` is the allowed set the schema reads."""
+    """``HFDataModule``'s ``packing: bool | Literal["bfd", "wrapped"]`` is the allowed set the schema
+    reads."""
     message = rejected(compose_cfg, "data.packing=greedy")
     assert "data.packing='greedy'" in message
     assert "'bfd', 'wrapped'" in message

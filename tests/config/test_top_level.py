@@ -1,5 +1,5 @@
-"""The top level of a config is closed: a key is a group, one of the run's settings, or refused in one line; an
-HF ``TrainingArguments`` name is refused with our key for it (issue 17 item 1)."""
+"""The top level of a config is closed: a key is a group, one of the run's settings, or refused in one line;
+an HF ``TrainingArguments`` name is refused with our key for it (issue 17 item 1)."""
 
 from __future__ import annotations
 
@@ -100,8 +100,8 @@ _ABSENT = object()
 
 @pytest.mark.parametrize("field", sorted(set(OURS) - set(NOT_COMPOSED)))
 def test_each_suggested_override_composes_and_passes_the_schema(field):
-    """The line says ``use X``: X as written must be a command line that works (no typo in our key, a ``+`` where
-    the key is not in the config)."""
+    """The line says ``use X``: X as written must be a command line that works (no typo in our key, a ``+``
+    where the key is not in the config)."""
     from transformers import TrainingArguments
 
     default = {f.name: f.default for f in dataclasses.fields(TrainingArguments)}[field]

@@ -19,7 +19,8 @@ CHAT_ROW = {"messages": [{"role": "user", "content": "a b"}, {"role": "assistant
 
 
 def write_jsonl(path: Path, rows: Sequence[Any], raw: dict[int, str | bytes] | None = None) -> Path:
-    """One JSON object per line; ``raw`` replaces line ``i`` (0-based) by the given text or bytes as they are."""
+    """One JSON object per line; ``raw`` replaces line ``i`` (0-based) by the given text or bytes as they
+    are."""
     lines: list[bytes] = []
     for i, row in enumerate(rows):
         value = (raw or {}).get(i)
@@ -49,7 +50,8 @@ def trainer(tmp_path: Path, **kwargs: Any) -> L.Trainer:
 
 
 def fit(tmp_path: Path, model: Any, datamodule: Any, **trainer_kwargs: Any) -> L.Trainer:
-    """``HFLightningModule(model)`` fitted on ``datamodule`` by a real Trainer (the DataModule sees the model)."""
+    """``HFLightningModule(model)`` fitted on ``datamodule`` by a real Trainer (the DataModule sees the
+    model)."""
     from hf_lightning import HFLightningModule
 
     module = HFLightningModule(model, optim={"name": "sgd", "lr": 0.1}, scheduler={"name": "constant"})
@@ -60,7 +62,8 @@ def fit(tmp_path: Path, model: Any, datamodule: Any, **trainer_kwargs: Any) -> L
 
 @contextlib.contextmanager
 def tiny_filesystem(folder: Path, size: str = "2m") -> Iterator[Path]:
-    """A real tmpfs of ``size`` mounted at ``folder`` (needs CAP_SYS_ADMIN; the test is skipped without it)."""
+    """A real tmpfs of ``size`` mounted at ``folder`` (needs CAP_SYS_ADMIN; the test is skipped without
+    it)."""
     folder.mkdir(parents=True, exist_ok=True)
     mounted = subprocess.run(
         ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], capture_output=True, text=True

@@ -1,9 +1,10 @@
-"""Every checkpoint carries its SHA-256; a file whose bytes changed after it was written (bit rot, an incomplete
-copy) is refused on load, naming it and the newest intact checkpoint, which then resumes. ``ckpt_path=last``
-without a ``last.ckpt`` (a kill before the first one) resumes from the newest intact checkpoint, saying so.
+"""Every checkpoint carries its SHA-256; a file whose bytes changed after it was written (bit rot, an
+incomplete copy) is refused on load, naming it and the newest intact checkpoint, which then resumes.
+``ckpt_path=last`` without a ``last.ckpt`` (a kill before the first one) resumes from the newest intact
+checkpoint, saying so.
 
-The checkpoints are real ones, written by a real ``Trainer`` fit through :class:`AtomicCheckpointIO`; the checksum
-is checked against ``hashlib`` and against coreutils' ``sha256sum -c``.
+The checkpoints are real ones, written by a real ``Trainer`` fit through :class:`AtomicCheckpointIO`; the
+checksum is checked against ``hashlib`` and against coreutils' ``sha256sum -c``.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from hf_lightning.checkpointing import AtomicCheckpointIO, find_resume_checkpoin
 from hf_lightning.checkpointing.io import checksum_problem
 
 DAMAGED = (
-    "is damaged: its SHA-256 does not match the one written with it (last.ckpt.sha256), so its bytes changed after "
-    "it was saved (a failing disk or an incomplete copy)"
+    "is damaged: its SHA-256 does not match the one written with it (last.ckpt.sha256), so its bytes changed "
+    "after it was saved (a failing disk or an incomplete copy)"
 )
 
 
@@ -84,16 +85,17 @@ def test_each_checkpoint_has_its_sha256_in_sha256sum_format(run_dir):
 
 @pytest.mark.parametrize("fraction", [0.05, 0.3, 0.5, 0.75, 0.97])
 def test_bit_rot_is_refused_naming_the_file_and_the_newest_intact_one(run_dir, fraction):
-    """64 bytes flipped at five places of last.ckpt: in the zip headers, in the pickle, in the weights. Before,
-    a flip inside a tensor resumed silently (the resume check read the file with mmap and never touched it)."""
+    """64 bytes flipped at five places of last.ckpt: in the zip headers, in the pickle, in the weights.
+    Before, a flip inside a tensor resumed silently (the resume check read the file with mmap and never
+    touched it)."""
     folder = run_dir / "checkpoints"
     flip(folder / "last.ckpt", fraction)
     with pytest.raises(ConfigError) as err:
         find_resume_checkpoint("last", str(run_dir))
     step3 = folder / "step3.ckpt"
     assert str(err.value) == (
-        f"ckpt_path=last: cannot resume: {folder / 'last.ckpt'} {DAMAGED}; the newest intact checkpoint there is "
-        f"{step3} (step 3): resume from it with ckpt_path={step3}"
+        f"ckpt_path=last: cannot resume: {folder / 'last.ckpt'} {DAMAGED}; the newest intact checkpoint "
+        f"there is {step3} (step 3): resume from it with ckpt_path={step3}"
     )
     assert find_resume_checkpoint(str(step3), str(run_dir)) == str(
         step3
@@ -118,22 +120,22 @@ def test_a_kill_between_the_rename_and_the_sidecar_leaves_a_pair_that_verifies(r
 
 
 def test_without_last_ckpt_the_newest_intact_checkpoint_resumes(run_dir, capsys):
-    """A kill after the periodic checkpoint of a step and before the first last.ckpt: before, ckpt_path=last said
-    "drop ckpt_path to start fresh", which the folder then refused (it holds a run)."""
+    """A kill after the periodic checkpoint of a step and before the first last.ckpt: before, ckpt_path=last
+    said "drop ckpt_path to start fresh", which the folder then refused (it holds a run)."""
     folder = run_dir / "checkpoints"
     (folder / "last.ckpt").unlink()
     (folder / "last.ckpt.sha256").unlink()
     flip(folder / "step3.ckpt", 0.5)  # the newest is damaged too: the next one is named
     assert find_resume_checkpoint("last", str(run_dir)) == str(folder / "step2.ckpt")
     assert capsys.readouterr().err == (
-        f"hf_lightning: note: ckpt_path=last: there is no {folder / 'last.ckpt'} (the run stopped before writing it): "
-        f"resuming from the newest intact checkpoint, {folder / 'step2.ckpt'} (step 2)\n"
+        f"hf_lightning: note: ckpt_path=last: there is no {folder / 'last.ckpt'} (the run stopped before "
+        f"writing it): resuming from the newest intact checkpoint, {folder / 'step2.ckpt'} (step 2)\n"
     )
 
 
 def test_garbage_is_explained_as_damage_not_with_torchs_advice(run_dir):
-    """A checkpoint without a sidecar (copied from elsewhere) that is not a readable file: "damaged", in one line,
-    without torch's paragraphs about mmap and zip files."""
+    """A checkpoint without a sidecar (copied from elsewhere) that is not a readable file: "damaged", in one
+    line, without torch's paragraphs about mmap and zip files."""
     folder = run_dir / "checkpoints"
     (folder / "step3.ckpt.sha256").unlink()
     (folder / "step3.ckpt").write_bytes(b"this is not a checkpoint at all")

@@ -1,5 +1,6 @@
-"""A checkpoint's weights go only into a model they fit: ``evaluate ckpt_path=...`` and ``resume_weights_only``
-used to load with ``strict=False`` and left every missing layer at its random init, silently."""
+"""A checkpoint's weights go only into a model they fit: ``evaluate ckpt_path=...`` and
+``resume_weights_only`` used to load with ``strict=False`` and left every missing layer at its random init,
+silently."""
 
 from __future__ import annotations
 
@@ -79,8 +80,9 @@ def test_another_width_is_one_line_not_a_traceback(checkpoint):
 
 
 def test_training_from_a_checkpoint_of_another_architecture_is_one_error(tmp_path):
-    """``train ... ckpt_path=OTHER/checkpoints/last.ckpt`` (what the run-folder refusal recommends) with a model that
-    does not fit: Lightning's strict restore raised a raw RuntimeError; now one ModelError naming both."""
+    """``train ... ckpt_path=OTHER/checkpoints/last.ckpt`` (what the run-folder refusal recommends) with a
+    model that does not fit: Lightning's strict restore raised a raw RuntimeError; now one ModelError naming
+    both."""
     from hf_lightning.config.compose import compose_train
     from hf_lightning.train import train
     from tests.conftest import SHRINK

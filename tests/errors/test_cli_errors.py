@@ -1,5 +1,6 @@
-"""The command line as a user meets a fault: one ``hf_lightning: error:`` line, exit status 2, no traceback, and
-nothing already saved is lost. (Most cases are proven in-process in the other files; these show the wiring.)"""
+"""The command line as a user meets a fault: one ``hf_lightning: error:`` line, exit status 2, no traceback,
+and nothing already saved is lost. (Most cases are proven in-process in the other files; these show the
+wiring.)"""
 
 from __future__ import annotations
 
@@ -79,8 +80,8 @@ def test_fresh_run_refused_in_a_folder_holding_a_run(tmp_path):
     data = write_text_rows(tmp_path / "data.jsonl")
     line = one_line_error(run_train_cli(*CLM, f"data.path={data}", f"hydra.run.dir={run_dir}"))
     assert line == (
-        f"hf_lightning: error: hydra.run.dir={run_dir} already holds a run (checkpoints/last.ckpt); a fresh run there "
-        "would overwrite it. Use a new hydra.run.dir, or ckpt_path=last to resume that run"
+        f"hf_lightning: error: hydra.run.dir={run_dir} already holds a run (checkpoints/last.ckpt); a fresh "
+        "run there would overwrite it. Use a new hydra.run.dir, or ckpt_path=last to resume that run"
     )
     # refused before Hydra wrote anything: the previous run's config and checkpoint are as they were
     assert (run_dir / ".hydra" / "config.yaml").read_text() == "previous: config\n"
@@ -93,6 +94,6 @@ def test_unwritable_run_folder(tmp_path):
         remount_read_only(disk)
         line = one_line_error(run_train_cli(*CLM, f"data.path={data}", f"hydra.run.dir={disk}/run"))
     assert line == (
-        f"hf_lightning: error: hydra.run.dir={disk}/run is not writable (Read-only file system): checkpoints, metrics "
-        "and the exported model could not be saved; choose another hydra.run.dir"
+        f"hf_lightning: error: hydra.run.dir={disk}/run is not writable (Read-only file system): "
+        "checkpoints, metrics and the exported model could not be saved; choose another hydra.run.dir"
     )

@@ -1,5 +1,6 @@
 """Config faults: unknown keys, bad values, combinations that cannot work, and a run folder that cannot hold
-this run. Each stops before any work with a message naming the key (``data.packing``, ``hydra.run.dir``...)."""
+this run. Each stops before any work with a message naming the key (``data.packing``,
+``hydra.run.dir``...)."""
 
 from __future__ import annotations
 
@@ -40,8 +41,8 @@ def test_unknown_key_lists_the_allowed_ones():
     with pytest.raises(ConfigError) as err:
         check_keys(node, HFDataModule.__init__, "data", skip=("tokenizer",))
     assert str(err.value).startswith(
-        "unknown config key data.batch_sise; allowed keys of data: path, validation_path, format, validation_split, "
-        "max_length, per_device_train_batch_size,"
+        "unknown config key data.batch_sise; allowed keys of data: path, validation_path, format, "
+        "validation_split, max_length, per_device_train_batch_size,"
     )
 
 
@@ -88,7 +89,8 @@ def test_bad_data_values(kwargs, message):
     [
         (
             lambda m: build_optimizer(m, name="adam"),
-            r"optim.name='adam'; expected one of \['adamw', 'adamw_torch', 'adamw_torch_fused', 'adafactor', 'sgd'",
+            r"optim.name='adam'; expected one of \['adamw', 'adamw_torch', 'adamw_torch_fused', 'adafactor', "
+            r"'sgd'",
         ),
         (
             lambda m: build_optimizer(m, lr=-1e-3),
@@ -100,7 +102,8 @@ def test_bad_data_values(kwargs, message):
         ),
         (
             lambda m: build_scheduler(torch.optim.SGD(m.parameters(), lr=0.1), 10, name="step"),
-            r"scheduler.name='step'; expected one of \['linear', 'cosine', 'cosine_with_restarts', 'polynomial'",
+            r"scheduler.name='step'; expected one of \['linear', 'cosine', 'cosine_with_restarts', "
+            r"'polynomial'",
         ),
         (
             lambda m: build_scheduler(torch.optim.SGD(m.parameters(), lr=0.1), 10, warmup_ratio=2.0),
@@ -147,13 +150,15 @@ def test_packing_a_stream():
     d = dm(path=datasets.Dataset.from_list(TOKENIZED).to_iterable_dataset(), packing="wrapped")
     with pytest.raises(
         ConfigError,
-        match="data.packing='wrapped' needs the whole dataset .* this source is a stream. Use data.padding_free=true",
+        match="data.packing='wrapped' needs the whole dataset .* this source is a stream. Use "
+        "data.padding_free=true",
     ):
         d.setup("fit")
 
 
 def test_group_by_length_on_a_stream_sorts_within_a_bounded_buffer(caplog):
-    """HF silently ignores group_by_length for an IterableDataset; here it works within a buffer and says so."""
+    """HF silently ignores group_by_length for an IterableDataset; here it works within a buffer and says
+    so."""
     d = dm(
         path=datasets.Dataset.from_list(TOKENIZED).to_iterable_dataset(),
         group_by_length=True,
@@ -200,7 +205,8 @@ def test_metrics_without_a_label_key(tmp_path):
         t.fit(module, datamodule=dm(validation_split=0.25, label_names=["answer"]))
 
 
-# ------------------------------------------------------------------------------------------ checkpoints and run folders
+# ------------------------------------------------------------------------------------------ checkpoints and
+# run folders
 def test_resume_last_without_a_checkpoint(tmp_path):
     with pytest.raises(
         ConfigError,
@@ -252,8 +258,8 @@ def test_fresh_run_in_a_folder_holding_a_run(tmp_path, capsys):
     plant_run(run_dir)
     message = guard_exit(compose_train(f"hydra.run.dir={run_dir}"), capsys)
     assert message == (
-        f"hydra.run.dir={run_dir} already holds a run (checkpoints/last.ckpt, metrics.csv); a fresh run there would "
-        "overwrite it. Use a new hydra.run.dir, or ckpt_path=last to resume that run"
+        f"hydra.run.dir={run_dir} already holds a run (checkpoints/last.ckpt, metrics.csv); a fresh run "
+        "there would overwrite it. Use a new hydra.run.dir, or ckpt_path=last to resume that run"
     )
     before = (run_dir / "checkpoints" / "last.ckpt").read_bytes()
     guard_exit(compose_train(f"hydra.run.dir={run_dir}"), capsys)
@@ -272,14 +278,15 @@ def test_resume_into_a_folder_holding_a_different_run(tmp_path, capsys):
     )
     assert message == (
         f"ckpt_path=last: hydra.run.dir={run_dir} holds a different run (model.config.hidden_size: 64 -> 32; "
-        "optim.lr: 0.001 -> 0.0003). Resume it with its own settings, or start a new run folder from its weights and "
-        f"state with ckpt_path={run_dir}/checkpoints/last.ckpt"
+        "optim.lr: 0.001 -> 0.0003). Resume it with its own settings, or start a new run folder from its "
+        f"weights and state with ckpt_path={run_dir}/checkpoints/last.ckpt"
     )
 
 
 def test_resume_with_the_same_run_and_a_longer_schedule_is_allowed(tmp_path, capsys):
-    """Allowed, and said: the schedule follows the new length; the previous settings are kept, since Hydra is about
-    to rewrite .hydra/ with this command line (a user trial found the first segment's overrides lost)."""
+    """Allowed, and said: the schedule follows the new length; the previous settings are kept, since Hydra is
+    about to rewrite .hydra/ with this command line (a user trial found the first segment's overrides
+    lost)."""
     run_dir = tmp_path / "run"
     plant_run(run_dir, "trainer.max_steps=10")
     saved = (run_dir / ".hydra" / "config.yaml").read_text()
@@ -320,8 +327,8 @@ def test_unwritable_run_folder(tmp_path, capsys):
         remount_read_only(disk)
         message = guard_exit(compose_train(f"hydra.run.dir={disk}/run"), capsys)
     assert message == (
-        f"hydra.run.dir={disk}/run is not writable (Read-only file system): checkpoints, metrics and the exported "
-        "model could not be saved; choose another hydra.run.dir"
+        f"hydra.run.dir={disk}/run is not writable (Read-only file system): checkpoints, metrics and the "
+        "exported model could not be saved; choose another hydra.run.dir"
     )
 
 

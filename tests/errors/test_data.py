@@ -78,8 +78,8 @@ def test_row_of_the_wrong_type_in_the_middle_names_the_line(word_tokenizer, tmp_
         setup_dm(word_tokenizer, path, validation_split=0.1)
     # row 56 of the file lands in one of the two shuffled splits; either way the file line is named
     assert re.fullmatch(
-        rf"data.path={re.escape(str(path))} line 57 \((train|validation) row \d+\): field 'text' must be a string, "
-        r"got int \(123\)",
+        rf"data.path={re.escape(str(path))} line 57 \((train|validation) row \d+\): field 'text' must be a "
+        r"string, got int \(123\)",
         str(err.value),
     ), str(err.value)
 
@@ -105,8 +105,9 @@ def test_non_utf8_jsonl_names_line_and_byte(word_tokenizer, tmp_path, bad_line):
     with pytest.raises(DataError) as err:
         setup_dm(word_tokenizer, path)
     assert re.fullmatch(
-        rf"data.path={re.escape(str(path))}( \(train\))?: line {bad_line} is not UTF-8 text \(byte 0xe9 at column "
-        r"14: '\{\"text\": \"caf\ufffd\"\}'\); re-encode the file as UTF-8, e.g. iconv -f latin1 -t utf-8 latin1.jsonl",
+        rf"data.path={re.escape(str(path))}( \(train\))?: line {bad_line} is not UTF-8 text \(byte 0xe9 at "
+        r"column 14: '\{\"text\": \"caf\ufffd\"\}'\); re-encode the file as UTF-8, e.g. iconv -f latin1 -t "
+        r"utf-8 latin1.jsonl",
         str(err.value),
     ), str(err.value)
 
@@ -208,14 +209,15 @@ def test_system_message_out_of_order_names_the_line(word_tokenizer, tmp_path):
 
 
 def test_chat_template_that_refuses_the_role_order(tmp_path):
-    """A template with ``raise_exception`` (as Llama-2/Mistral templates have) becomes a DataError with the line."""
+    """A template with ``raise_exception`` (as Llama-2/Mistral templates have) becomes a DataError with the
+    line."""
     from tests.data_support import make_word_tokenizer
 
     tok = make_word_tokenizer()
     tok.chat_template = (
         "{%- for m in messages %}{%- if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"
-        "{{- raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{%- endif %}"
-        "{{- m['role'][0] + ' ' + m['content'] + ' <eos> ' }}{%- endfor %}"
+        "{{- raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{%- "
+        "endif %}{{- m['role'][0] + ' ' + m['content'] + ' <eos> ' }}{%- endfor %}"
     )
     path = write_jsonl(
         tmp_path / "chat.jsonl", [CHAT_ROW] * 6, raw={4: json.dumps(_chat("user", "user", "assistant"))}
@@ -224,7 +226,8 @@ def test_chat_template_that_refuses_the_role_order(tmp_path):
         setup_dm(tok, path)
     assert str(err.value) == (
         f"data.path={path} line 5 (train row 4): the tokenizer's chat template refuses this conversation "
-        "(roles: ['user', 'user', 'assistant']): Conversation roles must alternate user/assistant/user/assistant/..."
+        "(roles: ['user', 'user', 'assistant']): Conversation roles must alternate "
+        "user/assistant/user/assistant/..."
     )
 
 
@@ -242,7 +245,8 @@ def test_unknown_sharegpt_speaker(word_tokenizer, tmp_path):
         setup_dm(word_tokenizer, path)
 
 
-# ------------------------------------------------------------------------------------------ targets and lengths
+# ------------------------------------------------------------------------------------------ targets and
+# lengths
 def test_every_row_loses_its_targets_to_truncation(word_tokenizer, tmp_path):
     rows = [{"prompt": "a b c d e f", "completion": " g"}] * 5
     path = write_jsonl(tmp_path / "pc.jsonl", rows)
@@ -250,8 +254,8 @@ def test_every_row_loses_its_targets_to_truncation(word_tokenizer, tmp_path):
         setup_dm(word_tokenizer, path, max_length=4)
     assert str(err.value) == (
         f"data.path={path}: the train split is empty after tokenization: 5 rows were read and none has a "
-        f"trained-on token [all labels -100 after truncation to data.max_length: 5 (data.path={path} lines 1, 2, 3, "
-        "4, 5)]; raise data.max_length (now 4) or check which fields hold the targets"
+        f"trained-on token [all labels -100 after truncation to data.max_length: 5 (data.path={path} lines "
+        "1, 2, 3, 4, 5)]; raise data.max_length (now 4) or check which fields hold the targets"
     )
 
 
@@ -262,8 +266,8 @@ def test_rows_without_targets_are_dropped_and_counted(word_tokenizer, tmp_path, 
         dm = setup_dm(word_tokenizer, path, max_length=4)
     assert len(dm.train_dataset) == 2
     assert (
-        "train: dropped 3 of 5 rows with no trained-on token: all labels -100 after truncation to data.max_length: 3 "
-        f"(data.path={path} lines 1, 2, 3)"
+        "train: dropped 3 of 5 rows with no trained-on token: all labels -100 after truncation to "
+        f"data.max_length: 3 (data.path={path} lines 1, 2, 3)"
     ) in caplog.text
 
 
@@ -287,7 +291,8 @@ def test_classification_label_not_in_the_training_labels(word_tokenizer, tmp_pat
         setup_dm(word_tokenizer, train, validation_path=val)
     assert (
         str(err.value)
-        == f"data.path={val} line 3 (validation row 2): label 'z' is not one of the 2 training labels ['x', 'y']"
+        == f"data.path={val} line 3 (validation row 2): label 'z' is not one of the 2 training labels ['x', "
+        "'y']"
     )
 
 
@@ -313,9 +318,9 @@ def test_dataset_smaller_than_one_batch_with_drop_last(word_tokenizer, tmp_path)
     with pytest.raises(DataError) as err:
         dm.train_dataloader()
     assert str(err.value) == (
-        "the train split gives each rank 3 examples, fewer than one batch of data.per_device_train_batch_size=8, "
-        "and data.drop_last=true drops that partial batch: no training step would run. Lower the batch size or "
-        "set data.drop_last=false"
+        "the train split gives each rank 3 examples, fewer than one batch of "
+        "data.per_device_train_batch_size=8, and data.drop_last=true drops that partial batch: no training "
+        "step would run. Lower the batch size or set data.drop_last=false"
     )
 
 
@@ -341,7 +346,8 @@ def read_stream(tokenizer, path, **kwargs):
 
 
 def test_stream_with_a_broken_line(word_tokenizer, tmp_path):
-    """A stream reads its file lazily: the parser error shows at setup (first row) or mid-epoch, named the same."""
+    """A stream reads its file lazily: the parser error shows at setup (first row) or mid-epoch, named the
+    same."""
     path = write_jsonl(tmp_path / "broken.jsonl", TEXT_ROWS, raw={56: '{"text": "a b'})
     with pytest.raises(
         DataError, match=r"could not be read as json: line 57 is not a JSON object \(Unterminated string"
@@ -363,7 +369,8 @@ def test_shuffled_stream_names_the_value_and_its_position(word_tokenizer, tmp_pa
     path = write_jsonl(tmp_path / "typed.jsonl", TEXT_ROWS, raw={56: json.dumps({"text": 5})})
     with pytest.raises(
         DataError,
-        match=r"\(train stream row \d+, in this epoch's shuffled order\): field 'text' must be a string, got int \(5\)",
+        match=r"\(train stream row \d+, in this epoch's shuffled order\): field 'text' must be a string, got "
+        r"int \(5\)",
     ):
         read_stream(word_tokenizer, path)
 

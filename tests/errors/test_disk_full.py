@@ -1,12 +1,13 @@
 """A full disk or a read-only remount at each kind of write of a run: one line, exit status 2, and every file
 written before it intact.
 
-The run folder lies on a real tmpfs (mounted here as root; every test is skipped, with the mount's reason, where
-that is not permitted). :class:`tests.disk_points.DiskFault` fills it, or remounts it read-only, just before one
-write: a checkpoint, a ``metrics.csv`` row, the weights or the tokenizer of ``hf_model/``, ``final_metrics.json``;
-or the disk is full before the run starts. Checked after the failure: the one ``hf_lightning: error:`` line names
-the file and the reason; every checkpoint left passes its checksum and loads; ``metrics.csv`` is the straight run's
-first rows, whole; no temporary file is left; ``hf_model/`` is absent or complete.
+The run folder lies on a real tmpfs (mounted here as root; every test is skipped, with the mount's reason,
+where that is not permitted). :class:`tests.disk_points.DiskFault` fills it, or remounts it read-only, just
+before one write: a checkpoint, a ``metrics.csv`` row, the weights or the tokenizer of ``hf_model/``,
+``final_metrics.json``; or the disk is full before the run starts. Checked after the failure: the one
+``hf_lightning: error:`` line names the file and the reason; every checkpoint left passes its checksum and
+loads; ``metrics.csv`` is the straight run's first rows, whole; no temporary file is left; ``hf_model/`` is
+absent or complete.
 """
 
 from __future__ import annotations
@@ -85,9 +86,9 @@ def rows(run) -> list[dict[str, str]]:
 
 
 def assert_intact(run, straight_rows, read_only: bool = False) -> None:
-    """Every checkpoint verifies and loads, the log is a whole prefix of the straight run's, no temp file is left
-    (on a read-only filesystem, the export's temporary folder cannot be removed: the next start removes it), and
-    ``hf_model/`` is absent or complete."""
+    """Every checkpoint verifies and loads, the log is a whole prefix of the straight run's, no temp file is
+    left (on a read-only filesystem, the export's temporary folder cannot be removed: the next start removes
+    it), and ``hf_model/`` is absent or complete."""
     names = os.listdir(run / "checkpoints") if (run / "checkpoints").is_dir() else []
     for name in names:
         if name.endswith(".ckpt"):

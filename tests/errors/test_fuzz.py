@@ -225,7 +225,8 @@ def test_token_loss_is_finite_and_exact(rows, scale, seed, causal):
     assert torch.isfinite(total / torch.tensor(count).clamp(min=1))  # an all-masked window gives 0, not NaN
 
 
-# ------------------------------------------------------------------------------------------ the DataModule end to end
+# ------------------------------------------------------------------------------------------ the DataModule
+# end to end
 @FUZZ
 @given(
     rows=token_rows(max_rows=12, max_len=12),
@@ -267,7 +268,8 @@ def test_random_datasets_through_the_datamodule(rows, mode, batch, max_length, g
         assert counted == causal_targets(kept)
 
 
-# ------------------------------------------------------------------------------------------ constructor arguments
+# ------------------------------------------------------------------------------------------ constructor
+# arguments
 JUNK = st.one_of(
     st.none(),
     st.booleans(),
@@ -372,8 +374,9 @@ LEAF_KEYS = st.deferred(lambda: st.sampled_from(_leaf_keys()))  # composed on fi
     )
 )
 def test_random_overrides_through_the_schema(overrides):
-    """Any override either fails the schema with a ConfigError naming the key, or builds every object the config
-    names without another kind of error (a value the schema lets through must be one the code accepts)."""
+    """Any override either fails the schema with a ConfigError naming the key, or builds every object the
+    config names without another kind of error (a value the schema lets through must be one the code
+    accepts)."""
     from hf_lightning.config import validate_config
     from hf_lightning.config.build import instantiate  # our errors as themselves, as the builder raises them
     from tests.data_support import PadOnly

@@ -1,9 +1,9 @@
 """A config option whose optional package is missing stops with one line naming the package and the extra
 (issue 14, item 11).
 
-Before: ``strategy=deepspeed_zero2`` without deepspeed gave Hydra's multi-line "Error in call to target" (exit 1);
-``logger=tensorboard`` / ``wandb`` a traceback after the run had started (exit 1); ``hparams_search=sft_optuna``
-and ``hydra/launcher=...`` Hydra's "Could not load" while composing (exit 1).
+Before: ``strategy=deepspeed_zero2`` without deepspeed gave Hydra's multi-line "Error in call to target" (exit
+1); ``logger=tensorboard`` / ``wandb`` a traceback after the run had started (exit 1);
+``hparams_search=sft_optuna`` and ``hydra/launcher=...`` Hydra's "Could not load" while composing (exit 1).
 
 deepspeed is really absent here. The other packages are installed by the test extra, so their absence is
 arranged in the child process only: a ``sitecustomize`` sets ``sys.modules[name] = None``, which is what an
@@ -34,7 +34,8 @@ def _extras() -> dict[str, list[str]]:
 
 
 def assert_names_package_and_extra(message: str, what: str, package: str) -> None:
-    """The message names the option, ``pip install <package>`` and an extra whose requirements list the package."""
+    """The message names the option, ``pip install <package>`` and an extra whose requirements list the
+    package."""
     assert message.startswith(f"{what} needs the {package} package, which is not installed here: "), message
     assert f"pip install {package} " in message, message
     extra = re.search(r'pip install -e "\.\[(\w+)\]"', message)
@@ -187,8 +188,8 @@ def test_missing_optional_package_cli(tmp_path, monkeypatch, args, blocked, what
 
 
 def test_our_error_inside_a_target_is_one_line(compose_cfg, tmp_path):
-    """Hydra wraps an exception raised by a ``_target_`` in its multi-line "Error in call to target"; the entry
-    points' ``instantiate`` lets our own error through as it is."""
+    """Hydra wraps an exception raised by a ``_target_`` in its multi-line "Error in call to target"; the
+    entry points' ``instantiate`` lets our own error through as it is."""
     from hydra.errors import InstantiationException
     from hydra.utils import instantiate as hydra_instantiate
 

@@ -1,12 +1,13 @@
 """``data.max_length`` longer than the model's positions (issue 14, item 9).
 
-Before: a GPT-2 with ``n_positions=128`` and the clm default ``max_length=512`` passed setup, then the first step
-died with ``IndexError: index out of range in self`` in the position embedding (exit 1 from the command line).
-Now it is refused at setup, naming ``data.max_length``, the limit and the config field.
+Before: a GPT-2 with ``n_positions=128`` and the clm default ``max_length=512`` passed setup, then the first
+step died with ``IndexError: index out of range in self`` in the position embedding (exit 1 from the command
+line). Now it is refused at setup, naming ``data.max_length``, the limit and the config field.
 
 The oracle for the limit is the model itself: a forward pass of ``limit`` tokens runs and one of ``limit + 1``
 fails, for every architecture with a position table; a rotary model (Llama) runs past its
-``max_position_embeddings``, which is why it gets a WARNING instead (transformers raises nothing there either).
+``max_position_embeddings``, which is why it gets a WARNING instead (transformers raises nothing there
+either).
 """
 
 from __future__ import annotations
@@ -155,8 +156,8 @@ def _gpt2(n_positions: int = 128):
 
 
 TAIL = (
-    "is longer than the 128 positions GPT2LMHeadModel has (config.n_positions=128): its position table has no row "
-    "past that, so that batch would fail (IndexError; on a GPU a device-side assert). "
+    "is longer than the 128 positions GPT2LMHeadModel has (config.n_positions=128): its position table has "
+    "no row past that, so that batch would fail (IndexError; on a GPU a device-side assert). "
 )
 
 
@@ -203,7 +204,8 @@ def test_rows_past_the_position_table_are_refused_before_training(tmp_path, data
 
 
 def test_a_long_max_length_with_short_rows_trains_and_says_so(tmp_path, caplog):
-    """The rows decide: 12-token rows fit a 128-position GPT-2 whatever data.max_length says (HF runs them too)."""
+    """The rows decide: 12-token rows fit a 128-position GPT-2 whatever data.max_length says (HF runs them
+    too)."""
     model = _gpt2()
     dm = HFDataModule(
         make_word_tokenizer(), path=_long_texts(words=12), per_device_train_batch_size=2, max_length=512
@@ -212,8 +214,9 @@ def test_a_long_max_length_with_short_rows_trains_and_says_so(tmp_path, caplog):
         trainer = fit(tmp_path, model, dm)
     assert trainer.global_step == 1
     assert (
-        "data.max_length=512 is longer than GPT2LMHeadModel's 128 positions (config.n_positions=128); no row of this "
-        "data is (the longest has 12 tokens), so nothing fails now, but a longer row would: set data.max_length=128"
+        "data.max_length=512 is longer than GPT2LMHeadModel's 128 positions (config.n_positions=128); no row "
+        "of this data is (the longest has 12 tokens), so nothing fails now, but a longer row would: set "
+        "data.max_length=128"
     ) in caplog.text
 
 
@@ -260,9 +263,9 @@ def test_rotary_model_past_its_positions_warns_and_trains(tmp_path, caplog):
         trainer = fit(tmp_path, model, dm)
     assert trainer.global_step == 1
     assert (
-        "The longest train row (100 tokens after truncation to data.max_length=100) is longer than LlamaForCausalLM's "
-        "64 positions (config.max_position_embeddings=64): its rotary positions go on without an error, but the model "
-        "was not trained past position 64"
+        "The longest train row (100 tokens after truncation to data.max_length=100) is longer than "
+        "LlamaForCausalLM's 64 positions (config.max_position_embeddings=64): its rotary positions go on "
+        "without an error, but the model was not trained past position 64"
     ) in caplog.text
 
 

@@ -47,7 +47,8 @@ GOOD = {"input_ids": [4, 5, 6, 7], "labels": [-100, 5, 6, 7]}
         (
             '{"input_ids": [4, 5, 6, 7], "labels": [-100, 5, -7, 7]}',
             GOOD,
-            "field 'labels' holds the negative token id -7 (the only negative label allowed is -100: not trained on)",
+            "field 'labels' holds the negative token id -7 (the only negative label allowed is -100: not "
+            "trained on)",
         ),
         (
             '{"input_ids": [4, 5, 6, 7], "labels": [-100, 5.25, 6, 7]}',
@@ -57,15 +58,16 @@ GOOD = {"input_ids": [4, 5, 6, 7], "labels": [-100, 5, 6, 7]}
         (
             '{"input_ids": [4, 5, 6, 7]}',
             GOOD,
-            "field 'labels' is missing on this row while other rows have it; give every row its labels (-100 where "
-            "nothing is trained on), or drop the field from every row (then every token is a target)",
+            "field 'labels' is missing on this row while other rows have it; give every row its labels (-100 "
+            "where nothing is trained on), or drop the field from every row (then every token is a target)",
         ),
     ],
     ids=["float id", "negative id", "negative label", "float label", "labels on some rows"],
 )
 def test_bad_token_ids_name_the_file_and_line(word_tokenizer, tmp_path, line, row, message):
-    """Line 4 of the file is bad; before, a float id was truncated to an int without a word, a negative id or label
-    was an IndexError in the model, and a labels field on some rows only a RuntimeError in the collator."""
+    """Line 4 of the file is bad; before, a float id was truncated to an int without a word, a negative id or
+    label was an IndexError in the model, and a labels field on some rows only a RuntimeError in the
+    collator."""
     rows = [row or {"input_ids": [4, 5, 6, 7]}] * 6
     path = tokenized(tmp_path, rows, {3: line})
     dm = HFDataModule(tokenizer=word_tokenizer, path=str(path), validation_split=0.0, shuffle=False)
@@ -75,7 +77,8 @@ def test_bad_token_ids_name_the_file_and_line(word_tokenizer, tmp_path, line, ro
 
 
 def test_whole_float_ids_are_read_as_the_integers_they_are(word_tokenizer, tmp_path):
-    """``3.0`` is the id 3 (a JSON writer's float of a whole number): nothing is lost, so nothing is refused."""
+    """``3.0`` is the id 3 (a JSON writer's float of a whole number): nothing is lost, so nothing is
+    refused."""
     path = tokenized(tmp_path, [{"input_ids": [4, 5, 6, 7]}] * 3, {1: '{"input_ids": [4.0, 5.0, 6, 7]}'})
     dm = HFDataModule(tokenizer=word_tokenizer, path=str(path), validation_split=0.0, shuffle=False)
     dm.setup("fit")
@@ -84,9 +87,10 @@ def test_whole_float_ids_are_read_as_the_integers_they_are(word_tokenizer, tmp_p
 
 # ------------------------------------------------------------------------------------------ weights
 def test_a_non_finite_weight_after_an_update_stops_before_it_is_saved(tmp_path, word_tokenizer):
-    """SGD at lr 1e25 with the output layer's gradient scaled by 1e15: step 1's loss and gradient norm are finite
-    (about 1e14), its update (about 1e40 per unit of gradient) overflows weights to inf. Without the weight check,
-    the loss guard would only see step 2's NaN loss, after checkpoint 1 had saved the inf weights."""
+    """SGD at lr 1e25 with the output layer's gradient scaled by 1e15: step 1's loss and gradient norm are
+    finite (about 1e14), its update (about 1e40 per unit of gradient) overflows weights to inf. Without the
+    weight check, the loss guard would only see step 2's NaN loss, after checkpoint 1 had saved the inf
+    weights."""
     from tests.errors.test_training_faults import ROWS, run
 
     folder = tmp_path / "run" / "checkpoints"
@@ -107,8 +111,8 @@ def test_a_non_finite_weight_after_an_update_stops_before_it_is_saved(tmp_path, 
     message = str(err.value)
     assert message.startswith("optimizer step 1 (epoch 0): the update made ")
     assert (
-        "non-finite (NaN/inf) while the loss and the gradient norm were finite, so training stopped before anything "
-        "saved them; every checkpoint already written is intact and holds finite weights" in message
+        "non-finite (NaN/inf) while the loss and the gradient norm were finite, so training stopped before "
+        "anything saved them; every checkpoint already written is intact and holds finite weights" in message
     )
     assert message.endswith("Usual cause: a learning rate too high (lr=1e+25 now)")
     assert not folder.exists() or not [n for n in os.listdir(folder) if n.endswith(".ckpt")]
@@ -123,8 +127,8 @@ def test_lightning_constructor_errors_are_one_config_error(compose_cfg):
     with pytest.raises(ConfigError) as err:
         train(cfg)
     assert str(err.value) == (
-        "callbacks.model_checkpoint.every_n_train_steps=-3: Invalid value for every_n_train_steps=-3. Must be >= 0 "
-        "(refused by lightning.pytorch.callbacks.ModelCheckpoint)"
+        "callbacks.model_checkpoint.every_n_train_steps=-3: Invalid value for every_n_train_steps=-3. Must "
+        "be >= 0 (refused by lightning.pytorch.callbacks.ModelCheckpoint)"
     )
 
 
@@ -152,11 +156,12 @@ def test_a_missing_attention_package_is_named(word_tokenizer, tmp_path):
     with pytest.raises(ModelError) as err:
         build_model(word_tokenizer, config=config, attn_implementation="flash_attention_2")
     assert str(err.value) == (
-        "model.attn_implementation=flash_attention_2: its package is not installed (the package for FlashAttention2 "
-        "doesn't seem to be installed.); install flash-attn (pip install flash-attn, on a machine with CUDA), or use "
-        "model.attn_implementation=sdpa"
+        "model.attn_implementation=flash_attention_2: its package is not installed (the package for "
+        "FlashAttention2 doesn't seem to be installed.); install flash-attn (pip install flash-attn, on a "
+        "machine with CUDA), or use model.attn_implementation=sdpa"
     )
-    # from a model folder too, where it used to blame the folder ("the folder must hold a complete save_pretrained")
+    # from a model folder too, where it used to blame the folder ("the folder must hold a complete
+    # save_pretrained")
     tiny_llama(vocab_size=30).save_pretrained(tmp_path / "model")
     word_tokenizer.save_pretrained(tmp_path / "model")
     with pytest.raises(
@@ -178,10 +183,10 @@ def test_resume_weights_only_into_the_runs_own_folder_is_refused(tmp_path, capsy
     )
     last = run_dir / "checkpoints" / "last.ckpt"
     assert message == (
-        f"resume_weights_only=true starts a new run at step 0 from the weights of {last}, and hydra.run.dir={run_dir} "
-        "already holds a run (checkpoints/last.ckpt, metrics.csv) whose history it would overwrite. Give the new run "
-        f"its own folder (hydra.run.dir=NEW ckpt_path={last} resume_weights_only=true), or drop resume_weights_only "
-        "to continue that run"
+        f"resume_weights_only=true starts a new run at step 0 from the weights of {last}, and "
+        f"hydra.run.dir={run_dir} already holds a run (checkpoints/last.ckpt, metrics.csv) whose history it "
+        f"would overwrite. Give the new run its own folder (hydra.run.dir=NEW ckpt_path={last} "
+        "resume_weights_only=true), or drop resume_weights_only to continue that run"
     )
     assert {
         p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file() and ".hf_lightning.lock" not in p.name
@@ -229,9 +234,9 @@ def test_ckpt_path_last_reads_the_configured_checkpoint_folder(tmp_path, compose
 
 
 def test_a_run_stopped_before_its_first_checkpoint_starts_again(tmp_path, capsys):
-    """``ckpt_path=last`` in a folder that holds a started run (its config, its log) but no checkpoint yet: step 0,
-    said; the message of a fresh start there points to ckpt_path=last, which then works (they never point at each
-    other)."""
+    """``ckpt_path=last`` in a folder that holds a started run (its config, its log) but no checkpoint yet:
+    step 0, said; the message of a fresh start there points to ckpt_path=last, which then works (they never
+    point at each other)."""
     (tmp_path / ".hydra").mkdir()
     (tmp_path / ".hydra" / "config.yaml").write_text("seed: 1\n")
     (tmp_path / "metrics.csv").write_text("step,train/loss\n1,2.0\n")
@@ -239,16 +244,16 @@ def test_a_run_stopped_before_its_first_checkpoint_starts_again(tmp_path, capsys
         check_run_folder(str(tmp_path), None)
     assert find_resume_checkpoint("last", str(tmp_path)) is None
     assert capsys.readouterr().err == (
-        f"hf_lightning: note: ckpt_path=last: {tmp_path} holds no checkpoint yet (the run stopped before its first "
-        "one): the run starts again from step 0\n"
+        f"hf_lightning: note: ckpt_path=last: {tmp_path} holds no checkpoint yet (the run stopped before its "
+        "first one): the run starts again from step 0\n"
     )
     # a finished run whose checkpoints were deleted is not restarted over its export
     (tmp_path / "final_metrics.json").write_text(json.dumps({"global_step": 3}))
     with pytest.raises(ConfigError) as err:
         find_resume_checkpoint("last", str(tmp_path))
     assert str(err.value) == (
-        f"ckpt_path=last: there is no checkpoint in {tmp_path}/checkpoints, and {tmp_path} holds a finished run "
-        "(final_metrics.json) with none left to resume from; start a new run in a new hydra.run.dir"
+        f"ckpt_path=last: there is no checkpoint in {tmp_path}/checkpoints, and {tmp_path} holds a finished "
+        "run (final_metrics.json) with none left to resume from; start a new run in a new hydra.run.dir"
     )
 
 
@@ -259,7 +264,8 @@ def test_a_run_stopped_before_its_first_checkpoint_starts_again(tmp_path, capsys
         (
             "callbacks.model_checkpoint.every_n_train_steps=-3",
             "callbacks.model_checkpoint.every_n_train_steps=-3: Invalid "
-            "value for every_n_train_steps=-3. Must be >= 0 (refused by lightning.pytorch.callbacks.ModelCheckpoint)",
+            "value for every_n_train_steps=-3. Must be >= 0 (refused by "
+            "lightning.pytorch.callbacks.ModelCheckpoint)",
         ),
         ("trainer.accelerator=gpu", "trainer.accelerator=gpu: "),
         ("optim.lr=inf", "optim.lr=inf: allowed values: a finite number >= 0"),
@@ -271,7 +277,8 @@ def test_a_run_stopped_before_its_first_checkpoint_starts_again(tmp_path, capsys
     ids=["every_n_train_steps", "gpu", "lr", "limit_train_batches"],
 )
 def test_the_command_line_says_each_in_one_line(tmp_path, override, start):
-    """Before: Hydra's multi-line error and exit status 1 (the first two); a run that trained on, or 0 steps."""
+    """Before: Hydra's multi-line error and exit status 1 (the first two); a run that trained on, or 0
+    steps."""
     from tests.errors.support import one_line_error, run_train_cli
 
     if override == "trainer.accelerator=gpu" and torch.cuda.is_available():

@@ -1,8 +1,9 @@
 """One owner per run folder: a second process is refused in one line naming the first one's PID; the lock goes
 with its owner, even when the owner is killed with SIGKILL.
 
-The owner here is a real second process (``python -c`` taking the lock, then waiting on its stdin); the CLI case
-(two ``python -m hf_lightning.train`` started together) is ``test_two_runs_started_together_one_is_refused``.
+The owner here is a real second process (``python -c`` taking the lock, then waiting on its stdin); the CLI
+case (two ``python -m hf_lightning.train`` started together) is
+``test_two_runs_started_together_one_is_refused``.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from hf_lightning import ConfigError
 from hf_lightning.run_lock import LOCK_FILE, hold_run_folder, release_run_folder
 from tests.errors.support import one_line_error, run_train_cli
 
-# another process holding the folder's lock, as an owner that has not written its PID yet (the refusal then reads
-# the PID from the kernel's /proc/locks); the package is not imported, so the test stays fast
+# another process holding the folder's lock, as an owner that has not written its PID yet (the refusal then
+# reads the PID from the kernel's /proc/locks); the package is not imported, so the test stays fast
 OWNER = (
     "import fcntl, os, sys; os.makedirs(sys.argv[1], exist_ok=True); "
     f"fd = os.open(os.path.join(sys.argv[1], {LOCK_FILE!r}), os.O_RDWR | os.O_CREAT); "
@@ -45,8 +46,8 @@ def test_a_second_process_is_refused_naming_the_owner(tmp_path):
         with pytest.raises(ConfigError) as err:
             hold_run_folder(str(run_dir))
         assert str(err.value) == (
-            f"hydra.run.dir={run_dir} is in use by another process (PID {owner.pid}), which is writing its run "
-            "there; wait for it to end, or choose another hydra.run.dir"
+            f"hydra.run.dir={run_dir} is in use by another process (PID {owner.pid}), which is writing its "
+            "run there; wait for it to end, or choose another hydra.run.dir"
         )
     finally:
         owner.stdin.close()
@@ -86,9 +87,10 @@ def test_the_other_ranks_of_a_job_do_not_compete(tmp_path, monkeypatch):
 @pytest.mark.slow
 @pytest.mark.parametrize("attempt", range(5))
 def test_two_runs_started_together_one_is_refused(tmp_path, attempt):
-    """Two identical commands started at once in one fresh folder: whichever takes the lock first runs (and waits,
-    at its first step, for the other to have ended: the test then cannot depend on which is faster), the other is
-    refused in one line naming it, before writing anything. The folder then holds one run only."""
+    """Two identical commands started at once in one fresh folder: whichever takes the lock first runs (and
+    waits, at its first step, for the other to have ended: the test then cannot depend on which is faster),
+    the other is refused in one line naming it, before writing anything. The folder then holds one run
+    only."""
     run_dir, release = tmp_path / "run", tmp_path / "release"
     args = (
         "trainer.max_steps=2",
@@ -115,8 +117,8 @@ def test_two_runs_started_together_one_is_refused(tmp_path, attempt):
     assert len(refused) == 1 and len(finished) == 1, [p.stderr[-2000:] for p in results.values()]
     owner_pid = (tmp_path / "release.pid").read_text()
     assert one_line_error(refused[0]) == (
-        f"hf_lightning: error: hydra.run.dir={run_dir} is in use by another process (PID {owner_pid}), which is "
-        "writing its run there; wait for it to end, or choose another hydra.run.dir"
+        f"hf_lightning: error: hydra.run.dir={run_dir} is in use by another process (PID {owner_pid}), which "
+        "is writing its run there; wait for it to end, or choose another hydra.run.dir"
     )
     with open(run_dir / "metrics.csv") as fh:  # one run's rows, each step once
         rows = list(csv.DictReader(fh))

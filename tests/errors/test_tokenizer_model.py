@@ -32,8 +32,8 @@ def test_tokenizer_without_pad_token():
     with pytest.raises(ConfigError) as err:
         HFDataModule(tokenizer=tok, path=datasets.Dataset.from_list(TEXT_ROWS))
     assert str(err.value) == (
-        "the tokenizer has no pad token; set tokenizer.pad_token (for example to its eos_token) and save it into "
-        "the model folder"
+        "the tokenizer has no pad token; set tokenizer.pad_token (for example to its eos_token) and save it "
+        "into the model folder"
     )
 
 
@@ -57,10 +57,10 @@ def test_token_id_beyond_the_model_vocabulary(word_tokenizer, tmp_path):
     with pytest.raises(DataError) as err:
         fit(tmp_path, tiny_llama(vocab_size=32), dm)
     assert str(err.value) == (
-        "data.path=Dataset({\n    features: ['input_ids'],\n    num_rows: 8\n}) (train row 5): input_ids holds token "
-        "id 40, but LlamaForCausalLM's input embedding has only 32 entries (ids 0..31); the data was tokenized with a "
-        "larger vocabulary than the model's. Use the model's own tokenizer, or resize the model "
-        "(model.resize_token_embeddings)"
+        "data.path=Dataset({\n    features: ['input_ids'],\n    num_rows: 8\n}) (train row 5): input_ids "
+        "holds token id 40, but LlamaForCausalLM's input embedding has only 32 entries (ids 0..31); the data "
+        "was tokenized with a larger vocabulary than the model's. Use the model's own tokenizer, or resize "
+        "the model (model.resize_token_embeddings)"
     )
 
 
@@ -106,8 +106,8 @@ def test_class_label_beyond_num_labels(word_tokenizer, tmp_path):
     with pytest.raises(DataError) as err:
         fit(tmp_path, model, dm)
     assert str(err.value).endswith(
-        "(train row 6): class label 2 is outside the model's 2 classes (config.num_labels=2, labels 0..1); build the "
-        "model with num_labels set to the number of classes in the data"
+        "(train row 6): class label 2 is outside the model's 2 classes (config.num_labels=2, labels 0..1); "
+        "build the model with num_labels set to the number of classes in the data"
     )
 
 
@@ -129,9 +129,9 @@ def test_model_whose_forward_takes_none_of_the_batch_keys(word_tokenizer, tmp_pa
     with pytest.raises(DataError) as err:
         fit(tmp_path, model, dm)
     assert str(err.value).startswith(
-        "train split: no model input survives column pruning. Columns found: ['attention_mask', 'input_ids', 'text']; "
-        "model inputs (ViTForImageClassification.forward): ['pixel_values', 'labels', 'interpolate_pos_encoding', "
-        "'attention_mask']. Tokenize into one of those (usually input_ids)"
+        "train split: no model input survives column pruning. Columns found: ['attention_mask', 'input_ids', "
+        "'text']; model inputs (ViTForImageClassification.forward): ['pixel_values', 'labels', "
+        "'interpolate_pos_encoding', 'attention_mask']. Tokenize into one of those (usually input_ids)"
     )
 
 
@@ -157,8 +157,8 @@ def test_packing_for_a_model_without_position_ids(word_tokenizer, tmp_path):
     with pytest.raises(ConfigError) as err:
         fit(tmp_path, model, dm)
     assert str(err.value) == (
-        "T5ForConditionalGeneration.forward takes no position_ids, so packed or padding-free batches cannot mark where "
-        "sequences start; set data.packing=false and data.padding_free=false"
+        "T5ForConditionalGeneration.forward takes no position_ids, so packed or padding-free batches cannot "
+        "mark where sequences start; set data.packing=false and data.padding_free=false"
     )
 
 
@@ -185,8 +185,8 @@ def test_padding_free_with_a_backend_that_cannot_isolate_sequences(word_tokenize
     with pytest.raises(ConfigError) as err:
         fit(tmp_path, tiny_llama(attn_implementation="leaky_sdpa"), dm)
     assert str(err.value).startswith(
-        "data.padding_free: LlamaForCausalLM with attention backend 'leaky_sdpa' lets packed sequences attend to each "
-        "other (probed: the second sequence's logits change with the first one)."
+        "data.padding_free: LlamaForCausalLM with attention backend 'leaky_sdpa' lets packed sequences "
+        "attend to each other (probed: the second sequence's logits change with the first one)."
     )
 
 
@@ -225,9 +225,9 @@ def test_a_checkpoint_given_as_model_path_points_to_ckpt_path(tmp_path):
     with pytest.raises(ModelError) as err:
         load_model_and_tokenizer(str(ckpt))
     assert str(err.value) == (
-        f"model.name_or_path={ckpt}: not a folder (expected a local HF model folder); a .ckpt is read with ckpt_path: "
-        f"python -m hf_lightning.evaluate ckpt_path={ckpt} (with the run's overrides), or train ... ckpt_path={ckpt} "
-        "to continue from it"
+        f"model.name_or_path={ckpt}: not a folder (expected a local HF model folder); a .ckpt is read with "
+        f"ckpt_path: python -m hf_lightning.evaluate ckpt_path={ckpt} (with the run's overrides), or train "
+        f"... ckpt_path={ckpt} to continue from it"
     )
 
 
@@ -242,8 +242,8 @@ def test_model_folder_with_weights_missing(model_folder):
     with pytest.raises(ModelError) as err:
         load_model_and_tokenizer(str(model_folder))
     assert str(err.value) == (
-        f"model.name_or_path={model_folder}: no weights (looked for model.safetensors, model.safetensors.index.json, "
-        "pytorch_model.bin, pytorch_model.bin.index.json)"
+        f"model.name_or_path={model_folder}: no weights (looked for model.safetensors, "
+        "model.safetensors.index.json, pytorch_model.bin, pytorch_model.bin.index.json)"
     )
 
 
@@ -252,7 +252,8 @@ def test_model_folder_with_truncated_weights(model_folder):
     weights.write_bytes(weights.read_bytes()[:100])  # a copy interrupted half-way
     with pytest.raises(
         ModelError,
-        match=rf"^model.name_or_path={model_folder}: the model could not be loaded \(.*\); the folder must hold a complete save_pretrained output",
+        match=rf"^model.name_or_path={model_folder}: the model could not be loaded \(.*\); the folder must "
+        r"hold a complete save_pretrained output",
     ):
         load_model_and_tokenizer(str(model_folder))
 
@@ -261,7 +262,8 @@ def test_model_folder_with_a_broken_config(model_folder):
     (model_folder / "config.json").write_text('{"model_type": "llama", ')
     with pytest.raises(
         ModelError,
-        match=rf"^model.name_or_path={model_folder}: config.json is not valid JSON \(Expecting property name enclosed in double quotes: line 1 column 25",
+        match=rf"^model.name_or_path={model_folder}: config.json is not valid JSON \(Expecting property name "
+        r"enclosed in double quotes: line 1 column 25",
     ):
         load_model_and_tokenizer(str(model_folder))
 
@@ -300,7 +302,7 @@ def test_folder_tokenizer_without_pad_or_eos_stops(tmp_path):
     with pytest.raises(ConfigError) as err:
         HFDataModule(tokenizer=loaded, path=datasets.Dataset.from_list(TEXT_ROWS))
     assert str(err.value) == (
-        "the tokenizer has no pad token; it has no eos_token either: set tokenizer.pad_token and tokenizer.eos_token "
-        "(for example both to its end-of-text token, such as '<|endoftext|>' for GPT-2) and save it into the model "
-        "folder"
+        "the tokenizer has no pad token; it has no eos_token either: set tokenizer.pad_token and "
+        "tokenizer.eos_token (for example both to its end-of-text token, such as '<|endoftext|>' for GPT-2) "
+        "and save it into the model folder"
     )

@@ -1,10 +1,10 @@
-"""Faults during training: a NaN never reaches the weights, a failed save never costs a checkpoint, an allocation
-failure says what to change, a stop signal ends in a checkpoint.
+"""Faults during training: a NaN never reaches the weights, a failed save never costs a checkpoint, an
+allocation failure says what to change, a stop signal ends in a checkpoint.
 
-Faults are planted in real runs (a real ``Trainer``, a real Llama, real data): a forward hook poisons the batches
-that hold one token, a gradient hook blows up one step, a real tmpfs fills up or turns read-only, a real
-allocation fails, a real signal is sent to the process. Where a real fault cannot be staged (a full disk without a
-mountable tmpfs) the OS error is raised by a monkeypatched ``torch.save``.
+Faults are planted in real runs (a real ``Trainer``, a real Llama, real data): a forward hook poisons the
+batches that hold one token, a gradient hook blows up one step, a real tmpfs fills up or turns read-only, a
+real allocation fails, a real signal is sent to the process. Where a real fault cannot be staged (a full disk
+without a mountable tmpfs) the OS error is raised by a monkeypatched ``torch.save``.
 """
 
 from __future__ import annotations
@@ -114,10 +114,11 @@ def test_nan_loss_stops_before_the_update_and_keeps_the_checkpoints(tmp_path, wo
     with pytest.raises(TrainingError) as err:
         t.fit(module, datamodule=dm)
     assert str(err.value) == (
-        "optimizer step 3 (epoch 0): the loss is nan and the gradient norm is nan, so the update was not applied and "
-        "training stopped; the weights are those after step 2 and every checkpoint already written is intact. usual "
-        "causes: a learning rate too high (lr=0.01 now), fp16 overflow (try trainer.precision=bf16-mixed), or a "
-        "broken batch. To skip such steps instead, set callbacks.nonfinite_guard.on_nonfinite=skip"
+        "optimizer step 3 (epoch 0): the loss is nan and the gradient norm is nan, so the update was not "
+        "applied and training stopped; the weights are those after step 2 and every checkpoint already "
+        "written is intact. usual causes: a learning rate too high (lr=0.01 now), fp16 overflow (try "
+        "trainer.precision=bf16-mixed), or a broken batch. To skip such steps instead, set "
+        "callbacks.nonfinite_guard.on_nonfinite=skip"
     )
     now = {k: v.detach() for k, v in module.model.named_parameters()}
     assert same(now, weights.by_step[2])
@@ -128,9 +129,11 @@ def test_nan_loss_stops_before_the_update_and_keeps_the_checkpoints(tmp_path, wo
 
 @pytest.mark.parametrize("accumulate", [1, 2])
 def test_nan_loss_skips_the_step_and_counts_it(tmp_path, word_tokenizer, accumulate, caplog):
-    """Skipped: no parameter moves in that step (AdamW moments and weight decay included); the next steps train.
+    """Skipped: no parameter moves in that step (AdamW moments and weight decay included); the next steps
+    train.
 
-    With accumulation 2 the poisoned micro-batch (batch 2) is the first of window 2: the window's step is skipped."""
+    With accumulation 2 the poisoned micro-batch (batch 2) is the first of window 2: the window's step is
+    skipped."""
     weights = Weights()
     guard = NonFiniteGuard(on_nonfinite="skip")
     logger = CSVLogger(tmp_path, name="", version="")
@@ -153,8 +156,8 @@ def test_nan_loss_skips_the_step_and_counts_it(tmp_path, word_tokenizer, accumul
             assert not same(weights.by_step[step], weights.by_step[step - 1])
     assert all(torch.isfinite(v).all() for v in weights.by_step[5].values())
     assert (
-        f"optimizer step {bad_step} (epoch 0): the loss is nan and the gradient norm is nan; the update was skipped (1 skipped so far)"
-        in caplog.text
+        f"optimizer step {bad_step} (epoch 0): the loss is nan and the gradient norm is nan; the update was "
+        "skipped (1 skipped so far)" in caplog.text
     )
     with open(tmp_path / "metrics.csv") as fh:
         rows = [r for r in csv.DictReader(fh) if r.get("train/skipped_steps")]
@@ -204,7 +207,8 @@ def test_learning_rate_divergence_is_stopped(tmp_path, word_tokenizer):
     )
     with pytest.raises(
         TrainingError,
-        match=r"^optimizer step 2 \(epoch 0\): the loss is (nan|inf).*a learning rate too high \(lr=1e\+30 now\)",
+        match=r"^optimizer step 2 \(epoch 0\): the loss is (nan|inf).*a learning rate too high \(lr=1e\+30 "
+        r"now\)",
     ):
         t.fit(module, datamodule=dm)
 
@@ -253,7 +257,8 @@ def test_guard_settings_are_checked(kwargs, message):
 # ------------------------------------------------------------------------------------------ out of memory
 def test_gpu_out_of_memory_message_gives_the_exact_trade():
     err = torch.OutOfMemoryError(
-        "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.19 GiB of which 1.06 GiB is free."
+        "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.19 GiB of which "
+        "1.06 GiB is free."
     )
     gib = 2**30
     message = out_of_memory_message(
@@ -265,19 +270,21 @@ def test_gpu_out_of_memory_message_gives_the_exact_trade():
         memory={"allocated": 70 * gib, "reserved": 77.5 * gib, "total": 79.19 * gib},
     )
     assert message == (
-        "out of memory on cuda:0 during training (an allocation of 2.00 GiB failed; 70.00 GiB allocated, 77.50 GiB "
-        "reserved of 79.19 GiB). To fit: set data.per_device_train_batch_size=8 and trainer.accumulate_grad_batches=4: "
-        "32 examples per optimizer step per device as now, and the same loss and gradients, because the loss is "
-        "normalised over the whole accumulation window; lower data.max_length (now 2048) or set "
-        "data.padding_free=true (no padding tokens); use trainer.precision=bf16-mixed; enable gradient checkpointing "
-        "on the model; or shard the model across devices (strategy=fsdp)"
+        "out of memory on cuda:0 during training (an allocation of 2.00 GiB failed; 70.00 GiB allocated, "
+        "77.50 GiB reserved of 79.19 GiB). To fit: set data.per_device_train_batch_size=8 and "
+        "trainer.accumulate_grad_batches=4: 32 examples per optimizer step per device as now, and the same "
+        "loss and gradients, because the loss is normalised over the whole accumulation window; lower "
+        "data.max_length (now 2048) or set data.padding_free=true (no padding tokens); use "
+        "trainer.precision=bf16-mixed; enable gradient checkpointing on the model; or shard the model across "
+        "devices (strategy=fsdp)"
     )
 
 
 def test_out_of_memory_with_a_micro_batch_of_one_and_in_validation():
     err = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 512.00 MiB.")
     assert out_of_memory_message(err, 1, 1, 512).startswith(
-        "out of memory during training (an allocation of 512.00 MiB failed). To fit: lower data.max_length (now 512)"
+        "out of memory during training (an allocation of 512.00 MiB failed). To fit: lower data.max_length "
+        "(now 512)"
     )
     assert (
         "lower data.per_device_eval_batch_size (now 8); evaluation results do not depend on it"
@@ -299,8 +306,8 @@ def test_real_allocation_failure_in_fit_becomes_a_hint(tmp_path, word_tokenizer)
         t.fit(module, datamodule=dm)
     assert str(err.value).startswith(
         "out of memory on cpu during training (an allocation of 1048576.00 GiB failed). To fit: set "
-        "data.per_device_train_batch_size=1 and trainer.accumulate_grad_batches=2: 2 examples per optimizer step per "
-        "device as now"
+        "data.per_device_train_batch_size=1 and trainer.accumulate_grad_batches=2: 2 examples per optimizer "
+        "step per device as now"
     )
     assert "can't allocate memory" in str(err.value.__cause__)
 
@@ -322,7 +329,8 @@ def checkpointing_run(tmp_path, word_tokenizer, callbacks, max_steps=3):
 
 
 def checkpoint_files(folder):
-    """The checkpoints in ``folder`` (each also has its ``.sha256`` sidecar, checked in test_checkpoint_integrity)."""
+    """The checkpoints in ``folder`` (each also has its ``.sha256`` sidecar, checked in
+    test_checkpoint_integrity)."""
     return sorted(name for name in os.listdir(folder) if name.endswith(".ckpt"))
 
 
@@ -369,8 +377,8 @@ def test_disk_full_at_save_time_keeps_the_previous_checkpoint(tmp_path, word_tok
         assert message.startswith(f"could not write checkpoint {run_dir}/checkpoints/")
         assert ": No space left on device (ENOSPC); " in message
         assert (
-            "every other checkpoint already written is kept; free space there: 0.0 MiB. free space on that disk"
-            in message
+            "every other checkpoint already written is kept; free space there: 0.0 MiB. free space on that "
+            "disk" in message
         )
         os.remove(run_dir / "filler")
         assert_step_1_kept(run_dir / "checkpoints")
@@ -435,9 +443,10 @@ class SendSignal(L.Callback):
 
 
 def test_ctrl_c_saves_at_the_step_boundary_then_stops(tmp_path, word_tokenizer, caplog):
-    """SIGINT (Ctrl-C) sent during micro-batch 2, the first of window 2 with accumulation 2: the window finishes,
-    step 2 is saved, the run stops cleanly, and the previous handler is back. (SIGTERM through the command line,
-    with an exact resume afterwards, is tests/integration/test_resume.py::test_sigterm_saves_at_the_next_step_and_resumes.)"""
+    """SIGINT (Ctrl-C) sent during micro-batch 2, the first of window 2 with accumulation 2: the window
+    finishes, step 2 is saved, the run stops cleanly, and the previous handler is back. (SIGTERM through the
+    command line, with an exact resume afterwards, is
+    tests/integration/test_resume.py::test_sigterm_saves_at_the_next_step_and_resumes.)"""
     signum = signal.SIGINT
     before = signal.getsignal(signum)
     ckpt = ModelCheckpoint(dirpath=tmp_path / "run" / "checkpoints", save_last=True, save_top_k=0)
@@ -458,8 +467,8 @@ def test_ctrl_c_saves_at_the_step_boundary_then_stops(tmp_path, word_tokenizer, 
     assert last["global_step"] == 2
     assert checkpoint_files(tmp_path / "run" / "checkpoints") == ["last.ckpt"]  # no second "last-v1.ckpt"
     assert (
-        f"received {signal.Signals(signum).name}: saving a checkpoint at the end of the current optimizer step"
-        in caplog.text
+        f"received {signal.Signals(signum).name}: saving a checkpoint at the end of the current optimizer "
+        "step" in caplog.text
     )
     assert "resume with ckpt_path=last in the same run folder" in caplog.text
     assert signal.getsignal(signum) == before
@@ -467,8 +476,8 @@ def test_ctrl_c_saves_at_the_step_boundary_then_stops(tmp_path, word_tokenizer, 
 
 def test_a_run_ending_before_any_checkpoint_leaves_one_last_ckpt(tmp_path, word_tokenizer):
     """3 steps, no validation, so ModelCheckpoint has saved nothing when training ends: ``Preemption`` writes
-    ``last.ckpt`` at the final step, and Lightning's ModelCheckpoint (which also saves ``last`` at train end when
-    it has not saved yet) must not add a ``last-v1.ckpt`` copy beside it."""
+    ``last.ckpt`` at the final step, and Lightning's ModelCheckpoint (which also saves ``last`` at train end
+    when it has not saved yet) must not add a ``last-v1.ckpt`` copy beside it."""
     folder = tmp_path / "run" / "checkpoints"
     ckpt = ModelCheckpoint(dirpath=folder, save_last=True, save_top_k=0)
     t, module, dm = run(

@@ -49,8 +49,8 @@ def save_gpt2(folder: Path, tok) -> Path:
 
 
 def equal_length_docs(shared: str, tok, path: Path, n: int = 20) -> Path:
-    """``n`` c4-demo documents cut to exactly :data:`DOC_TOKENS` tokens (kept only where the cut text tokenizes
-    back to the same ids), as a ``text`` jsonl."""
+    """``n`` c4-demo documents cut to exactly :data:`DOC_TOKENS` tokens (kept only where the cut text
+    tokenizes back to the same ids), as a ``text`` jsonl."""
     rows = []
     with open(Path(shared) / "c4-demo" / "c4_demo.jsonl") as fh:
         for line in fh:

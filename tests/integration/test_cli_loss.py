@@ -1,8 +1,9 @@
-"""Proof 5, through the command line: micro-batch 2 x accumulation 4 and micro-batch 8 x accumulation 1 log the
-same ``train/loss`` (and ``grad_norm``, ``lr``) at every optimizer step on the same data without shuffle.
+"""Proof 5, through the command line: micro-batch 2 x accumulation 4 and micro-batch 8 x accumulation 1 log
+the same ``train/loss`` (and ``grad_norm``, ``lr``) at every optimizer step on the same data without shuffle.
 
 The data is real instruction text (``shared/data/alpaca-tiny``, its rendered ``text`` field) under
-``+experiment=clm``; rows are 77 to 160 tokens long (56 of 100 truncated), so micro-batches hold different numbers of targets.
+``+experiment=clm``; rows are 77 to 160 tokens long (56 of 100 truncated), so micro-batches hold different
+numbers of targets.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The config as a user meets it on the command line: HF names refused with our key, a group named on the command
-line winning over the experiment, ``evaluate`` honouring ``module``, precision and devices."""
+"""The config as a user meets it on the command line: HF names refused with our key, a group named on the
+command line winning over the experiment, ``evaluate`` honouring ``module``, precision and devices."""
 
 from __future__ import annotations
 
@@ -78,8 +78,9 @@ def test_a_group_on_the_command_line_wins_over_the_experiment(tmp_path):
 
 
 def test_evaluate_honours_trainer_precision(tmp_path, text_file):
-    """The same saved weights evaluated in float32 and in bfloat16 (``trainer.precision=bf16-true``: bf16 weights)
-    give close but different losses; before the one builder, evaluate ignored the precision (equal losses)."""
+    """The same saved weights evaluated in float32 and in bfloat16 (``trainer.precision=bf16-true``: bf16
+    weights) give close but different losses; before the one builder, evaluate ignored the precision (equal
+    losses)."""
     from hf_lightning.models import load_model_and_tokenizer
 
     small = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2}
@@ -113,8 +114,8 @@ def test_evaluate_honours_trainer_precision(tmp_path, text_file):
     [
         (
             "trainer.devices=2",
-            "hf_lightning: error: trainer.devices=2 with trainer.num_nodes=1: python -m hf_lightning.evaluate runs on "
-            "one device",
+            "hf_lightning: error: trainer.devices=2 with trainer.num_nodes=1: python -m "
+            "hf_lightning.evaluate runs on one device",
         ),
         (
             "module.label_smoothing_factor=1.5",

@@ -1,9 +1,10 @@
 """DDP with fewer validation rows than ranks, or unequal shares (issue 14, item 8): two real gloo processes.
 
-Before: 8 rows, the default 5% hold-out (1 validation row) and 2 ranks died in Lightning with "`EpochDataLoader`
-within local rank has zero length" and a traceback per rank (exit 1). Now the empty rank evaluates one
-placeholder (a masked copy that adds nothing) and ``val/loss`` equals the one-process value, which is the
-oracle here: one process with twice the micro-batch trains on the same rows and validates the same held-out rows.
+Before: 8 rows, the default 5% hold-out (1 validation row) and 2 ranks died in Lightning with
+"`EpochDataLoader` within local rank has zero length" and a traceback per rank (exit 1). Now the empty rank
+evaluates one placeholder (a masked copy that adds nothing) and ``val/loss`` equals the one-process value,
+which is the oracle here: one process with twice the micro-batch trains on the same rows and validates the
+same held-out rows.
 """
 
 from __future__ import annotations

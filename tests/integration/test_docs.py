@@ -1,8 +1,8 @@
 """The commands in README.md and docs/migration.md work as written.
 
-Every ``python -m hf_lightning.(train|inspect_batch|evaluate)`` command, in a code block or inline, composes with
-Hydra and passes the schema; every override written in backticks in the migration tables names a key or a group
-option that exists. The migration tutorial is run for real, block by block, from a fresh folder.
+Every ``python -m hf_lightning.(train|inspect_batch|evaluate)`` command, in a code block or inline, composes
+with Hydra and passes the schema; every override written in backticks in the migration tables names a key or a
+group option that exists. The migration tutorial is run for real, block by block, from a fresh folder.
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ def code_blocks(text: str) -> list[tuple[str, str]]:
 def documented_commands() -> list[tuple[str, str, str]]:
     """``(file name, command, expected error)`` for every entry-point command, continuation lines joined.
 
-    A command shown with its output (``$ command`` then ``hf_lightning: error: ...``) must fail with that message.
+    A command shown with its output (``$ command`` then ``hf_lightning: error: ...``) must fail with that
+    message.
     """
     found = []
     for path in DOCS:
@@ -109,7 +110,8 @@ def test_every_documented_command_composes_and_passes_the_schema(source, command
 
 
 def table_overrides() -> list[str]:
-    """Every inline-code span made only of ``key=value`` words in the hf_lightning columns of the migration tables.
+    """Every inline-code span made only of ``key=value`` words in the hf_lightning columns of the migration
+    tables.
 
     A column is ours when its header names ``hf_lightning`` or says ``to get HF's``; the other columns hold HF
     spellings (``learning_rate=5e-5``).
@@ -138,7 +140,8 @@ def test_the_tables_name_overrides():
 
 @pytest.mark.parametrize("span", table_overrides())
 def test_every_override_in_the_tables_exists(span):
-    """Each span composes onto ``+experiment=sft`` (or the experiment it names) and passes the schema's key check."""
+    """Each span composes onto ``+experiment=sft`` (or the experiment it names) and passes the schema's key
+    check."""
     from hf_lightning.config import validate_config
     from hf_lightning.errors import ConfigError
 
@@ -170,7 +173,8 @@ def tutorial_blocks() -> dict[str, str]:
 
 
 def run_block(code: str, cwd: Path, capsys=None) -> str:
-    """A shell block in bash; a Python block in this process (the imports are paid once), both from ``cwd``."""
+    """A shell block in bash; a Python block in this process (the imports are paid once), both from
+    ``cwd``."""
     if code.lstrip().startswith("python -m"):
         env = {**os.environ, "HF_HUB_OFFLINE": "1"}
         proc = subprocess.run(
@@ -219,8 +223,8 @@ def test_the_migration_tutorial_runs_as_written(tmp_path, monkeypatch, capsys):
     val = {int(r["step"]): float(r["val/loss"]) for r in rows if r["val/loss"]}
     assert sorted(val) == list(range(10, 61, 10))
     names = sorted(p.name for p in (run / "checkpoints").glob("*.ckpt"))  # each has a .sha256 beside it
-    # HF's load_best_model_at_end, by hand from metrics.csv: a new lowest val/loss becomes the best model when its
-    # step is saved (20, 40 and the final 60)
+    # HF's load_best_model_at_end, by hand from metrics.csv: a new lowest val/loss becomes the best model when
+    # its step is saved (20, 40 and the final 60)
     lowest, best_model = float("inf"), None
     for step in sorted(val):
         if val[step] < lowest:

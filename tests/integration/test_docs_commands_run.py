@@ -1,12 +1,12 @@
 """Every ``python -m hf_lightning...`` command of README.md and docs/migration.md runs as written.
 
-``test_docs.py`` composes each command and checks the schema; here each one is executed, as a subprocess from a
-fresh folder, shortened by overrides the test appends (:data:`SHORT`, replacing a key the command gives itself) so
-the docs keep the real numbers. Placeholders become real files: ``/path/to/hf_folder`` and ``RUN/hf_model`` the
-export of the README's first command, ``chats.jsonl`` / ``corpus.jsonl`` a few rows. A command shown with its
-``hf_lightning: error:`` line must fail with that line and status 2; GPU and SLURM commands must be refused in
-one line with status 2 on a machine without them. The migration tutorial's own commands (its numbered steps)
-run in ``test_docs.py::test_the_migration_tutorial_runs_as_written``.
+``test_docs.py`` composes each command and checks the schema; here each one is executed, as a subprocess from
+a fresh folder, shortened by overrides the test appends (:data:`SHORT`, replacing a key the command gives
+itself) so the docs keep the real numbers. Placeholders become real files: ``/path/to/hf_folder`` and
+``RUN/hf_model`` the export of the README's first command, ``chats.jsonl`` / ``corpus.jsonl`` a few rows. A
+command shown with its ``hf_lightning: error:`` line must fail with that line and status 2; GPU and SLURM
+commands must be refused in one line with status 2 on a machine without them. The migration tutorial's own
+commands (its numbered steps) run in ``test_docs.py::test_the_migration_tutorial_runs_as_written``.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 The hub ids it names are served from caches laid out by the test in a private ``HF_HOME``: a tiny Llama (the
 default tokenizer, ChatML template) stands in for ``Qwen/Qwen2.5-0.5B-Instruct``, and chat rows with
-``no_robots``' columns and splits (``train``, ``test``) for ``HuggingFaceH4/no_robots``. Shell blocks run in bash
-with no ``HF_HUB_OFFLINE`` of ours (the block exports it) and the hub endpoint pointed at a closed port.
+``no_robots``' columns and splits (``train``, ``test``) for ``HuggingFaceH4/no_robots``. Shell blocks run in
+bash with no ``HF_HUB_OFFLINE`` of ours (the block exports it) and the hub endpoint pointed at a closed port.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """A chat template whose end-of-turn generation cannot stop on (issue 17, item 8).
 
-The sft run's ChatML template on GPT-2's tokenizer: ``<|im_end|>`` is 7 BPE tokens; the run says so at setup in a
-WARNING naming the text, its pieces and the fix. With ``<|im_end|>`` added as a special token (one token, not the
-EOS), the exported ``hf_model/`` stops generating on it: its ``generation_config.eos_token_id`` lists the EOS and
-the end-of-turn id (HF ``generate`` stops on any id of that list).
+The sft run's ChatML template on GPT-2's tokenizer: ``<|im_end|>`` is 7 BPE tokens; the run says so at setup
+in a WARNING naming the text, its pieces and the fix. With ``<|im_end|>`` added as a special token (one token,
+not the EOS), the exported ``hf_model/`` stops generating on it: its ``generation_config.eos_token_id`` lists
+the EOS and the end-of-turn id (HF ``generate`` stops on any id of that list).
 """
 
 from __future__ import annotations

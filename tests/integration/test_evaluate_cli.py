@@ -1,4 +1,5 @@
-"""``python -m hf_lightning.evaluate`` on a trained run: a metrics table, files, predictions in dataset order."""
+"""``python -m hf_lightning.evaluate`` on a trained run: a metrics table, files, predictions in dataset
+order."""
 
 from __future__ import annotations
 

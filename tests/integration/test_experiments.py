@@ -107,7 +107,8 @@ def test_experiment_runs_two_steps(experiment, compose_cfg, shared_data, tmp_pat
     if cfg.model.task == "sequence_classification" and not _classification_loss_is_cross_entropy():
         pytest.skip(
             "needs the sequence-classification loss of HFLightningModule (issue 3, loss side): compute_loss "
-            "treats 1-D class labels as causal tokens (shifted), so the classifier's loss is not its cross-entropy"
+            "treats 1-D class labels as causal tokens (shifted), so the classifier's loss is not its "
+            "cross-entropy"
         )
     metrics, objects = train(cfg)
 

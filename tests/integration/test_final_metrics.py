@@ -1,7 +1,8 @@
 """``final_metrics.json`` holds the newest value of every logged metric, including the final flush of
-``train/loss`` after the last log step (which never reaches Lightning's ``callback_metrics``), and its ``val/*``
-describe the final (exported) weights: a run whose last validation came before its last step is validated once
-more at that step. (A run whose last step is a validation step gets no extra one: tests/integration/test_cli.py.)"""
+``train/loss`` after the last log step (which never reaches Lightning's ``callback_metrics``), and its
+``val/*`` describe the final (exported) weights: a run whose last validation came before its last step is
+validated once more at that step. (A run whose last step is a validation step gets no extra one:
+tests/integration/test_cli.py.)"""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ import pytest
 def test_final_metrics_are_the_last_rows_written(compose_cfg, tmp_path):
     from hf_lightning.train import train
 
-    # an epoch of 3 steps, a log every 2: train/loss rows at step 2 and at step 3, the flush when the epoch (and
-    # the run, by max_epochs as a full run ends) is over
+    # an epoch of 3 steps, a log every 2: train/loss rows at step 2 and at step 3, the flush when the epoch
+    # (and the run, by max_epochs as a full run ends) is over
     cfg = compose_cfg(
         "+experiment=sft",
         "trainer.max_steps=-1",
@@ -61,6 +62,7 @@ def test_resuming_a_finished_run_says_so_and_adds_nothing(compose_cfg, tmp_path,
         "nothing was trained: " in caplog.text
         and "is at optimizer step 3, where this run's limits" in caplog.text
     )
-    # no second final validation, no rows, and the finished run's final metrics kept (and returned, for sweeps)
+    # no second final validation, no rows, and the finished run's final metrics kept (and returned, for
+    # sweeps)
     assert {name: (tmp_path / name).read_text() for name in before} == before
     assert again["val/loss"] == first["val/loss"] and again["train/loss"] == first["train/loss"]

@@ -1,4 +1,5 @@
-"""scripts/gpu_smoke.py and scripts/gpu_bench.py: they run on a CUDA machine, and fail loudly anywhere else."""
+"""scripts/gpu_smoke.py and scripts/gpu_bench.py: they run on a CUDA machine, and fail loudly anywhere
+else."""
 
 from __future__ import annotations
 
@@ -35,7 +36,8 @@ def test_fails_loudly_without_cuda(name, tmp_path):
 
 
 def test_gpu_smoke_runs_compose_here(compose_cfg):
-    """Each run of gpu_smoke.py composes (the GPU-only ones are refused by the schema on this CPU, not here)."""
+    """Each run of gpu_smoke.py composes (the GPU-only ones are refused by the schema on this CPU, not
+    here)."""
     import runpy
 
     smoke = runpy.run_path(str(SCRIPTS / "gpu_smoke.py"))

@@ -1,11 +1,11 @@
 """``eval_steps``, ``save_steps``, ``logging_steps`` as a user runs them (issue 17, item 3).
 
-10 training rows, micro-batch 2, accumulation 2: 5 micro-batches per epoch, so 3 optimizer steps per epoch (the
-last window a single micro-batch); 8 steps in all. HF's rule (``DefaultFlowCallback``): evaluations at 2, 4, 6
-and 8, saves at 4 and 8, log rows at 3 and 6 (plus our tail row at the final step 8, where HF logs its run
-summary). The old mapping ``trainer.val_check_interval=4 trainer.check_val_every_n_epoch=null`` (``eval_steps x
-K`` micro-batches) validated at steps 2, 4 (after micro-batch 8, inside step 5's window), 7 and the final 8
-(measured on main before this change).
+10 training rows, micro-batch 2, accumulation 2: 5 micro-batches per epoch, so 3 optimizer steps per epoch
+(the last window a single micro-batch); 8 steps in all. HF's rule (``DefaultFlowCallback``): evaluations at 2,
+4, 6 and 8, saves at 4 and 8, log rows at 3 and 6 (plus our tail row at the final step 8, where HF logs its
+run summary). The old mapping ``trainer.val_check_interval=4 trainer.check_val_every_n_epoch=null``
+(``eval_steps x K`` micro-batches) validated at steps 2, 4 (after micro-batch 8, inside step 5's window), 7
+and the final 8 (measured on main before this change).
 """
 
 from __future__ import annotations
@@ -63,7 +63,8 @@ def test_steps_are_optimizer_steps_over_the_whole_run(files, tmp_path):
     val = {int(r["step"]): float(r["val/loss"]) for r in rows if r.get("val/loss")}
     assert list(val) == [2, 4, 6, 8]
     # without load_best_model_at_end, best.ckpt is the best of every validation, mid-epoch ones included (the
-    # highest loss here, the first validation's: Lightning's epoch-end rule would have considered 6 and 8 only)
+    # highest loss here, the first validation's: Lightning's epoch-end rule would have considered 6 and 8
+    # only)
     best = torch.load(run_dir / "checkpoints" / "best.ckpt", map_location="cpu", weights_only=False)
     assert best["global_step"] == max(val, key=val.get) == 2
     assert [int(r["step"]) for r in rows if r.get("train/loss")] == [3, 6, 8]
@@ -82,7 +83,8 @@ def test_an_hf_key_with_the_lightning_knob_it_replaces_is_one_line(files, tmp_pa
     errors = [line for line in proc.stderr.splitlines() if line.startswith("hf_lightning: error:")]
     assert errors == [
         "hf_lightning: error: eval_steps=2 and trainer.val_check_interval are both given: eval_steps counts "
-        "optimizer steps over the whole run (HF's semantics) and replaces trainer.val_check_interval; drop one"
+        "optimizer steps over the whole run (HF's semantics) and replaces trainer.val_check_interval; drop "
+        "one"
     ]
     assert "Traceback" not in proc.stderr
 

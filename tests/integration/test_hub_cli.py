@@ -1,4 +1,5 @@
-"""Hub ids through the entry points, as a user with internet runs them: nothing of ours sets ``HF_HUB_OFFLINE``.
+"""Hub ids through the entry points, as a user with internet runs them: nothing of ours sets
+``HF_HUB_OFFLINE``.
 
 The stand-in hub on 127.0.0.1 (``HF_ENDPOINT``) records what it is asked for and knows no repository: the
 entry point must ask it (before: every entry point forced ``HF_HUB_OFFLINE=1`` and said "not a folder"), then

@@ -1,17 +1,18 @@
-"""The kill harness: a run killed at a seeded point and resumed with ``ckpt_path=last`` equals a run that never
-stopped, in its weights and in every deterministic column of every ``metrics.csv`` row.
+"""The kill harness: a run killed at a seeded point and resumed with ``ckpt_path=last`` equals a run that
+never stopped, in its weights and in every deterministic column of every ``metrics.csv`` row.
 
-One straight run (14 optimizer steps over three epochs: 36 training rows in micro-batches of 4, accumulation 2,
-validation at each epoch end and of the final weights, a row every 4 steps, checkpoints every 3 steps with
+One straight run (14 optimizer steps over three epochs: 36 training rows in micro-batches of 4, accumulation
+2, validation at each epoch end and of the final weights, a row every 4 steps, checkpoints every 3 steps with
 ``save_top_k=3``) is the reference. Each case runs the same command with ``+callbacks.kill`` (see
-:mod:`tests.kill_points`), which stops the process at one point: SIGKILL anywhere from start-up to the last byte
-of ``final_metrics.json``, or SIGTERM / SIGINT (a graceful stop). The same command plus ``ckpt_path=last`` then
-finishes the run. The points are drawn once from a seeded RNG (:func:`kill_points`), so a failure reruns as is.
+:mod:`tests.kill_points`), which stops the process at one point: SIGKILL anywhere from start-up to the last
+byte of ``final_metrics.json``, or SIGTERM / SIGINT (a graceful stop). The same command plus
+``ckpt_path=last`` then finishes the run. The points are drawn once from a seeded RNG (:func:`kill_points`),
+so a failure reruns as is.
 
-Compared with the straight run: ``hf_model/`` weights (bit for bit) and file names; ``metrics.csv`` rows in order,
-every column except the wall-clock ones (``throughput/*_per_s``, ``throughput/mfu``); ``final_metrics.json`` on
-the same keys; the checkpoint folder's file names (``save_top_k`` holds, no ``-v1`` copies); no temporary file
-left anywhere in the run folder.
+Compared with the straight run: ``hf_model/`` weights (bit for bit) and file names; ``metrics.csv`` rows in
+order, every column except the wall-clock ones (``throughput/*_per_s``, ``throughput/mfu``);
+``final_metrics.json`` on the same keys; the checkpoint folder's file names (``save_top_k`` holds, no ``-v1``
+copies); no temporary file left anywhere in the run folder.
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ SMALL_MODEL = (
 MAX_STEPS = 14
 LOG_EVERY = 4
 SAVE_EVERY = 3
-# 36 training rows / 4 = 9 micro-batches per epoch, windows of 2: steps 1-5, 6-10, 11-14; validation at 5, 10, 14
+# 36 training rows / 4 = 9 micro-batches per epoch, windows of 2: steps 1-5, 6-10, 11-14; validation at 5, 10,
+# 14
 EPOCH_ENDS = (5, 10)
 
 
@@ -175,7 +177,8 @@ def differences(straight: Path, resumed: Path) -> list[str]:
     found = []
     if not (resumed / "hf_model" / "model.safetensors").is_file():
         return [
-            f"no hf_model/model.safetensors (hf_model/: {sorted(os.listdir(resumed / 'hf_model')) if (resumed / 'hf_model').is_dir() else 'absent'})"
+            "no hf_model/model.safetensors (hf_model/: "
+            f"{sorted(os.listdir(resumed / 'hf_model')) if (resumed / 'hf_model').is_dir() else 'absent'})"
         ]
     a, b = (
         load_file(straight / "hf_model" / "model.safetensors"),
@@ -198,7 +201,8 @@ def differences(straight: Path, resumed: Path) -> list[str]:
     elif final_metrics(straight) != final_metrics(resumed):
         fa, fb = final_metrics(straight), final_metrics(resumed)
         found.append(
-            f"final_metrics.json differs: { {k: (fa.get(k), fb.get(k)) for k in fa.keys() | fb.keys() if fa.get(k) != fb.get(k)} }"
+            "final_metrics.json differs: "
+            f"{ {k: (fa.get(k), fb.get(k)) for k in fa.keys() | fb.keys() if fa.get(k) != fb.get(k)} }"
         )
     ca, cb = sorted(os.listdir(straight / "checkpoints")), sorted(os.listdir(resumed / "checkpoints"))
     if ca != cb:
@@ -277,9 +281,9 @@ ROT_AT = (0.05, 0.3, 0.5, 0.75, 0.97)  # fractions of last.ckpt: zip headers, pi
 
 
 def test_bit_rot_in_last_ckpt_is_refused_then_the_named_checkpoint_resumes(straight, text_file, tmp_path):
-    """64 bytes flipped in ``last.ckpt`` at five offsets (before: resumed silently, with the final weights off):
-    each start with ``ckpt_path=last`` is refused in one line naming the file and the newest intact checkpoint;
-    the command line it names finishes the run as the straight run did."""
+    """64 bytes flipped in ``last.ckpt`` at five offsets (before: resumed silently, with the final weights
+    off): each start with ``ckpt_path=last`` is refused in one line naming the file and the newest intact
+    checkpoint; the command line it names finishes the run as the straight run did."""
     from tests.errors.support import one_line_error
     from tests.errors.test_checkpoint_integrity import DAMAGED, flip
 
@@ -291,8 +295,9 @@ def test_bit_rot_in_last_ckpt_is_refused_then_the_named_checkpoint_resumes(strai
         line = one_line_error(cli(run, text_file, "ckpt_path=last"))
         named = run / "checkpoints" / "step000012.ckpt"
         assert line == (
-            f"hf_lightning: error: ckpt_path=last: cannot resume: {run / 'checkpoints' / 'last.ckpt'} {DAMAGED}; the "
-            f"newest intact checkpoint there is {named} (step 12): resume from it with ckpt_path={named}"
+            f"hf_lightning: error: ckpt_path=last: cannot resume: {run / 'checkpoints' / 'last.ckpt'} "
+            f"{DAMAGED}; the newest intact checkpoint there is {named} (step 12): resume from it with "
+            f"ckpt_path={named}"
         )
         refused.append(fraction)
     assert refused == list(ROT_AT)  # 5/5
@@ -303,8 +308,8 @@ def test_bit_rot_in_last_ckpt_is_refused_then_the_named_checkpoint_resumes(strai
 
 
 def test_ckpt_path_last_finds_the_configured_checkpoint_folder(straight, text_file, tmp_path):
-    """``callbacks.model_checkpoint.dirpath`` elsewhere: killed after step 7, ``ckpt_path=last`` resumes from that
-    folder (before: "no checkpoint at RUN/checkpoints/last.ckpt")."""
+    """``callbacks.model_checkpoint.dirpath`` elsewhere: killed after step 7, ``ckpt_path=last`` resumes from
+    that folder (before: "no checkpoint at RUN/checkpoints/last.ckpt")."""
     run, elsewhere = tmp_path / "run", tmp_path / "elsewhere"
     where = f"callbacks.model_checkpoint.dirpath={elsewhere}"
     stopped = cli(

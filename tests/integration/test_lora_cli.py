@@ -1,7 +1,7 @@
 """``peft=lora`` through the CLI: adapter-only checkpoints, exact resume, both exports, DDP.
 
-A 2-layer version of the default Llama, ``+experiment=clm`` on a small text file, LoRA on every linear layer with
-dropout on (so the resume must restore the RNG as well as the adapter and its optimizer state).
+A 2-layer version of the default Llama, ``+experiment=clm`` on a small text file, LoRA on every linear layer
+with dropout on (so the resume must restore the RNG as well as the adapter and its optimizer state).
 """
 
 from __future__ import annotations
@@ -221,8 +221,8 @@ LORA = ("peft=lora", "peft.r=4", "peft.lora_alpha=8")
 
 def test_evaluate_reads_a_lora_checkpoint_and_the_adapter_export_alike(straight, text_file, tmp_path):
     """``evaluate ckpt_path=... peft=lora`` (the base rebuilt, the adapter from the checkpoint) and ``evaluate
-    model.name_or_path=RUN/hf_model`` (transformers loads the base the adapter names, then the adapter) score the
-    same weights; another seed builds another base, which the checkpoint refuses."""
+    model.name_or_path=RUN/hf_model`` (transformers loads the base the adapter names, then the adapter) score
+    the same weights; another seed builds another base, which the checkpoint refuses."""
     from tests.errors.support import one_line_error
 
     def evaluate(name, *overrides):

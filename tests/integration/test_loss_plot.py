@@ -1,4 +1,5 @@
-"""``loss.png``: the curves come from ``metrics.csv`` as logged, including the steps flushed at the end of training."""
+"""``loss.png``: the curves come from ``metrics.csv`` as logged, including the steps flushed at the end of
+training."""
 
 from __future__ import annotations
 
@@ -85,8 +86,8 @@ def test_callback_plots_every_logged_step(tmp_path, word_tokenizer):
     pytest.importorskip("matplotlib")
     plot = LossPlot(str(tmp_path / "loss.png"))
     fit(tmp_path, word_tokenizer, [plot])
-    # 18 training rows / 4 = 5 steps (the last one of 2 rows); logged at 2 and 4, step 5 by the end-of-training
-    # flush, which runs after the callbacks' on_train_end: the plot must still contain it
+    # 18 training rows / 4 = 5 steps (the last one of 2 rows); logged at 2 and 4, step 5 by the
+    # end-of-training flush, which runs after the callbacks' on_train_end: the plot must still contain it
     with open(tmp_path / "metrics.csv") as fh:
         rows = list(csv.DictReader(fh))
     train_steps = [int(r["step"]) for r in rows if r["train/loss"]]

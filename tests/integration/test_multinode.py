@@ -1,18 +1,19 @@
 """Several machines, simulated on 127.0.0.1: 2 "nodes" x 1 process give what 1 node x 2 processes gives.
 
-Each "node" is its own ``python -m hf_lightning.train`` process, started by the test as a cluster launcher would
-start it, with ``trainer.num_nodes=2 trainer.devices=1 strategy=ddp`` and one shared ``hydra.run.dir``:
+Each "node" is its own ``python -m hf_lightning.train`` process, started by the test as a cluster launcher
+would start it, with ``trainer.num_nodes=2 trainer.devices=1 strategy=ddp`` and one shared ``hydra.run.dir``:
 
-- Lightning's own environment variables (``MASTER_ADDR``, ``MASTER_PORT``, ``NODE_RANK``): what a user sets by hand
-  on each machine (Lightning's ``LightningEnvironment``);
+- Lightning's own environment variables (``MASTER_ADDR``, ``MASTER_PORT``, ``NODE_RANK``): what a user sets by
+  hand on each machine (Lightning's ``LightningEnvironment``);
 - a SLURM allocation (``SLURM_NTASKS``, ``SLURM_PROCID``, ``SLURM_NODEID``, ``SLURM_LOCALID``,
   ``SLURM_NTASKS_PER_NODE``, ``SLURM_NNODES``, ``SLURM_JOB_ID``, ``SLURM_JOB_NAME``, ``SLURM_NODELIST``): what
   ``srun`` sets in each task (Lightning's ``SLURMEnvironment``, which then launches nothing itself);
 - ``torchrun --nnodes 2 --node-rank 0|1`` with a c10d rendezvous on 127.0.0.1 (``TorchElasticEnvironment``).
 
-The reference is the same command with ``trainer.devices=2`` on one node (Lightning starts the second process).
-Both are gloo DDP with world size 2, so rank r reads the same rows and every logged loss and final weight must be
-equal up to the last bits of fp32 (relative 1e-6; a wrong rank or world size changes the data each rank sees).
+The reference is the same command with ``trainer.devices=2`` on one node (Lightning starts the second
+process). Both are gloo DDP with world size 2, so rank r reads the same rows and every logged loss and final
+weight must be equal up to the last bits of fp32 (relative 1e-6; a wrong rank or world size changes the data
+each rank sees).
 """
 
 from __future__ import annotations
@@ -154,7 +155,8 @@ def test_two_nodes_in_a_simulated_slurm_allocation(one_node_two_processes, tmp_p
     nodes = run_all(tasks, cwd=tmp_path)
     for node in nodes:
         assert node.returncode == 0, node.stderr[-3000:]
-    # without the SLURM variables both tasks would be node 0, rank 0 and never meet: finishing proves they were read
+    # without the SLURM variables both tasks would be node 0, rank 0 and never meet: finishing proves they
+    # were read
     assert_same_run(run, one_node_two_processes, "train_rank_1.log")
 
 

@@ -1,4 +1,5 @@
-"""The notebooks run from top to bottom (their cells assert what they show), and are committed without outputs."""
+"""The notebooks run from top to bottom (their cells assert what they show), and are committed without
+outputs."""
 
 from __future__ import annotations
 
@@ -34,7 +35,8 @@ def test_notebook_runs(name, tmp_path):
     client = NotebookClient(
         nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
     )
-    client.execute()  # raises CellExecutionError, with the cell and its traceback, when a cell (or its asserts) fails
+    # raises CellExecutionError, with the cell and its traceback, when a cell (or its asserts) fails
+    client.execute()
     images = [
         o for c in nb.cells if c.cell_type == "code" for o in c.outputs if "image/png" in o.get("data", {})
     ]

@@ -1,5 +1,5 @@
-"""``data.num_proc`` through ``python -m hf_lightning.train``: GSM8K tokenized by two processes trains, with the
-tokenization rate in the log; a bad value stops the run in one line naming the key (exit 2)."""
+"""``data.num_proc`` through ``python -m hf_lightning.train``: GSM8K tokenized by two processes trains, with
+the tokenization rate in the log; a bad value stops the run in one line naming the key (exit 2)."""
 
 from __future__ import annotations
 

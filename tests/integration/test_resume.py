@@ -1,8 +1,8 @@
 """Resume is exact: a run killed mid-epoch and resumed with ``ckpt_path=last`` ends with the same weights.
 
 Each case runs the CLI three times: 12 optimizer steps straight; the same run killed with SIGKILL right after
-step 7 (checkpoints every 3 steps, so the newest is step 6); then resumed from ``last.ckpt``. The final weights
-must be bit-identical and the logged losses of steps 7-12 equal.
+step 7 (checkpoints every 3 steps, so the newest is step 6); then resumed from ``last.ckpt``. The final
+weights must be bit-identical and the logged losses of steps 7-12 equal.
 """
 
 from __future__ import annotations
@@ -96,7 +96,8 @@ def assert_same_run(straight, resumed):
 
 @pytest.fixture(scope="module")
 def straight(text_file, tmp_path_factory):
-    """The default 12-step run, uninterrupted: the reference of every kill/stop test without extra overrides."""
+    """The default 12-step run, uninterrupted: the reference of every kill/stop test without extra
+    overrides."""
     run = tmp_path_factory.mktemp("straight") / "run"
     proc = cli(run, text_file)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -161,8 +162,8 @@ def test_sigterm_mid_epoch_with_epoch_end_validation_resumes_exactly(text_file, 
     """With validation on, a stop makes Lightning validate at once (``should_stop`` triggers it) and its
     ModelCheckpoint used to save again at that validation's end, over the stop's ``last.ckpt``: a checkpoint
     whose loop state does not resume exactly (found by a user trial: the weights drifted after the resume). 36
-    training rows in batches of 8: 5 micro-batches per epoch (the last of 4 rows), validation at each epoch end;
-    the stop comes at step 7, mid-epoch 2."""
+    training rows in batches of 8: 5 micro-batches per epoch (the last of 4 rows), validation at each epoch
+    end; the stop comes at step 7, mid-epoch 2."""
     # the default checkpointing (at validation ends, not every n steps), as a user's run has it
     with_validation = (
         "data.validation_split=0.1",

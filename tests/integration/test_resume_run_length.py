@@ -1,12 +1,13 @@
-"""A run ended by ``trainer.max_steps`` in the middle of an epoch and continued with a larger ``max_steps`` goes on
-with the rest of that epoch (issue 14, item 5), and a ``trainer.max_steps`` given on the command line wins over an
-epoch count the command line did not give (item 6).
+"""A run ended by ``trainer.max_steps`` in the middle of an epoch and continued with a larger ``max_steps``
+goes on with the rest of that epoch (issue 14, item 5), and a ``trainer.max_steps`` given on the command line
+wins over an epoch count the command line did not give (item 6).
 
 The job of issue 14: 40 rows in micro-batches of 2 with accumulation 2, so an epoch is 20 micro-batches, 10
-optimizer steps; shuffled. The reference is the run that never stopped (12 steps straight); the stopped run ends at
-step 7 (14 micro-batches into epoch 0) and is continued with ``trainer.max_steps=12 ckpt_path=last``: the weights
-must be bit-identical and every step logged once, steps 1-10 in epoch 0. HF ``Trainer`` does the same: its
-checkpoint at ``max_steps`` records the step, and a resume skips the batches of the epoch already trained.
+optimizer steps; shuffled. The reference is the run that never stopped (12 steps straight); the stopped run
+ends at step 7 (14 micro-batches into epoch 0) and is continued with ``trainer.max_steps=12 ckpt_path=last``:
+the weights must be bit-identical and every step logged once, steps 1-10 in epoch 0. HF ``Trainer`` does the
+same: its checkpoint at ``max_steps`` records the step, and a resume skips the batches of the epoch already
+trained.
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ def max_difference(a_dir, b_dir) -> float:
 
 @pytest.fixture(scope="module")
 def straight12(text_file, tmp_path_factory):  # noqa: F811
-    """12 steps without a stop; ``max_epochs=null``, so no epoch count ends it (the rule of item 6 not involved)."""
+    """12 steps without a stop; ``max_epochs=null``, so no epoch count ends it (the rule of item 6 not
+    involved)."""
     folder = tmp_path_factory.mktemp("straight12") / "run"
     run(folder, text_file, "trainer.max_epochs=null")
     return folder
@@ -81,10 +83,10 @@ def test_max_steps_continued_mid_epoch_equals_straight(case, text_file, straight
 
 
 def test_given_max_epochs_still_ends_the_continued_epoch(text_file, tmp_path):  # noqa: F811
-    """Both limits given, ``max_epochs=1`` ending first: the straight run stops at the epoch's end, and so must the
-    continued one; before, its checkpoint said the epoch was over and the resume trained nothing. Validation at
-    each epoch end is on here (10% held out: 36 training rows, 9 steps per epoch), so the stop at step 7 also
-    validates its final weights there."""
+    """Both limits given, ``max_epochs=1`` ending first: the straight run stops at the epoch's end, and so
+    must the continued one; before, its checkpoint said the epoch was over and the resume trained nothing.
+    Validation at each epoch end is on here (10% held out: 36 training rows, 9 steps per epoch), so the stop
+    at step 7 also validates its final weights there."""
     both = ("trainer.max_epochs=1", "data.validation_split=0.1", "trainer.limit_val_batches=2")
     straight, folder = tmp_path / "straight", tmp_path / "run"
     run(straight, text_file, "trainer.max_steps=12", *both)
@@ -96,8 +98,9 @@ def test_given_max_epochs_still_ends_the_continued_epoch(text_file, tmp_path):  
 
 
 def test_given_max_steps_wins_over_the_experiments_epoch_count(text_file, straight12, tmp_path):  # noqa: F811
-    """``+experiment=clm`` sets ``max_epochs=1``; ``trainer.max_steps=12`` on the command line runs 12 steps (HF:
-    ``max_steps`` "overrides num_train_epochs"), the same 12 as the run with ``trainer.max_epochs=null``."""
+    """``+experiment=clm`` sets ``max_epochs=1``; ``trainer.max_steps=12`` on the command line runs 12 steps
+    (HF: ``max_steps`` "overrides num_train_epochs"), the same 12 as the run with
+    ``trainer.max_epochs=null``."""
     folder = tmp_path / "run"
     proc = run(folder, text_file)  # cli() gives trainer.max_steps=12
     assert sorted(step for step, _ in train_rows(folder)) == list(range(1, 13))

@@ -1,11 +1,12 @@
-"""What a run prints with its output going to a file, as under ``nohup`` or SLURM (issue 17, items 10, 11, 13, 14).
+"""What a run prints with its output going to a file, as under ``nohup`` or SLURM (issue 17, items 10, 11, 13,
+14).
 
-One packed GPT-2 run of 2 steps x 4 rows, every row a 40-token document plus its EOS: 2 x 4 x 41 = 328 real tokens,
-counted by hand. Checked: no progress bar in the output (stdout is a pipe here), none of the listed noise
-(Lightning's tip, transformers' attention-mask advice on packed rows, the use_cache INFO line, "Checkpoint
-directory ... exists and is not empty" on a resume), one ``done:`` line whose token count is 328 and whose
-tokens/s is the one ``final_metrics.json`` holds, a wall time covering the whole logged run, an error said once,
-and a resume of the finished run that leaves every file of the folder as it was.
+One packed GPT-2 run of 2 steps x 4 rows, every row a 40-token document plus its EOS: 2 x 4 x 41 = 328 real
+tokens, counted by hand. Checked: no progress bar in the output (stdout is a pipe here), none of the listed
+noise (Lightning's tip, transformers' attention-mask advice on packed rows, the use_cache INFO line,
+"Checkpoint directory ... exists and is not empty" on a resume), one ``done:`` line whose token count is 328
+and whose tokens/s is the one ``final_metrics.json`` holds, a wall time covering the whole logged run, an
+error said once, and a resume of the finished run that leaves every file of the folder as it was.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""HFDataModule in somebody else's Lightning project: their own LightningModule, a plain ``lightning.Trainer``."""
+"""HFDataModule in somebody else's Lightning project: their own LightningModule, a plain
+``lightning.Trainer``."""
 
 from __future__ import annotations
 
@@ -75,7 +76,8 @@ def test_plain_module_and_plain_trainer(word_tokenizer, tmp_path):
         default_root_dir=tmp_path,
     )
     trainer.fit(module, datamodule=data)
-    # the forward signature of the user's .model pruned the columns; no num_items_in_batch without count_loss_items
+    # the forward signature of the user's .model pruned the columns; no num_items_in_batch without
+    # count_loss_items
     assert module.keys == {"input_ids", "attention_mask", "labels"}
     assert data.dropped_columns == {"train": ["text", "id"], "validation": ["text", "id"]}
     # 22 rows, 5 held out (ceil(0.2 * 22)); each epoch sees the 17 training rows exactly once, in a new order
@@ -88,5 +90,8 @@ def test_plain_module_and_plain_trainer(word_tokenizer, tmp_path):
 
 @pytest.mark.slow
 def test_the_data_package_imports_without_hydra():
-    code = "import sys, hf_lightning.data; from hf_lightning import HFDataModule; assert 'hydra' not in sys.modules"
+    code = (
+        "import sys, hf_lightning.data; from hf_lightning import HFDataModule; assert 'hydra' not in "
+        "sys.modules"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,4 +1,5 @@
-"""Multirun through the CLI: a 2-value sweep with its summary table, an Optuna sweep, and multirun x DDP refused."""
+"""Multirun through the CLI: a 2-value sweep with its summary table, an Optuna sweep, and multirun x DDP
+refused."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """Run one optimizer step of the tiny-Llama case on 2 real gloo DDP processes (Lightning ``ddp_spawn``).
 
 Usage: ``python tests/parity/ddp_gradient_worker.py STATE.pt ROWS.json OUTDIR [--no-average-tokens] [--arch A]
-[--plain] [--chunk N]``: ``--arch`` one of :data:`tests.parity.lean_cases.ARCHS` (default: the tiny-Llama case's
-model), ``--plain`` the loss from the full logits (``lean_loss=False``), ``--chunk`` the lean loss's tokens per
-chunk.
+[--plain] [--chunk N]``: ``--arch`` one of :data:`tests.parity.lean_cases.ARCHS` (default: the tiny-Llama
+case's model), ``--plain`` the loss from the full logits (``lean_loss=False``), ``--chunk`` the lean loss's
+tokens per chunk.
 Called by ``test_gradient_invariance.py`` in a subprocess so that the spawned processes start from a clean
 interpreter (no pytest state, no process group left over).
 """
@@ -20,8 +20,8 @@ import torch
 from tests.parity.lean_cases import make_arch_model
 from tests.parity.tiny_llama_case import run_lightning_step
 
-# hf_lightning's INFO lines (which loss ran) on stderr; at import, so that the spawned ranks (which import this
-# file as __mp_main__) configure it too
+# hf_lightning's INFO lines (which loss ran) on stderr; at import, so that the spawned ranks (which import
+# this file as __mp_main__) configure it too
 logging.basicConfig(level=logging.INFO)
 
 

@@ -1,10 +1,11 @@
 """Tiny real causal LMs whose LM heads differ, for the lean-loss tests (and their DDP worker).
 
-``llama``: untied head; ``gpt2``: head tied to the input embedding (``GPT2LMHeadModel``); ``gemma2``: Gemma-2's
-final logit soft-capping (``tanh(x / c) * c``); ``cohere``: logits multiplied by ``logit_scale``; ``granite``:
-logits divided by ``logits_scaling``. All fp32, no dropout, vocabulary :data:`tests.parity.tiny_llama_case.VOCAB`
-(the rows of ``make_rows`` fit it). The head's weight is drawn 10x larger than the init's, so that the logits
-are of order 1 to 10 as in a trained model (at init they are ~0.1, where a soft-cap is nearly the identity).
+``llama``: untied head; ``gpt2``: head tied to the input embedding (``GPT2LMHeadModel``); ``gemma2``:
+Gemma-2's final logit soft-capping (``tanh(x / c) * c``); ``cohere``: logits multiplied by ``logit_scale``;
+``granite``: logits divided by ``logits_scaling``. All fp32, no dropout, vocabulary
+:data:`tests.parity.tiny_llama_case.VOCAB` (the rows of ``make_rows`` fit it). The head's weight is drawn 10x
+larger than the init's, so that the logits are of order 1 to 10 as in a trained model (at init they are ~0.1,
+where a soft-cap is nearly the identity).
 """
 
 from __future__ import annotations

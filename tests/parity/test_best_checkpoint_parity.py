@@ -1,10 +1,11 @@
-"""The validation of the final weights competes for ``checkpoints/best.ckpt`` like any other (issue 14, item 7).
+"""The validation of the final weights competes for ``checkpoints/best.ckpt`` like any other (issue 14, item
+7).
 
-HF ``Trainer`` and ``train()`` run the same job side by side: one tiny Llama saved to a folder (both load it), the
-same 30 text rows in order, AdamW, a linear schedule over 13 steps, clipping at 1.0, an evaluation every 10 steps
-on the same 8 rows. Step 13 is not an evaluation step, so each side validates the final weights once more (HF:
-``DefaultFlowCallback`` at ``max_steps``). HF picks its best model among all evaluations; ours must pick the same
-step, and the two sides' validation losses must agree (the same job, not merely the same rule).
+HF ``Trainer`` and ``train()`` run the same job side by side: one tiny Llama saved to a folder (both load it),
+the same 30 text rows in order, AdamW, a linear schedule over 13 steps, clipping at 1.0, an evaluation every
+10 steps on the same 8 rows. Step 13 is not an evaluation step, so each side validates the final weights once
+more (HF: ``DefaultFlowCallback`` at ``max_steps``). HF picks its best model among all evaluations; ours must
+pick the same step, and the two sides' validation losses must agree (the same job, not merely the same rule).
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """HF's ``eval_steps``, ``save_steps``, ``logging_steps`` and ``load_best_model_at_end``, side by side with HF
 ``Trainer`` (issue 17, items 3 and 4).
 
-One job on both sides: a tiny Llama saved to a folder, 30 rows of real web text (shared/data c4-demo) in order,
-micro-batch 2 x accumulation 2 (15 micro-batches, so 8 optimizer steps per epoch, the last window of each epoch a
-single micro-batch), ``max_steps=19`` (three epochs, 19 not a multiple of ``eval_steps=5``). HF evaluates at 5, 10,
-15 and the final 19, saves at 10 and 19, logs ``loss`` at 1 (``logging_first_step``), 3, 6, ..., 18 and its run
-summary at 19. Lightning's ``val_check_interval=10`` (the old mapping, ``N x K`` micro-batches) would validate at
-micro-batches 10, 20, 30: steps 5, 11 (mid-window) and 16.
+One job on both sides: a tiny Llama saved to a folder, 30 rows of real web text (shared/data c4-demo) in
+order, micro-batch 2 x accumulation 2 (15 micro-batches, so 8 optimizer steps per epoch, the last window of
+each epoch a single micro-batch), ``max_steps=19`` (three epochs, 19 not a multiple of ``eval_steps=5``). HF
+evaluates at 5, 10, 15 and the final 19, saves at 10 and 19, logs ``loss`` at 1 (``logging_first_step``), 3,
+6, ..., 18 and its run summary at 19. Lightning's ``val_check_interval=10`` (the old mapping, ``N x K``
+micro-batches) would validate at micro-batches 10, 20, 30: steps 5, 11 (mid-window) and 16.
 """
 
 from __future__ import annotations
@@ -52,7 +52,8 @@ def job(tmp_path, default_tokenizer, shared_data):
 
 
 def run_hf(folder, train_file, val_file, out, **schedule):
-    """HF ``Trainer`` on the job: ``(trainer, evaluated steps -> eval_loss, saved steps, loss-logged steps)``."""
+    """HF ``Trainer`` on the job: ``(trainer, evaluated steps -> eval_loss, saved steps, loss-logged
+    steps)``."""
     import datasets
     from transformers import (
         AutoModelForCausalLM,
@@ -105,7 +106,8 @@ def run_hf(folder, train_file, val_file, out, **schedule):
 
 
 def run_ours(compose_cfg, tmp_path, folder, train_file, val_file, *overrides):
-    """``train()`` on the job: ``(final metrics, validated steps -> val/loss, saved steps, train/loss steps)``."""
+    """``train()`` on the job: ``(final metrics, validated steps -> val/loss, saved steps, train/loss
+    steps)``."""
     from hf_lightning.train import train
 
     cfg = compose_cfg(
@@ -206,8 +208,8 @@ def test_eval_save_log_steps_and_best_model_match_hf_trainer(job, compose_cfg, t
 
 
 def test_load_best_model_at_end_exports_an_earlier_checkpoint_like_hf_trainer(job, compose_cfg, tmp_path):
-    """``greater_is_better=true`` on the loss: the first evaluation (step 5, saved) stays the best on both sides,
-    so HF loads ``checkpoint-5`` and ``hf_model/`` must hold step 5's weights, not the final ones."""
+    """``greater_is_better=true`` on the loss: the first evaluation (step 5, saved) stays the best on both
+    sides, so HF loads ``checkpoint-5`` and ``hf_model/`` must hold step 5's weights, not the final ones."""
     folder, train_file, val_file = job
     hf, hf_evals, hf_saved, _ = run_hf(
         folder,

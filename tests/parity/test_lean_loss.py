@@ -2,9 +2,10 @@
 
 One optimizer step of ``HFLightningModule`` through a real ``lightning.Trainer`` on the rows of the tiny-Llama
 case (unequal target counts), micro-batch 2 x accumulation 4 in one process and 2 gloo DDP ranks x 2 x 2, with
-the lean loss (a few tokens per chunk) and with ``lean_loss=False``: every captured gradient (after accumulation
-and DDP's all-reduce) and the logged ``train/loss`` agree to relative 1e-6 (fp32), for an untied Llama, GPT-2
-(tied head) and Gemma-2 (logit soft-capping). A peak-RSS check in fresh processes shows the memory it saves.
+the lean loss (a few tokens per chunk) and with ``lean_loss=False``: every captured gradient (after
+accumulation and DDP's all-reduce) and the logged ``train/loss`` agree to relative 1e-6 (fp32), for an untied
+Llama, GPT-2 (tied head) and Gemma-2 (logit soft-capping). A peak-RSS check in fresh processes shows the
+memory it saves.
 """
 
 from __future__ import annotations
@@ -121,12 +122,13 @@ def _probe(side: str) -> dict:
 
 @pytest.mark.slow
 def test_peak_memory_above_the_imports_drops_below_a_third():
-    """Two optimizer steps of a tiny Llama with a 32,000-token vocabulary at 2,048 tokens per step, each side in a
-    fresh process (``scripts/bench_memory.py --probe``): the plain path holds 250 MB logits, their log-softmax
-    and their gradient; the lean path a few chunks of 32 x 32,000."""
+    """Two optimizer steps of a tiny Llama with a 32,000-token vocabulary at 2,048 tokens per step, each side
+    in a fresh process (``scripts/bench_memory.py --probe``): the plain path holds 250 MB logits, their
+    log-softmax and their gradient; the lean path a few chunks of 32 x 32,000."""
     lean, plain = _probe("lean"), _probe("plain")
     print(
-        f"peak RSS above the imports: lean {lean['above_kib'] // 1024} MiB, plain {plain['above_kib'] // 1024} MiB"
+        f"peak RSS above the imports: lean {lean['above_kib'] // 1024} MiB, plain "
+        f"{plain['above_kib'] // 1024} MiB"
     )
     assert plain["above_kib"] > 600 * 1024  # the control: the logits are there to save
     assert lean["above_kib"] < plain["above_kib"] / 3

@@ -72,7 +72,8 @@ def test_encoder_decoder_shares_add_up_to_the_window_loss():
     whole = module.compute_loss(batch, n)[0]
     parts = [module.compute_loss(_rows(batch, slice(i, i + 1)), n)[0] for i in range(3)]
     torch.testing.assert_close(torch.stack(parts).sum(), whole, rtol=1e-6, atol=1e-6)
-    # and both are HF's mean over the whole batch (independent of compute_loss: a constant loss would fail here)
+    # and both are HF's mean over the whole batch (independent of compute_loss: a constant loss would fail
+    # here)
     torch.testing.assert_close(whole, model(**batch).loss, rtol=1e-6, atol=1e-6)
     # counted per micro-batch on the host, the shares are what the DataModule attaches
     assert sum(module.count_loss_items(_rows(batch, slice(i, i + 1))) for i in range(3)) == n

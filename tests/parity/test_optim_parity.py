@@ -1,14 +1,15 @@
-"""Every optimizer and schedule name that runs on a CPU, against HF ``transformers.Trainer`` with the same names.
+"""Every optimizer and schedule name that runs on a CPU, against HF ``transformers.Trainer`` with the same
+names.
 
-Both sides start from one tiny Llama init and see the same real rows (``shared/data/alpaca-tiny``, GPT-2 BPE) in the
-same order, micro-batch 2, no accumulation, weight decay 0.01 (HF's decay groups on both sides), no clipping.
-HF gets ``optim=NAME``, ``optim_args`` (a string), ``lr_scheduler_type``, ``lr_scheduler_kwargs``; we get
-``optim.name``, the same ``optim_args`` string as ``optim.kwargs``, ``scheduler.name``, ``scheduler.kwargs``.
-Compared: the learning rate of every step (HF's ``learning_rate``: the rate used in the step, transformers >= 4.51)
-and every weight after the last step (relative 1e-5). The metric-driven schedules (``reduce_lr_on_plateau``,
-``greedy``) validate after every step on one batch holding the whole validation set (HF's ``eval_loss`` is then
-the token mean, as our ``val/loss``) with ``mode=max``, so every validation after the first counts as a plateau
-and the rate falls at steps HF decides.
+Both sides start from one tiny Llama init and see the same real rows (``shared/data/alpaca-tiny``, GPT-2 BPE)
+in the same order, micro-batch 2, no accumulation, weight decay 0.01 (HF's decay groups on both sides), no
+clipping. HF gets ``optim=NAME``, ``optim_args`` (a string), ``lr_scheduler_type``, ``lr_scheduler_kwargs``;
+we get ``optim.name``, the same ``optim_args`` string as ``optim.kwargs``, ``scheduler.name``,
+``scheduler.kwargs``. Compared: the learning rate of every step (HF's ``learning_rate``: the rate used in the
+step, transformers >= 4.51) and every weight after the last step (relative 1e-5). The metric-driven schedules
+(``reduce_lr_on_plateau``, ``greedy``) validate after every step on one batch holding the whole validation set
+(HF's ``eval_loss`` is then the token mean, as our ``val/loss``) with ``mode=max``, so every validation after
+the first counts as a plateau and the rate falls at steps HF decides.
 """
 
 from __future__ import annotations
@@ -59,7 +60,8 @@ CASES = {
     "adamw_torch-warmup_stable_decay": ("adamw_torch", None, "warmup_stable_decay", {"num_decay_steps": 3}),
     "sgd-reduce_lr_on_plateau": ("sgd", None, "reduce_lr_on_plateau", PLATEAU),
     "adamw_torch-greedy": ("adamw_torch", None, "greedy", {**PLATEAU, "factor": 0.8}),
-    # any class: HF's Trainer(optimizer_cls_and_kwargs=(NAdam, ...)), ours optim.optimizer={_target_, _partial_}
+    # any class: HF's Trainer(optimizer_cls_and_kwargs=(NAdam, ...)), ours optim.optimizer={_target_,
+    # _partial_}
     "custom_nadam-linear": ("custom_nadam", None, "linear", {}),
 }
 NADAM = {"momentum_decay": 0.01}
@@ -142,9 +144,9 @@ def run_ours(model, pad_id, train_rows, val_rows, optim, optim_args, scheduler, 
             "warmup_steps": 0 if scheduler in ("constant", *METRIC_DRIVEN) else WARMUP,
             "kwargs": sched_kwargs,
         },
-        # the loss from the full logits, as HF computes it: RMSprop's first updates are ~lr * sign(g) per element,
-        # so the last-bit differences of the lean loss's summation order in near-zero gradients show at 8e-5
-        # there (measured: lean vs logits within hf_lightning); the lean loss has its own parity tests
+        # the loss from the full logits, as HF computes it: RMSprop's first updates are ~lr * sign(g) per
+        # element, so the last-bit differences of the lean loss's summation order in near-zero gradients show
+        # at 8e-5 there (measured: lean vs logits within hf_lightning); the lean loss has its own parity tests
         lean_loss=False,
     )
     data = HFDataModule(

@@ -1,9 +1,9 @@
-"""The Arrow packing engine on real data (c4-demo, GSM8K; GPT-2 BPE) against ``trl.pack_dataset`` and against the
-pure-Python packing it replaced (``tests/packing_oracle.py``), row for row.
+"""The Arrow packing engine on real data (c4-demo, GSM8K; GPT-2 BPE) against ``trl.pack_dataset`` and against
+the pure-Python packing it replaced (``tests/packing_oracle.py``), row for row.
 
-TRL packs inside ``Dataset.map(batched=True)``: each map batch (1,000 documents by default) is packed on its own.
-Our rows are those of one batch holding every document (``map_kwargs={"batch_size": len(ds)}``); the default
-batching is checked here too, since the module's opening comment states what it does.
+TRL packs inside ``Dataset.map(batched=True)``: each map batch (1,000 documents by default) is packed on its
+own. Our rows are those of one batch holding every document (``map_kwargs={"batch_size": len(ds)}``); the
+default batching is checked here too, since the module's opening comment states what it does.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ MAX_LENGTH = 512
 
 
 def _tokenized(tokenizer, texts, prompts=None):
-    """``tokenizer(text + eos)`` cut to ``MAX_LENGTH`` (as tokenization does before bfd); labels with the prompt
-    (when given) masked."""
+    """``tokenizer(text + eos)`` cut to ``MAX_LENGTH`` (as tokenization does before bfd); labels with the
+    prompt (when given) masked."""
     ids = tokenizer([t + tokenizer.eos_token for t in texts])["input_ids"]
     ids = [x[:MAX_LENGTH] for x in ids]
     if prompts is None:
@@ -81,8 +81,9 @@ def test_wrapped_rows_equal_trls_and_the_previous_ones(real, name):
 
 
 def test_trls_default_map_batches_pack_each_thousand_documents_apart(real):
-    """What the engine's opening comment says of ``trl.pack_dataset`` with ``SFTTrainer``'s default map batches:
-    ``wrapped`` leaves a short row at the end of each 1,000 documents, ``bfd`` bins only within them."""
+    """What the engine's opening comment says of ``trl.pack_dataset`` with ``SFTTrainer``'s default map
+    batches: ``wrapped`` leaves a short row at the end of each 1,000 documents, ``bfd`` bins only within
+    them."""
     trl = pytest.importorskip("trl")
     ds = datasets.Dataset.from_dict({"input_ids": real["gsm8k"]["input_ids"]})
     batches = -(-len(ds) // 1000)

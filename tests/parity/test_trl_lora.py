@@ -1,10 +1,11 @@
-"""LoRA against TRL's ``SFTTrainer(peft_config=...)``, run side by side: the same tiny Llama, the same LoRA config
-and init seed, the same rows in the same order, AdamW, a linear schedule, clipping at 1.0, accumulation 2.
+"""LoRA against TRL's ``SFTTrainer(peft_config=...)``, run side by side: the same tiny Llama, the same LoRA
+config and init seed, the same rows in the same order, AdamW, a linear schedule, clipping at 1.0, accumulation
+2.
 
-TRL seeds with ``set_seed(args.seed)`` and then calls ``peft.get_peft_model``; ours runs ``get_peft_model`` under
-``torch.manual_seed(peft.init_seed)``: with ``init_seed`` = TRL's seed the adapters start equal. Dropout is off
-(each framework draws its masks from its own RNG stream). Checked: every logged step's loss and every final adapter
-weight, fp32 on CPU, relative 1e-5.
+TRL seeds with ``set_seed(args.seed)`` and then calls ``peft.get_peft_model``; ours runs ``get_peft_model``
+under ``torch.manual_seed(peft.init_seed)``: with ``init_seed`` = TRL's seed the adapters start equal. Dropout
+is off (each framework draws its masks from its own RNG stream). Checked: every logged step's loss and every
+final adapter weight, fp32 on CPU, relative 1e-5.
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ def make_model(vocab_size: int):
 
 
 def make_rows(tokenizer) -> list[dict]:
-    """Rows of 5..40 tokens (unequal numbers of targets per micro-batch), labels = every token on both sides."""
+    """Rows of 5..40 tokens (unequal numbers of targets per micro-batch), labels = every token on both
+    sides."""
     g = torch.Generator().manual_seed(1)
     rows = []
     for _ in range(STEPS_ROWS):

@@ -2,8 +2,8 @@
 ``max_length`` 512, row for row.
 
 TRL (``SFTTrainer._prepare_dataset``) appends ``eos_token`` to each text, tokenizes it whole and packs with
-``trl.pack_dataset``: ``wrapped`` concatenates and cuts every 512 tokens, ``bfd`` truncates each document to 512
-(dropping the overflow without a word) and bins them best-fit decreasing.
+``trl.pack_dataset``: ``wrapped`` concatenates and cuts every 512 tokens, ``bfd`` truncates each document to
+512 (dropping the overflow without a word) and bins them best-fit decreasing.
 """
 
 from __future__ import annotations
@@ -61,9 +61,9 @@ def _ours(tokenizer, path, strategy, caplog):
 
 
 def test_wrapped_keeps_every_token_like_trl(gpt2_tokenizer, c4, caplog):
-    """Before: 86,978 of the 161,482 tokens (text + one EOS per document) were kept. Every token now, counted by
-    hand from the tokenizer, and row for row TRL's rows. (HF ``run_clm``'s ``group_texts`` keeps the same text
-    tokens without the EOS separators and drops the short last block.)"""
+    """Before: 86,978 of the 161,482 tokens (text + one EOS per document) were kept. Every token now, counted
+    by hand from the tokenizer, and row for row TRL's rows. (HF ``run_clm``'s ``group_texts`` keeps the same
+    text tokens without the EOS separators and drops the short last block.)"""
     texts = [json.loads(line)["text"] for line in Path(c4).read_text().splitlines()]
     total = sum(len(gpt2_tokenizer(t)["input_ids"]) + 1 for t in texts)
     ours = _ours(gpt2_tokenizer, c4, "wrapped", caplog)
@@ -75,8 +75,9 @@ def test_wrapped_keeps_every_token_like_trl(gpt2_tokenizer, c4, caplog):
 
 
 def test_bfd_rows_equal_trls_and_the_cut_is_counted(gpt2_tokenizer, c4, caplog):
-    """Row for row TRL's ``bfd`` (documents and their lengths in each row). TRL drops the overflow of long documents
-    silently; here the log counts the rows and the tokens cut, which must equal what TRL's rows lack."""
+    """Row for row TRL's ``bfd`` (documents and their lengths in each row). TRL drops the overflow of long
+    documents silently; here the log counts the rows and the tokens cut, which must equal what TRL's rows
+    lack."""
     texts = [json.loads(line)["text"] for line in Path(c4).read_text().splitlines()]
     lengths = [len(gpt2_tokenizer(t)["input_ids"]) + 1 for t in texts]
     ours = _ours(gpt2_tokenizer, c4, "bfd", caplog)
@@ -88,13 +89,14 @@ def test_bfd_rows_equal_trls_and_the_cut_is_counted(gpt2_tokenizer, c4, caplog):
     cut = sum(lengths) - sum(len(r) for r in trl_rows["input_ids"])
     n_long = sum(n > MAX_LENGTH for n in lengths)
     assert (
-        f"train: {n_long} of 300 rows were longer than data.max_length=512 and were truncated ({cut} tokens cut off)"
+        f"train: {n_long} of 300 rows were longer than data.max_length=512 and were truncated ({cut} tokens "
+        "cut off)"
     ) in caplog.text
 
 
 def test_bfd_bins_equal_trls_on_random_lengths():
-    """``best_fit_decreasing`` against ``trl.pack_dataset(strategy="bfd")`` on 200 random length lists: the same
-    documents in the same rows (ties included)."""
+    """``best_fit_decreasing`` against ``trl.pack_dataset(strategy="bfd")`` on 200 random length lists: the
+    same documents in the same rows (ties included)."""
     import random
 
     trl = pytest.importorskip("trl")

@@ -1,11 +1,12 @@
-"""A tiny random Llama and SFT-like rows with unequal label counts, plus gradients computed without hf_lightning.
+"""A tiny random Llama and SFT-like rows with unequal label counts, plus gradients computed without
+hf_lightning.
 
 Shared by the gradient-invariance tests and their DDP worker script (which the test runs with the repository
 root on ``PYTHONPATH``).
 
 The reference gradient is d(sum of token CE over all targets of all rows / number of targets)/dθ computed with
-plain ``torch`` on one batch holding every row; the control is HF's fallback (a mean per micro-batch, divided by
-the number of micro-batches), which must differ because the rows hold different numbers of targets.
+plain ``torch`` on one batch holding every row; the control is HF's fallback (a mean per micro-batch, divided
+by the number of micro-batches), which must differ because the rows hold different numbers of targets.
 """
 
 from __future__ import annotations
@@ -181,8 +182,8 @@ def run_lightning_step(
 ) -> None:
     """One optimizer step of HFLightningModule + HFDataModule on ``rows`` (no shuffle); writes
     ``grads_rank{r}.pt``, ``syncs_rank{r}.pt`` and ``metrics.csv`` into ``outdir``. ``model_factory`` (default
-    :func:`make_model`) builds the model ``state`` is loaded into; ``chunk_size`` sets the lean loss's tokens per
-    chunk; ``module_kwargs`` go to ``HFLightningModule`` (e.g. ``lean_loss=False``)."""
+    :func:`make_model`) builds the model ``state`` is loaded into; ``chunk_size`` sets the lean loss's tokens
+    per chunk; ``module_kwargs`` go to ``HFLightningModule`` (e.g. ``lean_loss=False``)."""
     from types import SimpleNamespace
 
     import datasets

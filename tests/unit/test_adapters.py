@@ -75,8 +75,8 @@ def test_the_checkpoint_keeps_the_trainable_weights_and_a_resume_fills_the_base(
 
 
 def test_gradient_checkpointing_with_lora_gives_the_same_gradients():
-    """With the base frozen nothing before the first checkpointed layer requires grad; enable_input_require_grads
-    makes the embeddings' output do so (HF Trainer / TRL's fix)."""
+    """With the base frozen nothing before the first checkpointed layer requires grad;
+    enable_input_require_grads makes the embeddings' output do so (HF Trainer / TRL's fix)."""
     rows = make_rows(4)
     length = max(len(r["input_ids"]) for r in rows)
     ids = torch.tensor([r["input_ids"] + [0] * (length - len(r["input_ids"])) for r in rows])
@@ -116,7 +116,8 @@ def test_peft_keys_are_checked(compose_cfg):
 
 
 def test_an_adapter_checkpoint_on_another_base_is_refused():
-    """The checkpoint leaves the base out; put on another base (here another init seed) it is refused, not run."""
+    """The checkpoint leaves the base out; put on another base (here another init seed) it is refused, not
+    run."""
     from hf_lightning.errors import ModelError
     from hf_lightning.module import HFLightningModule
 
@@ -131,9 +132,9 @@ def test_an_adapter_checkpoint_on_another_base_is_refused():
 
 
 def test_a_lora_model_keeps_packed_sequences_apart():
-    """The packing probe passes ``use_cache=False`` through the LoRA wrapper (``PeftModel.forward`` does not name
-    it): without it, a model whose config keeps the KV cache on builds a cache, and transformers then lets packed
-    sequences attend to each other, so packing with ``peft=lora`` was refused."""
+    """The packing probe passes ``use_cache=False`` through the LoRA wrapper (``PeftModel.forward`` does not
+    name it): without it, a model whose config keeps the KV cache on builds a cache, and transformers then
+    lets packed sequences attend to each other, so packing with ``peft=lora`` was refused."""
     from peft import LoraConfig, get_peft_model
 
     from hf_lightning.data.checks import packed_sequences_isolated
@@ -146,9 +147,9 @@ def test_a_lora_model_keeps_packed_sequences_apart():
 
 
 def test_the_module_turns_the_kv_cache_off_through_the_lora_wrapper():
-    """``PeftModel.forward`` takes ``**kwargs`` only, so reading its own signature missed ``use_cache`` and a LoRA
-    model trained packed rows with its cache on (sequences attending to each other); the base model's forward
-    names it, and the wrapper passes it on."""
+    """``PeftModel.forward`` takes ``**kwargs`` only, so reading its own signature missed ``use_cache`` and a
+    LoRA model trained packed rows with its cache on (sequences attending to each other); the base model's
+    forward names it, and the wrapper passes it on."""
     from peft import LoraConfig, get_peft_model
 
     from hf_lightning import HFLightningModule

@@ -1,4 +1,5 @@
-"""``HFDataModule.bind``: what the data needs from the model side, given once, with no trainer or LightningModule."""
+"""``HFDataModule.bind``: what the data needs from the model side, given once, with no trainer or
+LightningModule."""
 
 from __future__ import annotations
 

@@ -389,7 +389,8 @@ def test_acts_after_every_validation():
 
 
 def test_stop_own_triggers_and_save_checkpoint_now(tmp_path):
-    """With its triggers off, a ``ModelCheckpoint(every_n_train_steps=1)`` saves only when told to (step 2)."""
+    """With its triggers off, a ``ModelCheckpoint(every_n_train_steps=1)`` saves only when told to (step
+    2)."""
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=1, save_top_k=-1)

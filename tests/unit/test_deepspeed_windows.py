@@ -1,11 +1,12 @@
-"""DeepSpeed steps at the end of our accumulation windows, the short last window of an epoch included (issue 14,
-item 15), proved on CPU with the engine emulated (``tests/deepspeed_emulation.py``: deepspeed needs CUDA).
+"""DeepSpeed steps at the end of our accumulation windows, the short last window of an epoch included (issue
+14, item 15), proved on CPU with the engine emulated (``tests/deepspeed_emulation.py``: deepspeed needs CUDA).
 
 5 micro-batches per epoch, 2 epochs, accumulation 2. By hand: windows of 2, 2, 1 micro-batches per epoch, so 6
 optimizer steps, and a linear schedule over 6 steps from lr 0.01 uses 0.01 x (1 - i/6) at step i. Lightning's
-``DeepSpeedStrategy`` left the accumulation to the engine, which stepped whenever its own micro-step counter (running
-across epochs) hit a multiple of 2: after micro-batches 2, 4, 6, 8, 10, one window spanning the two epochs, while
-Lightning counted 4 steps (and stepped the schedule 4 times) and the loss was normalised over 6 windows.
+``DeepSpeedStrategy`` left the accumulation to the engine, which stepped whenever its own micro-step counter
+(running across epochs) hit a multiple of 2: after micro-batches 2, 4, 6, 8, 10, one window spanning the two
+epochs, while Lightning counted 4 steps (and stepped the schedule 4 times) and the loss was normalised over 6
+windows.
 """
 
 from __future__ import annotations
@@ -117,9 +118,10 @@ def test_the_engine_steps_at_our_windows_with_the_schedule_of_their_count(monkey
 
 
 def test_our_deepspeed_strategy_counts_as_deepspeed(monkeypatch):
-    """Gradients under DeepSpeed live in the engine: no norm from ``p.grad``, no clipping of our own (the engine
-    clips), and ``on_nonfinite=skip`` refused. ``HFDeepSpeedStrategy`` was missed (the check read the class name's
-    prefix), so the module clipped and the engine clipped again (the weights above then differ by 1.5e-7)."""
+    """Gradients under DeepSpeed live in the engine: no norm from ``p.grad``, no clipping of our own (the
+    engine clips), and ``on_nonfinite=skip`` refused. ``HFDeepSpeedStrategy`` was missed (the check read the
+    class name's prefix), so the module clipped and the engine clipped again (the weights above then differ by
+    1.5e-7)."""
     from hf_lightning.module.grad_norm import gradients_outside_params
     from hf_lightning.strategies.deepspeed import deepspeed_strategy
 

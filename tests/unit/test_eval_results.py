@@ -1,9 +1,9 @@
 """``lightning.Trainer.validate()`` / ``.test()`` return the metrics (issue 14, item 14).
 
 Lightning users read the list of dicts these calls return. HFLightningModule writes its evaluation metrics to
-the loggers itself (at HF's step), so Lightning's own collection stayed empty and both calls returned ``[{}]``.
-Expected values: the token mean computed by hand from the table model (``hand_case.row_losses``), and the row
-a plain Lightning ``CSVLogger`` received.
+the loggers itself (at HF's step), so Lightning's own collection stayed empty and both calls returned
+``[{}]``. Expected values: the token mean computed by hand from the table model (``hand_case.row_losses``),
+and the row a plain Lightning ``CSVLogger`` received.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Formats: detection from the schema, and the exact ids and labels of each format (word-level vocab: a=4, b=5...)."""
+"""Formats: detection from the schema, and the exact ids and labels of each format (word-level vocab: a=4,
+b=5...)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """A ``datasets.Dataset`` with a transform or a format is trained on what its rows return (issue 14, item 10).
 
-Before: ``set_transform`` tokenizing on access crashed at setup with ``KeyError: 'text'`` (the format was read off
-the stored columns, ``Dataset.map`` handed over the transformed ones); a transform that renames columns was
-refused as an unknown format; ``set_format(columns=[...])`` trained on stored columns the format hides.
+Before: ``set_transform`` tokenizing on access crashed at setup with ``KeyError: 'text'`` (the format was read
+off the stored columns, ``Dataset.map`` handed over the transformed ones); a transform that renames columns
+was refused as an unknown format; ``set_format(columns=[...])`` trained on stored columns the format hides.
 
 The oracle: the rows the dataset returns when indexed (what HF ``Trainer`` trains on), copied into a plain
 ``Dataset.from_list``; both must give the same batches, train and validation.
@@ -81,7 +81,8 @@ def test_transformed_dataset_dict_splits():
 
 
 def test_set_format_columns_hides_stored_columns():
-    """Stored ``input_ids`` from another tokenization are hidden by the format: the returned ``text`` is used."""
+    """Stored ``input_ids`` from another tokenization are hidden by the format: the returned ``text`` is
+    used."""
     ds = datasets.Dataset.from_dict({"text": TEXTS, "input_ids": [[5, 5, 5]] * len(TEXTS)})
     ds.set_format(columns=["text"])
     expected = batches(returned_rows(ds))
@@ -110,5 +111,6 @@ def test_a_transform_that_fails_names_the_dataset():
         batches(ds)
     assert str(err.value) == (
         "data.path=<in-memory dataset>: reading its rows through the dataset's transform (set_transform / "
-        "with_transform) failed: KeyError: 'txt'. Fix the transform, or apply it with Dataset.map and pass the result"
+        "with_transform) failed: KeyError: 'txt'. Fix the transform, or apply it with Dataset.map and pass "
+        "the result"
     )

@@ -24,7 +24,8 @@ def tiny_llama():
 
 
 def wrapped(policy, root):
-    """Which modules FSDP would wrap: the policy's answers as torch's recursive wrap asks them (root first)."""
+    """Which modules FSDP would wrap: the policy's answers as torch's recursive wrap asks them (root
+    first)."""
     assert policy(module=root, recurse=True, nonwrapped_numel=0) is True
     return sorted(
         {type(m).__name__ for m in root.modules() if policy(module=m, recurse=False, nonwrapped_numel=0)}

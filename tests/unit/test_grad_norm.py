@@ -1,10 +1,10 @@
 """One gradient-norm pass per optimizer step, shared by the log line, norm clipping and ``NonFiniteGuard``.
 
-Each case trains a real tiny Llama with a real ``lightning.Trainer`` twice on the same rows: once with the shared
-norm (the default) and once with the pre-sharing behaviour (Lightning's own ``clip_grad_norm_``, the guard's and
-the log line's own passes: a module whose ``step_gradient_norm`` is absent). The weights after every step must be
-bit-identical, the logged ``grad_norm`` must equal an independent ``clip_grad_norm_`` of the same gradients, and
-the number of ``get_total_norm`` calls per step must drop from three to one.
+Each case trains a real tiny Llama with a real ``lightning.Trainer`` twice on the same rows: once with the
+shared norm (the default) and once with the pre-sharing behaviour (Lightning's own ``clip_grad_norm_``, the
+guard's and the log line's own passes: a module whose ``step_gradient_norm`` is absent). The weights after
+every step must be bit-identical, the logged ``grad_norm`` must equal an independent ``clip_grad_norm_`` of
+the same gradients, and the number of ``get_total_norm`` calls per step must drop from three to one.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The HF run-level keys (``eval_steps``, ``save_steps``, ...): HF's rules, worked by hand (issue 17, item 3).
 
 Expected step lists follow ``DefaultFlowCallback.on_step_end`` / ``on_epoch_end`` of transformers 5.24 read by
-hand: multiples of the interval over the whole run, plus the final step; ``epoch``: each epoch's last step plus the
-final step; a ratio ``r < 1`` is ``ceil(max_steps * r)`` (``TrainerState.compute_steps``).
+hand: multiples of the interval over the whole run, plus the final step; ``epoch``: each epoch's last step
+plus the final step; a ratio ``r < 1`` is ``ceil(max_steps * r)`` (``TrainerState.compute_steps``).
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from hf_lightning.errors import ConfigError
 
 
 def schedule_steps(strategy, every, steps_per_epoch, max_steps):
-    """The steps at which ``fires`` says yes over a run of ``max_steps`` with epochs of ``steps_per_epoch``."""
+    """The steps at which ``fires`` says yes over a run of ``max_steps`` with epochs of
+    ``steps_per_epoch``."""
     return [
         s
         for s in range(1, max_steps + 1)

@@ -1,7 +1,8 @@
-"""Hub ids for model.name_or_path and data.path, resolved by from_pretrained / load_dataset through their caches.
+"""Hub ids for model.name_or_path and data.path, resolved by from_pretrained / load_dataset through their
+caches.
 
-The caches are laid out in the test (``tests/hub_support.py``) the way ``hf download`` and ``load_dataset`` leave
-them; ``HF_HUB_OFFLINE=1`` (conftest) makes the loaders read them only.
+The caches are laid out in the test (``tests/hub_support.py``) the way ``hf download`` and ``load_dataset``
+leave them; ``HF_HUB_OFFLINE=1`` (conftest) makes the loaders read them only.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Streams: each example exactly once across ranks x workers, per-epoch reshuffling, worker seeds, clear errors."""
+"""Streams: each example exactly once across ranks x workers, per-epoch reshuffling, worker seeds, clear
+errors."""
 
 from __future__ import annotations
 
@@ -46,7 +47,8 @@ def _source(kind: str, n: int, shards: int = 1):
 
 
 def _read_all(stream: ShardedStream, world: int, workers: int) -> list[list[dict]]:
-    """Every reader's rows, reader = (rank, worker), as the DataLoader workers of every rank would read them."""
+    """Every reader's rows, reader = (rank, worker), as the DataLoader workers of every rank would read
+    them."""
     readers = max(workers, 1)
     out = []
     for rank in range(world):

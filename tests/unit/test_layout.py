@@ -1,5 +1,6 @@
-"""``data.layout=auto`` (``hf_lightning/data/layout.py``): which layout it takes, the one log line, the fallbacks,
-and that the chosen layout's loss is the padded loss per target token (computed here row by row, independently).
+"""``data.layout=auto`` (``hf_lightning/data/layout.py``): which layout it takes, the one log line, the
+fallbacks, and that the chosen layout's loss is the padded loss per target token (computed here row by row,
+independently).
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ ROWS = [{"input_ids": ids, "labels": [-100] + ids[1:]} for ids in IDS]
 
 
 def _leaky(module, query, key, value, attention_mask, **kwargs):
-    """An attention that ignores the mask (plain causal over the whole row): packed documents see each other."""
+    """An attention that ignores the mask (plain causal over the whole row): packed documents see each
+    other."""
     kwargs.pop("is_causal", None)
     return sdpa_attention_forward(module, query, key, value, None, is_causal=True, **kwargs)
 
@@ -41,7 +43,8 @@ AttentionMaskInterface.register("leaky_test", sdpa_mask)
 
 @pytest.fixture
 def varlen_sdpa(monkeypatch):
-    """Treat ``sdpa`` as a variable-length kernel, so that ``auto`` flattens on this CPU (no flash-attn here)."""
+    """Treat ``sdpa`` as a variable-length kernel, so that ``auto`` flattens on this CPU (no flash-attn
+    here)."""
     monkeypatch.setattr(layout_module, "VARLEN_ATTENTION", ("sdpa",))
 
 
@@ -76,8 +79,8 @@ def test_auto_packs_each_batch_under_sdpa_and_says_so_with_the_real_share(caplog
     lines = _layout_lines(caplog)
     assert len(lines) == 1
     assert lines[0].startswith(
-        "layout: packed per batch (data.layout=auto; each batch's documents in the fewest rows of its longest "
-        "one, per-document positions; under 'sdpa' attention one flat row would cost a dense"
+        "layout: packed per batch (data.layout=auto; each batch's documents in the fewest rows of its "
+        "longest one, per-document positions; under 'sdpa' attention one flat row would cost a dense"
     )
     # the share in the line: real tokens / slots of the epoch's batches, counted here from the batches
     real = slots = 0
@@ -114,7 +117,8 @@ def test_each_packed_batch_holds_the_padded_batch_documents_and_loss():
 
 
 def _documents(batch) -> list[tuple[int, ...]]:
-    """The documents of packed rows: the non-padding tokens of each row, cut where ``position_ids`` restart."""
+    """The documents of packed rows: the non-padding tokens of each row, cut where ``position_ids``
+    restart."""
     docs = []
     for ids, pos, pad in zip(batch["input_ids"], batch["position_ids"], padding_mask(batch, 0)):
         ids, pos = ids[~pad].tolist(), pos[~pad].tolist()
@@ -130,8 +134,8 @@ def test_auto_flattens_for_a_varlen_attention_model(varlen_sdpa, caplog):
     assert (dm.group_by_length, dm.padding_free) == (False, True)
     assert isinstance(dm.train_collator, PaddingFreeCollator)
     assert _layout_lines(caplog) == [
-        "layout: padding-free (data.layout=auto; one flat row per batch, per-document positions, sdpa attention): "
-        "100% of slots real"
+        "layout: padding-free (data.layout=auto; one flat row per batch, per-document positions, sdpa "
+        "attention): 100% of slots real"
     ]
     batch = next(iter(dm.train_dataloader()))
     assert batch["input_ids"].shape[0] == 1 and "attention_mask" not in batch
@@ -168,7 +172,8 @@ def test_fallback_for_a_model_without_position_ids(caplog):
         dm.setup("fit")
     (line,) = _layout_lines(caplog)
     assert line.startswith(
-        "layout: padded (data.layout=auto; padding-free does not apply: NoPositions.forward takes no position_ids"
+        "layout: padded (data.layout=auto; padding-free does not apply: NoPositions.forward takes no "
+        "position_ids"
     )
     assert not (dm.group_by_length or dm.padding_free)
 

@@ -1,10 +1,11 @@
 """The lean loss: the plain path's loss and gradients without ever holding the (tokens x vocab) logits.
 
 The chunked function is checked against ``torch.nn.functional.cross_entropy`` on the full logits (with each
-model family's logit transform written out here); ``HFLightningModule.compute_loss`` with the lean loss against
-the same module with ``lean_loss=False`` on real tiny models (untied Llama, GPT-2 with its tied head, Gemma-2's
-soft-capping, Cohere's and Granite's logit scaling), loss and every parameter's gradient, relative 1e-6 in
-float32. Full optimizer steps under accumulation and 2 DDP ranks are in ``tests/parity/test_lean_loss.py``.
+model family's logit transform written out here); ``HFLightningModule.compute_loss`` with the lean loss
+against the same module with ``lean_loss=False`` on real tiny models (untied Llama, GPT-2 with its tied head,
+Gemma-2's soft-capping, Cohere's and Granite's logit scaling), loss and every parameter's gradient, relative
+1e-6 in float32. Full optimizer steps under accumulation and 2 DDP ranks are in
+``tests/parity/test_lean_loss.py``.
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 # ------------------------------------------------------------------------------ the chunked function
 def written_out(logits, multiplier=None, divisor=None, softcap=None):
-    """Cohere multiplies by logit_scale, Granite divides by logits_scaling, Gemma-2 soft-caps (modeling files)."""
+    """Cohere multiplies by logit_scale, Granite divides by logits_scaling, Gemma-2 soft-caps (modeling
+    files)."""
     if multiplier is not None:
         logits = logits * multiplier
     if divisor is not None:
@@ -181,7 +183,8 @@ def test_lean_loss_and_every_gradient_equal_the_plain_path(arch, eps):
 
 @pytest.mark.parametrize("precision", ["bf16 autocast", "bf16 weights"])
 def test_16_bit_runs_agree_within_bf16_rounding(precision):
-    """The dtype paths (logits in bf16, upcast per chunk; bf16 gradients of the head) against the plain path."""
+    """The dtype paths (logits in bf16, upcast per chunk; bf16 gradients of the head) against the plain
+    path."""
     model = make_arch_model("gemma2")
     if precision == "bf16 weights":
         model = model.to(torch.bfloat16)
@@ -209,8 +212,8 @@ def test_the_tied_head_gets_the_gradient_of_both_uses():
     _, _, grads = _loss_and_grads(lean, batch, count)
     _, _, ref = _loss_and_grads(plain, batch, count)
     assert rel(grads["transformer.wte.weight"], ref["transformer.wte.weight"]) <= TOL
-    # the control: the head's share of that gradient (computed here from the final hidden states) is large, so a
-    # lean path that dropped it, or counted only it, would fail the line above
+    # the control: the head's share of that gradient (computed here from the final hidden states) is large, so
+    # a lean path that dropped it, or counted only it, would fail the line above
     with torch.no_grad():
         hidden = plain.model.transformer(
             input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
@@ -224,7 +227,8 @@ def test_the_tied_head_gets_the_gradient_of_both_uses():
 
 @pytest.mark.parametrize("arch", sorted(TRANSFORMS))
 def test_each_logit_transform_matters(arch):
-    """The control for the transform cases: without the model's transform the loss would be visibly different."""
+    """The control for the transform cases: without the model's transform the loss would be visibly
+    different."""
     lean, plain = _pair(arch)
     key, value = TRANSFORMS[arch]
     assert getattr(lean.model.config, key) == value and lean.lean.transform != LogitTransform()

@@ -1,9 +1,10 @@
-"""``LoadBestModel`` keeps HF's rule for the best model (issue 17, item 4): a real Lightning fit of a tiny Llama.
+"""``LoadBestModel`` keeps HF's rule for the best model (issue 17, item 4): a real Lightning fit of a tiny
+Llama.
 
 HF (``_determine_best_metric`` + ``_save_checkpoint``): a strictly better evaluation records its step; at each
-save, that step's checkpoint becomes the best model if it was saved. The expected best model is worked out here
-from the run's own validation values by that rule, by hand; the callback must agree, and the module must hold
-the best model's weights after ``fit``.
+save, that step's checkpoint becomes the best model if it was saved. The expected best model is worked out
+here from the run's own validation values by that rule, by hand; the callback must agree, and the module must
+hold the best model's weights after ``fit``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Models loaded from a folder train as HF Trainer trains them: in train mode, and GPT-2 with the causal shift."""
+"""Models loaded from a folder train as HF Trainer trains them: in train mode, and GPT-2 with the causal
+shift."""
 
 from __future__ import annotations
 
@@ -57,7 +58,8 @@ def test_a_model_saved_and_loaded_in_eval_mode_trains_with_dropout(word_tokenize
 
 
 def test_gpt2_loss_is_shifted_like_its_own_loss():
-    """``GPT2LMHeadModel`` has no ``loss_type`` (its class name has no ``ForCausalLM``); its own loss still shifts."""
+    """``GPT2LMHeadModel`` has no ``loss_type`` (its class name has no ``ForCausalLM``); its own loss still
+    shifts."""
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(vocab_size=32, n_positions=32, n_embd=16, n_layer=1, n_head=2)).eval()
     assert model.loss_type is None

@@ -1,6 +1,7 @@
-"""``data.num_proc``: tokenization through ``Dataset.map(num_proc=...)`` gives the same rows, in the same order, with
-the same drop counts and report lines, as one process; bad values are refused naming the key; streams say it does
-not apply; the tokenization rate is logged. GSM8K (shared data) tokenized with the GPT-2 tokenizer."""
+"""``data.num_proc``: tokenization through ``Dataset.map(num_proc=...)`` gives the same rows, in the same
+order, with the same drop counts and report lines, as one process; bad values are refused naming the key;
+streams say it does not apply; the tokenization rate is logged. GSM8K (shared data) tokenized with the GPT-2
+tokenizer."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ MAX_LENGTH = 56  # GSM8K questions run from ~20 to ~150 GPT-2 tokens: some rows 
 
 
 def _gsm8k_jsonl(shared_data: str, folder: Path) -> Path:
-    """The first ``ROWS`` GSM8K rows as ``prompt`` / ``completion`` (a file of its own: its own datasets cache)."""
+    """The first ``ROWS`` GSM8K rows as ``prompt`` / ``completion`` (a file of its own: its own datasets
+    cache)."""
     folder.mkdir(parents=True, exist_ok=True)
     out = folder / "gsm8k.jsonl"
     with open(Path(shared_data) / "gsm8k" / "train.jsonl") as src, open(out, "w") as dst:
@@ -43,8 +45,8 @@ def _tokenize(path: Path, tokenizer, num_proc, caplog):
 
 
 def _cut_rows(path: Path, tokenizer) -> list[int]:
-    """By hand: the rows whose first ``MAX_LENGTH`` tokens all belong to the prompt's own tokenization (nothing
-    of the completion survives truncation), as 1-based file lines."""
+    """By hand: the rows whose first ``MAX_LENGTH`` tokens all belong to the prompt's own tokenization
+    (nothing of the completion survives truncation), as 1-based file lines."""
     lines = []
     for number, line in enumerate(path.read_text().splitlines(), start=1):
         row = json.loads(line)
@@ -90,8 +92,8 @@ def test_two_processes_tokenize_gsm8k_exactly_as_one(shared_data, gpt2_tokenizer
         if n in cut
     )  # every tokenized row, the dropped ones too (each cut to MAX_LENGTH of its prompt's tokens)
     match = re.fullmatch(
-        r"tokenized train: 600 rows, ([\d.,]+ ?k?) tokens in [\d.]+ s \([\d.,]+ k? ?rows/s, [\d.,]+ k? ?tokens/s\), "
-        r"num_proc=2",
+        r"tokenized train: 600 rows, ([\d.,]+ ?k?) tokens in [\d.]+ s \([\d.,]+ k? ?rows/s, [\d.,]+ k? "
+        r"?tokens/s\), num_proc=2",
         rate[0],
     )
     assert match, rate[0]
@@ -153,8 +155,8 @@ def test_a_stream_says_num_proc_does_not_apply(word_tokenizer, caplog):
         dm.setup()
     lines = [r.getMessage() for r in caplog.records if "data.num_proc" in r.getMessage()]
     assert lines == [
-        "data.num_proc=2 does not apply to the train split: a stream is tokenized row by row, not with Dataset.map "
-        "(data.num_workers spreads a stream's tokenization over DataLoader workers)"
+        "data.num_proc=2 does not apply to the train split: a stream is tokenized row by row, not with "
+        "Dataset.map (data.num_workers spreads a stream's tokenization over DataLoader workers)"
     ]
 
 

@@ -133,7 +133,8 @@ SCHEDULE_KWARGS = {
     ["linear", "cosine", "constant_with_warmup", *SCHEDULE_KWARGS],
 )
 def test_every_schedule_gives_get_schedulers_rates(model, name):
-    """20 steps, 3 of warmup: the rate of every step equals ``transformers.get_scheduler``'s with the same kwargs."""
+    """20 steps, 3 of warmup: the rate of every step equals ``transformers.get_scheduler``'s with the same
+    kwargs."""
 
     def rates(make):
         optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
@@ -220,8 +221,8 @@ def test_a_scheduler_group_choice_wins_over_the_experiment(compose_cfg, experime
 
 @pytest.mark.parametrize("name", ["adafactor", "rmsprop", "sgd"])
 def test_migrate_carries_every_optim_name_over(tmp_path, capsys, name):
-    """Before: every HF name but adamw_torch(_fused) and sgd became adamw ("not carried over"); HF reads the Adam
-    betas for the AdamW names only, so they are not written for these."""
+    """Before: every HF name but adamw_torch(_fused) and sgd became adamw ("not carried over"); HF reads the
+    Adam betas for the AdamW names only, so they are not written for these."""
     from hf_lightning.migrate import main
 
     args = TrainingArguments(output_dir=str(tmp_path / "o"), optim=name, adam_beta2=0.95)

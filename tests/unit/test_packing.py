@@ -23,8 +23,8 @@ def test_best_fit_decreasing_bins():
 
 
 def test_bfd_ties_go_to_the_bin_that_came_to_that_room_first():
-    """TRL's rule (before: the bin opened first). Capacity 10: 7 -> bin 0 (room 3), 5 -> bin 1 (room 5), 4 -> bin 1
-    (room 1), 2 -> bin 0 (room 1): bin 1 came to room 1 first, so the 1 goes there."""
+    """TRL's rule (before: the bin opened first). Capacity 10: 7 -> bin 0 (room 3), 5 -> bin 1 (room 5), 4 ->
+    bin 1 (room 1), 2 -> bin 0 (room 1): bin 1 came to room 1 first, so the 1 goes there."""
     assert best_fit_decreasing([7, 5, 4, 2, 1], 10) == [[0, 3], [1, 2, 4]]
 
 
@@ -99,10 +99,10 @@ def test_datamodule_packs_and_logs_the_efficiency(word_tokenizer, caplog):
 
 
 def test_wrapped_keeps_every_token_and_ends_only_real_documents(word_tokenizer, caplog):
-    """Before: each document was cut to ``max_length`` before concatenating (``a..g`` lost ``e f g``) and an EOS
-    followed the cut; the log counted one truncated row though wrapping cuts nothing off. Expected by hand: every
-    token of ``tokenizer(text)`` plus one EOS per document, cut every 4 tokens (HF ``run_clm``'s ``group_texts``
-    and TRL's ``wrapped`` keep them all too)."""
+    """Before: each document was cut to ``max_length`` before concatenating (``a..g`` lost ``e f g``) and an
+    EOS followed the cut; the log counted one truncated row though wrapping cuts nothing off. Expected by
+    hand: every token of ``tokenizer(text)`` plus one EOS per document, cut every 4 tokens (HF ``run_clm``'s
+    ``group_texts`` and TRL's ``wrapped`` keep them all too)."""
     texts = ["a b c d e f g", "h i", "j k l m n"]
     with caplog.at_level(logging.INFO, logger="hf_lightning"):
         dm = HFDataModule(
@@ -126,8 +126,8 @@ def test_wrapped_keeps_every_token_and_ends_only_real_documents(word_tokenizer, 
 
 
 def test_packed_text_documents_end_with_one_eos_said_once(word_tokenizer, caplog):
-    """TRL appends ``eos_token`` to each text before packing; before, no packed document ended with one. A document
-    that already ends with EOS gets no second one; the log says it once (not once per split)."""
+    """TRL appends ``eos_token`` to each text before packing; before, no packed document ended with one. A
+    document that already ends with EOS gets no second one; the log says it once (not once per split)."""
     texts = ["a b", "c <eos>", "d e f", "g", "h i j k"] * 4
     with caplog.at_level(logging.INFO, logger="hf_lightning"):
         dm = HFDataModule(
@@ -149,9 +149,9 @@ def test_packed_text_documents_end_with_one_eos_said_once(word_tokenizer, caplog
 
 
 def test_bfd_truncates_a_document_longer_than_a_row_and_counts_the_cut_tokens(word_tokenizer, caplog):
-    """bfd keeps a document whole in one row (as TRL's ``bfd``, which cuts the overflow silently): a longer one is
-    truncated like an unpacked row, its EOS included in what is cut. By hand: 9 + EOS = 10 tokens into 8 (2 cut);
-    8 + EOS = 9 into 8 (the EOS cut)."""
+    """bfd keeps a document whole in one row (as TRL's ``bfd``, which cuts the overflow silently): a longer
+    one is truncated like an unpacked row, its EOS included in what is cut. By hand: 9 + EOS = 10 tokens into
+    8 (2 cut); 8 + EOS = 9 into 8 (the EOS cut)."""
     texts = ["a b c d e f g h i", "a b c d e f g h", "j k"]
     with caplog.at_level(logging.WARNING, logger="hf_lightning"):
         dm = HFDataModule(
@@ -171,8 +171,8 @@ def test_bfd_truncates_a_document_longer_than_a_row_and_counts_the_cut_tokens(wo
 
 
 def test_unpacked_and_padding_free_text_are_exactly_the_tokenizers_rows(gpt2_tokenizer, shared_data):
-    """No EOS is added without packing: each row stays ``tokenizer(text, truncation=True, max_length=...)``, so the
-    padded and padding-free losses stay equal."""
+    """No EOS is added without packing: each row stays ``tokenizer(text, truncation=True, max_length=...)``,
+    so the padded and padding-free losses stay equal."""
     import json
     from pathlib import Path
 

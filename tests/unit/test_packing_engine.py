@@ -1,5 +1,6 @@
-"""The Arrow packing engine against the pure-Python packing it replaced (``tests/packing_oracle.py``), row for row,
-on the edge cases; its memory without timing anything. TRL and the real data sets: tests/parity/test_packing_engine.py.
+"""The Arrow packing engine against the pure-Python packing it replaced (``tests/packing_oracle.py``), row for
+row, on the edge cases; its memory without timing anything. TRL and the real data sets:
+tests/parity/test_packing_engine.py.
 """
 
 from __future__ import annotations
@@ -60,7 +61,8 @@ def test_bfd_and_wrapped_rows_equal_the_previous_implementation(case, labels):
 
 
 def test_documents_longer_than_a_row():
-    """bfd refuses them with the previous message (tokenization truncates first); wrapped keeps every token."""
+    """bfd refuses them with the previous message (tokenization truncates first); wrapped keeps every
+    token."""
     rows = _docs([3, 11, 2, 11])
     with pytest.raises(ValueError, match="example 1 has 11 tokens, more than the bin capacity 8"):
         pack_bfd(_dataset(rows), 8)
@@ -83,8 +85,8 @@ def test_empty_input_gives_no_rows_and_a_log_line_instead_of_a_crash(caplog):
 
 
 def test_empty_documents_are_in_no_row_and_counted(caplog):
-    """The previous code put an empty document in a row of its own when no row had room left (an empty row); TRL
-    leaves empty documents out, and so do we, with a WARNING."""
+    """The previous code put an empty document in a row of its own when no row had room left (an empty row);
+    TRL leaves empty documents out, and so do we, with a WARNING."""
     rows = _docs([8, 0, 8, 0])
     assert old.pack_bfd(rows, 8)[-1]["input_ids"] == []  # the old empty row
     with caplog.at_level(logging.INFO, logger="hf_lightning"):
@@ -117,8 +119,8 @@ def test_rows_gathered_in_many_small_blocks_equal_one_block(monkeypatch):
 
 
 def test_selected_and_multi_chunk_tables_pack_like_plain_ones():
-    """The DataModule packs filtered splits (an index mapping over the table) and tables of many record batches;
-    the engine reads the rows the dataset shows, in its order."""
+    """The DataModule packs filtered splits (an index mapping over the table) and tables of many record
+    batches; the engine reads the rows the dataset shows, in its order."""
     rows = _docs([5, 3, 7, 2, 6, 1, 4] * 3)
     parts = [_dataset(rows[i : i + 4]) for i in range(0, len(rows), 4)]
     chunked = datasets.concatenate_datasets(parts)
@@ -138,10 +140,10 @@ def test_packed_columns_are_int32_lists_sharing_one_offsets_array():
 
 
 def test_memory_is_linear_in_the_output_and_no_token_goes_through_python():
-    """40,000 documents, about 1.6 M tokens. The output is three int32 columns over one offsets array each (12 bytes
-    per token); the peak of Python allocations (``tracemalloc``: Python objects and numpy arrays, not Arrow's own
-    pool) stays under 20 bytes per token. The previous implementation held every token as a Python int in lists:
-    48 bytes per token under ``tracemalloc`` on this case."""
+    """40,000 documents, about 1.6 M tokens. The output is three int32 columns over one offsets array each (12
+    bytes per token); the peak of Python allocations (``tracemalloc``: Python objects and numpy arrays, not
+    Arrow's own pool) stays under 20 bytes per token. The previous implementation held every token as a Python
+    int in lists: 48 bytes per token under ``tracemalloc`` on this case."""
     rng = np.random.default_rng(0)
     lengths = np.minimum(rng.lognormal(3.5, 0.6, 40_000).astype(np.int64) + 1, 256)
     offsets = np.concatenate(([0], np.cumsum(lengths))).astype(np.int32)

@@ -1,8 +1,10 @@
-"""Pre-tokenized rows that arrive padded (``attention_mask`` with zeros): padding is never a target, never content.
+"""Pre-tokenized rows that arrive padded (``attention_mask`` with zeros): padding is never a target, never
+content.
 
-The oracle is ``transformers.DataCollatorForLanguageModeling(mlm=False)`` run side by side on the same rows: its
-labels are ``input_ids`` with -100 wherever the id is the pad id. Ours are -100 wherever ``attention_mask`` is 0,
-which is the same on rows that hold no real pad-id token, and right where HF is wrong (below).
+The oracle is ``transformers.DataCollatorForLanguageModeling(mlm=False)`` run side by side on the same rows:
+its labels are ``input_ids`` with -100 wherever the id is the pad id. Ours are -100 wherever
+``attention_mask`` is 0, which is the same on rows that hold no real pad-id token, and right where HF is wrong
+(below).
 """
 
 from __future__ import annotations
@@ -55,9 +57,9 @@ def test_padded_rows_without_labels_match_hf_language_modeling_collator(gpt2_tok
 
 
 def test_a_real_eos_stays_a_target_where_hf_masks_it(word_tokenizer):
-    """HF's collator compares ids with the pad id, so with ``pad_token == eos_token`` it also masks the real EOS
-    that ends a document (the model never learns to stop). Masking by ``attention_mask`` keeps it: HF is wrong
-    here, on purpose we differ."""
+    """HF's collator compares ids with the pad id, so with ``pad_token == eos_token`` it also masks the real
+    EOS that ends a document (the model never learns to stop). Masking by ``attention_mask`` keeps it: HF is
+    wrong here, on purpose we differ."""
     import copy
 
     from transformers import DataCollatorForLanguageModeling
@@ -109,8 +111,8 @@ def test_given_labels_on_padding_are_masked_and_counted(word_tokenizer, caplog):
 
 @pytest.mark.parametrize("option", [{"packing": "bfd"}, {"packing": "wrapped"}, {"padding_free": True}])
 def test_padding_is_not_packed_or_flattened_as_content(word_tokenizer, caplog, option):
-    """Before: packing took the pad tokens in as content (and trained on them); padding-free batches refused the
-    rows. Expected by hand: the pad positions leave, the real tokens stay in order."""
+    """Before: packing took the pad tokens in as content (and trained on them); padding-free batches refused
+    the rows. Expected by hand: the pad positions leave, the real tokens stay in order."""
     rows = {
         "input_ids": [[4, 5, 6, 0, 0], [0, 7, 8, 9, 10]],
         "attention_mask": [[1, 1, 1, 0, 0], [0, 1, 1, 1, 1]],
@@ -119,7 +121,8 @@ def test_padding_is_not_packed_or_flattened_as_content(word_tokenizer, caplog, o
         dm = _dm(word_tokenizer, rows, max_length=8, **option)
     batch = next(iter(dm.train_dataloader()))
     assert sorted(t for t in batch["input_ids"].reshape(-1).tolist() if t != 0) == [4, 5, 6, 7, 8, 9, 10]
-    # targets: bfd and padding-free mask each document's first token; wrapped rows run on (7 tokens, 6 targets)
+    # targets: bfd and padding-free mask each document's first token; wrapped rows run on (7 tokens, 6
+    # targets)
     targets = int((batch["labels"][:, 1:] != IGNORE).sum())
     assert targets == (6 if option.get("packing") == "wrapped" else 5)
     assert "3 padding positions (attention_mask 0) in 2 rows were removed" in caplog.text

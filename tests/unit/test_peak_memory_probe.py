@@ -1,7 +1,7 @@
 """The memory benchmarks' peak reading belongs to the probe process, not to the process that started it.
 
-``getrusage().ru_maxrss`` carries a parent's peak across ``fork`` + ``exec`` on Linux: the lean-loss memory test,
-run from a pytest process holding ~1.5 GB, once read both sides' peaks as the same 959 MiB.
+``getrusage().ru_maxrss`` carries a parent's peak across ``fork`` + ``exec`` on Linux: the lean-loss memory
+test, run from a pytest process holding ~1.5 GB, once read both sides' peaks as the same 959 MiB.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pathlib import Path
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 CHILD = (
-    f"import sys; sys.path.insert(0, {str(SCRIPTS)!r}); import resource; from bench_support import proc_status_kib; "
-    "print(proc_status_kib('VmHWM'), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"
+    f"import sys; sys.path.insert(0, {str(SCRIPTS)!r}); import resource; from bench_support import "
+    "proc_status_kib; print(proc_status_kib('VmHWM'), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"
 )
 
 

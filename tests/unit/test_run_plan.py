@@ -1,7 +1,7 @@
-"""The run's step counts and the lines that report what it does not get as configured (issue 14, items 6 and 12):
-short accumulation windows (one WARNING with the configured and effective lengths and how many steps are short),
-``max_epochs`` ending a run before ``max_steps``, and a command-line ``max_steps`` winning over an epoch count
-nobody gave."""
+"""The run's step counts and the lines that report what it does not get as configured (issue 14, items 6 and
+12): short accumulation windows (one WARNING with the configured and effective lengths and how many steps are
+short), ``max_epochs`` ending a run before ``max_steps``, and a command-line ``max_steps`` winning over an
+epoch count nobody gave."""
 
 from __future__ import annotations
 
@@ -49,7 +49,8 @@ class WindowLengths(L.Callback):
 
 
 def fit(tmp_path, rows: int, accumulation: int, **limits):
-    """Rows of 4 tokens in micro-batches of 2 (``rows / 2`` micro-batches per epoch); the window lengths seen."""
+    """Rows of 4 tokens in micro-batches of 2 (``rows / 2`` micro-batches per epoch); the window lengths
+    seen."""
     source = datasets.Dataset.from_list([{"input_ids": [4 + i % 20, 5, 6, 7]} for i in range(rows)])
     data = HFDataModule(
         PadOnly(), path=source, format="tokenized", validation_split=0.0, per_device_train_batch_size=2

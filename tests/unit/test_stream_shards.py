@@ -1,7 +1,7 @@
-"""Streams split by shards (issue 19 item 6): a multi-file JSON Lines stream read by ranks x workers gives each reader
-only its own files, every row exactly once per epoch, the same number of examples per reader (masked copies at the
-tail), and a resume that continues where it stopped; too few or uneven shards keep the split by rows, said in one
-line."""
+"""Streams split by shards (issue 19 item 6): a multi-file JSON Lines stream read by ranks x workers gives
+each reader only its own files, every row exactly once per epoch, the same number of examples per reader
+(masked copies at the tail), and a resume that continues where it stopped; too few or uneven shards keep the
+split by rows, said in one line."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from hf_lightning import DataError, HFDataModule
 from hf_lightning.data.stream_shards import ShardPlan, count_shard_rows
 from hf_lightning.data.streams import ShardedStream, in_holdout
 
-# rows per file: one file short, so a reader ends with a masked copy (no extra batch: the split by shards is taken)
+# rows per file: one file short, so a reader ends with a masked copy (no extra batch: the split by shards is
+# taken)
 FILE_ROWS = (4, 4, 4, 4, 4, 4, 4, 3)
 
 
@@ -77,15 +78,17 @@ def test_the_split_says_what_it_does_in_one_line(tmp_path, caplog):
         # one reader: nothing to say
         ShardedStream(stream_of(paths[:1]), rank=0, world_size=1).plan_readers(0)
     assert [r.getMessage() for r in caplog.records] == [
-        "train stream: 8 shards over 4 readers (2 ranks x 2 DataLoader workers): each reader reads only its own "
-        "shards, every row once per epoch (7 to 8 rows per reader; shorter readers end with 1 masked copies in all, "
-        "so ranks stay in step)",
-        "train stream: 3 shards for 4 readers (2 ranks x 2 DataLoader workers): every reader reads every row and "
-        "keeps 1 in 4 (fewer shards than readers; split the source into at least 4 files to read each row once)",
-        # readers own files {0, 4}, {1, 5}, {2, 6}, {3, 7}: 9, 10, 7, 6 rows; the split by rows: ceil(32 / 4) = 8
-        "train stream: 8 shards for 4 readers (2 ranks x 2 DataLoader workers): every reader reads every row and "
-        "keeps 1 in 4 (uneven shards: split by shards the largest reader's 10 rows take 5 batches per epoch where "
-        "the split by rows takes 4)",
+        "train stream: 8 shards over 4 readers (2 ranks x 2 DataLoader workers): each reader reads only its "
+        "own shards, every row once per epoch (7 to 8 rows per reader; shorter readers end with 1 masked "
+        "copies in all, so ranks stay in step)",
+        "train stream: 3 shards for 4 readers (2 ranks x 2 DataLoader workers): every reader reads every row "
+        "and keeps 1 in 4 (fewer shards than readers; split the source into at least 4 files to read each "
+        "row once)",
+        # readers own files {0, 4}, {1, 5}, {2, 6}, {3, 7}: 9, 10, 7, 6 rows; the split by rows: ceil(32 / 4)
+        # = 8
+        "train stream: 8 shards for 4 readers (2 ranks x 2 DataLoader workers): every reader reads every row "
+        "and keeps 1 in 4 (uneven shards: split by shards the largest reader's 10 rows take 5 batches per "
+        "epoch where the split by rows takes 4)",
     ]
 
 
@@ -170,6 +173,6 @@ def test_a_file_that_changes_after_the_count_is_an_error(tmp_path):
     with pytest.raises(DataError) as err:
         list(stream.read_shard(0, 4))
     assert str(err.value) == (
-        "the stream: reader 0 of 4 read 9 rows from its shards, but 8 were counted when the loader was built: the "
-        "source changed while training read it"
+        "the stream: reader 0 of 4 read 9 rows from its shards, but 8 were counted when the loader was "
+        "built: the source changed while training read it"
     )

@@ -1,4 +1,5 @@
-"""The throughput callback: exact counts per batch kind, the logged row, MFU arithmetic, the dense-peak table."""
+"""The throughput callback: exact counts per batch kind, the logged row, MFU arithmetic, the dense-peak
+table."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""``trained_tokens`` (the ``done: ... real tokens/s`` line and ``train_tokens_per_s``) counts every real token
-whatever the layout: padding-free rows carry no ``attention_mask`` and used to count as 0."""
+"""``trained_tokens`` (the ``done: ... real tokens/s`` line and ``train_tokens_per_s``) counts every real
+token whatever the layout: padding-free rows carry no ``attention_mask`` and used to count as 0."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Rows with nothing to train on: dropped (streams: zero weight) and counted per cause, on every data path.
 
-Word-level vocab (``tests/data_support.py``): ``a`` = 4 ... ``z`` = 29, ``<pad>`` 0, ``<eos>`` 2; whitespace and
-the empty string tokenize to nothing. The chat template renders ``"<role initial> <content> <eos> "``.
+Word-level vocab (``tests/data_support.py``): ``a`` = 4 ... ``z`` = 29, ``<pad>`` 0, ``<eos>`` 2; whitespace
+and the empty string tokenize to nothing. The chat template renders ``"<role initial> <content> <eos> "``.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ class _Stream(torch.utils.data.IterableDataset):
 
 
 def test_text_rows_that_tokenize_to_nothing_are_dropped_and_counted(word_tokenizer, caplog):
-    """Before: ``""`` and ``"   "`` were kept, so batch size 1 gave a ``(1, 0)`` batch (the model then raises)."""
+    """Before: ``""`` and ``"   "`` were kept, so batch size 1 gave a ``(1, 0)`` batch (the model raises)."""
     with caplog.at_level(logging.WARNING, logger="hf_lightning"):
         dm = _dm(word_tokenizer, datasets.Dataset.from_dict({"text": TEXTS}))
     assert dm.train_dataset["input_ids"] == [[4, 5, 6], [7, 8]]
@@ -83,8 +83,9 @@ def test_a_torch_dataset_drops_and_counts_them_the_same_way(word_tokenizer, capl
 
 @pytest.mark.parametrize("kind", ["datasets", "torch"])
 def test_a_stream_gives_them_zero_weight_and_no_empty_batch(word_tokenizer, caplog, kind):
-    """A stream cannot drop a row (ranks would run different numbers of steps): an empty row becomes one pad token
-    with label -100, so no ``(1, 0)`` batch reaches the model; it is counted like the map-style drops."""
+    """A stream cannot drop a row (ranks would run different numbers of steps): an empty row becomes one pad
+    token with label -100, so no ``(1, 0)`` batch reaches the model; it is counted like the map-style
+    drops."""
     rows = [{"text": t} for t in TEXTS]
     source = datasets.Dataset.from_list(rows).to_iterable_dataset() if kind == "datasets" else _Stream(rows)
     with caplog.at_level(logging.WARNING, logger="hf_lightning"):
@@ -129,7 +130,8 @@ def test_pretokenized_rows_with_empty_input_ids_are_dropped(word_tokenizer, capl
 
 
 def test_chat_rows_name_the_missing_assistant_turn(word_tokenizer, caplog):
-    """Before: every such row was said to lose its labels "after truncation", even with no assistant turn at all."""
+    """Before: every such row was said to lose its labels "after truncation", even with no assistant turn at
+    all."""
     rows = [
         {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]},
         {"messages": [{"role": "user", "content": "c"}]},
@@ -146,8 +148,8 @@ def test_chat_rows_name_the_missing_assistant_turn(word_tokenizer, caplog):
 
 
 def test_prompt_completion_rows(word_tokenizer, caplog):
-    """An empty completion still trains on the EOS appended to it (the model learns to stop: TRL appends the EOS
-    too); a row whose prompt and completion are both empty has nothing and is dropped."""
+    """An empty completion still trains on the EOS appended to it (the model learns to stop: TRL appends the
+    EOS too); a row whose prompt and completion are both empty has nothing and is dropped."""
     rows = [
         {"prompt": "a", "completion": " b"},
         {"prompt": "c", "completion": ""},
@@ -175,7 +177,8 @@ def test_a_split_with_nothing_to_train_on_names_the_causes(word_tokenizer):
 
 @pytest.mark.slow
 def test_the_cli_trains_past_an_empty_text_row_with_batch_size_one(tmp_path):
-    """Before: the empty row reached the model as a ``(1, 0)`` batch and the run died with a traceback (exit 1)."""
+    """Before: the empty row reached the model as a ``(1, 0)`` batch and the run died with a traceback (exit
+    1)."""
     from tests.errors.support import run_train_cli
 
     data = tmp_path / "data.jsonl"
@@ -200,6 +203,6 @@ def test_the_cli_trains_past_an_empty_text_row_with_batch_size_one(tmp_path):
     log = (tmp_path / "run" / "train.log").read_text()
     # the run's BPE reads "   " as one token: a row with nothing after its first token to predict
     assert (
-        f"dropped 4 of 10 rows with no trained-on token: empty after tokenization: 2 (data.path={data} lines 2, 7); "
-        f"a single token (nothing after it to predict): 2 (data.path={data} lines 4, 9)"
+        f"dropped 4 of 10 rows with no trained-on token: empty after tokenization: 2 (data.path={data} lines "
+        f"2, 7); a single token (nothing after it to predict): 2 (data.path={data} lines 4, 9)"
     ) in log

@@ -1,9 +1,10 @@
 """Warnings (issue 16): the library installs no process-wide filter; the commands install theirs.
 
-``lightning_module.py`` used to install three ``warnings.filterwarnings`` at import time, hiding them from every
-application that imported ``hf_lightning``; one of them hid the warning Lightning gives on every fit where both the
-LightningModule and the DataModule define ``transfer_batch_to_device``. The hook is now the DataModule's alone, so
-Lightning has nothing to warn about, and the two remaining filters live in ``hf_lightning/cli.py``.
+``lightning_module.py`` used to install three ``warnings.filterwarnings`` at import time, hiding them from
+every application that imported ``hf_lightning``; one of them hid the warning Lightning gives on every fit
+where both the LightningModule and the DataModule define ``transfer_batch_to_device``. The hook is now the
+DataModule's alone, so Lightning has nothing to warn about, and the two remaining filters live in
+``hf_lightning/cli.py``.
 """
 
 from __future__ import annotations
@@ -26,10 +27,11 @@ OURS = ("transfer_batch_to_device", "logging interval")
 
 
 def test_importing_the_library_installs_no_warning_filter():
-    """In a fresh interpreter: pytest's own ``catch_warnings`` around collection would hide an import-time filter."""
+    """In a fresh interpreter: pytest's own ``catch_warnings`` around collection would hide an import-time
+    filter."""
     code = (
-        "import warnings, hf_lightning, hf_lightning.train, hf_lightning.evaluate, hf_lightning.inspect_batch\n"
-        "print([f[1].pattern for f in warnings.filters if f[1] is not None\n"
+        "import warnings, hf_lightning, hf_lightning.train, hf_lightning.evaluate, "
+        "hf_lightning.inspect_batch\nprint([f[1].pattern for f in warnings.filters if f[1] is not None\n"
         f"       and any(s in f[1].pattern for s in {OURS})])"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
@@ -47,7 +49,8 @@ def test_the_commands_hide_the_two_lightning_warnings():
 
 
 def test_a_fit_with_the_datamodule_gets_no_transfer_hook_warning(tmp_path):
-    """Lightning warns when the LightningModule and the DataModule both override ``transfer_batch_to_device``."""
+    """Lightning warns when the LightningModule and the DataModule both override
+    ``transfer_batch_to_device``."""
     ds = datasets.Dataset.from_list(ROWS)
     dm = HFDataModule(PadOnly(), path=ds, validation_path=ds, per_device_eval_batch_size=2)
     trainer = L.Trainer(
@@ -68,8 +71,9 @@ def test_the_datamodule_moves_a_flat_batch_and_keeps_its_counts():
 
 
 def test_a_flat_batch_skips_lightnings_collection_walk(monkeypatch):
-    """The fast path: a flat dict batch never reaches Lightning's ``move_data_to_device`` (``apply_to_collection``,
-    ~6x slower per micro-batch with the window's ``int`` counts in it); a list batch still does."""
+    """The fast path: a flat dict batch never reaches Lightning's ``move_data_to_device``
+    (``apply_to_collection``, ~6x slower per micro-batch with the window's ``int`` counts in it); a list batch
+    still does."""
     import lightning.pytorch.core.hooks as hooks
 
     walked = []
