@@ -120,7 +120,9 @@ def test_file_without_expected_fields(tmp_path):
     bad = tmp_path / "fields.jsonl"
     bad.write_text('{"question": "a", "answer": "b"}\n{"question": "c", "answer": "d"}\n')
     err = _bad(tmp_path, f"data.path={bad}")
-    assert "needs a 'messages' field" in err and "answer" in err and "question" in err
+    # the format is told from the columns (issue 17 item 6): none fits, so the line names them and a rename
+    assert "cannot tell the data format from the columns ['question', 'answer']" in err
+    assert "+data.rename_columns='{question: prompt, answer: completion}'" in err
 
 
 def test_unknown_override_key(tmp_path):
