@@ -6,7 +6,8 @@ itself) so the docs keep the real numbers. Placeholders become real files: ``/pa
 ``RUN/hf_model`` the export of the README's first command, ``chats.jsonl`` / ``corpus.jsonl`` a few rows. A
 command shown with its ``hf_lightning: error:`` line must fail with that line and status 2; GPU and SLURM
 commands must be refused in one line with status 2 on a machine without them. The migration tutorial's own
-commands (its numbered steps) run in ``test_docs.py::test_the_migration_tutorial_runs_as_written``.
+commands (its numbered steps) run in ``test_docs.py::test_the_migration_tutorial_runs_as_written``, the
+README's hub commands in ``test_docs_hub.py``.
 """
 
 from __future__ import annotations
@@ -38,9 +39,28 @@ SHORT = {
 TUTORIAL_FILES = ("gpt2-qa", "qa_train.jsonl", "qa_val.jsonl", "outputs/qa")
 
 
+def _names_a_hub_id(command: str) -> bool:
+    """Whether the command reads a hub id (``Qwen/...``, ``HuggingFaceH4/...``): those commands run in
+    ``test_docs_hub.py``, against hub caches that test lays out (this machine is offline)."""
+    from hf_lightning.hub import looks_like_hub_id
+
+    for word in shlex.split(command):
+        key, _, value = word.partition("=")
+        placeholder = "/path/to/" in value or value.startswith("RUN/")
+        reads = key.lstrip("+") in ("model.name_or_path", "data.path") and not placeholder
+        if reads and "/" in value and looks_like_hub_id(value):
+            return True
+    return False
+
+
 def _runnable() -> list[tuple[str, str, str]]:
-    """The commands run here: all but the migration tutorial's steps (which need its prepared files)."""
-    return [c for c in documented_commands() if not any(t in c[1] for t in TUTORIAL_FILES)]
+    """The commands run here: all but the migration tutorial's steps (which need its prepared files) and the
+    hub commands (``test_docs_hub.py``)."""
+    return [
+        c
+        for c in documented_commands()
+        if not any(t in c[1] for t in TUTORIAL_FILES) and not _names_a_hub_id(c[1])
+    ]
 
 
 def _env() -> dict[str, str]:
