@@ -10,8 +10,9 @@ Hydra has configured logging (:func:`speak_for_the_run`); never at library impor
 - Lightning's "Checkpoint directory ... exists and is not empty": a fresh run into a folder that holds a run
   is refused before any work (:mod:`hf_lightning.run_folder`), so it can only be a resume, where it is
   expected.
-- Ranks other than 0 of a multi-process run log errors only: rank 0 speaks for the run (Lightning relaunches
-  the command line per rank, and every rank would print and append to ``train.log`` each line).
+- Ranks other than 0 of a multi-process run print errors only: rank 0 speaks for the run on the console
+  (Lightning relaunches the command line per rank, and every rank would print each line); each rank's own log
+  file keeps its lines.
 - Progress bars (the training bar, ``datasets``' and ``transformers``' bars) draw on a terminal only: written
   into a file they are megabytes of carriage returns.
 """
@@ -113,10 +114,13 @@ def _progress_bars_off() -> None:
 
 
 def speak_for_the_run() -> None:
-    """Ranks other than 0 log errors only (call it after Hydra configured logging)."""
+    """Ranks other than 0 print errors only: their console handlers go to ERROR (call it after Hydra
+    configured logging). Their log files (``train_rank_N.log``, :mod:`hf_lightning.strategies.launch`) keep
+    every line."""
     if rank() != 0:
-        logging.getLogger().setLevel(logging.ERROR)
-        logging.getLogger("hf_lightning").setLevel(logging.ERROR)
+        for handler in logging.getLogger().handlers:
+            if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
+                handler.setLevel(logging.ERROR)
         warnings.filterwarnings("ignore")
 
 
