@@ -95,8 +95,7 @@ def hub_error_message(
     Args:
         key: the config key (``model.name_or_path``, ``data.path``, ...).
         kind: ``model`` or ``dataset`` (the cache and the way to fill it differ: ``load_dataset`` offline
-        reads
-            only the datasets cache it prepared itself, not files fetched by ``hf download``).
+            reads only the datasets cache it prepared itself, not files fetched by ``hf download``).
         revision: the revision asked for (``None``: the default branch).
         name: a dataset's config name (``data.name``).
     """

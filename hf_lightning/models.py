@@ -154,13 +154,11 @@ def build_model(
         quantization_config: passed to ``from_pretrained`` (QLoRA's 4-bit ``BitsAndBytesConfig``, see
             :mod:`hf_lightning.adapters`); a model built from ``config`` refuses it.
         tokenizer_name_or_path: not used here (``tokenizer`` is already loaded from it); accepted so that a
-        whole
-            ``model`` config node binds to this function.
+            whole ``model`` config node binds to this function.
 
     Raises:
         ModelError: an unknown task, a folder that is not a model folder, or a classifier without classes; a
-        hub
-            id neither cached nor reachable.
+            hub id neither cached nor reachable.
     """
     import transformers
     from transformers import AutoConfig
@@ -266,8 +264,8 @@ def load_model_and_tokenizer(
 
     Raises:
         ModelError: the folder does not exist, has no ``config.json``, no weights, or no tokenizer; a bad
-        task; a
-            hub id neither cached nor reachable (one line naming the id, the cache and ``hf download``).
+            task; a hub id neither cached nor reachable (one line naming the id, the cache and ``hf
+            download``).
     """
     tokenizer = load_tokenizer(name_or_path, tokenizer_vocab_size, tokenizer_name_or_path, revision)
     model = build_model(

@@ -17,7 +17,7 @@ from bench_support import gpt2_tokenizer, gsm8k_tokenized, set_threads
 from transformers import DataCollatorWithFlattening
 
 from hf_lightning.data.collators import checked_column, flatten_rows
-from hf_lightning.data.flattening import PaddingFreeCollator
+from hf_lightning.data.padding_free import PaddingFreeCollator
 from hf_lightning.errors import DataError
 
 

@@ -89,8 +89,7 @@ def fill_frozen(module: Any, checkpoint: dict[str, Any]) -> None:
     Raises:
         ModelError: the checkpoint's base fingerprint (:func:`base_fingerprint`) is not the model's.
         ConfigError: the model's ``peft.r`` / ``lora_alpha`` / ``use_rslora`` / ``use_dora`` are not the ones
-        the
-            adapter was trained with (the same weights would compute another model).
+            the adapter was trained with (the same weights would compute another model).
     """
     if KEY not in checkpoint or "state_dict" not in checkpoint:
         return

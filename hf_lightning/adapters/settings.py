@@ -29,19 +29,16 @@ class AdapterSettings:
     Args:
         r: LoRA rank (``LoraConfig.r``).
         lora_alpha: LoRA scaling numerator: the update is ``lora_alpha / r`` (``/ sqrt(r)`` with
-        ``use_rslora``)
-            times ``B @ A``.
+            ``use_rslora``) times ``B @ A``.
         lora_dropout: dropout on the adapter's input.
         target_modules: module names (or one regex) to adapt; ``all-linear``: every linear layer but the
-        output
-            head (peft's shorthand).
+            output head (peft's shorthand).
         modules_to_save: modules trained in full and saved with the adapter (a new classification head).
         use_rslora: rank-stabilised scaling ``lora_alpha / sqrt(r)``.
         use_dora: weight-decomposed LoRA (DoRA).
         bias: ``none``, ``all`` or ``lora_only``: which biases train.
         init_lora_weights: peft's initialisation (``true``: A Kaiming-uniform, B zeros, so training starts
-        from
-            the base model exactly).
+            from the base model exactly).
         init_seed: the seed of the adapter's random initialisation (``${seed}``): the adapter starts the same
             whatever consumed random numbers before it.
         load_in_4bit: QLoRA: the base model is loaded in 4 bits with ``bitsandbytes`` (CUDA only).

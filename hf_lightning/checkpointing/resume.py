@@ -125,9 +125,8 @@ def find_resume_checkpoint(
 
     Raises:
         ConfigError: ``last`` in a folder that holds no run; a missing file; a damaged file (checksum
-        mismatch,
-            unreadable) or one without optimizer/scheduler state. The message names the file and the newest
-            intact checkpoint of its folder, which resumes when passed as ``ckpt_path``.
+            mismatch, unreadable) or one without optimizer/scheduler state. The message names the file and the
+            newest intact checkpoint of its folder, which resumes when passed as ``ckpt_path``.
     """
     if ckpt_path is None:
         return None

@@ -61,8 +61,7 @@ def check(cfg: DictConfig, purpose: Purpose = "train") -> Any:
 
     Raises:
         ConfigError: the schema pass (:func:`~hf_lightning.config.schema.validate_config`), a bad HF step key,
-        or
-            a missing package.
+            or a missing package.
     """
     from hf_lightning.config.choices import apply_group_precedence, say
     from hf_lightning.config.hf_args import prepare_schedule

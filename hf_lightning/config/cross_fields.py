@@ -1,8 +1,9 @@
 """The config rules that involve more than one key (the schema's last pass, before the model is built).
 
 Each rule returns its problems as lines naming every key involved, its value and what to change; rules whose
-subject has one home elsewhere call it (``data.packing``: :func:`hf_lightning.data.packing.check_packing`;
-optimizers: :func:`hf_lightning.module.optim.optim_config_errors`).
+subject has one home elsewhere call it (``data.packing``:
+:func:`hf_lightning.data.packing.packing_config_errors`; optimizers:
+:func:`hf_lightning.module.optim.optim_config_errors`).
 """
 
 from __future__ import annotations
@@ -10,13 +11,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from hf_lightning.errors import ConfigError, HFLightningError
+from hf_lightning.errors import ConfigError
 
 
 def cross_field_errors(c: Mapping[str, Any]) -> list[str]:
     """Rules that involve more than one key."""
-    from hf_lightning.data.packing import check_packing
-    from hf_lightning.models import is_encoder_decoder
+    from hf_lightning.data.packing import packing_config_errors
     from hf_lightning.module.optim import optim_config_errors
 
     errors: list[str] = []
@@ -24,16 +24,7 @@ def cross_field_errors(c: Mapping[str, Any]) -> list[str]:
     accelerator = trainer.get("accelerator")
     precision = str(trainer.get("precision"))
 
-    if data.get("packing"):  # the schema's share of data.packing's rules (data/packing.py holds them all)
-        task = model.get("task", "causal_lm")
-        try:
-            encdec = is_encoder_decoder(task, model.get("name_or_path"))
-        except HFLightningError:
-            encdec = task == "seq2seq_lm"
-        try:
-            check_packing(data.get("packing"), task=task, encoder_decoder=encdec)
-        except ConfigError as err:
-            errors.append(str(err))
+    errors += packing_config_errors(data, model)  # data.packing: its rules live in data/packing.py
 
     if accelerator == "cpu" and precision in ("16-mixed", "16-true"):
         errors.append(

@@ -115,8 +115,7 @@ def resolve_schedule(cfg: Mapping[str, Any], given: Iterable[str] | None = None)
 
     Raises:
         ConfigError: a bad value, a key that would be ignored (``eval_steps`` with ``eval_strategy=epoch``),
-        an
-            HF key given together with the Lightning knob it replaces, or a ``load_best_model_at_end`` HF
+            an HF key given together with the Lightning knob it replaces, or a ``load_best_model_at_end`` HF
             refuses.
     """
     errors: list[str] = []
@@ -246,8 +245,7 @@ def prepare_schedule(cfg: DictConfig) -> StepSchedule | None:
 
     Raises:
         ConfigError: a bad value, a clash with the Lightning knob it replaces, or ``load_best_model_at_end``
-        under
-            a strategy whose checkpoints are not one file (FSDP, DeepSpeed).
+            under a strategy whose checkpoints are not one file (FSDP, DeepSpeed).
     """
     from hf_lightning.config.run_length import command_line_overrides, given_keys
 

@@ -3,8 +3,7 @@ DataModule."""
 
 from hf_lightning.data.collators import ClassificationCollator, PaddingCollator, Seq2SeqCollator
 from hf_lightning.data.datamodule import HFDataModule
-from hf_lightning.data.flattening import PaddingFreeCollator
-from hf_lightning.data.packing import PackedCollator
+from hf_lightning.data.padding_free import PackedCollator, PaddingFreeCollator
 from hf_lightning.data.samplers import ExactDistributedSampler, length_grouped_indices
 from hf_lightning.data.streams import ShardedStream
 from hf_lightning.data.windows import AccumulationWindowLoader

@@ -303,3 +303,35 @@ def check_sequence_isolation(model: Any, option: str) -> None:
             "for (sdpa, eager, flash_attention_*, flex_attention). Use one of those "
             "(model.attn_implementation=sdpa), or set data.packing=false and data.padding_free=false"
         )
+
+
+def check_rows_fit_model(
+    splits: Mapping[str, tuple[Any, Any]], model: Any, pad_token_id: int | None, classes: bool
+) -> None:
+    """:func:`check_token_ids` (and :func:`check_label_range` when ``classes``) on each ``{split: (rows,
+    path)}``: ids and classes the model has no row for fail here, not inside its forward.
+
+    Raises:
+        DataError: see the two checks.
+    """
+    for split, (ds, path) in splits.items():
+        check_token_ids(ds, model, pad_token_id, path, split)
+        if classes:
+            check_label_range(ds, model, path, split)
+
+
+def check_label_key(collator: Any, example: Mapping[str, Any] | None, label_names: list[str]) -> None:
+    """With metrics configured, an evaluation batch (``collator([example])``) must carry a key of
+    ``label_names`` (HF ``label_names``).
+
+    Raises:
+        ConfigError: no key of ``label_names`` in the batch (names the keys it has).
+    """
+    keys = set(collator([example])) if example is not None else set()
+    if not any(name in keys for name in label_names):
+        raise ConfigError(
+            "metrics are configured but no label key resolves: "
+            f"data.label_names={label_names} and an evaluation batch has the keys "
+            f"{sorted(keys)}. Set data.label_names to the key(s) holding the labels, or remove the "
+            "metrics"
+        )

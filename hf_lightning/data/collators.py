@@ -2,8 +2,8 @@
 
 Ours rather than HF's ``DataCollatorForSeq2Seq`` / ``DataCollatorWithPadding``: labels are padded by position
 with ``-100`` whatever their key, and a key that cannot be batched is named, not a ``ValueError`` from the
-tokenizer's ``pad``. Padding-free batches: :mod:`~hf_lightning.data.flattening`; packed rows:
-:mod:`~hf_lightning.data.packing`.
+tokenizer's ``pad``. Padding-free, packed and packed-per-batch rows: :mod:`~hf_lightning.data.padding_free`;
+packing: :mod:`~hf_lightning.data.packing`.
 
 The dataset side decides which positions are trained on (labels with ``-100``); a collator only pads. This is
 the split litgpt uses (``litgpt/data/base.py``): masking in the dataset, padding in the collate function.
@@ -15,14 +15,17 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from hf_lightning.batch import IGNORE_INDEX
-from hf_lightning.data.model_facts import check_inputs_survive, is_sequence_classifier
+from hf_lightning.data.model_facts import is_sequence_classifier
 from hf_lightning.errors import DataError
+
+if TYPE_CHECKING:  # packing.py imports this module's row helpers
+    from hf_lightning.data.packing import RowPlan
 
 log = logging.getLogger(__name__)
 
@@ -313,71 +316,23 @@ def collator_for(
     fmt: str,
     pad_token_id: int,
     model: Any = None,
-    packing: str | None = None,
-    padding_free: bool = False,
+    plan: RowPlan | None = None,
     pad_to_multiple_of: int | None = None,
 ) -> Any:
-    """The collator of a data format: classification, seq2seq, padding-free, packed rows, else padding."""
-    # here, not at the top: flattening.py and packing.py import this module's row helpers
-    from hf_lightning.data.flattening import PaddingFreeCollator
-    from hf_lightning.data.packing import PackedCollator
+    """The collator of a data format: classification, seq2seq, padding-free, packed rows, else padding.
+
+    ``plan``: what the rows are (:class:`~hf_lightning.data.packing.RowPlan`; ``None``: unpacked rows).
+    """
+    # here, not at the top: padding_free.py imports this module's row helpers
+    from hf_lightning.data.padding_free import PackedCollator, PaddingFreeCollator
 
     # pre-tokenized rows for a sequence classifier carry one class per row, not token labels
     if fmt == "classification" or (fmt == "tokenized" and is_sequence_classifier(model)):
         return ClassificationCollator(pad_token_id, pad_to_multiple_of)
     if fmt == "seq2seq":
         return Seq2SeqCollator(pad_token_id, model=model, pad_to_multiple_of=pad_to_multiple_of)
-    if padding_free:
+    if plan is not None and plan.padding_free:
         return PaddingFreeCollator()
-    if packing:
+    if plan is not None and plan.pack is not None:
         return PackedCollator(pad_token_id, pad_to_multiple_of)
     return PaddingCollator(pad_token_id, pad_to_multiple_of=pad_to_multiple_of)
-
-
-class PruneColumnsCollator:
-    """Collator wrapper that filters each example mapping to ``keep`` (HF's ``RemoveColumnsCollator``).
-
-    For datasets whose columns cannot be removed up front (streams, plain torch datasets). The first batch
-    that loses a key logs the dropped keys once at WARNING; :attr:`dropped` records them.
-
-    Raises:
-        DataError: an example with no model input left (lists keys and ``forward`` parameters).
-    """
-
-    def __init__(
-        self,
-        collator: Callable[[list[Mapping[str, Any]]], Any],
-        keep: Sequence[str],
-        model_input_names: Sequence[str],
-        split: str = "train",
-        inputs_from: str = "the model inputs",
-    ) -> None:
-        self.collator = collator
-        self.keep = list(keep)
-        self.model_input_names = list(model_input_names)
-        self.split = split
-        self.inputs_from = inputs_from
-        self.dropped: list[str] = []
-        self._checked = False
-
-    def inspect(self, example: Mapping[str, Any]) -> None:
-        """Check one example: raise if no model input survives, log keys dropped for the first time."""
-        if not self._checked:
-            check_inputs_survive(
-                list(example), self.keep, self.model_input_names, f"{self.split} examples", self.inputs_from
-            )
-            self._checked = True
-        extra = [k for k in example if k not in self.keep and k not in self.dropped]
-        if extra:
-            self.dropped += extra
-            log.warning(
-                "%s: keys %s are not in %s and are dropped from every example (remove_unused_columns=true)",
-                self.split,
-                extra,
-                self.inputs_from,
-            )
-
-    def __call__(self, examples: Sequence[Mapping[str, Any]]) -> Any:
-        for ex in examples:
-            self.inspect(ex)
-        return self.collator([{k: v for k, v in ex.items() if k in self.keep} for ex in examples])

@@ -7,7 +7,7 @@ It wires the steps, each in its own module, in the order a batch is made:
     tokenize     Dataset.map (cached), truncation/drop counts, column pruning (on_the_fly.py: streams, torch)
     checks       token ids, labels and positions against the model (positions.py)
     packing      check_packing (every packing rule), bfd / wrapped rows
-    collators    padding, classification, seq2seq, padding-free (flattening.py), column pruning per example
+    collators    padding, classification, seq2seq (padding_free.py: padding-free, packed, packed per batch)
     samplers     seeded global order, length grouping, exact distributed split    (streams.py: streams)
     dataloaders  the loader hooks; per-epoch worker seeds; batches per epoch  (windows.py: num_items_in_batch)
 
@@ -18,29 +18,34 @@ LightningModule when nobody called it); what the model side needs from it is :me
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
 from typing import Any
 
 import datasets
 import lightning as L
-import torch
 
 from hf_lightning.data.chat import require_chat_template
-from hf_lightning.data.checks import check_data_arguments, check_label_range, check_pad_token, check_token_ids
-from hf_lightning.data.collators import PruneColumnsCollator, collator_for
+from hf_lightning.data.checks import (
+    check_data_arguments,
+    check_label_key,
+    check_pad_token,
+    check_rows_fit_model,
+)
+from hf_lightning.data.collators import collator_for
+from hf_lightning.data.column_pruning import prune_per_example
 from hf_lightning.data.dataloaders import DataLoaderHooks
 from hf_lightning.data.end_of_turn import warn_end_of_turn
 from hf_lightning.data.formats import FORMATS
 from hf_lightning.data.layout import LayoutChoice, announce, apply_layout, check_layout
-from hf_lightning.data.model_facts import (
-    Binding,
-    Columns,
-    binding_from_trainer,
-    find_label_names,
-    resolve_columns,
-)
+from hf_lightning.data.model_facts import Columns, ModelBinding, find_label_names, resolve_columns
 from hf_lightning.data.on_the_fly import ExampleProcessor
-from hf_lightning.data.packing import Packing, announce_document_ends, check_packing, packing_strategy
+from hf_lightning.data.packing import (
+    Packing,
+    RowPlan,
+    announce_document_ends,
+    check_packing,
+    packing_strategy,
+    row_plan,
+)
 from hf_lightning.data.positions import check_positions
 from hf_lightning.data.sources import column_names, detect_format, is_stream, load_splits, load_validation
 from hf_lightning.data.tokenize import label_mapping, prepare_split
@@ -51,28 +56,26 @@ log = logging.getLogger(__name__)
 EVAL_STAGES = ("validate", "test", "predict")
 
 
-class HFDataModule(DataLoaderHooks, L.LightningDataModule):
+class HFDataModule(DataLoaderHooks, ModelBinding, L.LightningDataModule):
     """Data for HF-style models, usable with any LightningModule and ``lightning.Trainer``.
 
     Args:
         tokenizer: a ``transformers`` tokenizer (needs a pad token; a chat template for chat data).
         path: a json/jsonl/csv/parquet file, a ``save_to_disk`` folder, a hub dataset id (``org/name``), a
-        ``datasets`` ``Dataset`` /
-            ``DatasetDict`` / ``IterableDataset``, a torch ``Dataset`` / ``IterableDataset`` of mappings, or
-            ``None`` for the embedded chatterbot-corpus chat data.
+            ``datasets`` ``Dataset`` / ``DatasetDict`` / ``IterableDataset``, a torch ``Dataset`` /
+            ``IterableDataset`` of mappings, or ``None`` for the embedded chatterbot-corpus chat data.
         validation_path: a separate validation source (same kinds); overrides any split of ``path``.
         format: ``"auto"`` (from the schema, see :mod:`~hf_lightning.data.formats`) or one of
             ``text, prompt_completion, messages, conversations, classification, seq2seq, tokenized``.
         validation_split: share of rows held out for validation when the source has no validation split.
         max_length: tokens per example after truncation (truncated and dropped rows are counted in the log);
-        with
-            ``packing`` the row length (``wrapped`` truncates no document, ``bfd`` truncates longer ones).
+            with ``packing`` the row length (``wrapped`` truncates no document, ``bfd`` truncates longer
+            ones).
         per_device_train_batch_size / per_device_eval_batch_size: examples (packed rows) per micro-batch.
         shuffle: random training order (seeded by ``seed + epoch``, the same on every rank).
         group_by_length: HF's mega-batch length grouping (map-style), a bounded sort buffer (streams).
         packing: ``False``, ``"bfd"`` (``True`` means ``"bfd"``) or ``"wrapped"`` (causal formats, map-style);
-        packed
-            ``text`` documents end with EOS (see :mod:`~hf_lightning.data.packing`).
+            packed ``text`` documents end with EOS (see :mod:`~hf_lightning.data.packing`).
         padding_free: flatten each batch into one row with restarting ``position_ids`` (no padding).
         layout: ``None`` (the three settings above as given) or ``"auto"``: the fastest layout that keeps the
             loss exact, chosen at setup from the format and the model when none of the three is set, and said
@@ -86,17 +89,15 @@ class HFDataModule(DataLoaderHooks, L.LightningDataModule):
             parameters with ``label`` in their name, else ``["labels"]``.
         num_workers / pin_memory / persistent_workers / prefetch_factor / drop_last: ``DataLoader`` knobs.
         num_proc: processes of ``Dataset.map`` for tokenizing a map-style split (``datasets``' ``num_proc``,
-        TRL's
-            ``dataset_num_proc``); ``None``: one. Streams and torch datasets tokenize on the fly (a log line
-            says so).
+            TRL's ``dataset_num_proc``); ``None``: one. Streams and torch datasets tokenize on the fly (a log
+            line says so).
         pad_to_multiple_of: round padded lengths up to this multiple.
         seed: seed of the order, of worker RNGs and of the validation hold-out.
         rename_columns: ``{source column: new name}`` applied to every split before the format is read (a
             banking77 CSV's ``category`` becomes the classification format's ``label``).
         name / revision: a hub dataset's config name and revision when ``path`` is a hub id
-        (``load_dataset``'s
-            ``name`` and ``revision``; resolved through the ``datasets`` cache, ``HF_HUB_OFFLINE=1`` reads it
-            only).
+            (``load_dataset``'s ``name`` and ``revision``; resolved through the ``datasets`` cache,
+            ``HF_HUB_OFFLINE=1`` reads it only).
         split / validation_split_name: the training split of a dataset with splits (a hub dataset, a
             ``DatasetDict``; default ``train``) and its validation split (default: the first of
             validation/valid/val/test; none: ``validation_split`` of the rows is held out).
@@ -221,53 +222,9 @@ class HFDataModule(DataLoaderHooks, L.LightningDataModule):
         self.eval_collator: Any = None
         self._holdout: float | None = None
         self._processor: ExampleProcessor | None = None
+        self._plan: RowPlan | None = None
         self._train_lengths: list[int] | None = None
-        self._bound: Binding | None = None
         self._columns: Columns | None = None
-
-    def bind(
-        self,
-        model: torch.nn.Module | None = None,
-        *,
-        count_loss_items: Callable[[Mapping[str, Any]], int] | None = None,
-        forward_kwargs: Mapping[str, Any] | None = None,
-        metrics: bool = False,
-        handles_placeholder_batches: bool = False,
-    ) -> HFDataModule:
-        """Tell the data what it needs from the model side; whoever builds both calls it once, before ``fit``.
-
-        Args:
-            model: the ``nn.Module`` the batches are for: its ``forward`` gives the input and label names
-                (pruning), its embedding, position table and classes are checked against the data, and packed
-                or padding-free rows need ``position_ids`` and an attention that keeps them apart.
-            count_loss_items: ``batch -> int``, the loss's target count of a micro-batch
-                (:meth:`HFLightningModule.count_loss_items`); with it training batches carry the window keys.
-            forward_kwargs: what the LightningModule passes to every forward (``use_cache=False``).
-            metrics: evaluation computes metrics, so an evaluation batch must carry a label key.
-            handles_placeholder_batches: mark an empty rank's stand-in batch
-            (:mod:`~hf_lightning.data.placeholder`).
-
-        Without a call, :meth:`setup` and the loaders read the same from ``trainer.lightning_module`` (its
-        ``.model``, ``count_loss_items``, ``forward_kwargs``, ``compute_metrics``/``metrics`` and
-        ``handles_placeholder_batches``), so ``trainer.fit(module, datamodule=dm)`` works as it is.
-
-        Returns:
-            ``self``.
-        """
-        self._bound = Binding(
-            model,
-            count_loss_items,
-            dict(forward_kwargs or {}),
-            bool(metrics),
-            bool(handles_placeholder_batches),
-        )
-        return self
-
-    def _binding(self) -> Binding:
-        """The :meth:`bind` arguments, else what the trainer's LightningModule offers (read at each call)."""
-        return (
-            self._bound if self._bound is not None else binding_from_trainer(getattr(self, "trainer", None))
-        )
 
     # ----------------------------------------------------------------------------------------- setup
     def prepare_data(self) -> None:
@@ -347,9 +304,8 @@ class HFDataModule(DataLoaderHooks, L.LightningDataModule):
         )
         columns = resolve_columns(model, self.model_input_names, self.resolved_label_names, self.tokenizer)
         self._columns = columns if self.remove_unused_columns else None
-        self._processor = ExampleProcessor(
-            fmt, self.tokenizer, self.max_length, label2id, self.packing, self.padding_free
-        )
+        self._plan = row_plan(self.packing, self.padding_free, self.max_length)  # read from here on
+        self._processor = ExampleProcessor(fmt, self.tokenizer, self.max_length, label2id, self._plan)
         announce_document_ends(self.tokenizer, fmt, self.packing)
         val_path = self.validation_path or path
         self.train_dataset = None if eval_only else self._prepare(train, fmt, "train", path, label2id)
@@ -358,17 +314,9 @@ class HFDataModule(DataLoaderHooks, L.LightningDataModule):
         )
         if model is not None:  # a row longer than a position table fails in the embedding, maybe hours in
             self.check_positions(model)
-            # ids and classes the model has no row for fail here, not inside its forward
-            for split, ds, where in (
-                ("train", self.train_dataset, path),
-                ("validation", self.val_dataset, val_path),
-            ):
-                check_token_ids(ds, model, self.tokenizer.pad_token_id, where, split)
-                if fmt == "classification":
-                    check_label_range(ds, model, where, split)
-        base = collator_for(
-            fmt, self.tokenizer.pad_token_id, model, self.packing, self.padding_free, self.pad_to_multiple_of
-        )
+            splits = {"train": (self.train_dataset, path), "validation": (self.val_dataset, val_path)}
+            check_rows_fit_model(splits, model, self.tokenizer.pad_token_id, fmt == "classification")
+        base = collator_for(fmt, self.tokenizer.pad_token_id, model, self._plan, self.pad_to_multiple_of)
         train_base = layout.train_collator(base, self.tokenizer.pad_token_id, self.pad_to_multiple_of)
         self.train_collator = self._pruning_collator(train_base, self.train_dataset, "train")
         self.eval_collator = self._pruning_collator(base, self.val_dataset, "validation")
@@ -394,8 +342,7 @@ class HFDataModule(DataLoaderHooks, L.LightningDataModule):
             max_length=self.max_length,
             processor=self._processor,
             columns=self._columns,
-            packing=self.packing,
-            padding_free=self.padding_free,
+            plan=self._plan,
             label2id=label2id,
             num_proc=self.num_proc,
         )
@@ -406,30 +353,15 @@ class HFDataModule(DataLoaderHooks, L.LightningDataModule):
         return out
 
     def _pruning_collator(self, base: Any, ds: Any, split: str) -> Any:
-        """Streams and torch datasets keep their columns, so pruning happens per example in the collator.
-
-        The first example is checked here, in the main process: the drop is logged once (not once per worker)
-        and a dataset without model inputs fails at setup rather than in the first batch.
-        """
-        cols = self._columns
-        if cols is None or ds is None or isinstance(ds, datasets.Dataset):
+        """``base``, pruning per example where the dataset keeps its columns (streams, torch datasets)."""
+        if self._columns is None or ds is None or isinstance(ds, datasets.Dataset):
             return base
-        collator = PruneColumnsCollator(base, cols.keep, cols.inputs, split, cols.inputs_from)
         example = self._first_example(ds, split == "validation")
-        if example is not None:
-            collator.inspect(example)
+        collator = prune_per_example(base, self._columns, example, split)
         self.dropped_columns[split] = collator.dropped
         return collator
 
     def _check_label_names(self) -> None:
-        if self.val_dataset is None:
-            return
-        example = self._first_example(self.val_dataset, True)
-        keys = set(self.eval_collator([example])) if example is not None else set()
-        if not any(name in keys for name in self.resolved_label_names):
-            raise ConfigError(
-                "metrics are configured but no label key resolves: "
-                f"data.label_names={self.resolved_label_names} and an evaluation batch has the keys "
-                f"{sorted(keys)}. Set data.label_names to the key(s) holding the labels, or remove the "
-                "metrics"
-            )
+        if self.val_dataset is not None:
+            example = self._first_example(self.val_dataset, True)
+            check_label_key(self.eval_collator, example, self.resolved_label_names)

@@ -10,7 +10,7 @@ padded            the rows' tokens / (B x longest row)      the reference
 padding-free      all: one flat row, ``position_ids``       the same documents, the same loss and gradient
                   restart per document
 packed per batch  almost all: the batch's documents in the  the same documents, the same loss and gradient
-                  fewest rows of its longest document's     (:mod:`~hf_lightning.data.batch_packing`)
+                  fewest rows of its longest document's     (:mod:`~hf_lightning.data.padding_free`)
                   length
 length-grouped    almost all (HF ``group_by_length``)       other documents: rows of similar length together
 packed            almost all (``data.packing``)             more documents per step, fewer steps
@@ -48,11 +48,11 @@ from typing import Any, Literal
 import torch
 
 from hf_lightning.compat import attention_backend
-from hf_lightning.data.batch_packing import BatchPackingCollator
 from hf_lightning.data.checks import packed_sequences_isolated
 from hf_lightning.data.formats import CAUSAL_FORMATS
 from hf_lightning.data.model_facts import forward_parameters
 from hf_lightning.data.packing import best_fit_decreasing
+from hf_lightning.data.padding_free import BatchPackingCollator
 from hf_lightning.data.samplers import length_grouped_indices, sequence_lengths
 from hf_lightning.data.sources import is_stream
 from hf_lightning.errors import ConfigError
@@ -75,7 +75,7 @@ class Layout:
     padding_free: bool
     #: ``None``: ``data.layout`` is null; else what the log line says after the layout's name
     reason: str | None = None
-    #: padding-free documents packed into rows per batch (:mod:`~hf_lightning.data.batch_packing`)
+    #: padding-free documents packed into rows per batch (:mod:`~hf_lightning.data.padding_free`)
     pack_batches: bool = False
 
     @property
@@ -90,7 +90,7 @@ class Layout:
 
     def train_collator(self, base: Any, pad_token_id: int, pad_to_multiple_of: int | None) -> Any:
         """The training collator: ``base`` (what ``collator_for`` built for the three settings) or, packed per
-        batch, :class:`~hf_lightning.data.batch_packing.BatchPackingCollator` (evaluation keeps ``base``)."""
+        batch, :class:`~hf_lightning.data.padding_free.BatchPackingCollator` (evaluation keeps ``base``)."""
         return BatchPackingCollator(pad_token_id, pad_to_multiple_of) if self.pack_batches else base
 
 

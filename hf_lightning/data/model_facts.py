@@ -3,7 +3,7 @@
 HF ``Trainer`` keeps the ``forward`` parameters plus ``label``, ``label_ids`` and ``label_names`` and drops
 the rest, logging the dropped columns at INFO (so most users never see it). Here the drop is logged once at
 WARNING (:func:`~hf_lightning.data.tokenize.prune_dataset`,
-:class:`~hf_lightning.data.collators.PruneColumnsCollator`), and a dataset left with no model input is an
+:class:`~hf_lightning.data.column_pruning.PruneColumnsCollator`), and a dataset left with no model input is an
 error that lists what was found (:func:`check_inputs_survive`), instead of an empty batch deep inside the
 model.
 
@@ -157,3 +157,54 @@ def binding_from_trainer(trainer: Any) -> Binding:
         bool(getattr(module, "compute_metrics", None) or getattr(module, "metrics", None)),
         bool(getattr(module, "handles_placeholder_batches", False)),
     )
+
+
+class ModelBinding:
+    """The :meth:`bind` half of :class:`~hf_lightning.data.datamodule.HFDataModule`: how the data learns
+    what it needs from the model side."""
+
+    _bound: Binding | None = None
+
+    def bind(
+        self,
+        model: torch.nn.Module | None = None,
+        *,
+        count_loss_items: Callable[[Mapping[str, Any]], int] | None = None,
+        forward_kwargs: Mapping[str, Any] | None = None,
+        metrics: bool = False,
+        handles_placeholder_batches: bool = False,
+    ) -> ModelBinding:
+        """Tell the data what it needs from the model side; whoever builds both calls it once, before ``fit``.
+
+        Args:
+            model: the ``nn.Module`` the batches are for: its ``forward`` gives the input and label names
+                (pruning), its embedding, position table and classes are checked against the data, and packed
+                or padding-free rows need ``position_ids`` and an attention that keeps them apart.
+            count_loss_items: ``batch -> int``, the loss's target count of a micro-batch
+                (:meth:`HFLightningModule.count_loss_items`); with it training batches carry the window keys.
+            forward_kwargs: what the LightningModule passes to every forward (``use_cache=False``).
+            metrics: evaluation computes metrics, so an evaluation batch must carry a label key.
+            handles_placeholder_batches: mark an empty rank's stand-in batch
+            (:mod:`~hf_lightning.data.placeholder`).
+
+        Without a call, :meth:`setup` and the loaders read the same from ``trainer.lightning_module`` (its
+        ``.model``, ``count_loss_items``, ``forward_kwargs``, ``compute_metrics``/``metrics`` and
+        ``handles_placeholder_batches``), so ``trainer.fit(module, datamodule=dm)`` works as it is.
+
+        Returns:
+            ``self``.
+        """
+        self._bound = Binding(
+            model,
+            count_loss_items,
+            dict(forward_kwargs or {}),
+            bool(metrics),
+            bool(handles_placeholder_batches),
+        )
+        return self
+
+    def _binding(self) -> Binding:
+        """The :meth:`bind` arguments, else what the trainer's LightningModule offers (read at each call)."""
+        return (
+            self._bound if self._bound is not None else binding_from_trainer(getattr(self, "trainer", None))
+        )

@@ -13,6 +13,7 @@ from typing import Any
 from torch.utils.data import Dataset
 
 from hf_lightning.data.formats import TOKENIZERS, check_columns
+from hf_lightning.data.packing import UNPACKED, RowPlan
 from hf_lightning.data.row_report import ALL_PADDING, EMPTY, REPORT_COLUMNS, RowReport
 from hf_lightning.data.samplers import mask_example
 from hf_lightning.errors import DataError
@@ -25,25 +26,21 @@ def fn_kwargs_for(
     tokenizer: Any,
     max_length: int,
     label2id: Mapping[str, int] | None,
-    packing: str | None = None,
-    padding_free: bool = False,
+    plan: RowPlan = UNPACKED,
 ) -> dict:
-    """The keyword arguments of format ``fmt``'s function.
+    """The keyword arguments of format ``fmt``'s function for rows bound for ``plan``.
 
     ``wrapped`` packing tokenizes whole documents (``max_length=None``: the concatenation is cut, no document
     is truncated; HF ``run_clm``'s ``group_texts`` and TRL's ``wrapped`` keep every token too); packed
     ``text`` ends each document with EOS; packed and padding-free pre-tokenized rows lose their padding.
     """
-    kwargs: dict[str, Any] = {
-        "tokenizer": tokenizer,
-        "max_length": None if packing == "wrapped" else max_length,
-    }
+    kwargs: dict[str, Any] = {"tokenizer": tokenizer, "max_length": max_length if plan.truncate else None}
     if fmt == "classification":
         kwargs["label2id"] = dict(label2id) if label2id else None
     if fmt == "text":
-        kwargs["add_eos"] = bool(packing)
+        kwargs["add_eos"] = plan.add_eos
     if fmt == "tokenized":
-        kwargs["drop_padding"] = bool(packing or padding_free)
+        kwargs["drop_padding"] = plan.drop_padding
     return kwargs
 
 
@@ -53,8 +50,7 @@ class ExampleProcessor:
 
     Args:
         fmt: a format name of :mod:`~hf_lightning.data.formats`.
-        tokenizer / max_length / label2id / packing / padding_free: as for
-        :func:`~hf_lightning.data.tokenize.tokenize_dataset`.
+        tokenizer / max_length / label2id / plan: as for :func:`~hf_lightning.data.tokenize.tokenize_dataset`.
 
     Calling it with one example mapping returns ``(example, report)``: the example keeps the columns the
     format does not read; ``report`` holds its report columns (:mod:`~hf_lightning.data.row_report`). A row
@@ -73,12 +69,11 @@ class ExampleProcessor:
         tokenizer: Any,
         max_length: int,
         label2id: Mapping[str, int] | None = None,
-        packing: str | None = None,
-        padding_free: bool = False,
+        plan: RowPlan = UNPACKED,
     ) -> None:
         self.fmt = fmt
         self.fn = TOKENIZERS[fmt]
-        self.kwargs = fn_kwargs_for(fmt, tokenizer, max_length, label2id, packing, padding_free)
+        self.kwargs = fn_kwargs_for(fmt, tokenizer, max_length, label2id, plan)
         self.pad_token_id = getattr(tokenizer, "pad_token_id", None) or 0
 
     def __call__(self, example: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -39,18 +39,17 @@ packed columns are int32, 12 bytes per token). A stream is not packed (:func:`ch
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import datasets
 import numpy as np
 import pyarrow.compute as pc
-import torch
 
-from hf_lightning.batch import IGNORE_INDEX
 from hf_lightning.data.checks import check_sequence_isolation
-from hf_lightning.data.collators import flatten_rows, pad_flat, round_up, row_mask
 from hf_lightning.data.formats import CAUSAL_FORMATS
 from hf_lightning.data.model_facts import forward_parameters
 from hf_lightning.data.packing_engine import (
@@ -87,6 +86,47 @@ def packing_strategy(packing: Any) -> str | None:
     return packing
 
 
+@dataclass(frozen=True)
+class RowPlan:
+    """What ``data.packing`` and ``data.padding_free`` mean for the rows, resolved once (:func:`row_plan`).
+
+    The tokenizers (:func:`~hf_lightning.data.on_the_fly.fn_kwargs_for`), the split preparation
+    (:func:`~hf_lightning.data.tokenize.prepare_split`) and the collators
+    (:func:`~hf_lightning.data.collators.collator_for`) read these facts, never the two options.
+
+    Attributes:
+        truncate: each document is cut at ``max_length`` (``False`` for ``wrapped``, which cuts the
+            concatenation instead, so that no token is lost).
+        add_eos: packed ``text`` documents end with the EOS token (TRL's ``SFTTrainer`` appends it too).
+        drop_padding: pre-tokenized rows lose their padding (their rows go side by side).
+        padding_free: each batch is one flat row
+            (:class:`~hf_lightning.data.padding_free.PaddingFreeCollator`).
+        pack: ``(dataset, split) -> dataset``: :func:`pack_dataset`, strategy and ``max_length`` bound;
+            ``None``: rows are not packed.
+    """
+
+    truncate: bool = True
+    add_eos: bool = False
+    drop_padding: bool = False
+    padding_free: bool = False
+    pack: Callable[[datasets.Dataset, str], datasets.Dataset] | None = None
+
+
+#: rows as given: truncated, unpacked, padded per batch
+UNPACKED = RowPlan()
+
+
+def row_plan(strategy: str | None, padding_free: bool, max_length: int) -> RowPlan:
+    """The :class:`RowPlan` of a strategy (:func:`packing_strategy`'s value) and ``data.padding_free``."""
+    return RowPlan(
+        truncate=strategy != "wrapped",
+        add_eos=strategy is not None,
+        drop_padding=strategy is not None or bool(padding_free),
+        padding_free=bool(padding_free),
+        pack=functools.partial(pack_dataset, strategy=strategy, max_length=max_length) if strategy else None,
+    )
+
+
 def check_packing(
     packing: Any,
     padding_free: bool = False,
@@ -111,11 +151,10 @@ def check_packing(
         flattened. stream: whether the training source is a stream (packing needs the whole dataset).
         task / encoder_decoder: the model's task (``model.task``) and whether it is an encoder-decoder.
         model: the ``nn.Module``; its ``forward`` must take ``position_ids`` and its attention must keep
-        packed
-            sequences apart (:func:`~hf_lightning.data.checks.check_sequence_isolation`, a probe forward).
+            packed sequences apart (:func:`~hf_lightning.data.checks.check_sequence_isolation`, a probe
+            forward).
         forward_kwargs: what the LightningModule passes to every forward (``use_cache=False`` keeps the
-        sequences
-            apart; without it one WARNING, else no line).
+            sequences apart; without it one WARNING, else no line).
 
     Returns:
         the strategy (``"bfd"``, ``"wrapped"``) or ``None`` (no packing).
@@ -155,6 +194,33 @@ def check_packing(
             model, "data.packing" if strategy else "data.padding_free", forward_kwargs
         )
     return strategy
+
+
+def packing_config_errors(data: Mapping[str, Any], model: Mapping[str, Any]) -> list[str]:
+    """The rules of :func:`check_packing` that a composed config decides alone (the schema's last pass).
+
+    Args:
+        data / model: the config's ``data`` and ``model`` nodes (``data.packing``, ``model.task``,
+            ``model.name_or_path``).
+
+    Returns:
+        one line per problem (none or one).
+    """
+    if not data.get("packing"):
+        return []
+    from hf_lightning.errors import HFLightningError
+    from hf_lightning.models import is_encoder_decoder
+
+    task = model.get("task", "causal_lm")
+    try:
+        encdec = is_encoder_decoder(task, model.get("name_or_path"))
+    except HFLightningError:  # the model's own error comes when it is built
+        encdec = task == "seq2seq_lm"
+    try:
+        check_packing(data.get("packing"), task=task, encoder_decoder=encdec)
+    except ConfigError as err:
+        return [str(err)]
+    return []
 
 
 def _check_model_separates_sequences(
@@ -297,35 +363,3 @@ def pack_dataset(
         across = documents_across(lengths, max_length)
         log.info("%s: %d documents continue from one row into the next (nothing is cut off)", split, across)
     return to_dataset(table)
-
-
-class PackedCollator:
-    """Pads packed rows into ``(B, L)`` without an ``attention_mask``: ``position_ids`` isolate documents.
-
-    The padding tail of a row gets ``position_ids`` ``0, 1, ...`` (a segment of its own, which nothing real
-    attends to) and labels -100. With no ``attention_mask`` and no KV cache, ``transformers`` builds the
-    block-diagonal causal mask from ``position_ids`` (see :mod:`~hf_lightning.data.flattening`). Unlike
-    flattening the whole batch into one row, attention stays per row: ``B * L**2`` instead of ``(B * L)**2``.
-
-    Returns:
-        ``{"input_ids", "labels", "position_ids"}``, int64 ``(B, L)``.
-    """
-
-    def __init__(self, pad_token_id: int, pad_to_multiple_of: int | None = None) -> None:
-        self.pad_token_id = int(pad_token_id)
-        self.pad_to_multiple_of = pad_to_multiple_of
-
-    def __call__(self, examples: Sequence[Mapping[str, Any]]) -> dict[str, torch.Tensor]:
-        ids, lengths = flatten_rows([ex["input_ids"] for ex in examples])
-        labels, _ = flatten_rows([ex["labels"] for ex in examples])
-        positions, _ = flatten_rows([ex["position_ids"] for ex in examples])
-        length = round_up(max(lengths), self.pad_to_multiple_of)
-        mask = row_mask(lengths, length)
-        # the padding tail counts 0, 1, ... from the end of each row's documents
-        tail = torch.arange(length) - torch.tensor(lengths, dtype=torch.long).unsqueeze(1)
-        position_ids = torch.where(mask, pad_flat(positions, mask, 0), tail)
-        return {
-            "input_ids": pad_flat(ids, mask, self.pad_token_id),
-            "labels": pad_flat(labels, mask, IGNORE_INDEX),
-            "position_ids": position_ids,
-        }

@@ -134,8 +134,8 @@ def check_positions(
 
     Raises:
         ConfigError: names the longest row (when measured), ``data.max_length`` (and
-        ``data.pad_to_multiple_of`` when
-            the rounding is what goes past), the model's limit, the config field it comes from, and what fits.
+            ``data.pad_to_multiple_of`` when the rounding is what goes past), the model's limit, the config
+            field it comes from, and what fits.
     """
     limit = position_limit(model)
     if limit is None or longest_row(max_length, pad_to_multiple_of, padding_free) <= limit.tokens:

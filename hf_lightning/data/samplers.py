@@ -158,8 +158,7 @@ class ExactDistributedSampler(DistributedSampler):
         lengths: per-example lengths; with them, the order is :func:`length_grouped_indices`.
         group_batch_size: ``B`` of the length grouping (per-device batch x accumulation steps).
         top_up: pad short ranks with masked copies (training); ``False`` lets ranks differ by one
-        (evaluation),
-            and gives a rank with no example one placeholder (``~0``).
+            (evaluation), and gives a rank with no example one placeholder (``~0``).
 
     Yields:
         dataset indices, and ``~i`` for a masked top-up copy of ``i`` (read it through :class:`TopUpDataset`).

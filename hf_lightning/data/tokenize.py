@@ -30,7 +30,7 @@ from hf_lightning.data.file_errors import is_json_lines, jsonl_line_of_row, non_
 from hf_lightning.data.formats import SOURCE_COLUMNS, TOKENIZERS, check_columns
 from hf_lightning.data.model_facts import Columns, check_inputs_survive
 from hf_lightning.data.on_the_fly import ExampleProcessor, fn_kwargs_for, scan_torch_dataset
-from hf_lightning.data.packing import pack_dataset
+from hf_lightning.data.packing import UNPACKED, RowPlan
 from hf_lightning.data.row_report import REPORT_COLUMNS, RowReport, jsonl_lines, row_numbers
 from hf_lightning.data.sources import is_stream
 from hf_lightning.errors import DataError
@@ -109,13 +109,12 @@ def tokenize_dataset(
     path: Any = None,
     label2id: Mapping[str, int] | None = None,
     num_proc: int | None = None,
-    packing: str | None = None,
-    padding_free: bool = False,
+    plan: RowPlan = UNPACKED,
 ) -> datasets.Dataset:
     """Tokenize ``ds`` in format ``fmt`` with ``Dataset.map`` (cached) and drop rows with no target.
 
     Columns the format does not read are kept (pruning against the model's ``forward`` is a separate step).
-    ``packing`` / ``padding_free``: what the rows are for (see
+    ``plan``: what the rows are for (:class:`~hf_lightning.data.packing.RowPlan`, read by
     :func:`~hf_lightning.data.on_the_fly.fn_kwargs_for`). ``num_proc``: processes of ``Dataset.map``
     (``datasets``' own argument; ``None``: this process). The result, its row order and the row report are the
     same for any value (``map`` concatenates the shards in order, the report columns come back with the rows);
@@ -145,7 +144,7 @@ def tokenize_dataset(
         out = _map_rows(
             ds,
             fmt,
-            fn_kwargs_for(fmt, tokenizer, max_length, label2id, packing, padding_free),
+            fn_kwargs_for(fmt, tokenizer, max_length, label2id, plan),
             split,
             num_proc,
         )
@@ -327,8 +326,7 @@ def prepare_split(
     max_length: int,
     processor: ExampleProcessor,
     columns: Columns | None,
-    packing: str | None = None,
-    padding_free: bool = False,
+    plan: RowPlan = UNPACKED,
     label2id: Mapping[str, int] | None = None,
     num_proc: int | None = None,
 ) -> tuple[Any, list[str] | None, list[int] | None]:
@@ -337,8 +335,8 @@ def prepare_split(
     A stream is returned as it is (tokenized on the fly by :class:`~hf_lightning.data.streams.ShardedStream`);
     a torch map-style dataset is scanned once (:func:`~hf_lightning.data.on_the_fly.scan_torch_dataset`, which
     measures the lengths); a ``datasets.Dataset`` is tokenized (:func:`tokenize_dataset`) and pruned to
-    ``columns`` (``None``: ``remove_unused_columns=false``). With ``packing`` the rows are then packed
-    (:func:`~hf_lightning.data.packing.pack_dataset`). ``num_proc`` (``data.num_proc``) reaches
+    ``columns`` (``None``: ``remove_unused_columns=false``). Rows bound for packing are then packed
+    (``plan.pack``, :func:`~hf_lightning.data.packing.pack_dataset`). ``num_proc`` (``data.num_proc``) reaches
     ``Dataset.map``; a stream or a torch dataset is tokenized row by row (inside the ``DataLoader`` readers
     for a stream), so one INFO line says that it does not apply there.
 
@@ -361,7 +359,7 @@ def prepare_split(
     dropped: list[str] | None = None  # None: not pruned here
     if not isinstance(ds, datasets.Dataset):
         view, lengths = scan_torch_dataset(ds, processor, split, path)
-        if not packing:
+        if plan.pack is None:
             return view, dropped, lengths
         # packing needs the token rows side by side: the only columns it keeps, as a datasets.Dataset
         rows = [view[i] for i in range(len(view))]
@@ -381,14 +379,13 @@ def prepare_split(
             path,
             label2id,
             num_proc=num_proc,
-            packing=packing,
-            padding_free=padding_free,
+            plan=plan,
         )
         if columns is not None:
             consumed = SOURCE_COLUMNS.get(fmt, ())
             out, dropped = prune_dataset(
                 out, columns.keep, columns.inputs, split, columns.inputs_from, consumed
             )
-    if packing:
-        out = pack_dataset(out, packing, max_length, split)
+    if plan.pack is not None:
+        out = plan.pack(out, split=split)
     return out, dropped, None

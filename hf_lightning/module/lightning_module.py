@@ -73,8 +73,8 @@ class HFLightningModule(
             (or ``(B, C)`` for sequence classification).
         tokenizer: saved next to the model by the export callback (optional).
         optim: keyword arguments of :func:`~hf_lightning.module.optim.build_optimizer` (``name``, ``lr``,
-        ...),
-            or a callable ``(model) -> Optimizer`` (the ``optim`` config node, built with ``_partial_``).
+            ...), or a callable ``(model) -> Optimizer`` (the ``optim`` config node, built with
+            ``_partial_``).
         scheduler: keyword arguments of :func:`~hf_lightning.module.optim.build_scheduler` (``name``,
             ``warmup_steps``, ``warmup_ratio``), or a callable ``(optimizer, num_training_steps) ->
             scheduler``.

@@ -88,9 +88,9 @@ def build_scheduler(
 
     Raises:
         ConfigError: an unknown ``name`` (the allowed list in the message), a negative warmup, a ``kwargs``
-        key the
-            schedule does not take, ``kwargs`` for ``constant`` / ``constant_with_warmup`` (HF drops them), or
-            a value the schedule refuses (e.g. ``cosine_with_min_lr`` without ``min_lr`` / ``min_lr_rate``).
+            key the schedule does not take, ``kwargs`` for ``constant`` / ``constant_with_warmup`` (HF drops
+            them), or a value the schedule refuses (e.g. ``cosine_with_min_lr`` without ``min_lr`` /
+            ``min_lr_rate``).
     """
     from transformers import get_scheduler
 

@@ -30,8 +30,7 @@ class NoSplitModulesPolicy:
 
     Raises:
         ConfigError: ``layer_classes`` is ``None`` and no module of the tree declares ``_no_split_modules``,
-        or a
-            named class does not occur in the model (the wrap would silently do nothing).
+            or a named class does not occur in the model (the wrap would silently do nothing).
     """
 
     def __init__(self, layer_classes: Sequence[str] | None = None) -> None:
@@ -87,8 +86,7 @@ def fsdp_strategy(
     Args:
         sharding_strategy: one of ``FULL_SHARD`` (ZeRO-3 like), ``SHARD_GRAD_OP``, ``NO_SHARD``,
         ``HYBRID_SHARD``. layer_classes: class names to wrap as FSDP units (and to checkpoint); ``None``: the
-        model's
-            ``_no_split_modules``.
+            model's ``_no_split_modules``.
         activation_checkpointing: recompute each wrapped layer's activations in backward (non-reentrant).
         state_dict_type: ``full`` gathers the whole state dict on rank 0 for checkpoints and the HF export;
             ``sharded`` writes one shard per rank (the HF export still gathers a full one).

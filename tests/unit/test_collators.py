@@ -49,7 +49,7 @@ def test_mismatched_labels_are_refused_with_the_example_index():
 
 # ------------------------------------------------------------------------------------------ padding-free
 def test_padding_free_flattens_with_restarting_positions_and_masked_starts():
-    from hf_lightning.data.flattening import PaddingFreeCollator, sequence_boundaries
+    from hf_lightning.data.padding_free import PaddingFreeCollator, sequence_boundaries
     from hf_lightning.module.loss import count_loss_items
 
     examples = [{"input_ids": [10, 11, 12, 13]}, {"input_ids": [20, 21, 22]}, {"input_ids": [30, 31]}]
@@ -68,7 +68,7 @@ def test_padding_free_flattens_with_restarting_positions_and_masked_starts():
 def test_padding_free_matches_hf_data_collator_with_flattening():
     from transformers import DataCollatorWithFlattening
 
-    from hf_lightning.data.flattening import PaddingFreeCollator
+    from hf_lightning.data.padding_free import PaddingFreeCollator
 
     examples = [
         {"input_ids": [5, 6, 7], "labels": [-100, 6, 7]},
@@ -85,7 +85,7 @@ def test_padding_free_matches_hf_data_collator_with_flattening():
 def test_padding_free_refuses_padded_rows_and_announces_extra_keys_once(caplog):
     import logging
 
-    from hf_lightning.data.flattening import PaddingFreeCollator
+    from hf_lightning.data.padding_free import PaddingFreeCollator
 
     collate = PaddingFreeCollator()
     with pytest.raises(ValueError, match="example 0: attention_mask has zeros"):

@@ -6,7 +6,7 @@ import torch
 
 from hf_lightning.data.collators import PaddingCollator
 from hf_lightning.data.describe import describe_batch
-from hf_lightning.data.flattening import PaddingFreeCollator
+from hf_lightning.data.padding_free import PaddingFreeCollator
 
 
 def test_padded_batch_report(word_tokenizer):

@@ -12,7 +12,7 @@ from torch import nn
 from transformers.modeling_outputs import CausalLMOutput
 
 from hf_lightning import ConfigError, DataError, HFDataModule
-from hf_lightning.data.collators import PruneColumnsCollator
+from hf_lightning.data.column_pruning import PruneColumnsCollator
 from hf_lightning.data.model_facts import find_label_names, signature_columns
 from hf_lightning.data.tokenize import prune_dataset
 
