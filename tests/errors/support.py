@@ -1,4 +1,5 @@
-"""Helpers of the error-matrix tests: files with a planted fault, a one-step real fit, a tiny filesystem."""
+"""Helpers of the error-matrix tests: files with a planted fault, a one-step real fit, a tiny filesystem, a
+real run whose batches holding one token turn NaN."""
 
 from __future__ import annotations
 
@@ -13,9 +14,13 @@ from typing import Any
 
 import lightning as L
 import pytest
+import torch
 
 TEXT_ROWS = [{"text": f"{'abcdefghij'[i % 10]} b c d e"} for i in range(100)]
 CHAT_ROW = {"messages": [{"role": "user", "content": "a b"}, {"role": "assistant", "content": "c d"}]}
+POISON = 29  # "z": batches holding it get NaN activations
+# 12 rows, batch 2, no shuffle: batch k = rows 2k, 2k+1; row 5 holds the poison, so batch 2 is poisoned
+ROWS = [{"text": "a b c d e"}] * 5 + [{"text": "a b z d e"}] + [{"text": "b c d e f"}] * 6
 
 
 def write_jsonl(path: Path, rows: Sequence[Any], raw: dict[int, str | bytes] | None = None) -> Path:
@@ -58,6 +63,43 @@ def fit(tmp_path: Path, model: Any, datamodule: Any, **trainer_kwargs: Any) -> L
     t = trainer(tmp_path, **trainer_kwargs)
     t.fit(module, datamodule=datamodule)
     return t
+
+
+def poison(model: torch.nn.Module) -> None:
+    """NaN out the embeddings of every batch that holds token ``POISON`` (loss and gradients become NaN)."""
+
+    def hook(module, inputs, output):
+        return output * float("nan") if (inputs[0] == POISON).any() else output
+
+    model.model.embed_tokens.register_forward_hook(hook)
+
+
+def run(tmp_path, word_tokenizer, callbacks, max_steps=6, accumulate=1, optim=None, rows=ROWS, **kwargs):
+    """A real ``Trainer`` (see :func:`trainer`), a tiny Llama poisoned by :func:`poison` and a DataModule
+    over ``rows`` (batch 2, no shuffle); returns ``(trainer, module, datamodule)`` for the test to fit."""
+    import datasets
+
+    from hf_lightning import HFDataModule, HFLightningModule
+    from tests.data_support import tiny_llama
+
+    model = tiny_llama(vocab_size=32)
+    poison(model)
+    module = HFLightningModule(
+        model,
+        optim=optim or {"name": "adamw", "lr": 1e-2, "weight_decay": 0.1},
+        scheduler={"name": "constant"},
+    )
+    dm = HFDataModule(
+        tokenizer=word_tokenizer,
+        path=datasets.Dataset.from_list(rows),
+        validation_split=0.0,
+        shuffle=False,
+        per_device_train_batch_size=2,
+    )
+    t = trainer(
+        tmp_path, max_steps=max_steps, accumulate_grad_batches=accumulate, callbacks=callbacks, **kwargs
+    )
+    return t, module, dm
 
 
 @contextlib.contextmanager

@@ -30,7 +30,7 @@ DAMAGED = (
 @pytest.fixture(scope="module")
 def written(tmp_path_factory, word_tokenizer):
     """A run folder with the checkpoints of steps 1-3 and last.ckpt (step 3), each written in turn."""
-    from tests.errors.test_training_faults import ROWS, run
+    from tests.errors.support import ROWS, run
 
     tmp = tmp_path_factory.mktemp("written")
     folder = tmp / "run" / "checkpoints"
@@ -154,7 +154,7 @@ def test_garbage_is_explained_as_damage_not_with_torchs_advice(run_dir):
 
 
 def test_rotation_removes_the_sidecar_with_its_checkpoint(tmp_path, word_tokenizer):
-    from tests.errors.test_training_faults import ROWS, run
+    from tests.errors.support import ROWS, run
 
     folder = tmp_path / "run" / "checkpoints"
     ckpt = ModelCheckpoint(

@@ -91,7 +91,7 @@ def test_a_non_finite_weight_after_an_update_stops_before_it_is_saved(tmp_path, 
     finite (about 1e14), its update (about 1e40 per unit of gradient) overflows weights to inf. Without the
     weight check, the loss guard would only see step 2's NaN loss, after checkpoint 1 had saved the inf
     weights."""
-    from tests.errors.test_training_faults import ROWS, run
+    from tests.errors.support import ROWS, run
 
     folder = tmp_path / "run" / "checkpoints"
     ckpt = ModelCheckpoint(dirpath=folder, every_n_train_steps=1, save_last=True, save_top_k=-1)

@@ -1,49 +1,27 @@
-"""Faults during training: a NaN never reaches the weights, a failed save never costs a checkpoint, an
-allocation failure says what to change, a stop signal ends in a checkpoint.
+"""Faults during training: a NaN never reaches the weights, an allocation failure says what to change.
 
 Faults are planted in real runs (a real ``Trainer``, a real Llama, real data): a forward hook poisons the
-batches that hold one token, a gradient hook blows up one step, a real tmpfs fills up or turns read-only, a
-real allocation fails, a real signal is sent to the process. Where a real fault cannot be staged (a full disk
-without a mountable tmpfs) the OS error is raised by a monkeypatched ``torch.save``.
+batches that hold one token, a gradient hook blows up one step, a real allocation fails. Faults at save time
+and stop signals are in ``test_save_faults.py``.
 """
 
 from __future__ import annotations
 
 import csv
-import errno
 import logging
 import math
-import os
-import signal
 
-import datasets
 import lightning as L
 import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 
-import hf_lightning.checkpointing.io as ckpt_io
-from hf_lightning import ConfigError, HFDataModule, HFLightningModule, TrainingError
+from hf_lightning import ConfigError, TrainingError
 from hf_lightning.callbacks import NonFiniteGuard
-from hf_lightning.callbacks.preemption import Preemption
 from hf_lightning.checkpointing import AtomicCheckpointIO
 from hf_lightning.faults import explain_faults, out_of_memory_message
-from tests.data_support import tiny_llama
-from tests.errors.support import remount_read_only, tiny_filesystem, trainer
-
-POISON = 29  # "z": batches holding it get NaN activations
-# 12 rows, batch 2, no shuffle: batch k = rows 2k, 2k+1; row 5 holds the poison, so batch 2 is poisoned
-ROWS = [{"text": "a b c d e"}] * 5 + [{"text": "a b z d e"}] + [{"text": "b c d e f"}] * 6
-
-
-def poison(model: torch.nn.Module) -> None:
-    """NaN out the embeddings of every batch that holds token ``POISON`` (loss and gradients become NaN)."""
-
-    def hook(module, inputs, output):
-        return output * float("nan") if (inputs[0] == POISON).any() else output
-
-    model.model.embed_tokens.register_forward_hook(hook)
+from tests.errors.support import ROWS, run
 
 
 class Weights(L.Callback):
@@ -66,27 +44,6 @@ class Weights(L.Callback):
 
 def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
     return all(torch.equal(a[k], b[k]) for k in a)
-
-
-def run(tmp_path, word_tokenizer, callbacks, max_steps=6, accumulate=1, optim=None, rows=ROWS, **kwargs):
-    model = tiny_llama(vocab_size=32)
-    poison(model)
-    module = HFLightningModule(
-        model,
-        optim=optim or {"name": "adamw", "lr": 1e-2, "weight_decay": 0.1},
-        scheduler={"name": "constant"},
-    )
-    dm = HFDataModule(
-        tokenizer=word_tokenizer,
-        path=datasets.Dataset.from_list(rows),
-        validation_split=0.0,
-        shuffle=False,
-        per_device_train_batch_size=2,
-    )
-    t = trainer(
-        tmp_path, max_steps=max_steps, accumulate_grad_batches=accumulate, callbacks=callbacks, **kwargs
-    )
-    return t, module, dm
 
 
 # ------------------------------------------------------------------------------------------ NaN / inf
@@ -310,185 +267,3 @@ def test_real_allocation_failure_in_fit_becomes_a_hint(tmp_path, word_tokenizer)
         "step per device as now"
     )
     assert "can't allocate memory" in str(err.value.__cause__)
-
-
-# ------------------------------------------------------------------------------------------ saving
-def checkpointing_run(tmp_path, word_tokenizer, callbacks, max_steps=3):
-    ckpt = ModelCheckpoint(
-        dirpath=tmp_path / "run" / "checkpoints", every_n_train_steps=1, save_last=True, save_top_k=1
-    )
-    return run(
-        tmp_path,
-        word_tokenizer,
-        [ckpt, *callbacks],
-        max_steps=max_steps,
-        rows=ROWS[:4] * 3,
-        plugins=[AtomicCheckpointIO()],
-        enable_checkpointing=True,
-    )
-
-
-def checkpoint_files(folder):
-    """The checkpoints in ``folder`` (each also has its ``.sha256`` sidecar, checked in
-    test_checkpoint_integrity)."""
-    return sorted(name for name in os.listdir(folder) if name.endswith(".ckpt"))
-
-
-def assert_step_1_kept(folder):
-    assert checkpoint_files(folder) in (["last.ckpt", "step=1.ckpt"], ["epoch=0-step=1.ckpt", "last.ckpt"])
-    assert not [
-        name for name in os.listdir(folder) if name.startswith(".tmp-")
-    ]  # a failed write leaves no temp
-    last = torch.load(folder / "last.ckpt", weights_only=False)
-    assert last["global_step"] == 1 and "optimizer_states" in last
-
-
-class AfterStep(L.Callback):
-    """Run ``action`` once, after the checkpoint of step ``step`` was written (at the start of the next batch:
-    Lightning runs checkpoint callbacks after all others at a batch end)."""
-
-    def __init__(self, step, action) -> None:
-        self.step, self.action, self.done = step, action, False
-
-    def on_train_batch_start(self, trainer, *args):
-        if trainer.global_step == self.step and not self.done:
-            self.done = True
-            self.action()
-
-
-def fill(folder):
-    """Write zeros into ``folder`` until the filesystem reports it is full."""
-    with open(folder / "filler", "wb") as fh:
-        try:
-            while True:
-                fh.write(b"\0" * 65536)
-                fh.flush()
-        except OSError as err:
-            assert err.errno == errno.ENOSPC
-
-
-def test_disk_full_at_save_time_keeps_the_previous_checkpoint(tmp_path, word_tokenizer):
-    """A real full disk: a tmpfs filled up after the first checkpoint."""
-    with tiny_filesystem(tmp_path / "run", "4m") as run_dir:
-        t, module, dm = checkpointing_run(tmp_path, word_tokenizer, [AfterStep(1, lambda: fill(run_dir))])
-        with pytest.raises(TrainingError) as err:
-            t.fit(module, datamodule=dm)
-        message = str(err.value)
-        assert message.startswith(f"could not write checkpoint {run_dir}/checkpoints/")
-        assert ": No space left on device (ENOSPC); " in message
-        assert (
-            "every other checkpoint already written is kept; free space there: 0.0 MiB. free space on that "
-            "disk" in message
-        )
-        os.remove(run_dir / "filler")
-        assert_step_1_kept(run_dir / "checkpoints")
-
-
-def test_disk_full_simulated_where_no_tmpfs_can_be_mounted(tmp_path, word_tokenizer, monkeypatch):
-    real_save = torch.save
-
-    def full_disk():
-        def save(*args, **kwargs):
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-
-        monkeypatch.setattr(ckpt_io.torch, "save", save)
-
-    t, module, dm = checkpointing_run(tmp_path, word_tokenizer, [AfterStep(1, full_disk)])
-    with pytest.raises(
-        TrainingError,
-        match=r"No space left on device \(ENOSPC\); nothing was overwritten and every other checkpoint",
-    ):
-        t.fit(module, datamodule=dm)
-    monkeypatch.setattr(ckpt_io.torch, "save", real_save)
-    assert_step_1_kept(tmp_path / "run" / "checkpoints")
-
-
-def test_output_folder_turns_read_only_at_save_time(tmp_path, word_tokenizer):
-    """A real read-only filesystem (root cannot write there either)."""
-    with tiny_filesystem(tmp_path / "run", "16m") as run_dir:
-        t, module, dm = checkpointing_run(
-            tmp_path, word_tokenizer, [AfterStep(1, lambda: remount_read_only(run_dir))]
-        )
-        with pytest.raises(TrainingError) as err:
-            t.fit(module, datamodule=dm)
-        assert "Read-only file system (EROFS)" in str(err.value)
-        assert str(err.value).endswith(
-            "the filesystem is read-only: make it writable again, or choose another hydra.run.dir"
-        )
-        assert_step_1_kept(run_dir / "checkpoints")
-
-
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into folders whatever their permissions")
-def test_output_folder_loses_write_permission_at_save_time(tmp_path, word_tokenizer):
-    folder = tmp_path / "run" / "checkpoints"
-    t, module, dm = checkpointing_run(tmp_path, word_tokenizer, [AfterStep(1, lambda: folder.chmod(0o555))])
-    with pytest.raises(
-        TrainingError, match=r"Permission denied \(EACCES\).*the folder is not writable by this user"
-    ):
-        t.fit(module, datamodule=dm)
-    folder.chmod(0o755)
-    assert_step_1_kept(folder)
-
-
-# ------------------------------------------------------------------------------------------ signals
-class SendSignal(L.Callback):
-    """Send ``signum`` to this process during micro-batch ``batch`` (inside an accumulation window)."""
-
-    def __init__(self, signum, batch) -> None:
-        self.signum, self.batch = signum, batch
-
-    def on_train_batch_start(self, trainer, module, batch, batch_idx):
-        if batch_idx == self.batch:
-            os.kill(os.getpid(), self.signum)
-
-
-def test_ctrl_c_saves_at_the_step_boundary_then_stops(tmp_path, word_tokenizer, caplog):
-    """SIGINT (Ctrl-C) sent during micro-batch 2, the first of window 2 with accumulation 2: the window
-    finishes, step 2 is saved, the run stops cleanly, and the previous handler is back. (SIGTERM through the
-    command line, with an exact resume afterwards, is
-    tests/integration/test_resume.py::test_sigterm_saves_at_the_next_step_and_resumes.)"""
-    signum = signal.SIGINT
-    before = signal.getsignal(signum)
-    ckpt = ModelCheckpoint(dirpath=tmp_path / "run" / "checkpoints", save_last=True, save_top_k=0)
-    t, module, dm = run(
-        tmp_path,
-        word_tokenizer,
-        [ckpt, Preemption(), SendSignal(signum, 2)],
-        max_steps=6,
-        accumulate=2,
-        rows=ROWS[:4] * 6,
-        plugins=[AtomicCheckpointIO()],
-        enable_checkpointing=True,
-    )
-    with caplog.at_level(logging.WARNING):
-        t.fit(module, datamodule=dm)
-    assert t.global_step == 2 and module.preempted
-    last = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=False)
-    assert last["global_step"] == 2
-    assert checkpoint_files(tmp_path / "run" / "checkpoints") == ["last.ckpt"]  # no second "last-v1.ckpt"
-    assert (
-        f"received {signal.Signals(signum).name}: saving a checkpoint at the end of the current optimizer "
-        "step" in caplog.text
-    )
-    assert "resume with ckpt_path=last in the same run folder" in caplog.text
-    assert signal.getsignal(signum) == before
-
-
-def test_a_run_ending_before_any_checkpoint_leaves_one_last_ckpt(tmp_path, word_tokenizer):
-    """3 steps, no validation, so ModelCheckpoint has saved nothing when training ends: ``Preemption`` writes
-    ``last.ckpt`` at the final step, and Lightning's ModelCheckpoint (which also saves ``last`` at train end
-    when it has not saved yet) must not add a ``last-v1.ckpt`` copy beside it."""
-    folder = tmp_path / "run" / "checkpoints"
-    ckpt = ModelCheckpoint(dirpath=folder, save_last=True, save_top_k=0)
-    t, module, dm = run(
-        tmp_path,
-        word_tokenizer,
-        [ckpt, Preemption()],
-        max_steps=3,
-        rows=ROWS[:4] * 3,
-        plugins=[AtomicCheckpointIO()],
-        enable_checkpointing=True,
-    )
-    t.fit(module, datamodule=dm)
-    assert checkpoint_files(folder) == ["last.ckpt"]
-    assert torch.load(folder / "last.ckpt", weights_only=False)["global_step"] == 3

@@ -1,9 +1,9 @@
-"""One test per function of ``hf_lightning/compat.py``, on the installed Lightning, transformers, datasets and
-torch.
+"""One test per Lightning function of ``hf_lightning/compat.py``, on the installed Lightning (the functions
+reading transformers, datasets, torch and DeepSpeed internals are tested in ``test_compat_hf_torch.py``).
 
 An upgrade that renames or drops one of the internals we read fails the test named after it. Expected values
-come from the libraries' documented behaviour (a fit of known length, a file on disk, a hand-made selection),
-or from the library's own public computation side by side.
+come from Lightning's documented behaviour (a fit of known length, a file on disk), or from its own public
+computation side by side.
 """
 
 from __future__ import annotations
@@ -284,97 +284,6 @@ def test_csv_experiment(tmp_path):
     writer = compat.csv_experiment(logger, make)
     assert compat.csv_experiment(logger, make) is writer and made == [logger.log_dir]
     assert logger.experiment is writer  # Lightning's own property serves the cached writer
-
-
-def test_zero3_full_state_dict():
-    """An upgrade tripwire only: the engine method still exists. The call itself needs a ZeRO-3 engine on GPUs
-    (``scripts/gpu_smoke.py``'s deepspeed run exports through it)."""
-    deepspeed = pytest.importorskip("deepspeed")
-    assert callable(getattr(deepspeed.DeepSpeedEngine, "_zero3_consolidated_16bit_state_dict", None))
-
-
-def _llama(**kwargs):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        vocab_size=32,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        **kwargs,
-    )
-    return LlamaForCausalLM(config)
-
-
-def test_loss_is_causal_lm():
-    from transformers import BertConfig, BertForSequenceClassification, GPT2Config, GPT2LMHeadModel
-
-    bert = BertForSequenceClassification(
-        BertConfig(
-            vocab_size=32, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32
-        )
-    )
-    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=32, n_embd=16, n_layer=1, n_head=2))
-    assert compat.loss_is_causal_lm(_llama()) and compat.loss_is_causal_lm(gpt2)
-    assert not compat.loss_is_causal_lm(bert)
-
-
-def test_attention_backend():
-    assert compat.attention_backend(_llama(attn_implementation="eager")) == "eager"
-    assert compat.attention_backend(_llama(attn_implementation="sdpa")) == "sdpa"
-    assert compat.attention_backend(torch.nn.Linear(1, 1)) is None
-
-
-def test_no_split_modules():
-    assert compat.no_split_modules(_llama()) == ["LlamaDecoderLayer"]
-    assert compat.no_split_modules(torch.nn.Linear(1, 1)) == []
-
-
-def _double(row):
-    return {"x": row["x"] * 2}
-
-
-def test_dataset_fingerprint():
-    """Same data and transform: same fingerprint (the cache key datasets uses); another transform: another."""
-    from datasets import Dataset
-
-    ds = Dataset.from_dict({"x": [1, 2, 3]})
-    doubled = ds.map(_double)
-    assert isinstance(compat.dataset_fingerprint(ds), str)
-    assert compat.dataset_fingerprint(doubled) == compat.dataset_fingerprint(ds.map(_double))
-    assert compat.dataset_fingerprint(doubled) != compat.dataset_fingerprint(ds)
-    assert compat.dataset_fingerprint([1, 2]) is None
-
-
-def test_selection_indices():
-    from datasets import Dataset
-
-    ds = Dataset.from_dict({"x": list(range(10))})
-    assert compat.selection_indices(ds) is None
-    picked = ds.select([7, 3, 5])
-    assert compat.selection_indices(picked).column(0).to_pylist() == [7, 3, 5] == picked["x"]
-
-
-def test_unwrap_compiled():
-    model = torch.nn.Linear(2, 2)
-    assert compat.unwrap_compiled(torch.compile(model)) is model
-    assert compat.unwrap_compiled(model) is model
-
-
-def test_unscales_gradients_itself():
-    params = [torch.nn.Parameter(torch.zeros(2))]
-    assert compat.unscales_gradients_itself(torch.optim.AdamW(params, fused=True))
-    assert not compat.unscales_gradients_itself(torch.optim.AdamW(params))
-    assert not compat.unscales_gradients_itself(torch.optim.SGD(params, lr=0.1))
-
-
-def test_foreach_norm():
-    tensors = [torch.tensor([1.0, -3.0]), torch.tensor([[0.5, float("nan")]]), torch.tensor([2.0])]
-    for ord in (2.0, float("inf")):
-        got = compat.foreach_norm(tensors, ord)
-        expected = [torch.linalg.vector_norm(t, ord) for t in tensors]
-        torch.testing.assert_close(torch.stack(got), torch.stack(expected), equal_nan=True)
 
 
 def test_acts_after_every_validation():
