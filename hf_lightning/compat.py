@@ -1,8 +1,9 @@
 """Every use of a private attribute of Lightning, transformers, datasets or torch, one function each.
 
 Why one module: an upgrade of one of these libraries that renames or drops an internal then fails one named
-test (``tests/unit/test_compat.py``, one test per function, run on the installed versions) instead of a user's
-run, and a reader sees in one file what we rely on beyond the public API.
+test (``tests/unit/test_compat.py`` for Lightning's, ``tests/unit/test_compat_hf_torch.py`` for the others;
+one test per function, run on the installed versions) instead of a user's run, and a reader sees in one file
+what we rely on beyond the public API.
 ``tests/unit/test_private_access.py`` fails when a private library attribute appears anywhere else in
 ``hf_lightning/``.
 
