@@ -22,13 +22,7 @@ import hydra
 from omegaconf import DictConfig
 
 from hf_lightning.cli import hide_library_warnings
-from hf_lightning.config.build import (  # noqa: F401  (re-exported: the builder's helpers lived here)
-    in_multirun,
-    instantiate,
-    lightning_object,
-    resolve_function,
-    with_best_model,
-)
+from hf_lightning.config.build import in_multirun
 from hf_lightning.errors import ConfigError, HFLightningError
 
 log = logging.getLogger("hf_lightning.train")

@@ -101,8 +101,10 @@ def build(cfg: DictConfig, purpose: Purpose = "train", checked: bool = False, sc
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     if purpose == "train":
         trainer = _train_trainer(cfg, schedule)  # HF's eval/save/log steps (HFSteps) need the schedule
+    elif purpose == "evaluate":
+        trainer = _evaluate_trainer(cfg)
     else:
-        trainer = {"evaluate": _evaluate_trainer, "inspect": _inspect_trainer}[purpose](cfg)
+        trainer = _inspect_trainer(cfg)
 
     loader = instantiate(cfg.model, _convert_="all")
     tokenizer = loader.tokenizer()

@@ -193,7 +193,7 @@ def test_our_error_inside_a_target_is_one_line(compose_cfg, tmp_path):
     from hydra.errors import InstantiationException
     from hydra.utils import instantiate as hydra_instantiate
 
-    from hf_lightning.train import instantiate
+    from hf_lightning.config.instantiate import instantiate
 
     ds_json = tmp_path / "ds.json"
     ds_json.write_text('{"train_micro_batch_size_per_gpu": 3}')

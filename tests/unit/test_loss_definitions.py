@@ -289,7 +289,7 @@ def test_tuple_outputs_are_read_by_position(tmp_path):
 
 
 def test_compute_loss_func_from_the_config_is_a_dotted_path():
-    from hf_lightning.train import resolve_function
+    from hf_lightning.config.instantiate import resolve_function
 
     assert resolve_function("tests.unit.hand_case.fallback_loss", "module.compute_loss_func") is fallback_loss
     with pytest.raises(ConfigError, match=r"module.compute_loss_func=nope.loss: not an importable function"):
