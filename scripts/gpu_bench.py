@@ -1,14 +1,17 @@
-"""GPU throughput: real tokens/s and MFU of a ~160M-parameter Llama in bf16 on one CUDA device, padded vs
-packed rows, with and without ``torch.compile``. Exits 1 at once without CUDA.
+"""GPU throughput: real tokens/s and MFU of a ~160M-parameter Llama in bf16 on one CUDA device, padded rows,
+the default layout (``data.layout=auto``) and packed rows, with and without ``torch.compile``. Exits 1 at once
+without CUDA.
 
     python scripts/gpu_bench.py [--steps 40] [--batch-size 16] [--max-length 1024] [--size 160m|460m]
         [--json OUT]
 
 Data: GSM8K train tokenized with the shared GPT-2 tokenizer (question masked), through ``HFDataModule``:
-padded (``pad_to_multiple_of=64``, so that compiled graphs see few shapes) or BFD-packed into rows of
-``--max-length``. Model: ``LlamaForCausalLM`` from a config (SDPA attention; 160m: hidden 768, 12 layers;
-460m: hidden 1024, 24 layers; GPT-2's vocabulary), ``HFLightningModule`` with fused AdamW, bf16 autocast
-(``BF16MixedPrecision``), ``lightning.Trainer`` on one device. ``torch.compile``: ``model.compile()`` before
+padded (``pad_to_multiple_of=64``, so that compiled graphs see few shapes), the layout ``data.layout=auto``
+chooses on this device (with SDPA: each batch's documents packed into rows of its longest one; with
+flash-attention: padding-free), or BFD-packed into rows of ``--max-length``. Model: ``LlamaForCausalLM`` from
+a config (SDPA attention; 160m: hidden 768, 12 layers; 460m: hidden 1024, 24 layers; GPT-2's vocabulary),
+``HFLightningModule`` with fused AdamW, bf16 autocast (``BF16MixedPrecision``), ``lightning.Trainer`` on one
+device. ``torch.compile``: ``model.compile()`` before
 training. Figures are the ``Throughput`` callback's for the last ``log_every_n_steps = steps / 4`` steps
 (after compilation and warm-up): real tokens/s, padding share, and MFU against the device's dense bf16 peak
 (``hf_lightning.callbacks.throughput.DENSE_BF16_PEAK``). Goal: MFU >= 45% packed + compiled.
@@ -52,7 +55,11 @@ def run(args, tok, rows, layout: str, compiled: bool) -> dict[str, float]:
     if compiled:
         torch._dynamo.reset()
         model.compile()
-    layout_kw = {"packing": "bfd"} if layout == "packed" else {"pad_to_multiple_of": 64}
+    layout_kw = {
+        "padded": {"pad_to_multiple_of": 64},
+        "auto": {"layout": "auto"},
+        "packed": {"packing": "bfd"},
+    }[layout]
     dm = HFDataModule(
         tok,
         path=rows,
@@ -114,7 +121,7 @@ def main() -> int:
         f"batch {args.batch_size} x {args.max_length}, {args.steps} steps"
     )
     results = {}
-    for layout in ("padded", "packed"):
+    for layout in ("padded", "auto", "packed"):
         for compiled in (False, True):
             torch.cuda.reset_peak_memory_stats()
             results[f"{layout} {'compiled' if compiled else 'eager'}"] = run(

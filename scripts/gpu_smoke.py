@@ -1,5 +1,6 @@
 """GPU smoke test: a few optimizer steps each of bf16 single-GPU (with the lean loss, the default, and with
-the loss from the full logits, ``module.lean_loss=false``), bitsandbytes' 8-bit AdamW
+the loss from the full logits, ``module.lean_loss=false``; in the default layout, ``data.layout=auto``, and
+padded, ``data.layout=null``), bitsandbytes' 8-bit AdamW
 (``optim.name=adamw_8bit``: its checkpoint must hold uint8 optimizer state), FSDP and DeepSpeed ZeRO-2 (one
 GPU is enough), with their per-step train/loss compared to the fp32 CPU run of the same data and init, within
 bf16 tolerance, and their pre-clip ``grad_norm`` too (norm clipping at 1.0 is on, as HF's ``max_grad_norm``:
@@ -46,6 +47,9 @@ RUNS = {
     # logits
     "gpu_bf16": ["trainer=gpu"],
     "gpu_bf16_logits": ["trainer=gpu", "module.lean_loss=false"],
+    # +experiment=sft trains with data.layout=auto (packed per batch under SDPA): the padded batches of HF's
+    # default layout must give the same losses
+    "gpu_bf16_padded": ["trainer=gpu", "data.layout=null"],
     # HF's optim="adamw_8bit" (bitsandbytes): 8-bit state, so the losses track fp32 AdamW's within bf16
     # tolerance
     "gpu_adamw_8bit": ["trainer=gpu", "optim.name=adamw_8bit"],
