@@ -16,16 +16,14 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from hf_lightning.batch import IGNORE_INDEX
 from hf_lightning.data.model_facts import is_sequence_classifier
+from hf_lightning.data.packing import UNPACKED, RowPlan
 from hf_lightning.errors import DataError
-
-if TYPE_CHECKING:  # packing.py imports this module's row helpers
-    from hf_lightning.data.packing import RowPlan
 
 log = logging.getLogger(__name__)
 
@@ -316,12 +314,12 @@ def collator_for(
     fmt: str,
     pad_token_id: int,
     model: Any = None,
-    plan: RowPlan | None = None,
+    plan: RowPlan = UNPACKED,
     pad_to_multiple_of: int | None = None,
 ) -> Any:
     """The collator of a data format: classification, seq2seq, padding-free, packed rows, else padding.
 
-    ``plan``: what the rows are (:class:`~hf_lightning.data.packing.RowPlan`; ``None``: unpacked rows).
+    ``plan``: what the rows are (:class:`~hf_lightning.data.packing.RowPlan`).
     """
     # here, not at the top: padding_free.py imports this module's row helpers
     from hf_lightning.data.padding_free import PackedCollator, PaddingFreeCollator
@@ -331,8 +329,8 @@ def collator_for(
         return ClassificationCollator(pad_token_id, pad_to_multiple_of)
     if fmt == "seq2seq":
         return Seq2SeqCollator(pad_token_id, model=model, pad_to_multiple_of=pad_to_multiple_of)
-    if plan is not None and plan.padding_free:
+    if plan.padding_free:
         return PaddingFreeCollator()
-    if plan is not None and plan.pack is not None:
+    if plan.pack is not None:
         return PackedCollator(pad_token_id, pad_to_multiple_of)
     return PaddingCollator(pad_token_id, pad_to_multiple_of=pad_to_multiple_of)
