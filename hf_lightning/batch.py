@@ -9,7 +9,18 @@ Both packages import these names from here, so neither imports the other.
   ``num_batches_in_window`` (the window's number of micro-batches). The module needs the last two for HF's
   fallback (a per-batch mean divided by the window length) and to skip a micro-batch without targets; reading
   them from a device tensor would cost a host-device sync per micro-batch.
+- ``PLACEHOLDER_KEY``: marks an evaluation batch that only stands for a rank with no example
+  (:mod:`~hf_lightning.data.placeholder`); the module leaves it out of metrics and predictions.
+- :func:`padding_mask`: which positions of a batch are padding (the real-token counts of the throughput
+  figures and of the run's tokens/s leave them out).
 """
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
 
 IGNORE_INDEX = -100
 
@@ -17,3 +28,25 @@ NUM_ITEMS_KEY = "num_items_in_batch"
 MICRO_ITEMS_KEY = "num_items_in_micro_batch"
 WINDOW_LENGTH_KEY = "num_batches_in_window"
 WINDOW_KEYS = (NUM_ITEMS_KEY, MICRO_ITEMS_KEY, WINDOW_LENGTH_KEY)
+
+#: batch key (a Python ``bool``, never a model input) marking a batch made only of placeholder rows
+PLACEHOLDER_KEY = "placeholder_batch"
+
+
+def padding_mask(batch: Mapping[str, Any], pad_token_id: int | None) -> torch.Tensor:
+    """``True`` at padded positions of ``input_ids``.
+
+    With ``attention_mask``: where it is 0. Without (padding-free or packed rows): the trailing run of each
+    row whose ids are the pad id and whose labels are -100 (a real EOS that doubles as pad is a target, so it
+    is not counted).
+    """
+    ids = batch["input_ids"]
+    if "attention_mask" in batch:
+        return batch["attention_mask"] == 0
+    labels = batch.get("labels")
+    if pad_token_id is None or labels is None or labels.shape != ids.shape:
+        return torch.zeros_like(ids, dtype=torch.bool)
+    pad_like = (ids == pad_token_id) & (labels == IGNORE_INDEX)
+    # the trailing run: positions from which every later position is pad-like (a running minimum from the
+    # right), in a few tensor ops and without a host sync, so the throughput callback can call it per batch
+    return pad_like.flip(-1).to(torch.uint8).cummin(-1).values.flip(-1).bool()

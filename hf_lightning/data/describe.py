@@ -10,28 +10,9 @@ from typing import Any
 
 import torch
 
-from hf_lightning.batch import IGNORE_INDEX
+from hf_lightning.batch import IGNORE_INDEX, padding_mask
 
 OPEN, CLOSE = "[[", "]]"
-
-
-def padding_mask(batch: Mapping[str, Any], pad_token_id: int | None) -> torch.Tensor:
-    """``True`` at padded positions of ``input_ids``.
-
-    With ``attention_mask``: where it is 0. Without (padding-free or packed rows): the trailing run of each
-    row whose ids are the pad id and whose labels are -100 (a real EOS that doubles as pad is a target, so it
-    is not counted).
-    """
-    ids = batch["input_ids"]
-    if "attention_mask" in batch:
-        return batch["attention_mask"] == 0
-    labels = batch.get("labels")
-    if pad_token_id is None or labels is None or labels.shape != ids.shape:
-        return torch.zeros_like(ids, dtype=torch.bool)
-    pad_like = (ids == pad_token_id) & (labels == IGNORE_INDEX)
-    # the trailing run: positions from which every later position is pad-like (a running minimum from the
-    # right), in a few tensor ops and without a host sync, so the throughput callback can call it per batch
-    return pad_like.flip(-1).to(torch.uint8).cummin(-1).values.flip(-1).bool()
 
 
 def first_sequence(batch: Mapping[str, Any], pad: torch.Tensor) -> tuple[list[int], list[int] | None]:

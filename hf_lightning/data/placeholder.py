@@ -17,10 +17,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from hf_lightning.batch import PLACEHOLDER_KEY
 from hf_lightning.data.samplers import PlaceholderRow
 
-#: batch key (a Python ``bool``, never a model input) marking a batch made only of placeholder rows
-PLACEHOLDER_KEY = "placeholder_batch"
+__all__ = ["PLACEHOLDER_KEY", "PlaceholderAwareCollator"]
 
 
 class PlaceholderAwareCollator:

@@ -12,9 +12,8 @@ import torch
 from torch import nn
 
 from hf_lightning.adapters.checkpoint import AdapterCheckpointState
-from hf_lightning.batch import MICRO_ITEMS_KEY, NUM_ITEMS_KEY, WINDOW_LENGTH_KEY
+from hf_lightning.batch import MICRO_ITEMS_KEY, NUM_ITEMS_KEY, WINDOW_LENGTH_KEY, padding_mask
 from hf_lightning.compat import attached_trainer
-from hf_lightning.data.describe import padding_mask
 from hf_lightning.data.model_facts import forward_parameters
 from hf_lightning.errors import ConfigError
 from hf_lightning.module.eval_steps import EvalStepsMixin
@@ -264,9 +263,9 @@ class HFLightningModule(
         return self._window_count
 
     def _count_tokens(self, batch: Mapping[str, Any]) -> None:
-        """Real tokens, as the throughput figures count them (``data.describe.padding_mask``): one reduction
-        queued per micro-batch (``count_nonzero`` of the attention mask, the common case), added up once every
-        :data:`TOKEN_COUNTS_KEPT` micro-batches and when read (:meth:`trained_tokens`)."""
+        """Real tokens, as the throughput figures count them (:func:`~hf_lightning.batch.padding_mask`): one
+        reduction queued per micro-batch (``count_nonzero`` of the attention mask, the common case), added up
+        once every :data:`TOKEN_COUNTS_KEPT` micro-batches and when read (:meth:`trained_tokens`)."""
         if "input_ids" not in batch:
             return
         mask = batch.get("attention_mask")

@@ -22,9 +22,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from hf_lightning.batch import IGNORE_INDEX, MICRO_ITEMS_KEY, WINDOW_KEYS
+from hf_lightning.batch import IGNORE_INDEX, MICRO_ITEMS_KEY, PLACEHOLDER_KEY, WINDOW_KEYS
 from hf_lightning.compat import loss_is_causal_lm
-from hf_lightning.data.placeholder import PLACEHOLDER_KEY
 from hf_lightning.errors import ConfigError, ModelError
 
 

@@ -16,7 +16,7 @@ from transformers.masking_utils import sdpa_mask
 
 import hf_lightning.data.layout as layout_module
 from hf_lightning import HFDataModule, HFLightningModule
-from hf_lightning.data.describe import padding_mask
+from hf_lightning.batch import padding_mask
 from hf_lightning.data.layout import choose_layout
 from hf_lightning.data.padding_free import BatchPackingCollator, PaddingFreeCollator
 from hf_lightning.errors import ConfigError
