@@ -4,9 +4,10 @@ It wires the steps, each in its own module, in the order a batch is made:
 
     sources      load, split, rename; tell the format from the columns
     formats      rows of each format -> input_ids / labels        (chat.py: chat templates)
-    tokenize     Dataset.map (cached), truncation/drop counts, column pruning (on_the_fly.py: streams, torch)
+    tokenize     Dataset.map (cached), truncation/drop counts, column pruning
+                 (on_the_fly.py, column_pruning.py: streams and torch datasets, per example)
     checks       token ids, labels and positions against the model (positions.py)
-    packing      check_packing (every packing rule), bfd / wrapped rows
+    packing      check_packing (every packing rule), the RowPlan the option means, bfd / wrapped rows
     collators    padding, classification, seq2seq (padding_free.py: padding-free, packed, packed per batch)
     samplers     seeded global order, length grouping, exact distributed split    (streams.py: streams)
     dataloaders  the loader hooks; per-epoch worker seeds; batches per epoch  (windows.py: num_items_in_batch)
