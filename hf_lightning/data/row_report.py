@@ -152,23 +152,31 @@ class RowReport:
         )
 
     def log(
-        self, max_length: int | None, level: int = logging.WARNING, prefix: str = "", kept: bool = False
+        self,
+        max_length: int | None,
+        level: int = logging.WARNING,
+        prefix: str = "",
+        kept: bool = False,
+        remedy: str = "",
     ) -> None:
         """One line per thing that happened: truncation, padding labels masked, padding removed, rows without
         target.
 
         ``kept``: the rows without a target stay as zero-weight stand-ins (streams) instead of being dropped.
+        ``remedy``: appended to the truncation line (what keeps the cut tokens).
         """
         head = f"{self.split}: {prefix}"
         if self.truncated_rows:
             log.log(
                 level,
-                "%s%d of %d rows were longer than data.max_length=%s and were truncated (%d tokens cut off)",
+                "%s%d of %d rows were longer than data.max_length=%s and were truncated (%d tokens cut "
+                "off)%s",
                 head,
                 self.truncated_rows,
                 self.rows,
                 max_length,
                 self.cut_tokens,
+                remedy,
             )
         if self.masked[0]:
             log.log(

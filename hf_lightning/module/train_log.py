@@ -155,6 +155,16 @@ class TrainLog:
         if progress_bar:
             self._bar_loss = metrics["train/loss"]
         self.log_to_loggers(metrics)
+        if self.trainer.is_global_zero and self.trainer.progress_bar_callback is None:
+            self._say_row(metrics)  # no bar shows it (output to a file): the row as a log line, as HF prints
+
+    def _say_row(self, metrics: Mapping[str, float]) -> None:
+        """One INFO line per ``train/loss`` row: ``step 4 of 20: train/loss=5.9149 lr=0.00045
+        grad_norm=2.061 epoch=0`` (HF ``Trainer`` prints the same dict every ``logging_steps``)."""
+        total = self.trainer.max_steps
+        step = f"step {self.global_step}" + (f" of {total}" if total and total > 0 else "")
+        values = " ".join(f"{k}={v:.5g}" for k, v in metrics.items() if k != "epoch")
+        log.info("%s: %s epoch=%d", step, values, int(metrics.get("epoch", 0)))
 
     def log_to_loggers(self, metrics: Mapping[str, float | None], step: int | None = None) -> None:
         """Write one row to every logger at ``step`` (default: optimizer steps done, HF's ``global_step``);

@@ -278,9 +278,9 @@ def test_sequences_longer_than_max_length_are_counted(word_tokenizer, tmp_path, 
         dm = setup_dm(word_tokenizer, path, max_length=5)
     # 3 rows x (8 - 5) tokens
     assert (
-        "train: 3 of 7 rows were longer than data.max_length=5 and were truncated (9 tokens cut off)"
-        in caplog.text
-    )
+        "train: 3 of 7 rows were longer than data.max_length=5 and were truncated (9 tokens cut off); "
+        "data.packing=wrapped keeps every token"
+    ) in caplog.text
     assert max(len(x) for x in dm.train_dataset["input_ids"]) == 5
 
 

@@ -11,6 +11,7 @@ error said once, and a resume of the finished run that leaves every file of the 
 
 from __future__ import annotations
 
+import csv
 import json
 import re
 from datetime import datetime
@@ -71,6 +72,17 @@ def test_a_run_to_a_file_prints_what_a_user_needs(shared_data, tmp_path):
     out = proc.stdout + proc.stderr
     for noise in NOISE:
         assert noise not in out, noise
+
+    # no bar: each train/loss row of metrics.csv is a log line too (HF Trainer prints its dict every
+    # logging_steps)
+    with open(run / "metrics.csv") as fh:
+        rows = {int(r["step"]): float(r["train/loss"]) for r in csv.DictReader(fh) if r["train/loss"]}
+    said = {
+        int(m.group(1)): float(m.group(2))
+        for m in re.finditer(r"step (\d+) of 2: train/loss=(\S+) lr=", proc.stdout)
+    }
+    assert sorted(said) == sorted(rows) == [1, 2]
+    assert all(said[s] == pytest.approx(rows[s], rel=1e-4) for s in rows)
 
     done = [line for line in proc.stdout.splitlines() if "] - done: " in line]
     assert len(done) == 1, proc.stdout[-3000:]
