@@ -172,6 +172,11 @@ def length_changes(saved: DictConfig, current: DictConfig) -> list[str]:
     ]
 
 
+def _override_value(value: Any) -> str:
+    """``value`` as a Hydra override writes it (``None`` is ``null``)."""
+    return "null" if value is None else str(value)
+
+
 def keep_previous_settings(run_dir: str) -> str | None:
     """Copy the folder's ``.hydra/*.yaml`` into ``.hydra/previous-N/`` (N = 1, 2, ...) before a resume
     rewrites them, so the command line of every segment of the run stays in the folder. Returns the copy's
@@ -207,9 +212,15 @@ def check_same_run(run_dir: str, current: DictConfig) -> None:
     diffs = config_differences(saved, current)
     changed = length_changes(saved, current)
     if changed and not diffs:
+        # a forgotten override (trainer.max_steps=-1 after a 10-step run) would train far longer than meant
+        keep = " ".join(
+            f"{key}={_override_value(_select(saved, key))}"
+            for key in LENGTH
+            if _select(saved, key) != _select(current, key)
+        )
         print(
             f"hf_lightning: note: resuming with a new run length ({'; '.join(changed)}): the learning-rate "
-            "schedule is rebuilt for it from the checkpoint's step on",
+            f"schedule is rebuilt for it from the checkpoint's step on; to keep the old length, give {keep}",
             file=sys.stderr,
         )
     if diffs:

@@ -283,6 +283,17 @@ def test_resume_into_a_folder_holding_a_different_run(tmp_path, capsys):
     )
 
 
+def test_a_resume_that_forgets_the_run_length_says_how_to_keep_it(tmp_path, capsys):
+    """A new user resumed a 10-step run without its ``trainer.max_steps=10``: the run went on for the
+    experiment's epochs. The note gives the override that keeps the old length."""
+    run_dir = tmp_path / "run"
+    plant_run(run_dir, "trainer.max_steps=10")
+    RunFolderGuard().on_run_start(compose_train(f"hydra.run.dir={run_dir}", "ckpt_path=last"))
+    err = capsys.readouterr().err
+    assert "resuming with a new run length (trainer.max_steps: 10 -> -1" in err
+    assert err.count("to keep the old length, give trainer.max_steps=10") == 1
+
+
 def test_resume_with_the_same_run_and_a_longer_schedule_is_allowed(tmp_path, capsys):
     """Allowed, and said: the schedule follows the new length; the previous settings are kept, since Hydra is
     about to rewrite .hydra/ with this command line (a user trial found the first segment's overrides
@@ -298,7 +309,8 @@ def test_resume_with_the_same_run_and_a_longer_schedule_is_allowed(tmp_path, cap
     err = capsys.readouterr().err
     assert (
         "hf_lightning: note: resuming with a new run length (trainer.max_steps: 10 -> 20): the learning-rate "
-        "schedule is rebuilt for it from the checkpoint's step on" in err
+        "schedule is rebuilt for it from the checkpoint's step on; to keep the old length, give "
+        "trainer.max_steps=10" in err
     )
     assert (
         f"hf_lightning: note: the previous settings of this run are kept in {run_dir}/.hydra/previous-1"
