@@ -142,8 +142,12 @@ def find_resume_checkpoint(
         path = os.fspath(ckpt_path)
         if not os.path.isfile(path):
             raise ConfigError(f"ckpt_path={ckpt_path}: no such file; check the path")
-    problem, _ = checkpoint_problem(path, weights_only)
+    problem, step = checkpoint_problem(path, weights_only)
     if problem is None:
+        if weights_only:
+            note(f"loading the weights of {path}{_step(step)}; the run starts at step 0")
+        else:
+            note(f"resuming from {path} at optimizer step {step}")
         return path
     alternative, step = newest_intact(os.path.dirname(path), weights_only, exclude=path)
     fix = (

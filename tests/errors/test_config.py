@@ -292,6 +292,11 @@ def test_a_resume_that_forgets_the_run_length_says_how_to_keep_it(tmp_path, caps
     err = capsys.readouterr().err
     assert "resuming with a new run length (trainer.max_steps: 10 -> -1" in err
     assert err.count("to keep the old length, give trainer.max_steps=10") == 1
+    # where it continues: the planted checkpoint's global_step
+    assert (
+        err.count(f"hf_lightning: note: resuming from {run_dir}/checkpoints/last.ckpt at optimizer step 3")
+        == 1
+    )
 
 
 def test_resume_with_the_same_run_and_a_longer_schedule_is_allowed(tmp_path, capsys):
