@@ -52,4 +52,7 @@ if __name__ == "__main__":
     from hf_lightning.cli_output import quiet_known_noise
 
     quiet_known_noise()
+    from hf_lightning.config.typos import exit_on_misspelt_override
+
+    exit_on_misspelt_override(sys.argv[1:], "train", "inspect")
     main()

@@ -318,10 +318,14 @@ def check_command_line(args: list[str]) -> None:
     machine, exits with one line and status 2."""
     import shutil
 
+    from hf_lightning.config.typos import misspelt_override
     from hf_lightning.optional import check_command_line as check_plugins
 
     try:
         check_plugins(args)
+        typo = misspelt_override(args)  # Hydra would say 'Could not override' and advise adding the key
+        if typo:
+            raise ConfigError(typo)
         if any(a.lstrip("+") == "hydra/launcher=slurm" for a in args) and shutil.which("sbatch") is None:
             # submitit's own refusal is a traceback ('Could not detect "srun"') after the sweep has started
             raise ConfigError(

@@ -16,6 +16,7 @@ repeat every constructor signature and drift from it; binding the signatures can
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import types
 import typing
@@ -173,9 +174,12 @@ def check_keys(node: Mapping[str, Any], target: Callable, group: str, skip: Iter
     allowed = [n for n in params if n not in ("self", *skip)]
     unknown = [k for k in node if not str(k).startswith("_") and k not in allowed]
     if unknown:
+        close = difflib.get_close_matches(str(unknown[0]), allowed, n=1) if len(unknown) == 1 else []
+        guess = f" (did you mean {group}.{close[0]}?)" if close else ""
+        keys = ", ".join(f"{group}.{k}" for k in unknown)
         raise ConfigError(
-            f"unknown config key{'s' if len(unknown) > 1 else ''} "
-            f"{', '.join(f'{group}.{k}' for k in unknown)}; allowed keys of {group}: {', '.join(allowed)}"
+            f"unknown config key{'s' if len(unknown) > 1 else ''} {keys}{guess}; "
+            f"allowed keys of {group}: {', '.join(allowed)}"
         )
 
 

@@ -126,9 +126,16 @@ def test_file_without_expected_fields(tmp_path):
 
 
 def test_unknown_override_key(tmp_path):
-    assert "Key 'no_such_key' is not in struct" in _bad(tmp_path, "data.no_such_key=1")
-    err = _bad(tmp_path, "+data.no_such_key=1")
-    assert "unknown config key data.no_such_key" in err and "per_device_train_batch_size" in err
+    # with a leading + (Hydra adds the key) and without (Hydra would refuse it in its words, exit 1): one line
+    for override in ("+data.no_such_key=1", "data.no_such_key=1"):
+        err = _bad(tmp_path, override)
+        assert "unknown config key data.no_such_key" in err and "per_device_train_batch_size" in err
+        assert "Could not override" not in err and "HYDRA_FULL_ERROR" not in err
+    proc = run_cli("+experiment=sft", f"hydra.run.dir={tmp_path / 'hf'}", "learning_rate=1e-4")
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        "hf_lightning: error: learning_rate is HF's name: use optim.lr=0.0001"
+    ]
+    assert not (tmp_path / "hf").exists()  # refused before Hydra made the run folder
 
 
 def test_model_path_that_is_not_a_model_folder(tmp_path):
