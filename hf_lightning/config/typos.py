@@ -34,8 +34,8 @@ def misspelt_override(args: Sequence[str], config_name: str = "train", purpose: 
     """
     if any(a in ("-m", "--multirun") or a.startswith("-") for a in args):
         return None
-    overrides = [a for a in args if "=" in a and not a.lstrip("+~").startswith("hydra")]
-    if any("," in a.split("=", 1)[1] and "[" not in a for a in overrides):
+    overrides = [a for a in args if not a.lstrip("+~").startswith("hydra")]
+    if any("," in a.partition("=")[2] and "[" not in a for a in overrides):
         return None  # a sweep (a=1,2): Hydra composes each job
     from hydra import compose, initialize_config_dir
     from hydra.errors import ConfigCompositionException
