@@ -1,0 +1,116 @@
+"""The files a batch passes through, from ``data.path`` to ``loss.backward()`` (issue 16's measure).
+
+    python scripts/trace_batch_path.py [--json OUT] [OVERRIDES...]
+    python scripts/trace_batch_path.py +experiment=clm data.path=../shared/data/c4-demo/c4_demo.jsonl \\
+        data.max_length=128 trainer.max_steps=1 trainer.limit_val_batches=0 trainer.enable_progress_bar=false
+
+Runs ``train(cfg)`` of the composed config under ``sys.setprofile`` until the first
+``torch.autograd.backward`` and records every ``hf_lightning`` function that receives the data: the
+``data.path`` string, a dataset, rows or a batch (a mapping with a column such as ``input_ids`` or ``text``),
+or a loader or sampler of them. Prints the files (with the functions seen in each) and the cross-file hops (a
+new caller file -> callee file pair). ``config/`` and ``callbacks/`` are listed apart: they read the path or
+the batch (the schema, the throughput figures) but never change it. Slow (the profiler sees every call).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Mapping
+from typing import Any
+
+COLUMNS = {"input_ids", "text", "messages", "conversations", "prompt", "source", "labels"}
+SIDE = ("config/", "callbacks/")  # they read the data, never change it
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", help="write the files and hops here")
+    args, overrides = parser.parse_known_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import datasets
+    from torch.utils.data import DataLoader, Dataset, Sampler
+
+    import hf_lightning
+    from hf_lightning.config.compose import compose_train
+    from hf_lightning.train import train
+
+    root = os.path.dirname(hf_lightning.__file__) + os.sep
+    cfg = compose_train(overrides, output_dir=tempfile.mkdtemp(prefix="trace_batch_path"))
+    data_path = cfg.data.path
+    kinds = (datasets.Dataset, datasets.IterableDataset, datasets.DatasetDict, Dataset, DataLoader, Sampler)
+
+    def carries(value: Any) -> bool:
+        if isinstance(value, kinds) or type(value).__name__ in ("AccumulationWindowLoader", "ShardedStream"):
+            return True
+        if isinstance(value, Mapping):
+            return bool(COLUMNS & set(map(str, value)))
+        if isinstance(value, (list, tuple)) and value and isinstance(value[0], Mapping):
+            return bool(COLUMNS & set(map(str, value[0])))
+        return data_path is not None and isinstance(value, str) and value == data_path
+
+    files: dict[str, set[str]] = {}
+    hops: dict[tuple[str, str], str] = {}
+    reached = False
+    backward = os.path.join("torch", "autograd", "__init__.py")
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        nonlocal reached
+        if reached or event != "call":
+            return
+        code = frame.f_code
+        if code.co_filename.endswith(backward) and code.co_name == "backward":
+            reached = True
+            sys.setprofile(None)
+            return
+        if not code.co_filename.startswith(root) or not code.co_flags & 0x02:  # a function, not a module
+            return
+        names = code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
+        try:
+            if not any(carries(frame.f_locals.get(n)) for n in names):
+                return
+        except Exception:  # a value whose __eq__ or keys fail: not data
+            return
+        callee = code.co_filename[len(root) :]
+        files.setdefault(callee, set()).add(code.co_qualname)
+        caller_frame = frame.f_back
+        while caller_frame is not None and not caller_frame.f_code.co_filename.startswith(root):
+            caller_frame = caller_frame.f_back
+        if caller_frame is not None:
+            caller = caller_frame.f_code.co_filename[len(root) :]
+            if caller != callee:
+                hops.setdefault((caller, callee), f"{caller_frame.f_code.co_name} -> {code.co_name}")
+
+    sys.setprofile(profile)
+    try:
+        train(cfg)
+    finally:
+        sys.setprofile(None)
+    path = sorted(f for f in files if not f.startswith(SIDE))
+    side = sorted(f for f in files if f.startswith(SIDE))
+    print(f"backward reached: {reached}")
+    print(f"files on the path: {len(path)}")
+    for name in path:
+        print(f"  {name}: {', '.join(sorted(files[name]))}")
+    print(f"read only ({', '.join(SIDE)}): {len(side)}: {', '.join(side)}")
+    print(f"cross-file hops: {len(hops)}")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(
+                {
+                    "overrides": overrides,
+                    "reached_backward": reached,
+                    "files": {k: sorted(v) for k, v in sorted(files.items())},
+                    "hops": [{"from": a, "to": b, "first": f} for (a, b), f in hops.items()],
+                },
+                fh,
+                indent=1,
+            )
+    return 0 if reached else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
