@@ -44,8 +44,9 @@ def misspelt_override(args: Sequence[str], config_name: str = "train", purpose: 
         try:
             compose(config_name, overrides=overrides)
             return None
-        except ConfigCompositionException as err:
-            found = _COULD_NOT_OVERRIDE.search(str(err))
+        except Exception as err:  # a malformed override, an unknown group option: Hydra's own message says it
+            composing = isinstance(err, ConfigCompositionException)
+            found = _COULD_NOT_OVERRIDE.search(str(err)) if composing else None
             if not found:
                 return None
             key = found.group(1)
@@ -55,7 +56,7 @@ def misspelt_override(args: Sequence[str], config_name: str = "train", purpose: 
             overrides[given[0]] = "+" + overrides[given[0]]
             try:  # with the key added, as Hydra advises: the config the schema reads
                 cfg = compose(config_name, overrides=overrides)
-            except ConfigCompositionException:
+            except Exception:  # anything else: Hydra says it when it composes
                 return None
     return unknown_key_line(OmegaConf.to_container(cfg, resolve=False), key, purpose)
 

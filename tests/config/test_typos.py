@@ -54,6 +54,9 @@ def test_a_node_that_does_not_exist_is_named_with_its_closest_group():
         ["-m", "+experiment=sft", "data.max_lenght=128"],  # a multirun: Hydra composes each job
         ["+experiment=sft", "optim.lr=1e-3,1e-4"],  # a sweep
         ["+experiment=sft", "hydra.run.dir=/tmp/x"],
+        ["+experiment=sft", "data.path='unterminated"],  # malformed: Hydra's parser error says it
+        ["+experiment=sft", "data"],  # no '='
+        ["+experiment=nosuch"],  # an unknown group option: Hydra lists the options
     ],
 )
 def test_what_composes_or_is_left_to_hydra_gets_none(args):
