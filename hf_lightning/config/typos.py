@@ -32,7 +32,7 @@ def misspelt_override(args: Sequence[str], config_name: str = "train", purpose: 
         config_name: the primary config (``train``, ``evaluate``).
         purpose: the schema's purpose (``evaluate`` allows its own top-level switches).
     """
-    if any(a in ("-m", "--multirun") or a.startswith("-") for a in args):
+    if any(a.startswith("-") for a in args):  # -m, --config-dir, --cfg ...: Hydra's business
         return None
     overrides = [a for a in args if not a.lstrip("+~").startswith("hydra")]
     if any("," in a.partition("=")[2] and "[" not in a for a in overrides):
@@ -58,7 +58,10 @@ def misspelt_override(args: Sequence[str], config_name: str = "train", purpose: 
                 cfg = compose(config_name, overrides=overrides)
             except Exception:  # anything else: Hydra says it when it composes
                 return None
-    return unknown_key_line(OmegaConf.to_container(cfg, resolve=False), key, purpose)
+    try:
+        return unknown_key_line(OmegaConf.to_container(cfg, resolve=False), key, purpose)
+    except Exception:  # never a traceback from this check: Hydra's message is the fallback
+        return None
 
 
 def unknown_key_line(c: Mapping[str, Any], key: str, purpose: str = "train") -> str | None:
