@@ -318,9 +318,10 @@ class HFDataModule(DataLoaderHooks, ModelBinding, L.LightningDataModule):
             splits = {"train": (self.train_dataset, path), "validation": (self.val_dataset, val_path)}
             check_rows_fit_model(splits, model, self.tokenizer.pad_token_id, fmt == "classification")
         base = collator_for(fmt, self.tokenizer.pad_token_id, model, self._plan, self.pad_to_multiple_of)
-        train_base = layout.train_collator(base, self.tokenizer.pad_token_id, self.pad_to_multiple_of)
-        self.train_collator = self._pruning_collator(train_base, self.train_dataset, "train")
-        self.eval_collator = self._pruning_collator(base, self.val_dataset, "validation")
+        # packed per batch: evaluation too (one flat row of the batch would cost a dense (T, T) attention)
+        rows = layout.batch_collator(base, self.tokenizer.pad_token_id, self.pad_to_multiple_of)
+        self.train_collator = self._pruning_collator(rows, self.train_dataset, "train")
+        self.eval_collator = self._pruning_collator(rows, self.val_dataset, "validation")
         if self.group_by_length and self.train_dataset is not None and not is_stream(self.train_dataset):
             self._train_lengths = self._lengths(self.train_dataset)
         announce(layout, self, self._train_lengths, self._accumulation())

@@ -88,9 +88,11 @@ class Layout:
             return f"packing={self.packing}"
         return "length-grouped" if self.group_by_length else "padded"
 
-    def train_collator(self, base: Any, pad_token_id: int, pad_to_multiple_of: int | None) -> Any:
-        """The training collator: ``base`` (what ``collator_for`` built for the three settings) or, packed per
-        batch, :class:`~hf_lightning.data.padding_free.BatchPackingCollator` (evaluation keeps ``base``)."""
+    def batch_collator(self, base: Any, pad_token_id: int, pad_to_multiple_of: int | None) -> Any:
+        """The collator of training and evaluation batches: ``base`` (what ``collator_for`` built for the
+        three settings) or, packed per batch, :class:`~hf_lightning.data.padding_free.BatchPackingCollator`
+        (under ``sdpa`` / ``eager`` one flat row of an evaluation batch of ``B`` documents would cost about
+        ``B`` times the attention of its rows)."""
         return BatchPackingCollator(pad_token_id, pad_to_multiple_of) if self.pack_batches else base
 
 

@@ -74,7 +74,7 @@ def test_auto_packs_each_batch_under_sdpa_and_says_so_with_the_real_share(caplog
         dm.setup("fit")
     assert (dm.group_by_length, dm.packing, dm.padding_free) == (False, None, True)
     assert isinstance(dm.train_collator, BatchPackingCollator)
-    assert isinstance(dm.eval_collator, PaddingFreeCollator)
+    assert isinstance(dm.eval_collator, BatchPackingCollator)  # evaluation too: no dense (T, T) attention
     lines = _layout_lines(caplog)
     assert len(lines) == 1
     assert lines[0].startswith(
@@ -109,6 +109,32 @@ def test_each_packed_batch_holds_the_padded_batch_documents_and_loss():
         )
         n = count_loss_items(q)
         assert count_loss_items(p) == n
+        with torch.no_grad():
+            loss_p, _ = module.compute_loss(p, torch.tensor(n))
+            loss_q, _ = module.compute_loss(q, torch.tensor(n))
+        torch.testing.assert_close(loss_p, loss_q, rtol=1e-5, atol=1e-6)
+
+
+def test_evaluation_batches_are_packed_too_with_the_padded_batches_loss():
+    """Packed per batch, evaluation gets rows of each batch's longest document, not one flat row (whose dense
+    ``(T, T)`` attention under sdpa costs about B times the rows'): the same documents per batch and the
+    same summed loss as the padded layout's evaluation batches (rel 1e-5)."""
+    model = tiny_llama()
+    module = HFLightningModule(model).eval()
+    loaders = []
+    for layout in ("auto", None):
+        dm = _dm(model, layout=layout, validation_path=datasets.Dataset.from_list(ROWS))
+        dm.setup("fit")
+        loaders.append(list(dm.val_dataloader()))
+    packed, padded = loaders
+    assert len(packed) == len(padded) > 0
+    for p, q in zip(packed, padded):
+        assert p["input_ids"].shape[0] < q["input_ids"].shape[0]  # fewer rows of the padded length
+        assert p["input_ids"].shape[1] == q["input_ids"].shape[1]
+        assert sorted(_documents(p)) == sorted(
+            tuple(r[m.bool()].tolist()) for r, m in zip(q["input_ids"], q["attention_mask"])
+        )
+        n = count_loss_items(q)
         with torch.no_grad():
             loss_p, _ = module.compute_loss(p, torch.tensor(n))
             loss_q, _ = module.compute_loss(q, torch.tensor(n))
