@@ -124,19 +124,14 @@ def finished_run_metrics(
     return {k: float(v) for k, v in finished.items()}
 
 
-def run_tokens_per_s(trainer: Any, module: Any, fit_seconds: float) -> tuple[float, int]:
+def run_tokens_per_s(trainer: Any) -> tuple[float, int] | None:
     """``(real tokens/s, real tokens)`` of this command's training, over all ranks, validation excluded: the
-    definition of ``throughput/tokens_per_s`` over the whole run (from the Throughput callback when the run
-    has one; else the module's token count over the time of ``fit``). A collective under DDP: call it on every
-    rank."""
-    import torch
-
+    definition of ``throughput/tokens_per_s`` over the whole run, from the
+    :class:`~hf_lightning.callbacks.Throughput` callback, the one place tokens are counted. ``None`` when the
+    run has no such callback (``callbacks.throughput=null``) or trained nothing."""
     from hf_lightning.callbacks.throughput import Throughput
 
     callback = next((c for c in trainer.callbacks if isinstance(c, Throughput)), None)
-    if callback is not None and callback.run_tokens_per_s() is not None:
-        return float(callback.run_tokens_per_s()), int(callback.run_real_tokens)
-    tokens = torch.tensor(float(module.trained_tokens()), device=trainer.strategy.root_device)
-    if trainer.world_size > 1:
-        tokens = trainer.strategy.reduce(tokens, reduce_op="sum")
-    return float(tokens) / max(fit_seconds, 1e-9), int(tokens)
+    if callback is None or callback.run_tokens_per_s() is None:
+        return None
+    return float(callback.run_tokens_per_s()), int(callback.run_real_tokens)

@@ -15,7 +15,6 @@ import logging
 import os
 import signal
 import sys
-import time
 from typing import Any
 
 import hydra
@@ -116,7 +115,6 @@ def _fit(
         _load_weights(module, weights_path, model_path)
     n_params = sum(p.numel() for p in model.parameters())
     log.info("model: %s, %.2fM parameters", type(model).__name__, n_params / 1e6)
-    start = time.perf_counter()
     with explain_faults(
         trainer, datamodule
     ):  # out of memory -> TrainingError with the batch/accumulation trade
@@ -128,7 +126,6 @@ def _fit(
                 raise
             details = summarize_load_error(err)
             raise ModelError(weights_mismatch_message(ckpt_path, model_path, details)) from None
-    fit_seconds = time.perf_counter() - start
     objects = {"trainer": trainer, "module": module, "datamodule": datamodule}
     if module.fit_start_step in (None, trainer.global_step) and ckpt_path is not None:
         previous = finished_metrics(cfg.output_dir, trainer.global_step)
@@ -166,16 +163,17 @@ def _fit(
     for callback in trainer.callbacks:  # load_best_model_at_end: the exported weights' step and metric
         if isinstance(callback, LoadBestModel):
             metrics.update(callback.final_metrics())
-    tokens_per_s, tokens = run_tokens_per_s(trainer, module, fit_seconds)
+    rate = run_tokens_per_s(trainer)
     wall = job_seconds()  # the whole job: start-up (the command's first), data, training, validations, export
     metrics.update(
         {
             "global_step": float(trainer.global_step),
             "parameters": float(n_params),
             "wall_time_s": wall,
-            "train_tokens_per_s": tokens_per_s,
         }
     )
+    if rate is not None:
+        metrics["train_tokens_per_s"] = rate[0]
     stopped = getattr(module, "preempted", None)
     if trainer.is_global_zero and not stopped:  # a stopped run has no final metrics yet
         write_final_metrics(cfg.output_dir, metrics)
@@ -190,13 +188,16 @@ def _fit(
             cfg.output_dir,
         )
         return metrics, objects
+    tokens = (
+        f"{rate[1]} real tokens trained at {rate[0]:.0f} real tokens/s (all ranks, validation excluded)"
+        if rate is not None
+        else "real tokens not counted (callbacks.throughput is off)"
+    )
     log.info(
-        "done: %d optimizer steps in %.1f s (wall time, start-up included), %d real tokens trained at %.0f "
-        "real tokens/s (all ranks, validation excluded), final %s",
+        "done: %d optimizer steps in %.1f s (wall time, start-up included), %s, final %s",
         trainer.global_step,
         wall,
         tokens,
-        tokens_per_s,
         # the last row's throughput/* rates cover one log interval: the run's rate is the one above
         ", ".join(f"{k}={v:.4f}" for k, v in metrics.items() if "/" in k and not k.startswith("throughput/")),
     )

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from hf_lightning.adapters.checkpoint import AdapterCheckpointState
-from hf_lightning.batch import MICRO_ITEMS_KEY, NUM_ITEMS_KEY, WINDOW_LENGTH_KEY, padding_mask
+from hf_lightning.batch import MICRO_ITEMS_KEY, NUM_ITEMS_KEY, WINDOW_LENGTH_KEY
 from hf_lightning.compat import attached_trainer
 from hf_lightning.data.model_facts import forward_parameters
 from hf_lightning.errors import ConfigError
@@ -36,9 +36,6 @@ from hf_lightning.module.schedules import is_metric_driven, metric_key, step_on_
 from hf_lightning.module.train_log import TrainLog, warn_empty_window
 
 log = logging.getLogger(__name__)
-
-#: micro-batch token counts queued on the device before they are added up (one reduction per this many)
-TOKEN_COUNTS_KEPT = 64
 
 
 class HFLightningModule(
@@ -182,8 +179,6 @@ class HFLightningModule(
         #: the optimizer step this process's fit started from (``None``: training never started, e.g. a resume
         #: of a run that had already reached its end)
         self.fit_start_step: int | None = None
-        self.tokens_seen = torch.zeros((), dtype=torch.long)
-        self._token_counts: list[torch.Tensor] = []  # per micro-batch, not yet added to tokens_seen
         self._warned_unwrapped = False
 
     @property
@@ -228,7 +223,6 @@ class HFLightningModule(
         #     window loss
         rank_factor = world if scaled and self.average_tokens_across_devices else 1
         self.add_window_share(share.detach() * rank_factor if rank_factor != 1 else share.detach())
-        self._count_tokens(batch)
         # (5) Lightning's automatic optimization divides by k, always k (a short last window, DeepSpeed too:
         #     HFDeepSpeedStrategy passes scale_wrt_gas=False so the engine does not divide again, as HF):
         #     cancel it
@@ -261,27 +255,6 @@ class HFLightningModule(
                     warn_empty_window(self.global_step + 1, rank=self.global_rank if world > 1 else None)
                 self._window_count = max(local, 1)
         return self._window_count
-
-    def _count_tokens(self, batch: Mapping[str, Any]) -> None:
-        """Real tokens, as the throughput figures count them (:func:`~hf_lightning.batch.padding_mask`): one
-        reduction queued per micro-batch (``count_nonzero`` of the attention mask, the common case), added up
-        once every :data:`TOKEN_COUNTS_KEPT` micro-batches and when read (:meth:`trained_tokens`)."""
-        if "input_ids" not in batch:
-            return
-        mask = batch.get("attention_mask")
-        if mask is not None:
-            self._token_counts.append(torch.count_nonzero(mask))
-        else:
-            self._token_counts.append(
-                (~padding_mask(batch, getattr(self.tokenizer, "pad_token_id", None))).sum()
-            )
-        if len(self._token_counts) >= TOKEN_COUNTS_KEPT:
-            self._fold_token_counts()
-
-    def _fold_token_counts(self) -> None:
-        if self._token_counts:
-            counts, self._token_counts = self._token_counts, []
-            self.tokens_seen = self.tokens_seen.to(counts[0].device) + torch.stack(counts).sum()
 
     # ------------------------------------------------------------------------------ fit and optimizer
     def on_fit_start(self) -> None:
@@ -350,11 +323,6 @@ class HFLightningModule(
         (:func:`~hf_lightning.module.run_plan.training_steps`, which logs when ``max_epochs`` ends the run
         first and when windows are shorter than asked)."""
         return training_steps(self.trainer)
-
-    def trained_tokens(self) -> int:
-        """Real (non-padding) input tokens seen by training on this process."""
-        self._fold_token_counts()
-        return int(self.tokens_seen)
 
 
 def _window_length(batch: Mapping[str, Any], batch_idx: int, trainer: Any) -> int:

@@ -115,3 +115,24 @@ def test_a_run_to_a_file_prints_what_a_user_needs(shared_data, tmp_path):
     line = one_line_error(proc)
     assert (proc.stdout + proc.stderr).count("data.per_device_train_batch_size=-4: allowed values") == 1
     assert line.removeprefix("hf_lightning: error: ") in (bad / "train.log").read_text()
+
+
+def test_without_the_throughput_callback_the_run_says_its_tokens_were_not_counted(shared_data, tmp_path):
+    # the Throughput callback is the one place tokens are counted: without it the done line says so and
+    # final_metrics.json has no train_tokens_per_s (not a 0 that reads as a measurement)
+    tok = gpt2_tokenizer(shared_data)
+    run = tmp_path / "run"
+    proc = run_train_cli(
+        "+experiment=clm",
+        f"model.name_or_path={save_gpt2(tmp_path / 'gpt2', tok)}",
+        f"data.path={equal_length_docs(shared_data, tok, tmp_path / 'docs.jsonl')}",
+        "data.max_length=64",
+        "trainer.max_steps=1",
+        "callbacks.throughput=null",
+        f"hydra.run.dir={run}",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    done = [line for line in proc.stdout.splitlines() if "] - done: " in line]
+    assert len(done) == 1 and "real tokens not counted (callbacks.throughput is off)" in done[0], done
+    final = json.loads((run / "final_metrics.json").read_text())
+    assert "train_tokens_per_s" not in final and final["global_step"] == 1.0

@@ -1,5 +1,6 @@
-"""``trained_tokens`` (the ``done: ... real tokens/s`` line and ``train_tokens_per_s``) counts every real
-token whatever the layout: padding-free rows carry no ``attention_mask`` and used to count as 0."""
+"""The run's real-token count (the ``done: ... real tokens/s`` line and ``train_tokens_per_s``, from the
+``Throughput`` callback, the one place tokens are counted) covers every real token whatever the layout:
+padding-free rows carry no ``attention_mask`` and used to count as 0."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import datasets
 import pytest
 
 from hf_lightning import HFDataModule, HFLightningModule
+from hf_lightning.callbacks import Throughput
 from tests.data_support import tiny_llama
 from tests.errors.support import trainer
 
@@ -34,5 +36,6 @@ def test_trained_tokens_are_the_tokenized_lengths(tmp_path, word_tokenizer, layo
         per_device_train_batch_size=2,
         **layout,
     )
-    trainer(tmp_path, max_epochs=1, max_steps=-1).fit(module, datamodule=dm)
-    assert module.trained_tokens() == expected
+    meter = Throughput()
+    trainer(tmp_path, max_epochs=1, max_steps=-1, callbacks=[meter]).fit(module, datamodule=dm)
+    assert meter.run_real_tokens == expected
