@@ -1,6 +1,6 @@
 """The DataModule's loaders: its loader hooks (:class:`DataLoaderHooks`), :class:`EpochDataLoader`
 (epoch-aware worker seeds, stream epochs) and :func:`batches_per_epoch` (their length without building them).
-Training loaders are wrapped in :class:`~hf_lightning.data.windows.AccumulationWindowLoader`
+Training loaders are wrapped in :class:`~hf_lightning.data.sampling.AccumulationWindowLoader`
 (``num_items_in_batch`` per window).
 
 Ours, not a plain ``DataLoader``: HF ``Trainer`` seeds workers per epoch inside its own loop; Lightning has no
@@ -32,10 +32,14 @@ from torch.utils.data import DataLoader
 from hf_lightning.compat import batches_processed, epoch_being_trained, epochs_processed
 from hf_lightning.data.checks import check_fits_one_batch
 from hf_lightning.data.placeholder import PlaceholderAwareCollator
-from hf_lightning.data.samplers import ExactDistributedSampler, TopUpDataset, sequence_lengths
+from hf_lightning.data.sampling import (
+    AccumulationWindowLoader,
+    ExactDistributedSampler,
+    TopUpDataset,
+    sequence_lengths,
+)
 from hf_lightning.data.sources import is_stream
 from hf_lightning.data.streams import ShardedStream, stream_batches
-from hf_lightning.data.windows import AccumulationWindowLoader
 from hf_lightning.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -127,7 +131,7 @@ def batches_per_epoch(
 ) -> int | None:
     """``len()`` of the training loader, without building it: ``n`` rows (``None``: a stream of unknown
     length, then ``None``) split over ``world`` ranks as
-    :class:`~hf_lightning.data.samplers.ExactDistributedSampler` (map-style: ``ceil(n / world)`` with the
+    :class:`~hf_lightning.data.sampling.ExactDistributedSampler` (map-style: ``ceil(n / world)`` with the
     masked top-up, ``n // world`` with ``drop_last``) or :class:`~hf_lightning.data.streams.ShardedStream`
     (per reader, ``world x workers`` readers) does, then batched.
     """
@@ -142,7 +146,7 @@ class DataLoaderHooks:
     DataModule's arguments, its prepared splits and collators, and ``self.trainer`` for the world size, rank
     and accumulation).
 
-    Map-style splits go through :class:`~hf_lightning.data.samplers.ExactDistributedSampler` (training: seeded
+    Map-style splits go through :class:`~hf_lightning.data.sampling.ExactDistributedSampler` (training: seeded
     order or length groups, masked top-up; evaluation: dataset order, no padding), streams through
     :class:`~hf_lightning.data.streams.ShardedStream` (exact per-reader split).
     """
@@ -311,8 +315,8 @@ class DataLoaderHooks:
     def train_dataloader(self) -> Any:
         """Micro-batches of ``per_device_train_batch_size`` examples, this rank's share of the epoch's order.
 
-        Wrapped in :class:`~hf_lightning.data.windows.AccumulationWindowLoader` when a ``count_loss_items`` is
-        bound (the window keys above); a plain loader otherwise (standalone use).
+        Wrapped in :class:`~hf_lightning.data.sampling.AccumulationWindowLoader` when a ``count_loss_items``
+        is bound (the window keys above); a plain loader otherwise (standalone use).
 
         Raises:
             ConfigError: a stream of unknown length without ``trainer.max_steps``.

@@ -9,8 +9,9 @@ It wires the steps, each in its own module, in the order a batch is made:
     checks       token ids, labels and positions against the model (positions.py)
     packing      check_packing (every packing rule), the RowPlan the option means, bfd / wrapped rows
     collators    padding, classification, seq2seq (padding_free.py: padding-free, packed, packed per batch)
-    samplers     seeded global order, length grouping, exact distributed split    (streams.py: streams)
-    dataloaders  the loader hooks; per-epoch worker seeds; batches per epoch  (windows.py: num_items_in_batch)
+    sampling     seeded global order, length grouping, exact distributed split; accumulation windows and
+                 their num_items_in_batch                                         (streams.py: streams)
+    dataloaders  the loader hooks; per-epoch worker seeds; batches per epoch
 
 What it needs from the model side arrives through :meth:`bind` (or is read once from the trainer's
 LightningModule when nobody called it); what the model side needs from it is :meth:`train_batches_per_epoch`.
@@ -116,7 +117,7 @@ class HFDataModule(DataLoaderHooks, ModelBinding, L.LightningDataModule):
 
     With a ``count_loss_items(batch) -> int`` bound (:meth:`bind`; :class:`HFLightningModule` has one),
     training batches also carry three Python ``int`` keys (see
-    :class:`~hf_lightning.data.windows.AccumulationWindowLoader`): ``num_items_in_batch``, the label count of
+    :class:`~hf_lightning.data.sampling.AccumulationWindowLoader`): ``num_items_in_batch``, the label count of
     their whole gradient-accumulation window on this process; ``num_items_in_micro_batch``; and
     ``num_batches_in_window``.
 

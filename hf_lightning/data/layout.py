@@ -53,7 +53,7 @@ from hf_lightning.data.formats import CAUSAL_FORMATS
 from hf_lightning.data.model_facts import forward_parameters
 from hf_lightning.data.packing import best_fit_decreasing
 from hf_lightning.data.padding_free import BatchPackingCollator
-from hf_lightning.data.samplers import length_grouped_indices, sequence_lengths
+from hf_lightning.data.sampling import length_grouped_indices, sequence_lengths
 from hf_lightning.data.sources import is_stream
 from hf_lightning.errors import ConfigError
 
@@ -221,7 +221,7 @@ def _share(batches: Any, row_slots: Any) -> float:
 
 def grouped_real_share(lengths: Sequence[int], batch_size: int, group_size: int, seed: int) -> float:
     """Real tokens / slots of one epoch of length-grouped padded batches of ``batch_size`` rows on one rank
-    (:func:`~hf_lightning.data.samplers.length_grouped_indices` in groups of ``group_size``, seeded)."""
+    (:func:`~hf_lightning.data.sampling.length_grouped_indices` in groups of ``group_size``, seeded)."""
     order = length_grouped_indices(lengths, group_size, torch.Generator().manual_seed(seed))
     batches = [[lengths[i] for i in order[s : s + batch_size]] for s in range(0, len(order), batch_size)]
     return _share(batches, lambda b: len(b) * max(b))

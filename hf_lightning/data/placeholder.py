@@ -4,7 +4,7 @@ With fewer evaluation examples than ranks (8 rows, a 5% hold-out of 1 row, 2 ran
 empty. Lightning refuses a loader of length zero on one rank, and a rank that skipped the loop would leave the
 others waiting in the loop's collectives (DDP's buffer broadcast in the first forward, the metric sync at the
 end). So that rank evaluates one *placeholder*: a masked copy of an example (every label -100,
-:class:`~hf_lightning.data.samplers.PlaceholderRow`), which adds nothing to the loss, accuracy or F1 sums.
+:class:`~hf_lightning.data.sampling.PlaceholderRow`), which adds nothing to the loss, accuracy or F1 sums.
 
 A LightningModule that sets ``handles_placeholder_batches = True`` (as
 :class:`~hf_lightning.HFLightningModule` does) gets such a batch marked with ``batch[PLACEHOLDER_KEY] =
@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from hf_lightning.batch import PLACEHOLDER_KEY
-from hf_lightning.data.samplers import PlaceholderRow
+from hf_lightning.data.sampling import PlaceholderRow
 
 __all__ = ["PLACEHOLDER_KEY", "PlaceholderAwareCollator"]
 

@@ -25,7 +25,7 @@ from typing import Any
 import datasets
 from torch import nn
 
-from hf_lightning.data.samplers import sequence_lengths
+from hf_lightning.data.sampling import sequence_lengths
 from hf_lightning.errors import ConfigError
 
 log = logging.getLogger(__name__)

@@ -147,7 +147,7 @@ class PredictionCollector:
         """Arrays over the whole set, in dataset order.
 
         With ``world_size > 1`` every rank holds the strided shard ``rank, rank + W, ...`` (the evaluation
-        order of :class:`~hf_lightning.data.samplers.ExactDistributedSampler`); rows are put back in dataset
+        order of :class:`~hf_lightning.data.sampling.ExactDistributedSampler`); rows are put back in dataset
         order.
         """
         preds, labels = self.local_arrays()

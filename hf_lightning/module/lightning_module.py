@@ -203,7 +203,7 @@ class HFLightningModule(
         """
         k, world = self.trainer.accumulate_grad_batches, self.trainer.world_size
         # (1) the count, HF get_batch_samples: label targets (labels != -100; labels[..., 1:] when the loss
-        #     shifts) over the whole window, counted on the host by data.windows.AccumulationWindowLoader
+        #     shifts) over the whole window, counted on the host by data.sampling.AccumulationWindowLoader
         #     before the window's first forward. None: the batches carry no count (HF's "not counted")
         # (2) summed across ranks when average_tokens_across_devices (HF: gather + sum), once per window
         across = self.average_tokens_across_devices and world > 1
@@ -235,7 +235,7 @@ class HFLightningModule(
             if not self._warned_unwrapped:
                 log.warning(
                     "training batches carry no num_items_in_batch (the train dataloader is not an "
-                    "HFDataModule one, nor wrapped in hf_lightning.data.windows.AccumulationWindowLoader): "
+                    "HFDataModule one, nor wrapped in hf_lightning.data.sampling.AccumulationWindowLoader): "
                     "each micro-batch is normalised by its own count and divided by the window length, HF's "
                     "fallback, which weights targets unequally"
                 )

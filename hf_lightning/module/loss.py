@@ -287,7 +287,7 @@ class ComputeLoss:
 
         Args:
             batch: the collated micro-batch (``labels`` ``(B, L)`` or ``(B,)``; the window keys of
-                :mod:`hf_lightning.data.windows` are never passed to the model).
+                :mod:`hf_lightning.data.sampling` are never passed to the model).
             num_items_in_batch: the window's target count (``int``, or a 0-dim int64 tensor when summed across
                 ranks), at least 1; ``None`` when the batches carry no count (HF: "not counted") or the loss
                 is HF's fallback (``loss_is_scaled_for_ga`` resolved to ``False``): the loss is then a mean

@@ -15,7 +15,7 @@ epochs, reaches a multiple of ``gradient_accumulation_steps``, and Lightning (wh
 accumulation) never closes the short last window of an epoch. With 5 micro-batches per epoch and accumulation
 2, the engine would step after micro-batches 2, 4, 6, 8, 10 (its third window spanning two epochs), Lightning
 would count 4 steps and step the schedule 4 times, and
-:class:`~hf_lightning.data.windows.AccumulationWindowLoader` would normalise 6 windows of 2, 2, 1
+:class:`~hf_lightning.data.sampling.AccumulationWindowLoader` would normalise 6 windows of 2, 2, 1
 micro-batches. :class:`LightningWindows` makes the engine follow Lightning's windows, as HF ``Trainer``
 (through accelerate) does: Lightning runs the windows as under DDP (the short one included), the engine is
 told before every backward whether this micro-batch closes a window (``set_gradient_accumulation_boundary``),

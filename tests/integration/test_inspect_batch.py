@@ -30,7 +30,7 @@ def test_sft_batch_is_printed_with_marked_spans(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
     assert "format: messages" in out
-    # keys are padded to the longest one (the window keys of hf_lightning.data.windows)
+    # keys are padded to the longest one (the window keys of hf_lightning.data.sampling)
     assert re.search(r"^  input_ids +\(4, \d+\)  torch.int64$", out, re.M)
     for key in ("num_items_in_batch", "num_items_in_micro_batch", "num_batches_in_window"):
         assert re.search(rf"^  {key} +int = \d+$", out, re.M), key

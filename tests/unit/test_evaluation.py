@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from hf_lightning import HFDataModule, HFLightningModule
-from hf_lightning.data.samplers import ExactDistributedSampler
+from hf_lightning.data.sampling import ExactDistributedSampler
 from hf_lightning.module.eval_metrics import PredictionCollector, estimate_logits_bytes
 from tests.data_support import PadOnly, tiny_llama
 from tests.unit.test_loss_exactness import TableLM, row_losses

@@ -17,7 +17,7 @@ from torch.utils.data import IterableDataset
 
 from hf_lightning import ConfigError, HFDataModule
 from hf_lightning.data.dataloaders import EpochDataLoader
-from hf_lightning.data.samplers import ExactDistributedSampler
+from hf_lightning.data.sampling import ExactDistributedSampler
 from hf_lightning.data.streams import ShardedStream
 
 

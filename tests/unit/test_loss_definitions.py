@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader
 
 from hf_lightning import ConfigError, HFLightningModule
 from hf_lightning.data.collators import PaddingCollator
-from hf_lightning.data.windows import AccumulationWindowLoader
+from hf_lightning.data.sampling import AccumulationWindowLoader
 from tests.unit.hand_case import ROWS, TableLM, W, exact_loss, fallback_loss, fit, table_datamodule
 
 LOGGER = "hf_lightning.module.lightning_module"

@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader
 from hf_lightning import HFLightningModule
 from hf_lightning.data.collators import PaddingCollator
 from hf_lightning.data.placeholder import PLACEHOLDER_KEY, PlaceholderAwareCollator
-from hf_lightning.data.samplers import ExactDistributedSampler, PlaceholderRow, TopUpDataset
+from hf_lightning.data.sampling import ExactDistributedSampler, PlaceholderRow, TopUpDataset
 from hf_lightning.data.streams import ShardedStream
 from tests.unit.hand_case import TableLM
 from tests.unit.test_evaluation import ROWS

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from transformers.trainer_pt_utils import get_length_grouped_indices
 
 from hf_lightning import HFDataModule
-from hf_lightning.data.samplers import (
+from hf_lightning.data.sampling import (
     ExactDistributedSampler,
     TopUpDataset,
     length_grouped_indices,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from hf_lightning.data.windows import AccumulationWindowLoader
+from hf_lightning.data.sampling import AccumulationWindowLoader
 from hf_lightning.module.loss import count_loss_items
 
 
@@ -67,7 +67,7 @@ def test_resume_state_of_another_epoch_is_ignored():
 
 def test_sampler_jump_reads_nothing_before_the_resume_point():
     from hf_lightning.data.dataloaders import EpochDataLoader
-    from hf_lightning.data.samplers import ExactDistributedSampler
+    from hf_lightning.data.sampling import ExactDistributedSampler
 
     read = []
 
