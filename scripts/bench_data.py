@@ -41,8 +41,7 @@ from bench_support import (
 )
 from padding_efficiency import measure
 
-from hf_lightning.data.collators import PaddingCollator
-from hf_lightning.data.padding_free import PaddingFreeCollator
+from hf_lightning.data.collators import PaddingCollator, PaddingFreeCollator
 
 
 def examples_per_s(collate, rows: list[dict], batch_size: int) -> float:

@@ -16,8 +16,7 @@ import torch
 from bench_support import gpt2_tokenizer, gsm8k_tokenized, set_threads
 from transformers import DataCollatorWithFlattening
 
-from hf_lightning.data.collators import checked_column, flatten_rows
-from hf_lightning.data.padding_free import PaddingFreeCollator
+from hf_lightning.data.collators import PaddingFreeCollator, checked_column, flatten_rows
 from hf_lightning.errors import DataError
 
 

@@ -8,8 +8,9 @@ Runs ``train(cfg)`` of the composed config under ``sys.setprofile`` until the fi
 ``torch.autograd.backward`` and records every ``hf_lightning`` function that receives the data: the
 ``data.path`` string, a dataset, rows or a batch (a mapping with a column such as ``input_ids`` or ``text``),
 or a loader or sampler of them. Prints the files (with the functions seen in each) and the cross-file hops (a
-new caller file -> callee file pair). ``config/`` and ``callbacks/`` are listed apart: they read the path or
-the batch (the schema, the throughput figures) but never change it. Slow (the profiler sees every call).
+new caller file -> callee file pair). ``config/`` and ``callbacks/`` are listed apart, with the files reached
+only through them: they read the path or the batch (the schema, the throughput figures) but never change it.
+Slow (the profiler sees every call).
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ def main() -> int:
         return data_path is not None and isinstance(value, str) and value == data_path
 
     files: dict[str, set[str]] = {}
+    reads: dict[str, set[str]] = {}  # reached only from config/ or callbacks/ (what they call to read)
     hops: dict[tuple[str, str], str] = {}
     reached = False
     backward = os.path.join("torch", "autograd", "__init__.py")
@@ -75,6 +77,9 @@ def main() -> int:
         except Exception:  # a value whose __eq__ or keys fail: not data
             return
         callee = code.co_filename[len(root) :]
+        if callee.startswith(SIDE) or _under_side(frame.f_back, root):
+            reads.setdefault(callee, set()).add(code.co_qualname)
+            return
         files.setdefault(callee, set()).add(code.co_qualname)
         caller_frame = frame.f_back
         while caller_frame is not None and not caller_frame.f_code.co_filename.startswith(root):
@@ -89,8 +94,8 @@ def main() -> int:
         train(cfg)
     finally:
         sys.setprofile(None)
-    path = sorted(f for f in files if not f.startswith(SIDE))
-    side = sorted(f for f in files if f.startswith(SIDE))
+    path = sorted(files)
+    side = sorted(set(reads) - set(files))
     print(f"backward reached: {reached}")
     print(f"files on the path: {len(path)}")
     for name in path:
@@ -104,12 +109,23 @@ def main() -> int:
                     "overrides": overrides,
                     "reached_backward": reached,
                     "files": {k: sorted(v) for k, v in sorted(files.items())},
+                    "read_only": {k: sorted(v) for k, v in sorted(reads.items())},
                     "hops": [{"from": a, "to": b, "first": f} for (a, b), f in hops.items()],
                 },
                 fh,
                 indent=1,
             )
     return 0 if reached else 1
+
+
+def _under_side(frame: Any, root: str) -> bool:
+    """Whether a call from ``frame`` comes from a ``config/`` or ``callbacks/`` function (a read)."""
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if name.startswith(root) and name[len(root) :].startswith(SIDE):
+            return True
+        frame = frame.f_back
+    return False
 
 
 if __name__ == "__main__":

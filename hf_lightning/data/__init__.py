@@ -1,15 +1,15 @@
 """The data path: sources, formats, tokenize, checks, packing, collators, sampling, streams, loaders, the
 DataModule."""
 
-from hf_lightning.data.collators import ClassificationCollator, PaddingCollator, Seq2SeqCollator
+from hf_lightning.data.collators import PackedCollator, PaddingCollator, PaddingFreeCollator
 from hf_lightning.data.datamodule import HFDataModule
-from hf_lightning.data.padding_free import PackedCollator, PaddingFreeCollator
 from hf_lightning.data.sampling import (
     AccumulationWindowLoader,
     ExactDistributedSampler,
     length_grouped_indices,
 )
 from hf_lightning.data.streams import ShardedStream
+from hf_lightning.data.task_collators import ClassificationCollator, Seq2SeqCollator
 
 __all__ = [
     "AccumulationWindowLoader",

@@ -1,14 +1,48 @@
-"""Collators: turn a list of tokenized examples into a padded batch (:func:`collator_for` picks one).
+"""Collators of token rows: a list of tokenized examples -> one batch of tensors. ``collator_for``
+(:mod:`~hf_lightning.data.layout`) picks one; classification and seq2seq ones:
+:mod:`~hf_lightning.data.task_collators`.
 
-Ours rather than HF's ``DataCollatorForSeq2Seq`` / ``DataCollatorWithPadding``: labels are padded by position
-with ``-100`` whatever their key, and a key that cannot be batched is named, not a ``ValueError`` from the
-tokenizer's ``pad``. Padding-free, packed and packed-per-batch rows: :mod:`~hf_lightning.data.padding_free`;
-packing: :mod:`~hf_lightning.data.packing`.
+- :class:`PaddingCollator`: rows padded on the right to the longest, labels with -100 whatever their key.
+- :class:`PaddingFreeCollator` (``data.padding_free``): every example of the batch flattened into one row.
+- :class:`PackedCollator` (``data.packing``): rows packed with documents before training, padded per batch.
+- :class:`BatchPackingCollator` (``data.layout=auto``, "packed per batch"): one batch's documents packed
+  into as few rows as fit, at collation.
 
-The dataset side decides which positions are trained on (labels with ``-100``); a collator only pads. This is
-the split litgpt uses (``litgpt/data/base.py``): masking in the dataset, padding in the collate function.
-Padding is on the right. A key a collator cannot carry into the batch (a string, a ragged list) is
+The dataset side decides which positions are trained on (labels with ``-100``); a collator only pads or lays
+rows out (litgpt's split, ``litgpt/data/base.py``). A key a collator cannot carry (a string, a ragged list) is
 announced once at WARNING and left out, never dropped silently.
+
+Ours rather than HF's: ``DataCollatorWithPadding`` / ``DataCollatorForSeq2Seq`` pad labels under their own
+key only and answer a key that cannot be batched with the tokenizer's ``ValueError``. A wrapper of
+``DataCollatorWithFlattening`` (our checks of empty, text, ragged and padded rows, then HF's collator) costs
+2.1x the CPU time per batch of ours (1,896 vs 896 us, GSM8K rows, batches of 16: ``python
+scripts/bench_flattening.py``); HF's collator also fills positions token by token in Python, ignores an
+``attention_mask`` (it would flatten padding) and the ``position_ids`` of packed rows (document boundaries
+lost). Outputs are equal (``tests/unit/test_collators.py``).
+
+Documents kept apart by ``position_ids``: ``transformers`` (``masking_utils._preprocess_mask_arguments``)
+derives a block-diagonal causal mask from ``position_ids`` (a new sequence wherever the position does not grow
+by one) **only when** ``attention_mask`` is ``None`` and there is no KV cache. So these batches carry no
+``attention_mask`` and the model runs with ``use_cache=False`` (``HFLightningModule`` passes it); flash
+attention reads the same boundaries from ``cu_seq_lens_q/k``. The ``-100`` at each document start keeps the
+last token of one document from being trained to predict the first of the next; with it the loss and the
+per-document logits equal the padded batch's. ``[10, 11, 12, 13]``, ``[20, 21, 22]``, ``[30, 31]``::
+
+    input_ids     10   11   12   13 | 20   21   22 | 30   31
+    position_ids   0    1    2    3 |  0    1    2 |  0    1        boundaries [0, 4, 7, 9]
+    labels      -100   11   12   13 |-100  21   22 |-100  31        6 targets
+
+Packed per batch: one flat row of ``T = sum(L_i)`` tokens costs a dense ``(T, T)`` mask under ``sdpa`` /
+``eager`` (about ``B`` times the padded rows' attention work). :class:`BatchPackingCollator` puts the batch's
+documents, each whole, into rows of the longest one's length ``L`` by best-fit decreasing and pads the rows'
+tails (a segment of their own that nothing real attends to). Lengths ``[5, 2, 3, 1]`` make 3 rows, not 4::
+
+    row 0   a0 a1 a2 a3 a4     positions 0 1 2 3 4    labels -100 a1 a2 a3 a4
+    row 1   b0 b1 c0 c1 c2     positions 0 1 0 1 2    labels -100 b1 -100 c1 c2
+    row 2   d0 pd pd pd pd     positions 0 0 1 2 3    labels -100 -100 -100 -100 -100   (pd: the pad id)
+
+The step holds exactly the padded batch's documents and targets: the same loss and gradient up to float
+rounding; unlike ``data.packing``, no document moves to another step.
 """
 
 from __future__ import annotations
@@ -21,8 +55,7 @@ from typing import Any
 import torch
 
 from hf_lightning.batch import IGNORE_INDEX
-from hf_lightning.data.model_facts import is_sequence_classifier
-from hf_lightning.data.packing import UNPACKED, RowPlan
+from hf_lightning.data.packing import best_fit_decreasing
 from hf_lightning.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -96,7 +129,7 @@ def pad_rows(rows: Sequence[torch.Tensor], length: int, value: int) -> torch.Ten
     return pad_flat(flat, row_mask(lengths, length), value)
 
 
-class _ExtraKeys:
+class ExtraKeys:
     """Stacks the keys a collator does not handle itself, or announces once that it leaves them out."""
 
     def __init__(self, owner: str) -> None:
@@ -193,7 +226,7 @@ class PaddingCollator:
         self.pad_token_id = int(pad_token_id)
         self.pad_to_multiple_of = pad_to_multiple_of
         self.label_pad_token_id = label_pad_token_id
-        self._extra = _ExtraKeys(type(self).__name__)
+        self._extra = ExtraKeys(type(self).__name__)
 
     def __call__(self, examples: Sequence[Mapping[str, Any]]) -> dict[str, torch.Tensor]:
         ids, lengths = _input_ids(examples, type(self).__name__)
@@ -209,128 +242,158 @@ class PaddingCollator:
         return batch
 
 
-class ClassificationCollator:
-    """Dynamic padding for sequence classification; ``label`` / ``label_ids`` become ``labels``.
+CARRIED = ("input_ids", "labels", "position_ids", "attention_mask")
 
-    Matches ``transformers.DataCollatorWithPadding`` (right padding): ``input_ids`` padded with the pad id,
-    ``attention_mask`` and ``token_type_ids`` with 0, ``labels`` a ``(B,)`` tensor, int64 for class ids and
-    float32 for regression targets (as HF's ``default_data_collator``); multi-label rows give ``(B, C)``.
+
+def sequence_boundaries(position_ids: torch.Tensor) -> torch.Tensor:
+    """Start offsets of the sequences in a flattened row plus its length (flash-attention ``cu_seq_lens``).
+
+    Args:
+        position_ids: ``(1, T)`` or ``(T,)`` positions that restart at 0 for every sequence.
+
+    Returns:
+        ``(n_sequences + 1,)`` int32, e.g. ``[0, 4, 7, 9]`` for positions ``[0,1,2,3,0,1,2,0,1]``.
+    """
+    pos = position_ids.reshape(-1)
+    starts = torch.nonzero(pos == 0).reshape(-1)
+    return torch.cat([starts, torch.tensor([pos.numel()])]).to(torch.int32)
+
+
+class PaddingFreeCollator:
+    """Flattens a batch into one row with restarting ``position_ids`` (HF ``DataCollatorWithFlattening``).
+
+    Args:
+        label_pad_token_id: the separator written at each sequence start (-100).
+        return_flash_attn_kwargs: also return ``cu_seq_lens_q/k`` (int32) and ``max_length_q/k`` (int).
+
+    Input: examples with ``input_ids`` and optional ``labels`` (copied from ``input_ids`` if missing) and
+    ``position_ids`` (a packed row brings its own, restarting at each document; otherwise ``0..n-1``).
+    ``attention_mask`` is consumed (it must be all ones: flattening is the padding removal). Other keys are
+    announced once and left out: there is no per-example axis to carry them on.
+
+    Returns:
+        ``{"input_ids": (1, T), "labels": (1, T), "position_ids": (1, T)}`` int64, ``T`` = total tokens.
 
     Raises:
-        ValueError: an empty list or an example without ``input_ids``.
+        ValueError: an empty batch, an example without ``input_ids``, mismatched lengths, or an
+            ``attention_mask`` with zeros.
+    """
+
+    def __init__(
+        self, label_pad_token_id: int = IGNORE_INDEX, return_flash_attn_kwargs: bool = False
+    ) -> None:
+        self.label_pad_token_id = label_pad_token_id
+        self.return_flash_attn_kwargs = return_flash_attn_kwargs
+        self._announced: set[str] = set()
+
+    def __call__(self, examples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        if not examples:
+            raise DataError("PaddingFreeCollator: cannot collate an empty list of examples")
+        for i, ex in enumerate(examples):
+            if "input_ids" not in ex:
+                raise DataError(f"example {i} has no 'input_ids' (keys: {sorted(ex)})")
+        # whole-batch tensor ops on the concatenated rows (no per-example tensors)
+        ids, lengths = flatten_rows([ex["input_ids"] for ex in examples])
+        if not ids.numel():
+            raise DataError("PaddingFreeCollator: every example of the batch is empty")
+        labels = checked_column(examples, "labels", lengths)
+        labels = ids.clone() if labels is None else labels
+        positions = checked_column(examples, "position_ids", lengths)
+        starts = torch.tensor([0, *itertools.accumulate(lengths)][:-1], dtype=torch.long)
+        sizes = torch.tensor(lengths, dtype=torch.long)
+        if positions is None:
+            positions = torch.arange(ids.numel()) - torch.repeat_interleave(starts, sizes)
+        else:
+            nonempty = sizes > 0
+            first = positions[starts[nonempty]]
+            if bool((first != 0).any()):
+                i = int(torch.nonzero(nonempty).reshape(-1)[int(torch.nonzero(first != 0)[0])])
+                row = positions[starts[i] : starts[i] + lengths[i]]
+                raise DataError(f"example {i}: position_ids must start at 0, got {row[:4].tolist()}...")
+        mask = checked_column(examples, "attention_mask", lengths)
+        if mask is not None and not bool(mask.all()):
+            row_of = torch.repeat_interleave(torch.arange(len(lengths)), sizes)
+            i = int(row_of[int(torch.nonzero(mask == 0)[0])])
+            raise DataError(f"example {i}: attention_mask has zeros; padding-free batches take unpadded rows")
+        labels[positions == 0] = (
+            self.label_pad_token_id
+        )  # each sequence start (every document of a packed row)
+        extra = set().union(*examples) - set(CARRIED) - self._announced
+        for key in sorted(extra):
+            self._announced.add(key)
+            log.warning("PaddingFreeCollator leaves key %r out of the flattened batch", key)
+        batch: dict[str, Any] = {
+            "input_ids": ids.unsqueeze(0),
+            "labels": labels.unsqueeze(0),
+            "position_ids": positions.unsqueeze(0),
+        }
+        if self.return_flash_attn_kwargs:
+            cu = sequence_boundaries(batch["position_ids"])
+            batch["cu_seq_lens_q"] = batch["cu_seq_lens_k"] = cu
+            batch["max_length_q"] = batch["max_length_k"] = int((cu[1:] - cu[:-1]).max())
+        return batch
+
+
+class PackedCollator:
+    """Pads packed rows into ``(B, L)`` without an ``attention_mask``: ``position_ids`` isolate documents.
+
+    The padding tail of a row gets ``position_ids`` ``0, 1, ...`` (a segment of its own, which nothing real
+    attends to) and labels -100. With no ``attention_mask`` and no KV cache, ``transformers`` builds the
+    block-diagonal causal mask from ``position_ids`` (see the module docstring). Unlike
+    flattening the whole batch into one row, attention stays per row: ``B * L**2`` instead of ``(B * L)**2``.
+
+    Returns:
+        ``{"input_ids", "labels", "position_ids"}``, int64 ``(B, L)``.
     """
 
     def __init__(self, pad_token_id: int, pad_to_multiple_of: int | None = None) -> None:
         self.pad_token_id = int(pad_token_id)
         self.pad_to_multiple_of = pad_to_multiple_of
-        self._extra = _ExtraKeys(type(self).__name__)
 
     def __call__(self, examples: Sequence[Mapping[str, Any]]) -> dict[str, torch.Tensor]:
-        if not examples:
-            raise DataError("ClassificationCollator: cannot collate an empty list of examples")
-        for i, ex in enumerate(examples):
-            if "input_ids" not in ex:
-                raise DataError(f"example {i} has no 'input_ids' (keys: {sorted(ex)})")
-        ids = [as_row(ex["input_ids"]) for ex in examples]
-        length = round_up(max(r.numel() for r in ids), self.pad_to_multiple_of)
-        batch = {"input_ids": pad_rows(ids, length, self.pad_token_id)}
-        for key in ("attention_mask", "token_type_ids"):
-            if key in examples[0]:
-                batch[key] = pad_rows([as_row(ex[key]) for ex in examples], length, 0)
-        if "attention_mask" not in batch:
-            batch["attention_mask"] = pad_rows([torch.ones_like(r) for r in ids], length, 0)
-        label_key = next((k for k in ("label", "label_ids", "labels") if k in examples[0]), None)
-        if label_key is not None:
-            values = [ex[label_key] for ex in examples]
-            first = (
-                values[0].item()
-                if isinstance(values[0], torch.Tensor) and values[0].dim() == 0
-                else values[0]
-            )
-            dtype = torch.long if isinstance(first, int) else torch.float32
-            batch["labels"] = torch.as_tensor(values, dtype=dtype)
-        self._extra.add(batch, examples, ("label", "label_ids", "labels"))
-        return batch
+        ids, lengths = flatten_rows([ex["input_ids"] for ex in examples])
+        labels, _ = flatten_rows([ex["labels"] for ex in examples])
+        positions, _ = flatten_rows([ex["position_ids"] for ex in examples])
+        length = round_up(max(lengths), self.pad_to_multiple_of)
+        mask = row_mask(lengths, length)
+        # the padding tail counts 0, 1, ... from the end of each row's documents
+        tail = torch.arange(length) - torch.tensor(lengths, dtype=torch.long).unsqueeze(1)
+        position_ids = torch.where(mask, pad_flat(positions, mask, 0), tail)
+        return {
+            "input_ids": pad_flat(ids, mask, self.pad_token_id),
+            "labels": pad_flat(labels, mask, IGNORE_INDEX),
+            "position_ids": position_ids,
+        }
 
 
-class Seq2SeqCollator:
-    """Encoder-decoder batches, as ``transformers.DataCollatorForSeq2Seq`` builds them.
-
-    ``input_ids`` padded with the pad id, ``attention_mask`` with 0, ``labels`` with ``label_pad_token_id``
-    (-100) to the longest label; ``decoder_input_ids`` made by ``model.prepare_decoder_input_ids_from_labels``
-    when the model has it (the labels shifted right behind the decoder start token, exactly as the model
-    would do itself).
+class BatchPackingCollator:
+    """Packs one batch's documents into rows as long as its longest document (see the module docstring).
 
     Args:
-        pad_token_id: id for padded input positions.
-        model: the seq2seq model (optional), for its ``prepare_decoder_input_ids_from_labels``.
-        label_pad_token_id / pad_to_multiple_of: as HF.
+        pad_token_id: the id of the rows' padding tails.
+        pad_to_multiple_of: round the row length up to this multiple (the rows are packed to the longest
+        document).
+
+    Input: what :class:`PaddingFreeCollator` takes (``input_ids``; optional
+    ``labels``, ``position_ids`` restarting per document, an all-ones ``attention_mask``).
 
     Returns:
-        ``{"input_ids": (B, S), "attention_mask": (B, S), "labels": (B, T)[, "decoder_input_ids": (B, T)]}``.
+        ``{"input_ids", "labels", "position_ids"}``, int64 ``(R, L)``: ``R <= B`` rows, ``L`` the longest
+        document.
+
+    Raises:
+        DataError: what ``PaddingFreeCollator`` refuses (an empty batch, padded rows, ...).
     """
 
-    def __init__(
-        self,
-        pad_token_id: int,
-        model: Any = None,
-        label_pad_token_id: int = IGNORE_INDEX,
-        pad_to_multiple_of: int | None = None,
-    ) -> None:
-        self.pad_token_id = int(pad_token_id)
-        self.model = model
-        self.label_pad_token_id = label_pad_token_id
-        self.pad_to_multiple_of = pad_to_multiple_of
-        self._extra = _ExtraKeys(type(self).__name__)
+    def __init__(self, pad_token_id: int, pad_to_multiple_of: int | None = None) -> None:
+        self.flatten = PaddingFreeCollator()
+        self.pad = PackedCollator(pad_token_id, pad_to_multiple_of)
 
     def __call__(self, examples: Sequence[Mapping[str, Any]]) -> dict[str, torch.Tensor]:
-        if not examples:
-            raise DataError("Seq2SeqCollator: cannot collate an empty list of examples")
-        for i, ex in enumerate(examples):
-            if "input_ids" not in ex:
-                raise DataError(f"example {i} has no 'input_ids' (keys: {sorted(ex)})")
-        ids = [as_row(ex["input_ids"]) for ex in examples]
-        masks = [
-            as_row(ex["attention_mask"]) if "attention_mask" in ex else torch.ones_like(r)
-            for ex, r in zip(examples, ids)
-        ]
-        length = round_up(max(r.numel() for r in ids), self.pad_to_multiple_of)
-        batch = {
-            "input_ids": pad_rows(ids, length, self.pad_token_id),
-            "attention_mask": pad_rows(masks, length, 0),
-        }
-        if "labels" in examples[0]:
-            labels = [as_row(ex["labels"]) for ex in examples]
-            label_length = round_up(max(r.numel() for r in labels), self.pad_to_multiple_of)
-            batch["labels"] = pad_rows(labels, label_length, self.label_pad_token_id)
-            prepare = getattr(self.model, "prepare_decoder_input_ids_from_labels", None)
-            if prepare is not None and "decoder_input_ids" not in examples[0]:
-                batch["decoder_input_ids"] = prepare(labels=batch["labels"])
-        self._extra.add(batch, examples, ())
-        return batch
-
-
-def collator_for(
-    fmt: str,
-    pad_token_id: int,
-    model: Any = None,
-    plan: RowPlan = UNPACKED,
-    pad_to_multiple_of: int | None = None,
-) -> Any:
-    """The collator of a data format: classification, seq2seq, padding-free, packed rows, else padding.
-
-    ``plan``: what the rows are (:class:`~hf_lightning.data.packing.RowPlan`).
-    """
-    # here, not at the top: padding_free.py imports this module's row helpers
-    from hf_lightning.data.padding_free import PackedCollator, PaddingFreeCollator
-
-    # pre-tokenized rows for a sequence classifier carry one class per row, not token labels
-    if fmt == "classification" or (fmt == "tokenized" and is_sequence_classifier(model)):
-        return ClassificationCollator(pad_token_id, pad_to_multiple_of)
-    if fmt == "seq2seq":
-        return Seq2SeqCollator(pad_token_id, model=model, pad_to_multiple_of=pad_to_multiple_of)
-    if plan.padding_free:
-        return PaddingFreeCollator()
-    if plan.pack is not None:
-        return PackedCollator(pad_token_id, pad_to_multiple_of)
-    return PaddingCollator(pad_token_id, pad_to_multiple_of=pad_to_multiple_of)
+        lengths = [len(ex["input_ids"]) if "input_ids" in ex else 0 for ex in examples]
+        capacity = max(max(lengths, default=0), 1)
+        rows = []
+        for members in best_fit_decreasing(lengths, capacity):
+            flat = self.flatten([examples[i] for i in sorted(members)])  # checks each example, marks starts
+            rows.append({key: value[0] for key, value in flat.items()})
+        return self.pad(rows)

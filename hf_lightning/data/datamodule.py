@@ -8,7 +8,8 @@ It wires the steps, each in its own module, in the order a batch is made:
                  (on_the_fly.py, column_pruning.py: streams and torch datasets, per example)
     checks       token ids, labels and positions against the model (positions.py)
     packing      check_packing (every packing rule), the RowPlan the option means, bfd / wrapped rows
-    collators    padding, classification, seq2seq (padding_free.py: padding-free, packed, packed per batch)
+    collators    padded, padding-free, packed, packed per batch (task_collators.py: classification, seq2seq;
+                 layout.py: the data.layout choice and collator_for)
     sampling     seeded global order, length grouping, exact distributed split; accumulation windows and
                  their num_items_in_batch                                         (streams.py: streams)
     dataloaders  the loader hooks; per-epoch worker seeds; batches per epoch
@@ -32,12 +33,11 @@ from hf_lightning.data.checks import (
     check_pad_token,
     check_rows_fit_model,
 )
-from hf_lightning.data.collators import collator_for
 from hf_lightning.data.column_pruning import prune_per_example
 from hf_lightning.data.dataloaders import DataLoaderHooks
 from hf_lightning.data.end_of_turn import warn_end_of_turn
 from hf_lightning.data.formats import FORMATS
-from hf_lightning.data.layout import LayoutChoice, announce, apply_layout, check_layout
+from hf_lightning.data.layout import LayoutChoice, announce, apply_layout, check_layout, collator_for
 from hf_lightning.data.model_facts import Columns, ModelBinding, find_label_names, resolve_columns
 from hf_lightning.data.on_the_fly import ExampleProcessor
 from hf_lightning.data.packing import (

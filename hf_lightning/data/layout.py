@@ -10,7 +10,7 @@ padded            the rows' tokens / (B x longest row)      the reference
 padding-free      all: one flat row, ``position_ids``       the same documents, the same loss and gradient
                   restart per document
 packed per batch  almost all: the batch's documents in the  the same documents, the same loss and gradient
-                  fewest rows of its longest document's     (:mod:`~hf_lightning.data.padding_free`)
+                  fewest rows of its longest document's     (:mod:`~hf_lightning.data.collators`)
                   length
 length-grouped    almost all (HF ``group_by_length``)       other documents: rows of similar length together
 packed            almost all (``data.packing``)             more documents per step, fewer steps
@@ -49,12 +49,18 @@ import torch
 
 from hf_lightning.compat import attention_backend
 from hf_lightning.data.checks import packed_sequences_isolated
+from hf_lightning.data.collators import (
+    BatchPackingCollator,
+    PackedCollator,
+    PaddingCollator,
+    PaddingFreeCollator,
+)
 from hf_lightning.data.formats import CAUSAL_FORMATS
-from hf_lightning.data.model_facts import forward_parameters
-from hf_lightning.data.packing import best_fit_decreasing
-from hf_lightning.data.padding_free import BatchPackingCollator
+from hf_lightning.data.model_facts import forward_parameters, is_sequence_classifier
+from hf_lightning.data.packing import UNPACKED, RowPlan, best_fit_decreasing
 from hf_lightning.data.sampling import length_grouped_indices, sequence_lengths
 from hf_lightning.data.sources import is_stream
+from hf_lightning.data.task_collators import ClassificationCollator, Seq2SeqCollator
 from hf_lightning.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -75,7 +81,7 @@ class Layout:
     padding_free: bool
     #: ``None``: ``data.layout`` is null; else what the log line says after the layout's name
     reason: str | None = None
-    #: padding-free documents packed into rows per batch (:mod:`~hf_lightning.data.padding_free`)
+    #: padding-free documents packed into rows per batch (:mod:`~hf_lightning.data.collators`)
     pack_batches: bool = False
 
     @property
@@ -90,7 +96,7 @@ class Layout:
 
     def batch_collator(self, base: Any, pad_token_id: int, pad_to_multiple_of: int | None) -> Any:
         """The collator of training and evaluation batches: ``base`` (what ``collator_for`` built for the
-        three settings) or, packed per batch, :class:`~hf_lightning.data.padding_free.BatchPackingCollator`
+        three settings) or, packed per batch, :class:`~hf_lightning.data.collators.BatchPackingCollator`
         (under ``sdpa`` / ``eager`` one flat row of an evaluation batch of ``B`` documents would cost about
         ``B`` times the attention of its rows)."""
         return BatchPackingCollator(pad_token_id, pad_to_multiple_of) if self.pack_batches else base
@@ -256,3 +262,26 @@ def announce(layout: Layout, dm: Any, lengths: Sequence[int] | None, accumulatio
         value = grouped_real_share(lengths, batch, batch * accumulation, dm.seed)
         share = f": {100.0 * value:.1f}% of slots real (epoch 1, one rank)"
     log.info("layout: %s (data.layout=auto; %s)%s", layout.name, layout.reason, share)
+
+
+def collator_for(
+    fmt: str,
+    pad_token_id: int,
+    model: Any = None,
+    plan: RowPlan = UNPACKED,
+    pad_to_multiple_of: int | None = None,
+) -> Any:
+    """The collator of a data format: classification, seq2seq, padding-free, packed rows, else padding.
+
+    ``plan``: what the rows are (:class:`~hf_lightning.data.packing.RowPlan`).
+    """
+    # pre-tokenized rows for a sequence classifier carry one class per row, not token labels
+    if fmt == "classification" or (fmt == "tokenized" and is_sequence_classifier(model)):
+        return ClassificationCollator(pad_token_id, pad_to_multiple_of)
+    if fmt == "seq2seq":
+        return Seq2SeqCollator(pad_token_id, model=model, pad_to_multiple_of=pad_to_multiple_of)
+    if plan.padding_free:
+        return PaddingFreeCollator()
+    if plan.pack is not None:
+        return PackedCollator(pad_token_id, pad_to_multiple_of)
+    return PaddingCollator(pad_token_id, pad_to_multiple_of=pad_to_multiple_of)

@@ -92,7 +92,7 @@ class RowPlan:
 
     The tokenizers (:func:`~hf_lightning.data.on_the_fly.fn_kwargs_for`), the split preparation
     (:func:`~hf_lightning.data.tokenize.prepare_split`) and the collators
-    (:func:`~hf_lightning.data.collators.collator_for`) read these facts, never the two options.
+    (:func:`~hf_lightning.data.layout.collator_for`) read these facts, never the two options.
 
     Attributes:
         truncate: each document is cut at ``max_length`` (``False`` for ``wrapped``, which cuts the
@@ -100,7 +100,7 @@ class RowPlan:
         add_eos: packed ``text`` documents end with the EOS token (TRL's ``SFTTrainer`` appends it too).
         drop_padding: pre-tokenized rows lose their padding (their rows go side by side).
         padding_free: each batch is one flat row
-            (:class:`~hf_lightning.data.padding_free.PaddingFreeCollator`).
+            (:class:`~hf_lightning.data.collators.PaddingFreeCollator`).
         pack: ``(dataset, split) -> dataset``: :func:`pack_dataset`, strategy and ``max_length`` bound;
             ``None``: rows are not packed.
     """

@@ -49,7 +49,7 @@ def test_mismatched_labels_are_refused_with_the_example_index():
 
 # ------------------------------------------------------------------------------------------ padding-free
 def test_padding_free_flattens_with_restarting_positions_and_masked_starts():
-    from hf_lightning.data.padding_free import PaddingFreeCollator, sequence_boundaries
+    from hf_lightning.data.collators import PaddingFreeCollator, sequence_boundaries
     from hf_lightning.module.loss import count_loss_items
 
     examples = [{"input_ids": [10, 11, 12, 13]}, {"input_ids": [20, 21, 22]}, {"input_ids": [30, 31]}]
@@ -68,7 +68,7 @@ def test_padding_free_flattens_with_restarting_positions_and_masked_starts():
 def test_padding_free_matches_hf_data_collator_with_flattening():
     from transformers import DataCollatorWithFlattening
 
-    from hf_lightning.data.padding_free import PaddingFreeCollator
+    from hf_lightning.data.collators import PaddingFreeCollator
 
     examples = [
         {"input_ids": [5, 6, 7], "labels": [-100, 6, 7]},
@@ -85,7 +85,7 @@ def test_padding_free_matches_hf_data_collator_with_flattening():
 def test_padding_free_refuses_padded_rows_and_announces_extra_keys_once(caplog):
     import logging
 
-    from hf_lightning.data.padding_free import PaddingFreeCollator
+    from hf_lightning.data.collators import PaddingFreeCollator
 
     collate = PaddingFreeCollator()
     with pytest.raises(ValueError, match="example 0: attention_mask has zeros"):
@@ -113,7 +113,7 @@ def test_padding_collator_announces_uncarried_keys_once_and_stacks_numbers(caplo
 def test_classification_collator_matches_hf_data_collator_with_padding():
     from transformers import DataCollatorWithPadding
 
-    from hf_lightning.data.collators import ClassificationCollator
+    from hf_lightning.data.task_collators import ClassificationCollator
     from tests.data_support import make_word_tokenizer
 
     tok = make_word_tokenizer()
@@ -137,7 +137,7 @@ def test_classification_collator_matches_hf_data_collator_with_padding():
 def test_seq2seq_collator_matches_hf_with_decoder_inputs_from_a_real_t5():
     from transformers import DataCollatorForSeq2Seq, T5Config, T5ForConditionalGeneration
 
-    from hf_lightning.data.collators import Seq2SeqCollator
+    from hf_lightning.data.task_collators import Seq2SeqCollator
     from tests.data_support import make_word_tokenizer
 
     tok = make_word_tokenizer()
@@ -172,7 +172,7 @@ def test_seq2seq_collator_matches_hf_with_decoder_inputs_from_a_real_t5():
 
 
 def test_seq2seq_collator_names_an_example_without_input_ids():
-    from hf_lightning.data.collators import Seq2SeqCollator
+    from hf_lightning.data.task_collators import Seq2SeqCollator
 
     with pytest.raises(ValueError, match=r"example 1 has no 'input_ids' \(keys: \['labels'\]\)"):
         Seq2SeqCollator(0)([{"input_ids": [5, 6], "labels": [7]}, {"labels": [8]}])

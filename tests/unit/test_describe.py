@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from hf_lightning.data.collators import PaddingCollator
+from hf_lightning.data.collators import PaddingCollator, PaddingFreeCollator
 from hf_lightning.data.describe import describe_batch
-from hf_lightning.data.padding_free import PaddingFreeCollator
 
 
 def test_padded_batch_report(word_tokenizer):

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from hf_lightning import ConfigError, HFDataModule
+from hf_lightning.data.collators import PackedCollator
 from hf_lightning.data.packing import best_fit_decreasing, pack_bfd, pack_wrapped
-from hf_lightning.data.padding_free import PackedCollator
 
 IGNORE = -100
 

@@ -13,9 +13,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hf_lightning import HFLightningModule
-from hf_lightning.data.collators import PaddingCollator
+from hf_lightning.data.collators import (
+    PackedCollator,
+    PaddingCollator,
+    PaddingFreeCollator,
+    sequence_boundaries,
+)
 from hf_lightning.data.packing import pack_bfd
-from hf_lightning.data.padding_free import PackedCollator, PaddingFreeCollator, sequence_boundaries
 from hf_lightning.module.loss import count_loss_items, token_cross_entropy_sum
 from tests.data_support import tiny_llama
 
