@@ -40,7 +40,8 @@ def main() -> int:
     from hf_lightning.train import train
 
     root = os.path.dirname(hf_lightning.__file__) + os.sep
-    cfg = compose_train(overrides, output_dir=tempfile.mkdtemp(prefix="trace_batch_path"))
+    run_dir = tempfile.TemporaryDirectory(prefix="trace_batch_path")  # the run's folder, removed at the end
+    cfg = compose_train(overrides, output_dir=run_dir.name)
     data_path = cfg.data.path
     kinds = (datasets.Dataset, datasets.IterableDataset, datasets.DatasetDict, Dataset, DataLoader, Sampler)
 
@@ -94,6 +95,7 @@ def main() -> int:
         train(cfg)
     finally:
         sys.setprofile(None)
+        run_dir.cleanup()
     path = sorted(files)
     side = sorted(set(reads) - set(files))
     print(f"backward reached: {reached}")
