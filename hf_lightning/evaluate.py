@@ -26,8 +26,9 @@ log = logging.getLogger("hf_lightning.evaluate")
 
 def prompt_and_reference(row: dict[str, Any], causal: bool) -> tuple[list[int], list[int]]:
     """``(prompt ids, reference ids)`` of a tokenized row: for a causal LM the prompt is every token before
-    the first trained-on label (position >= 1) and the reference the trained-on tokens from there; for an
-    encoder-decoder model the source and the target."""
+    the first trained-on label (position >= 1) and the reference the run of trained-on tokens that starts
+    there, up to the next untrained one: one reply, as ``generate=true`` makes one (a chat's first assistant
+    turn; a completion; the rest of a text row); for an encoder-decoder model the source and the target."""
     ids = list(row["input_ids"])
     labels = row.get("labels")
     labels = list(labels) if isinstance(labels, (list, tuple)) else None
@@ -35,7 +36,8 @@ def prompt_and_reference(row: dict[str, Any], causal: bool) -> tuple[list[int], 
         return ids, [t for t in (labels or []) if t != IGNORE_INDEX]
     labels = labels if labels is not None else ids
     first = next((i for i, t in enumerate(labels) if t != IGNORE_INDEX and i > 0), len(ids))
-    return ids[:first], [t for t in labels[first:] if t != IGNORE_INDEX]
+    end = next((i for i in range(first, len(labels)) if labels[i] == IGNORE_INDEX), len(labels))
+    return ids[:first], labels[first:end]
 
 
 def generate_replies(

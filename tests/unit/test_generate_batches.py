@@ -25,5 +25,12 @@ def test_prompt_and_reference_of_a_row():
     assert prompt_and_reference(row, causal=True) == ([1, 2], [3, 4])
     text = {"input_ids": [7, 8, 9]}  # every token trained: the prompt is the first token
     assert prompt_and_reference(text, causal=True) == ([7], [8, 9])
+    # a two-turn chat: the reference is the first assistant turn, the reply generate=true is compared with
+    # (it used to be both turns glued together, the second user turn left out)
+    chat = {
+        "input_ids": [1, 2, 3, 4, 5, 6, 7, 8],
+        "labels": [IGNORE_INDEX] * 2 + [3, 4] + [IGNORE_INDEX] * 2 + [7, 8],
+    }
+    assert prompt_and_reference(chat, causal=True) == ([1, 2], [3, 4])
     seq2seq = {"input_ids": [1, 2], "labels": [5, 6, IGNORE_INDEX]}
     assert prompt_and_reference(seq2seq, causal=False) == ([1, 2], [5, 6])
