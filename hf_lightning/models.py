@@ -206,6 +206,12 @@ def build_model(
             if attention is None:
                 raise
             raise attention from err
+        log.info(
+            "model.name_or_path is null: a %s with random weights, built from its config (%d parameters); "
+            "model.name_or_path=DIR or a hub id fine-tunes pretrained weights",
+            type(model).__name__,
+            sum(p.numel() for p in model.parameters()),
+        )
     else:
         path = resolve_name_or_path(name_or_path)
         check_folder(path, os.fspath(name_or_path))

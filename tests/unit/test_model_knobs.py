@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 
@@ -86,3 +88,15 @@ def test_package_folders_and_encoder_decoder_detection(tmp_path):
     assert is_encoder_decoder("seq2seq_lm") and not is_encoder_decoder("causal_lm")
     (tmp_path / "config.json").write_text('{"model_type": "bart", "is_encoder_decoder": true}')
     assert is_encoder_decoder("causal_lm", str(tmp_path))
+
+
+def test_a_model_without_name_or_path_says_its_weights_are_random(default_tokenizer, caplog):
+    # a new user running the shipped experiments trains a randomly initialised tiny Llama: the log says so
+    with caplog.at_level(logging.INFO, logger="hf_lightning.models"):
+        model = build_model(default_tokenizer, config=LLAMA)
+    n = sum(p.numel() for p in model.parameters())
+    said = [r.getMessage() for r in caplog.records if "random weights" in r.getMessage()]
+    assert said == [
+        f"model.name_or_path is null: a LlamaForCausalLM with random weights, built from its config ({n} "
+        "parameters); model.name_or_path=DIR or a hub id fine-tunes pretrained weights"
+    ]
