@@ -9,8 +9,8 @@ Runs ``train(cfg)`` of the composed config under ``sys.setprofile`` until the fi
 ``data.path`` string, a dataset, rows or a batch (a mapping with a column such as ``input_ids`` or ``text``),
 or a loader or sampler of them. Prints the files (with the functions seen in each) and the cross-file hops (a
 new caller file -> callee file pair). ``config/`` and ``callbacks/`` are listed apart, with the files reached
-only through them: they read the path or the batch (the schema, the throughput figures) but never change it.
-Slow (the profiler sees every call).
+only through ``callbacks/``: they read the path or the batch (the schema, the throughput figures) but never
+change it. Slow (the profiler sees every call).
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def main() -> int:
         return data_path is not None and isinstance(value, str) and value == data_path
 
     files: dict[str, set[str]] = {}
-    reads: dict[str, set[str]] = {}  # reached only from config/ or callbacks/ (what they call to read)
+    reads: dict[str, set[str]] = {}  # in config/ or callbacks/, or reached only from callbacks/ (reads)
     hops: dict[tuple[str, str], str] = {}
     reached = False
     backward = os.path.join("torch", "autograd", "__init__.py")
@@ -121,10 +121,11 @@ def main() -> int:
 
 
 def _under_side(frame: Any, root: str) -> bool:
-    """Whether a call from ``frame`` comes from a ``config/`` or ``callbacks/`` function (a read)."""
+    """Whether a call from ``frame`` comes from a ``callbacks/`` function (a read of the batch; the builder in
+    ``config/`` also prepares data for some tasks, so what it calls stays on the path)."""
     while frame is not None:
         name = frame.f_code.co_filename
-        if name.startswith(root) and name[len(root) :].startswith(SIDE):
+        if name.startswith(root) and name[len(root) :].startswith("callbacks/"):
             return True
         frame = frame.f_back
     return False
