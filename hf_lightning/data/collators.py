@@ -60,6 +60,9 @@ from hf_lightning.errors import DataError
 
 log = logging.getLogger(__name__)
 
+#: the keys a padding-free batch carries (any other is announced once and left out)
+CARRIED = ("input_ids", "labels", "position_ids", "attention_mask")
+
 
 def as_row(value: Any) -> torch.Tensor:
     """A token row as a 1-D int64 tensor; ``(1, n)`` rows (a ``return_tensors`` leftover) become ``(n,)``.
@@ -240,9 +243,6 @@ class PaddingCollator:
         }
         self._extra.add(batch, examples, ())
         return batch
-
-
-CARRIED = ("input_ids", "labels", "position_ids", "attention_mask")
 
 
 def sequence_boundaries(position_ids: torch.Tensor) -> torch.Tensor:
