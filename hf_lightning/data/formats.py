@@ -30,6 +30,7 @@ from typing import Any
 
 from hf_lightning.batch import IGNORE_INDEX
 from hf_lightning.data.chat import chat_labels, tokenize_chat, tokenize_sharegpt
+from hf_lightning.data.pretokenized import truncate_tokenized
 from hf_lightning.data.row_report import (
     CUT,
     EMPTY,
@@ -39,7 +40,6 @@ from hf_lightning.data.row_report import (
     special_ids,
     target_cause,
 )
-from hf_lightning.data.tokenized import truncate_tokenized
 from hf_lightning.errors import DataError
 
 __all__ = ["FORMATS", "SOURCE_COLUMNS", "TOKENIZERS", "chat_labels", "tokenize_chat"]
