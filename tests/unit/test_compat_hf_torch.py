@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from hf_lightning import compat
+from tests.data_support import tiny_llama
 
 
 def test_zero3_full_state_dict():
@@ -15,20 +16,6 @@ def test_zero3_full_state_dict():
     (``scripts/gpu_smoke.py``'s deepspeed run exports through it)."""
     deepspeed = pytest.importorskip("deepspeed")
     assert callable(getattr(deepspeed.DeepSpeedEngine, "_zero3_consolidated_16bit_state_dict", None))
-
-
-def _llama(**kwargs):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        vocab_size=32,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        **kwargs,
-    )
-    return LlamaForCausalLM(config)
 
 
 def test_loss_is_causal_lm():
@@ -40,18 +27,18 @@ def test_loss_is_causal_lm():
         )
     )
     gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=32, n_embd=16, n_layer=1, n_head=2))
-    assert compat.loss_is_causal_lm(_llama()) and compat.loss_is_causal_lm(gpt2)
+    assert compat.loss_is_causal_lm(tiny_llama()) and compat.loss_is_causal_lm(gpt2)
     assert not compat.loss_is_causal_lm(bert)
 
 
 def test_attention_backend():
-    assert compat.attention_backend(_llama(attn_implementation="eager")) == "eager"
-    assert compat.attention_backend(_llama(attn_implementation="sdpa")) == "sdpa"
+    assert compat.attention_backend(tiny_llama(attn_implementation="eager")) == "eager"
+    assert compat.attention_backend(tiny_llama(attn_implementation="sdpa")) == "sdpa"
     assert compat.attention_backend(torch.nn.Linear(1, 1)) is None
 
 
 def test_no_split_modules():
-    assert compat.no_split_modules(_llama()) == ["LlamaDecoderLayer"]
+    assert compat.no_split_modules(tiny_llama()) == ["LlamaDecoderLayer"]
     assert compat.no_split_modules(torch.nn.Linear(1, 1)) == []
 
 
