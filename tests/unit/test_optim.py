@@ -10,27 +10,26 @@ import logging
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments, get_scheduler
+from transformers import Trainer, TrainingArguments, get_scheduler
 
 from hf_lightning.errors import ConfigError
 from hf_lightning.module.optim import build_optimizer, parse_optim_args
 from hf_lightning.module.schedules import build_scheduler, metric_key, step_on_validation
+from tests.data_support import tiny_llama
 
 CPU_NAMES = ("adamw_torch", "adamw_torch_fused", "adafactor", "sgd", "adagrad", "rmsprop")
 
 
 @pytest.fixture(scope="module")
 def model():
-    torch.manual_seed(0)
-    config = LlamaConfig(
+    return tiny_llama(
         vocab_size=40,
         hidden_size=16,
         intermediate_size=32,
         num_hidden_layers=1,
         num_attention_heads=2,
         num_key_value_heads=1,
-    )
-    return LlamaForCausalLM(config)
+    ).train()
 
 
 @pytest.mark.parametrize(
