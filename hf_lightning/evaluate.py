@@ -80,6 +80,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     one device (more is refused in one line).
 
     Raises:
+        ConfigError: neither ``model.name_or_path`` nor ``ckpt_path`` (random weights: nothing to evaluate).
         HFLightningError: bad input (the message names the key, file or field).
     """
     from hf_lightning.checkpointing.weights import load_model_weights
@@ -88,7 +89,13 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     out_dir = cfg.output_dir
     if cfg.ckpt_path and not os.path.isfile(cfg.ckpt_path):
         raise ConfigError(f"ckpt_path={cfg.ckpt_path}: no such file")
-    run = build(cfg, "evaluate")
+    run = build(cfg, "evaluate")  # its refusals first: they name what else is wrong
+    if not cfg.ckpt_path and cfg.model.get("name_or_path") is None:
+        raise ConfigError(
+            "nothing trained to evaluate: model.name_or_path is null and no ckpt_path is given, so the model "
+            "would be the experiment's randomly initialised one; set model.name_or_path=RUN/hf_model or "
+            "ckpt_path=RUN/checkpoints/last.ckpt (with the run's overrides)"
+        )
     trainer, datamodule, module = run.trainer, run.datamodule, run.module
     if cfg.ckpt_path:
         step = load_model_weights(module, cfg.ckpt_path, cfg.model.get("name_or_path"))

@@ -111,6 +111,9 @@ OVERLAY: dict[str, Allowed] = {
         "python -m hf_lightning.evaluate)",
     ),
     "seed": Allowed(_int, "an integer"),
+    # python -m hf_lightning.evaluate's switches (absent from training configs)
+    "generate": Allowed(lambda v: isinstance(v, bool), "true or false"),
+    "max_new_tokens": POSITIVE_INT,
     "required_keys": Allowed(
         lambda v: isinstance(v, list) and all(isinstance(k, str) for k in v), "a list of dotted keys"
     ),
@@ -175,12 +178,24 @@ def check_keys(node: Mapping[str, Any], target: Callable, group: str, skip: Iter
     unknown = [k for k in node if not str(k).startswith("_") and k not in allowed]
     if unknown:
         close = difflib.get_close_matches(str(unknown[0]), allowed, n=1) if len(unknown) == 1 else []
-        guess = f" (did you mean {group}.{close[0]}?)" if close else ""
+        ours = _our_key_for_hf_name(str(unknown[0]), group) if len(unknown) == 1 else None
+        guess = f" (HF's name: did you mean {ours}?)" if ours else ""
+        guess = guess or (f" (did you mean {group}.{close[0]}?)" if close else "")
         keys = ", ".join(f"{group}.{k}" for k in unknown)
         raise ConfigError(
             f"unknown config key{'s' if len(unknown) > 1 else ''} {keys}{guess}; "
             f"allowed keys of {group}: {', '.join(allowed)}"
         )
+
+
+def _our_key_for_hf_name(name: str, group: str) -> str | None:
+    """Our key under ``group`` for an HF ``TrainingArguments`` name given there (``optim.learning_rate`` ->
+    ``optim.lr``), or ``None``."""
+    from hf_lightning.config.hf_names import OURS
+
+    ours = OURS.get(name)
+    key = ours.split("=", 1)[0] if isinstance(ours, str) else ""
+    return key if key.startswith(f"{group}.") else None
 
 
 def node_errors(node: Mapping[str, Any], target: Callable, group: str, skip: Iterable[str] = ()) -> list[str]:

@@ -4,7 +4,9 @@ Hydra refuses an override of a key that the composed config does not hold (``dat
 ``learning_rate=1e-4``) with ``Could not override 'data.max_lenght'. To append to your config use
 +data.max_lenght=128``, exit status 1: it advises adding the misspelt key. Here the command line is composed
 once before Hydra runs; such a key gets the schema's line instead (the allowed keys of its group and the
-closest one, or our key for an HF ``TrainingArguments`` name), exit status 2, as with a leading ``+``.
+closest one, or our key for an HF ``TrainingArguments`` name), exit status 2, as with a leading ``+``. An
+unknown group option, a group that needs a ``+`` and a ``+`` on a key that exists get one line too
+(:func:`composition_line`); every other composition failure is left to Hydra's message.
 """
 
 from __future__ import annotations
@@ -44,7 +46,10 @@ def misspelt_override(args: Sequence[str], config_name: str = "train", purpose: 
         try:
             compose(config_name, overrides=overrides)
             return None
-        except Exception as err:  # a malformed override, an unknown group option: Hydra's own message says it
+        except Exception as err:  # a malformed override: Hydra's own message says it
+            line = composition_line(err, overrides)
+            if line:
+                return line
             composing = isinstance(err, ConfigCompositionException)
             found = _COULD_NOT_OVERRIDE.search(str(err)) if composing else None
             if not found:
@@ -62,6 +67,39 @@ def misspelt_override(args: Sequence[str], config_name: str = "train", purpose: 
         return unknown_key_line(OmegaConf.to_container(cfg, resolve=False), key, purpose)
     except Exception:  # never a traceback from this check: Hydra's message is the fallback
         return None
+
+
+def composition_line(err: Exception, overrides: Sequence[str]) -> str | None:
+    """One line for Hydra's multi-line composition errors a newcomer meets first, or ``None``:
+
+    - an unknown group option (``+experiment=sfy``, ``scheduler=cosin``): ``experiment=sfy: no such option
+      (did you mean experiment=sft?); allowed values: classification, clm, seq2seq, sft``;
+    - a group that is not in the defaults list given without ``+`` (``experiment=sft``): ``use
+      +experiment=sft``;
+    - a ``+`` on a key the config already holds (``+trainer.max_steps=5``): drop the ``+``.
+    """
+    from hydra.errors import ConfigCompositionException, MissingConfigException
+
+    text = str(err)
+    if isinstance(err, MissingConfigException) and err.options and err.missing_cfg_file:
+        group, _, name = err.missing_cfg_file.rpartition("/")
+        options = [str(o) for o in err.options]
+        close = difflib.get_close_matches(name, options, n=1)
+        guess = f" (did you mean {group}={close[0]}?)" if close else ""
+        return f"{group}={name}: no such option{guess}; allowed values: {', '.join(options)}"
+    if not isinstance(err, ConfigCompositionException):
+        return None
+    found = re.search(r"Could not override '([^']+)'\. No match in the defaults list", text)
+    if found:
+        group = found.group(1)
+        value = next((a.split("=", 1)[1] for a in overrides if a.split("=", 1)[0] == group), "...")
+        return f"{group}={value}: {group} is not in the defaults, so it takes a leading +: +{group}={value}"
+    found = re.search(r"An item is already at '([^']+)'", text)
+    if found:
+        key = found.group(1)
+        value = next((a.split("=", 1)[1] for a in overrides if a.lstrip("+").split("=", 1)[0] == key), "...")
+        return f"+{key}={value}: {key} is already in the config, so it is set without the +: {key}={value}"
+    return None
 
 
 def unknown_key_line(c: Mapping[str, Any], key: str, purpose: str = "train") -> str | None:

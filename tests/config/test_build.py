@@ -91,6 +91,29 @@ def test_evaluate_refuses_what_it_cannot_do_in_one_line(tmp_path, text_file, ove
     assert named in str(err.value) and "\n" not in str(err.value)
 
 
+def test_evaluate_without_trained_weights_is_refused_in_one_line(tmp_path, text_file):
+    # the experiments' default model is randomly initialised: scoring it wrote eval_metrics.json, exit 0
+    from hf_lightning.evaluate import evaluate
+
+    cfg = compose_evaluate(tmp_path, "+experiment=clm", f"data.path={text_file}")
+    with pytest.raises(ConfigError) as err:
+        evaluate(cfg)
+    assert str(err.value).startswith("nothing trained to evaluate: model.name_or_path is null and no ckpt")
+    assert not (tmp_path / "eval_metrics.json").exists()
+
+
+@pytest.mark.parametrize("override", ["generate=no", "generate=1", "max_new_tokens=0", "max_new_tokens=abc"])
+def test_evaluate_switches_are_checked(tmp_path, text_file, override):
+    # generate=no used to generate (a non-empty string is true)
+    from hf_lightning.config.build import build
+
+    cfg = compose_evaluate(tmp_path, "+experiment=clm", f"data.path={text_file}", override)
+    with pytest.raises(ConfigError) as err:
+        build(cfg, "evaluate")
+    key = override.split("=")[0]
+    assert f"{key}=" in str(err.value) and "allowed values: " in str(err.value)
+
+
 def test_inspect_builds_one_cpu_process_whatever_the_trainer_says(compose_cfg, tmp_path, text_file):
     from hf_lightning.config.build import build
 

@@ -56,8 +56,56 @@ def test_a_node_that_does_not_exist_is_named_with_its_closest_group():
         ["+experiment=sft", "hydra.run.dir=/tmp/x"],
         ["+experiment=sft", "data.path='unterminated"],  # malformed: Hydra's parser error says it
         ["+experiment=sft", "data"],  # no '='
-        ["+experiment=nosuch"],  # an unknown group option: Hydra lists the options
     ],
 )
 def test_what_composes_or_is_left_to_hydra_gets_none(args):
     assert misspelt_override(args) is None
+
+
+@pytest.mark.parametrize(
+    "args, line",
+    [
+        # Hydra: "In 'train': Could not find 'experiment/sfy'", the options, the search path; exit 1
+        (
+            ["+experiment=sfy"],
+            "experiment=sfy: no such option (did you mean experiment=sft?); allowed values: classification, "
+            "clm, seq2seq, sft",
+        ),
+        (
+            ["+experiment=sft", "scheduler=cosin"],
+            "scheduler=cosin: no such option (did you mean scheduler=cosine?); allowed values: constant, "
+            "cosine, cosine_with_min_lr, linear, reduce_lr_on_plateau",
+        ),
+        # Hydra: "Could not override 'experiment'. No match in the defaults list."; our schema used to say
+        # "unknown top-level key experiment=None (did you mean export?)"
+        (
+            ["experiment=sft"],
+            "experiment=sft: experiment is not in the defaults, so it takes a leading +: +experiment=sft",
+        ),
+        # Hydra: "Could not append to config. An item is already at 'trainer.max_steps'."
+        (
+            ["+experiment=sft", "+trainer.max_steps=5"],
+            "+trainer.max_steps=5: trainer.max_steps is already in the config, so it is set without the +: "
+            "trainer.max_steps=5",
+        ),
+    ],
+)
+def test_hydras_composition_errors_a_newcomer_meets_are_one_line(args, line):
+    assert misspelt_override(args) == line
+
+
+def test_the_options_are_the_config_folders_files():
+    # independent of Hydra's list: the group folder's YAML files
+    from pathlib import Path
+
+    from hf_lightning.config.compose import CONF_DIR
+
+    options = sorted(p.stem for p in (Path(CONF_DIR) / "optim").glob("*.yaml"))
+    line = misspelt_override(["+experiment=sft", "optim=adamx"])
+    assert line.endswith(f"allowed values: {', '.join(options)}") and "(did you mean optim=adamw?)" in line
+
+
+def test_an_hf_name_inside_a_group_names_our_key_as_the_schema_does():
+    line = misspelt_override(["+experiment=sft", "optim.learning_rate=1e-4"])
+    assert line.startswith("unknown config key optim.learning_rate (HF's name: did you mean optim.lr?);")
+    assert line in _schema_says("+experiment=sft", "+optim.learning_rate=1e-4")

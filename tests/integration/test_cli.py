@@ -136,6 +136,14 @@ def test_unknown_override_key(tmp_path):
         "hf_lightning: error: learning_rate is HF's name: use optim.lr=0.0001"
     ]
     assert not (tmp_path / "hf").exists()  # refused before Hydra made the run folder
+    # Hydra's multi-line composition errors (exit 1) a newcomer meets first: one line, exit 2
+    for args in (["experiment=sft"], ["+experiment=sfy"], ["+experiment=sft", "+trainer.max_steps=5"]):
+        proc = run_cli(*args, f"hydra.run.dir={tmp_path / 'hf'}")
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("hf_lightning: error: "), (
+            lines
+        )
+        assert "HYDRA_FULL_ERROR" not in proc.stderr
 
 
 def test_model_path_that_is_not_a_model_folder(tmp_path):
