@@ -144,8 +144,8 @@ def scan_torch_dataset(
     if not keep:
         raise DataError(
             f"data.path={path}: the {split} split is empty after tokenization: {n} rows were read and none "
-            f"has a trained-on token [{report.describe_causes()}]; raise data.max_length (now "
-            f"{processor.kwargs['max_length']}) or check which fields hold the targets"
+            f"has a trained-on token [{report.describe_causes()}]: "
+            f"{report.empty_remedy(processor.kwargs['max_length'])}"
         )
     return ProcessedDataset(base, processor, keep), lengths
 

@@ -151,6 +151,18 @@ class RowReport:
             for cause, rows in self.causes.items()
         )
 
+    def empty_remedy(self, max_length: int | None) -> str:
+        """What to change when no row of the split has a target, from the causes seen: ``raise
+        data.max_length (now 256)`` only where truncation removed the targets."""
+        said = {
+            CUT: f"raise data.max_length (now {max_length})",
+            NO_ASSISTANT: "the conversations need an assistant turn to train on",
+            NO_ASSISTANT_TOKEN: "the chat template must render the assistant turns",
+            NO_COMPLETION: "give the completions some text",
+        }
+        remedies = [said[c] for c in self.causes if c in said]
+        return "; ".join(remedies or ["check which fields hold the targets"])
+
     def log(
         self,
         max_length: int | None,

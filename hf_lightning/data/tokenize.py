@@ -165,8 +165,7 @@ def tokenize_dataset(
     if not keep:
         raise DataError(
             f"data.path={path}: the {split} split is empty after tokenization: {len(ds)} rows were read and "
-            f"none has a trained-on token [{report.describe_causes()}]; raise data.max_length (now "
-            f"{max_length}) or check which fields hold the targets"
+            f"none has a trained-on token [{report.describe_causes()}]: {report.empty_remedy(max_length)}"
         )
     if len(keep) < len(out):
         out = out.select(keep)

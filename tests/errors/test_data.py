@@ -255,7 +255,7 @@ def test_every_row_loses_its_targets_to_truncation(word_tokenizer, tmp_path):
     assert str(err.value) == (
         f"data.path={path}: the train split is empty after tokenization: 5 rows were read and none has a "
         f"trained-on token [all labels -100 after truncation to data.max_length: 5 (data.path={path} lines "
-        "1, 2, 3, 4, 5)]; raise data.max_length (now 4) or check which fields hold the targets"
+        "1, 2, 3, 4, 5)]: raise data.max_length (now 4)"
     )
 
 

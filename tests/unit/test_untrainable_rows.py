@@ -171,7 +171,17 @@ def test_a_split_with_nothing_to_train_on_names_the_causes(word_tokenizer):
     assert str(err.value).endswith(
         "the train split is empty after tokenization: 3 rows were read and none has a trained-on token "
         "[empty after tokenization: 2 (train rows 0, 1); a single token (nothing after it to predict): 1 "
-        "(train row 2)]; raise data.max_length (now 512) or check which fields hold the targets"
+        "(train row 2)]: check which fields hold the targets"
+    )
+
+
+def test_a_split_of_chats_without_assistant_turns_says_what_is_missing(word_tokenizer):
+    # the remedy follows the cause: raising data.max_length (what the line used to advise) changes nothing
+    rows = [{"messages": [{"role": "user", "content": "c"}]}] * 2
+    with pytest.raises(DataError) as err:
+        _dm(word_tokenizer, datasets.Dataset.from_list(rows))
+    assert str(err.value).endswith(
+        "[no assistant turn: 2 (train rows 0, 1)]: the conversations need an assistant turn to train on"
     )
 
 
