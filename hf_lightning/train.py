@@ -193,9 +193,16 @@ def _fit(
         if rate is not None
         else "real tokens not counted (callbacks.throughput is off)"
     )
+    start = module.fit_start_step or 0
+    steps = (
+        f"{trainer.global_step} optimizer steps"
+        if not start
+        else f"optimizer steps {start} -> {trainer.global_step} (a resume: {trainer.global_step - start} "
+        "in this command, whose time and tokens follow)"
+    )
     log.info(
-        "done: %d optimizer steps in %.1f s (wall time, start-up included), %s, final %s",
-        trainer.global_step,
+        "done: %s in %.1f s (wall time, start-up included), %s, final %s",
+        steps,
         wall,
         tokens,
         # the last row's throughput/* rates cover one log interval: the run's rate is the one above

@@ -107,6 +107,11 @@ def test_a_run_to_a_file_prints_what_a_user_needs(shared_data, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     for noise in NOISE:
         assert noise not in proc.stdout + proc.stderr, noise
+    # its done line: the steps of this command, whose time and tokens it gives (1 step x 4 rows x 41 tokens);
+    # it used to say "3 optimizer steps" beside the time and tokens of 1
+    done = [line for line in proc.stdout.splitlines() if "] - done: " in line]
+    assert len(done) == 1 and "done: optimizer steps 2 -> 3 (a resume: 1 in this command" in done[0], done
+    assert f" {1 * 4 * (DOC_TOKENS + 1)} real tokens trained at " in done[0]
 
     # an error: once on stderr, and in train.log
     bad = tmp_path / "bad"
