@@ -112,7 +112,8 @@ def batch_counts(batch: dict[str, Any], pad_token_id: int | None, squares: bool)
 
 
 class Throughput(L.Callback):
-    """Logs training throughput every ``trainer.log_every_n_steps`` optimizer steps.
+    """Logs training throughput every ``trainer.log_every_n_steps`` optimizer steps (with
+    :class:`~hf_lightning.HFLightningModule`: in each of its train rows, the final one included).
 
     With :class:`~hf_lightning.HFLightningModule` the figures go into its log row of the step (next to
     ``train/loss``); with any other LightningModule they are written to every logger directly.
@@ -211,7 +212,10 @@ class Throughput(L.Callback):
         if step == self._step_seen:
             return  # still accumulating
         self._step_seen = step
-        if step % max(trainer.log_every_n_steps, 1) == 0:
+        # HFLightningModule's rule for its train rows (every log_every_n_steps, the first step with
+        # logging_first_step, the last one at max_steps): the figures go into each of its rows
+        log_step = getattr(pl_module, "is_log_step", None)
+        if log_step(step) if callable(log_step) else step % max(trainer.log_every_n_steps, 1) == 0:
             self._flush(trainer)
 
     # ------------------------------------------------------------------------------------------ state
@@ -239,10 +243,16 @@ class Throughput(L.Callback):
 
     # ------------------------------------------------------------------------------------------ flush
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """The counts since the last log step join the run totals (kept for a resume's next row as they
-        are)."""
+        """The counts since the last log step join the run totals; with a final ``train/loss`` row due (the
+        run ended between log steps), their rates go into it. A stopped run keeps them for its resume's next
+        row."""
         if getattr(self, "_trainer", None) is None:
             return  # the training loop never started (a resume at the run's end)
+        if getattr(pl_module, "has_pending_train_log", False) and not getattr(pl_module, "preempted", None):
+            # HFLightningModule writes a final row for the steps since the last log step (its hook runs
+            # next): the rates of those steps go into it, as into every other row
+            self._flush(trainer)
+            return
         real = float(self._totals(trainer)[0])
         self.run_real_tokens += real
         self.run_seconds += max(time.perf_counter() - self._t0 - self._excluded, 0.0)

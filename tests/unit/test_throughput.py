@@ -171,6 +171,43 @@ def test_logged_row_matches_the_batches(tmp_path, packing):
     assert meter.last_metrics["throughput/tokens_per_s"] == pytest.approx(row["throughput/tokens_per_s"])
 
 
+@pytest.mark.parametrize("limits", [{"max_steps": 3}, {"max_steps": -1, "max_epochs": 1}])
+def test_the_final_row_between_log_steps_has_its_rates(tmp_path, limits):
+    # ended by max_steps (a log step of the module's rule) or by the epochs (the row written at train end)
+    # a run that ends between log steps writes a last train/loss row for the steps since the last one: its
+    # throughput columns used to be empty (final_metrics.json then held an earlier interval's rates)
+    from lightning.pytorch.loggers import CSVLogger
+
+    rows = [{"input_ids": list(range(1, n + 1)), "labels": list(range(1, n + 1))} for n in (3, 7, 4, 9, 5, 2)]
+    dm = HFDataModule(
+        PadOnly(),
+        path=datasets.Dataset.from_list(rows),
+        validation_split=0.0,
+        per_device_train_batch_size=2,
+        shuffle=False,
+    )
+    module = HFLightningModule(tiny_llama(vocab_size=32), optim={"lr": 1e-3}, scheduler={"name": "constant"})
+    seen = _Batches()
+    trainer = L.Trainer(
+        accelerator="cpu",
+        **limits,
+        log_every_n_steps=2,
+        logger=CSVLogger(tmp_path, name="", version=""),
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        callbacks=[seen, Throughput(pad_token_id=0)],
+    )
+    trainer.fit(module, datamodule=dm)
+    with open(tmp_path / "metrics.csv") as fh:
+        logged = {r["step"]: r for r in csv.DictReader(fh) if r.get("train/loss")}
+    assert sorted(logged) == ["2", "3"]
+    last = seen.batches[2]  # the one step of the final row, counted here
+    real, slots = int(last["attention_mask"].sum()), last["input_ids"].numel()
+    assert float(logged["3"]["throughput/padding_share"]) == pytest.approx(1 - real / slots, rel=1e-9)
+
+
 def test_standalone_module_gets_its_own_row(tmp_path):
     """With a LightningModule that is not ours the callback writes to the loggers itself."""
     from lightning.pytorch.demos.boring_classes import BoringModel
