@@ -53,7 +53,9 @@ def test_an_unknown_top_level_key_is_refused_with_the_allowed_ones(compose_cfg):
 
 
 def test_evaluate_allows_its_own_switches(compose_cfg):
-    cfg = compose_cfg("+experiment=sft", *(f"+{k}=1" for k in EVALUATE_SETTINGS))
+    values = {"generate": "true", "max_new_tokens": "8"}  # a bool and a count (each checked: test_build.py)
+    assert set(values) == set(EVALUATE_SETTINGS)
+    cfg = compose_cfg("+experiment=sft", *(f"+{k}={v}" for k, v in values.items()))
     validate_config(cfg, "evaluate")
 
 
