@@ -177,10 +177,14 @@ def check_keys(node: Mapping[str, Any], target: Callable, group: str, skip: Iter
     allowed = [n for n in params if n not in ("self", *skip)]
     unknown = [k for k in node if not str(k).startswith("_") and k not in allowed]
     if unknown:
-        close = difflib.get_close_matches(str(unknown[0]), allowed, n=1) if len(unknown) == 1 else []
-        ours = _our_key_for_hf_name(str(unknown[0]), group) if len(unknown) == 1 else None
-        guess = f" (HF's name: did you mean {ours}?)" if ours else ""
-        guess = guess or (f" (did you mean {group}.{close[0]}?)" if close else "")
+        guess = ""
+        if len(unknown) == 1:  # an HF name gets our key; a misspelling, the closest allowed one
+            ours = _our_key_for_hf_name(str(unknown[0]), group)
+            close = difflib.get_close_matches(str(unknown[0]), allowed, n=1)
+            if ours:
+                guess = f" (HF's name: did you mean {ours}?)"
+            elif close:
+                guess = f" (did you mean {group}.{close[0]}?)"
         keys = ", ".join(f"{group}.{k}" for k in unknown)
         raise ConfigError(
             f"unknown config key{'s' if len(unknown) > 1 else ''} {keys}{guess}; "
