@@ -1,8 +1,17 @@
 """Chat formats: ``messages`` (role/content) and ShareGPT ``conversations`` (from/value), assistant-only
 labels.
 
-A conversation is rendered with the tokenizer's chat template; only assistant replies (and their end-of-turn
-token) are targets, every other position is ``-100`` (TRL's ``assistant_only_loss``).
+A conversation is rendered with the tokenizer's chat template; only assistant replies and their end-of-turn
+token are targets, every other position is ``-100``: the tokens HF's
+``apply_chat_template(return_assistant_tokens_mask=True)`` marks (TRL's ``assistant_only_loss``) in a template
+with ``{% generation %}`` around each reply and its end-of-turn token. A template without the markers gets
+the same targets from :func:`reply_spans`; for example ChatML with ``eos_token=<|endoftext|>``::
+
+    <|im_start|>user\\nHi<|im_end|>\\n<|im_start|>assistant\\nHello<|im_end|>\\n
+                                                  trained: Hello<|im_end|>
+
+The line break after ``<|im_end|>`` is never generated (generation stops at the end-of-turn token), so it
+is not a target.
 """
 
 from __future__ import annotations
@@ -11,11 +20,13 @@ import re
 from typing import Any
 
 from hf_lightning.batch import IGNORE_INDEX
+from hf_lightning.data.end_of_turn import end_of_turn_text
 from hf_lightning.data.row_report import EMPTY, NO_ASSISTANT, NO_ASSISTANT_TOKEN, target_cause
 from hf_lightning.errors import DataError
 
 GENERATION_BLOCK = re.compile(r"\{%-?\s*generation\s*-?%\}")
 ROLES = ("system", "user", "assistant")
+REWRITTEN = "the chat template writes the conversation up to it differently once the conversation goes on"
 # ShareGPT / FastChat speaker names -> chat roles (FastChat's own conversion table plus common variants)
 SHAREGPT_ROLES = {
     "human": "user",
@@ -59,14 +70,13 @@ def require_chat_template(tokenizer: Any) -> None:
         )
 
 
-def _apply_template(tokenizer: Any, messages: list[dict[str, str]], **kwargs: Any) -> dict:
-    """``tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True, ...)``; a template that
-    refuses the conversation (``raise_exception``, e.g. roles that do not alternate) becomes a
-    :class:`DataError`."""
+def _template_call(tokenizer: Any, messages: list[dict[str, str]], **kwargs: Any) -> Any:
+    """``tokenizer.apply_chat_template(messages, **kwargs)``; a template that refuses the conversation
+    (``raise_exception``, e.g. roles that do not alternate) becomes a :class:`DataError`."""
     from jinja2.exceptions import TemplateError
 
     try:
-        return tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True, **kwargs)
+        return tokenizer.apply_chat_template(messages, **kwargs)
     except TemplateError as err:
         roles = [m["role"] for m in messages]
         raise DataError(
@@ -74,48 +84,119 @@ def _apply_template(tokenizer: Any, messages: list[dict[str, str]], **kwargs: An
         ) from err
 
 
+def _render(tokenizer: Any, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
+    """The conversation as the template writes it (``tokenize=False``); ``""`` for no message."""
+    if not messages:
+        return ""
+    return _template_call(tokenizer, messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+
+
+def reply_spans(messages: list[dict[str, str]], tokenizer: Any, text: str) -> dict[int, tuple[int, int]]:
+    """``{message index: (start, end)}``: the characters of ``text`` (the whole conversation as the template
+    writes it) that a ``{% generation %}`` block would cover in a template without one, for each assistant
+    message: the reply and its end-of-turn text, nothing the template writes after that (ChatML's ``\\n``,
+    Phi-3's closing EOS).
+
+    A reply starts where the generation prompt before it ends (the messages before it rendered with
+    ``add_generation_prompt=True``; ``0`` for a first message). It ends after the last end-of-turn text
+    (:func:`~hf_lightning.data.end_of_turn.end_of_turn_text`: ChatML's ``<|im_end|>``, Llama-3's
+    ``<|eot_id|>``, Gemma's ``<end_of_turn>``, Mistral's ``</s>``) in the conversation rendered up to and
+    including the reply; where the template writes none there, after the reply's last non-blank character.
+    What lies before a reply's end must be written the same way in the whole conversation.
+
+    Raises:
+        DataError: the template refuses the conversation, or writes a turn differently once the conversation
+            goes on (the reply cannot be located; the message names it and the fix).
+    """
+    eot = end_of_turn_text(tokenizer)
+    spans = {}
+    for i, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        before = _render(tokenizer, messages[:i], True)
+        upto = _render(tokenizer, messages[: i + 1], False)
+        start = len(before)
+        reply = upto[start:]
+        at = reply.rfind(eot) if eot else -1
+        end = start + (at + len(eot) if at >= 0 else len(reply.rstrip()))
+        if upto[:start] != before or text[:end] != upto[:end]:
+            raise _unlocated(i, REWRITTEN)
+        spans[i] = (start, end)
+    return spans
+
+
+def _unlocated(index: int, why: str) -> DataError:
+    return DataError(
+        f"cannot tell which tokens are the reply of message {index} (assistant; messages counted from 0): "
+        f"{why}. Mark each assistant reply and its end-of-turn token with {{% generation %}}...{{% "
+        "endgeneration %} in the chat template (HF's return_assistant_tokens_mask reads them)"
+    )
+
+
+def _trained_tokens(
+    tokenizer: Any, text: str, spans: dict[int, tuple[int, int]]
+) -> tuple[list[int], list[bool]]:
+    """The ids of ``text`` (``add_special_tokens=False``, as ``apply_chat_template`` tokenizes it) and, per
+    token, whether it overlaps a span: HF's rule for ``{% generation %}`` blocks, on the tokenizer's
+    character offsets. A tokenizer without offsets (a Python one) maps each end of a span by tokenizing the
+    text before it, which must give a prefix of the ids.
+
+    Raises:
+        DataError: a tokenizer without offsets that writes one token across an end of a span.
+    """
+    if getattr(tokenizer, "is_fast", False):
+        enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        ids = list(enc["input_ids"])
+        ordered = sorted(spans.values())
+        trained, k = [], 0
+        for start, end in enc["offset_mapping"]:
+            while k < len(ordered) and start >= ordered[k][1]:
+                k += 1
+            trained.append(k < len(ordered) and end > ordered[k][0])
+        return ids, trained
+
+    ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    trained = [False] * len(ids)
+    for index, chars in spans.items():
+        first, last = (_tokens_before(tokenizer, text, ids, c, index) for c in chars)
+        trained[first:last] = [True] * (last - first)
+    return ids, trained
+
+
+def _tokens_before(tokenizer: Any, text: str, ids: list[int], char: int, index: int) -> int:
+    head = list(tokenizer(text[:char], add_special_tokens=False)["input_ids"])
+    if ids[: len(head)] != head:
+        raise _unlocated(
+            index,
+            "this tokenizer writes one token across an end of the reply and gives no character offsets "
+            "(a Python tokenizer) to tell which tokens it covers",
+        )
+    return len(head)
+
+
 def chat_labels(messages: list[dict[str, str]], tokenizer: Any) -> tuple[list[int], list[int]]:
     """Token ids of a rendered conversation and its labels (assistant tokens kept, the rest ``-100``).
 
     With a template that marks replies with ``{% generation %}``, HF's
-    ``apply_chat_template(return_assistant_tokens_mask=True)`` gives the mask. Otherwise each assistant
-    turn's tokens are found by rendering the prefix before it (with the generation prompt) and the
-    conversation up to and including it; the turn's tokens up to its last EOS token are the targets
-    (formatting the template writes after the end-of-turn token is never generated). This requires the
-    prefix tokens to be a prefix of the longer rendering, which is checked.
+    ``apply_chat_template(return_assistant_tokens_mask=True)`` gives the mask (what TRL's
+    ``assistant_only_loss`` trains). Otherwise the same targets are found by rendering prefixes
+    (:func:`reply_spans`): each reply and its end-of-turn token, never what the template writes after it;
+    the tokens are those that overlap a reply, as HF maps a generation block.
 
     Raises:
-        DataError: the tokenizer has no chat template, the template refuses the conversation, or it cannot be
-            split by turn.
+        DataError: the tokenizer has no chat template, the template refuses the conversation, or its
+            replies cannot be located.
     """
     require_chat_template(tokenizer)
     if GENERATION_BLOCK.search(tokenizer.chat_template):
-        out = _apply_template(tokenizer, messages, return_assistant_tokens_mask=True)
+        out = _template_call(
+            tokenizer, messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+        )
         ids = list(out["input_ids"])
         return ids, [t if m else IGNORE_INDEX for t, m in zip(ids, out["assistant_masks"])]
-
-    def render(msgs, gen):
-        return list(_apply_template(tokenizer, msgs, add_generation_prompt=gen)["input_ids"])
-
-    ids = render(messages, False)
-    labels = [IGNORE_INDEX] * len(ids)
-    for i, m in enumerate(messages):
-        if m["role"] != "assistant":
-            continue
-        start = render(messages[:i], True) if i else []
-        upto = render(messages[: i + 1], False)
-        if ids[: len(upto)] != upto or upto[: len(start)] != start:
-            raise DataError(
-                "the chat template renders a conversation differently from its prefixes, so assistant "
-                "turns cannot be located; add {% generation %} markers around assistant replies"
-            )
-        span = upto[len(start) :]
-        eos = getattr(tokenizer, "eos_token_id", None)
-        if eos in span:
-            # what a template writes after the end-of-turn token (a newline) is never generated: not a target
-            span = span[: len(span) - span[::-1].index(eos)]
-        labels[len(start) : len(start) + len(span)] = span
-    return ids, labels
+    text = _render(tokenizer, messages, False)
+    ids, trained = _trained_tokens(tokenizer, text, reply_spans(messages, tokenizer, text))
+    return ids, [t if keep else IGNORE_INDEX for t, keep in zip(ids, trained)]
 
 
 def tokenize_chat(batch: dict[str, list], tokenizer: Any, max_length: int | None) -> dict[str, list]:

@@ -231,6 +231,62 @@ def test_chat_template_that_refuses_the_role_order(tmp_path):
     )
 
 
+def test_a_template_that_rewrites_earlier_turns_is_refused_naming_the_reply(gpt2_tokenizer, tmp_path):
+    """Qwen3's template (TRL's stored copy) drops the reasoning of replies before the last user message, so
+    without ``{% generation %}`` markers the reply of message 1 is written one way as the last message and
+    another in the whole conversation: refused with the line and the message, not trained on guessed
+    tokens."""
+    import copy
+    from pathlib import Path
+
+    import trl
+
+    tok = copy.deepcopy(gpt2_tokenizer)
+    tok.chat_template = (Path(trl.__file__).parent / "chat_templates" / "qwen3.jinja").read_text()
+    thinking = _chat("user", "assistant", "user", "assistant")
+    thinking["messages"][1]["content"] = "<think>\nThe user greets.\n</think>\n\nHello!"
+    path = write_jsonl(tmp_path / "chat.jsonl", [CHAT_ROW] * 4, raw={2: json.dumps(thinking)})
+    with pytest.raises(DataError) as err:
+        setup_dm(tok, path)
+    assert str(err.value) == (
+        f"data.path={path} line 3 (train row 2): cannot tell which tokens are the reply of message 1 "
+        "(assistant; messages counted from 0): the chat template writes the conversation up to it "
+        "differently once the conversation goes on. Mark each assistant reply and its end-of-turn token with "
+        "{% generation %}...{% endgeneration %} in the chat template (HF's return_assistant_tokens_mask "
+        "reads them)"
+    )
+
+
+def test_a_python_tokenizer_that_joins_prompt_and_reply_is_refused_naming_the_reply(tmp_path):
+    """Mistral's template writes the reply right after ``[/INST]``; CTRL's BPE (a Python tokenizer: no
+    character offsets) writes the word ``[/INST]Hello`` with another last piece for ``]`` than ``[/INST]``
+    alone, so no token boundary ends the prompt: refused, not trained on a guessed split."""
+    import string
+
+    from transformers import CTRLTokenizer
+
+    from tests.chat_families import MISTRAL
+
+    chars = sorted(set(string.printable) - set(string.whitespace))
+    vocab = {"<unk>": 0, **{p: i + 1 for i, p in enumerate(p for c in chars for p in (c, c + "@@"))}}
+    (tmp_path / "vocab.json").write_text(json.dumps(vocab))
+    (tmp_path / "merges.txt").write_text("#version: 0.2\n")
+    tok = CTRLTokenizer(str(tmp_path / "vocab.json"), str(tmp_path / "merges.txt"), pad_token="<unk>")
+    tok.add_special_tokens({"eos_token": "</s>", "bos_token": "<s>"})
+    tok.chat_template = MISTRAL
+    assert not tok.is_fast
+    path = write_jsonl(tmp_path / "chat.jsonl", [CHAT_ROW] * 3)
+    with pytest.raises(DataError) as err:
+        setup_dm(tok, path)
+    assert str(err.value) == (
+        f"data.path={path} line 1 (train row 0): cannot tell which tokens are the reply of message 1 "
+        "(assistant; messages counted from 0): this tokenizer writes one token across an end of the reply "
+        "and gives no character offsets (a Python tokenizer) to tell which tokens it covers. Mark each "
+        "assistant reply and its end-of-turn token with {% generation %}...{% endgeneration %} in the chat "
+        "template (HF's return_assistant_tokens_mask reads them)"
+    )
+
+
 def test_malformed_messages_field(word_tokenizer, tmp_path):
     path = write_jsonl(tmp_path / "chat.jsonl", [CHAT_ROW] * 4, raw={1: json.dumps({"messages": "hello"})})
     with pytest.raises(DataError, match=r"line 2 \(train row 1\): field 'messages' must be a non-empty list"):
