@@ -2,9 +2,9 @@
 columns.
 
 - :func:`tokenize_dataset`: the format functions of :mod:`hf_lightning.data.formats` through ``Dataset.map``
-  (cached by ``datasets`` under the fingerprint of the data, the function and the tokenizer), then rows with
-  no target are dropped; truncations and drops (per cause, see :mod:`~hf_lightning.data.row_report`) are
-  logged at WARNING. Streams and plain torch datasets take the same functions one example at a time
+  (cached by ``datasets`` under the fingerprint of the data, the tokenizer and :func:`tokenizing_code`), then
+  rows with no target are dropped; truncations and drops (per cause, see :mod:`~hf_lightning.data.row_report`)
+  are logged at WARNING. Streams and plain torch datasets take the same functions one example at a time
   (:mod:`~hf_lightning.data.on_the_fly`).
 - :func:`prune_dataset`: HF ``remove_unused_columns``, the columns the model's ``forward`` does not take
   dropped.
@@ -16,10 +16,13 @@ padding-free batches (:func:`~hf_lightning.data.on_the_fly.fn_kwargs_for`).
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import logging
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import datasets
@@ -39,6 +42,8 @@ __all__ = ["prepare_split", "prune_dataset", "tokenize_dataset"]
 
 log = logging.getLogger(__name__)
 
+PACKAGE = Path(__file__).resolve().parents[1]
+
 
 class RowError(DataError):
     """A :class:`DataError` raised by one row of a batch; ``row`` is its index in the dataset being mapped."""
@@ -52,8 +57,30 @@ class RowError(DataError):
         return f"row {self.row}: {self.message}"
 
 
-def tokenize_rows(batch: dict[str, list], indices: list[int], fmt: str, **kwargs: Any) -> dict[str, list]:
+@functools.cache
+def tokenizing_code(package: Path = PACKAGE) -> str:
+    """A sha256 of the code that turns rows into tokens: the sources of ``package``'s ``data/*.py`` and
+    ``batch.py``, and the ``transformers`` and ``tokenizers`` versions (chat templates, offsets).
+
+    ``Dataset.map`` keys its cache on the data, the arguments and the map function, which ``datasets`` hashes
+    by its module and name, not its code; passed as an argument of the map function, this digest makes rows
+    tokenized by other code (another hf_lightning, an edited checkout) be tokenized again, never reused.
+    """
+    import tokenizers
+    import transformers
+
+    digest = hashlib.sha256(f"{transformers.__version__} {tokenizers.__version__}".encode())
+    for path in [*sorted((package / "data").glob("*.py")), package / "batch.py"]:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def tokenize_rows(
+    batch: dict[str, list], indices: list[int], fmt: str, code: str = "", **kwargs: Any
+) -> dict[str, list]:
     """``TOKENIZERS[fmt]`` for ``Dataset.map(batched=True, with_indices=True)``; a bad row is named.
+
+    ``code``: :func:`tokenizing_code`, read by ``datasets``' cache fingerprint only.
 
     The batch is tokenized in one call; only when that raises is it tokenized again row by row, to find the
     first row that fails (no cost on the good path).
@@ -180,7 +207,7 @@ def _map_rows(
         tokenize_rows,
         batched=True,
         with_indices=True,
-        fn_kwargs={"fmt": fmt, **kwargs},
+        fn_kwargs={"fmt": fmt, "code": tokenizing_code(), **kwargs},
         num_proc=num_proc,
         desc=f"tokenizing {split} ({fmt})",
     )
