@@ -3,7 +3,10 @@
 
 Evaluates a trained model on its validation data, or on all of ``data.path``, prints a metrics table and
 writes ``eval_metrics.json`` and ``predictions.jsonl`` (one line per example, in dataset order) into the
-output folder.
+output folder. A line holds one reply (``prompt``, ``reference`` and, with ``generate=true``, the greedy
+``reply``: :func:`prompt_and_reference`) and the teacher-forced record of every target of the row
+(``positions``, ``predicted_ids``, ``label_ids``: every assistant turn of a chat, what ``val/loss`` scores);
+the reference's tokens are ``label_ids`` up to the first gap in ``positions``.
 """
 
 from __future__ import annotations

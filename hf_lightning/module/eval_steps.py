@@ -298,7 +298,9 @@ class EvalStepsMixin:
         """Per example: the argmax token at every target position (causal shift), and the label there.
 
         Returns a list (one dict per example, in batch order) of ``{"positions", "predicted_ids",
-        "label_ids"}``; positions index the label sequence. A placeholder batch (a rank with no example of the
+        "label_ids"}``; positions index the label sequence. Every target is there (every assistant turn of a
+        chat, the tokens ``val/loss`` averages over): HF ``Trainer.predict``'s predictions and ``label_ids``
+        at the labels that are not -100. A placeholder batch (a rank with no example of the
         set, :mod:`~hf_lightning.data.placeholder`) returns ``[]``.
         """
         if batch.get(PLACEHOLDER_KEY):
