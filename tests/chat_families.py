@@ -29,7 +29,6 @@ class Family:
     eos: str
     bos: str | None = None
     specials: tuple[str, ...] = ()
-    system: bool = True  # whether the template accepts a system message
 
 
 def _marked(template: str, old: str, new: str) -> str:
@@ -163,7 +162,6 @@ FAMILIES = {
         eos="<eos>",
         bos="<bos>",
         specials=("<start_of_turn>", "<end_of_turn>"),
-        system=False,
     ),
     "phi-3": Family(
         PHI3,
@@ -171,7 +169,7 @@ FAMILIES = {
         eos="<|endoftext|>",
         specials=("<|system|>", "<|user|>", "<|assistant|>", "<|end|>"),
     ),
-    "mistral-v0.1": Family(MISTRAL, MISTRAL_MARKED, eos="</s>", bos="<s>", system=False),
+    "mistral-v0.1": Family(MISTRAL, MISTRAL_MARKED, eos="</s>", bos="<s>"),
     "llama-2": Family(LLAMA2, LLAMA2_MARKED, eos="</s>", bos="<s>"),
     "chatml-newline-before-end": Family(
         CHATML_NEWLINE, CHATML_NEWLINE_MARKED, eos="<|endoftext|>", specials=("<|im_start|>", "<|im_end|>")

@@ -26,6 +26,7 @@ from hf_lightning.errors import DataError
 
 GENERATION_BLOCK = re.compile(r"\{%-?\s*generation\s*-?%\}")
 ROLES = ("system", "user", "assistant")
+REPLY_MARKER = "hf-lightning-reply-marker"
 REWRITTEN = "the chat template writes the conversation up to it differently once the conversation goes on"
 # ShareGPT / FastChat speaker names -> chat roles (FastChat's own conversion table plus common variants)
 SHAREGPT_ROLES = {
@@ -98,7 +99,8 @@ def reply_spans(messages: list[dict[str, str]], tokenizer: Any, text: str) -> di
     Phi-3's closing EOS).
 
     A reply starts where the generation prompt before it ends (the messages before it rendered with
-    ``add_generation_prompt=True``; ``0`` for a first message). It ends after the last end-of-turn text
+    ``add_generation_prompt=True``; for a reply that opens the conversation, after what the template writes
+    before the content of ``[assistant]``). It ends after the last end-of-turn text
     (:func:`~hf_lightning.data.end_of_turn.end_of_turn_text`: ChatML's ``<|im_end|>``, Llama-3's
     ``<|eot_id|>``, Gemma's ``<end_of_turn>``, Mistral's ``</s>``) in the conversation rendered up to and
     including the reply; where the template writes none there, after the reply's last non-blank character.
@@ -113,7 +115,7 @@ def reply_spans(messages: list[dict[str, str]], tokenizer: Any, text: str) -> di
     for i, message in enumerate(messages):
         if message["role"] != "assistant":
             continue
-        before = _render(tokenizer, messages[:i], True)
+        before = _render(tokenizer, messages[:i], True) if i else _first_header(tokenizer)
         upto = _render(tokenizer, messages[: i + 1], False)
         start = len(before)
         reply = upto[start:]
@@ -123,6 +125,14 @@ def reply_spans(messages: list[dict[str, str]], tokenizer: Any, text: str) -> di
             raise _unlocated(i, REWRITTEN)
         spans[i] = (start, end)
     return spans
+
+
+def _first_header(tokenizer: Any) -> str:
+    """What the template writes before a reply that opens the conversation (no generation prompt can be
+    rendered before it): the text before :data:`REPLY_MARKER` in ``[assistant: marker]``; ``""`` where the
+    marker does not come out as it went in."""
+    text = _render(tokenizer, [{"role": "assistant", "content": REPLY_MARKER}], False)
+    return text[: text.index(REPLY_MARKER)] if REPLY_MARKER in text else ""
 
 
 def _unlocated(index: int, why: str) -> DataError:
