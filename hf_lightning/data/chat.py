@@ -20,13 +20,12 @@ import re
 from typing import Any
 
 from hf_lightning.batch import IGNORE_INDEX
-from hf_lightning.data.end_of_turn import end_of_turn_text
+from hf_lightning.data.end_of_turn import REPLY_MARKER, end_of_turn_text
 from hf_lightning.data.row_report import EMPTY, NO_ASSISTANT, NO_ASSISTANT_TOKEN, target_cause
 from hf_lightning.errors import DataError
 
 GENERATION_BLOCK = re.compile(r"\{%-?\s*generation\s*-?%\}")
 ROLES = ("system", "user", "assistant")
-REPLY_MARKER = "hf-lightning-reply-marker"
 REWRITTEN = "the chat template writes the conversation up to it differently once the conversation goes on"
 # ShareGPT / FastChat speaker names -> chat roles (FastChat's own conversion table plus common variants)
 SHAREGPT_ROLES = {
@@ -129,8 +128,8 @@ def reply_spans(messages: list[dict[str, str]], tokenizer: Any, text: str) -> di
 
 def _first_header(tokenizer: Any) -> str:
     """What the template writes before a reply that opens the conversation (no generation prompt can be
-    rendered before it): the text before :data:`REPLY_MARKER` in ``[assistant: marker]``; ``""`` where the
-    marker does not come out as it went in."""
+    rendered before it): the text before the reply in ``[assistant: REPLY_MARKER]``; ``""`` where the marker
+    does not come out as it went in."""
     text = _render(tokenizer, [{"role": "assistant", "content": REPLY_MARKER}], False)
     return text[: text.index(REPLY_MARKER)] if REPLY_MARKER in text else ""
 

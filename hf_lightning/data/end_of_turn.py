@@ -15,7 +15,8 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-_REPLY = "hf-lightning-reply-marker"
+# a reply no template rewrites (no blanks to trim, no control text): where it lands shows the reply's place
+REPLY_MARKER = "hf-lightning-reply-marker"
 
 
 def end_of_turn_text(tokenizer: Any) -> str | None:
@@ -24,14 +25,14 @@ def end_of_turn_text(tokenizer: Any) -> str | None:
     nothing there."""
     if not getattr(tokenizer, "chat_template", None):
         return None
-    messages = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": _REPLY}]
+    messages = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": REPLY_MARKER}]
     try:
         rendered = tokenizer.apply_chat_template(messages, tokenize=False)
     except Exception:  # a template that refuses this conversation: the data's own refusal comes later
         return None
-    if not isinstance(rendered, str) or _REPLY not in rendered:
+    if not isinstance(rendered, str) or REPLY_MARKER not in rendered:
         return None
-    after = rendered.split(_REPLY, 1)[1].strip()
+    after = rendered.split(REPLY_MARKER, 1)[1].strip()
     text = after.splitlines()[0].strip() if after else ""
     return text or None
 
