@@ -212,6 +212,8 @@ class ExactDistributedSampler(DistributedSampler):
         self.top_up = top_up
         # resume: the next iteration starts at this position of the rank's share (set for one pass only)
         self.start = 0
+        # set_epoch was called (a loop without Lightning reads it once: its next pass is that epoch)
+        self.epoch_given = False
         if drop_last:
             self.num_samples = self.n // num_replicas
         elif top_up:
@@ -222,6 +224,11 @@ class ExactDistributedSampler(DistributedSampler):
         self.placeholder = not top_up and not drop_last and self.num_samples == 0 and self.n > 0
         if self.placeholder:
             self.num_samples = 1
+
+    def set_epoch(self, epoch: int) -> None:
+        """The order of the next pass is epoch ``epoch``'s (``DistributedSampler.set_epoch``)."""
+        super().set_epoch(epoch)
+        self.epoch_given = True
 
     def global_order(self) -> list[int]:
         """The order of this epoch, identical on every rank."""
