@@ -4,17 +4,15 @@ restarted loop read exactly the batches the loop that never stopped reads."""
 from __future__ import annotations
 
 import contextlib
-import json
 import re
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.data_support import make_word_tokenizer, tiny_llama
+from tests.data_support import make_word_tokenizer, tiny_llama, write_chats
 
 REPO = Path(__file__).resolve().parents[2]
-WORDS = "abcdefghijklmnopqrstuvwxyz"
 ROWS = 11  # batches of 4: 3 per epoch, the last one of 3 rows
 EPOCHS = 3  # the block's range(..., 3)
 
@@ -22,25 +20,6 @@ EPOCHS = 3  # the block's range(..., 3)
 def readme_block(name: str) -> str:
     text = (REPO / "README.md").read_text()
     return re.search(rf"<!-- docs-test: {name} -->\n```python\n(.*?)```", text, re.S).group(1)
-
-
-def chat_rows(n: int) -> list[dict]:
-    """``n`` conversations of distinct words (each tokenizes to its own sequence)."""
-    return [
-        {
-            "messages": [
-                {"role": "user", "content": " ".join(WORDS[i % 9 : i % 9 + 2 + i % 3])},
-                {"role": "assistant", "content": " ".join(WORDS[(3 * i) % 20 : (3 * i) % 20 + 1 + i % 4])},
-            ]
-        }
-        for i in range(n)
-    ]
-
-
-def write_chats(folder: Path, n: int = ROWS) -> list[dict]:
-    rows = chat_rows(n)
-    (folder / "chats.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return rows
 
 
 class Stopped(Exception):
@@ -74,7 +53,7 @@ def test_the_readme_loop_stopped_and_run_again_reads_the_same_batches(tmp_path, 
     tok = make_word_tokenizer()
     straight_dir = tmp_path / "straight"
     straight_dir.mkdir()
-    rows = write_chats(straight_dir)
+    rows = write_chats(straight_dir, ROWS)
     straight: list[dict] = []
     reference = run_block(straight_dir, monkeypatch, straight)
 
@@ -91,7 +70,7 @@ def test_the_readme_loop_stopped_and_run_again_reads_the_same_batches(tmp_path, 
     for stop in (2, 3, 7):  # inside the first epoch, at its end, inside the third
         folder = tmp_path / f"stop{stop}"
         folder.mkdir()
-        write_chats(folder)
+        write_chats(folder, ROWS)
         seen: list[dict] = []
         run_block(folder, monkeypatch, seen, stop_at=stop)
         assert len(seen) == stop
@@ -106,7 +85,7 @@ def test_the_readme_loop_stopped_and_run_again_reads_the_same_batches(tmp_path, 
 
 
 def test_the_saved_position_names_the_epoch_and_the_batches_read(tmp_path, monkeypatch):
-    write_chats(tmp_path)
+    write_chats(tmp_path, ROWS)
     run_block(tmp_path, monkeypatch, [], stop_at=5)
     state = torch.load(tmp_path / "loop.pt")["data"]
     # 5 batches read: 3 of epoch 0, 2 of epoch 1
@@ -121,7 +100,7 @@ def test_a_stream_resumes_at_the_same_batch(tmp_path, stop):
 
     from hf_lightning import HFDataModule
 
-    write_chats(tmp_path)
+    write_chats(tmp_path, ROWS)
 
     def loop(state=None, stop_at=None):
         source = datasets.load_dataset("json", data_files=str(tmp_path / "chats.jsonl"), split="train")
