@@ -49,6 +49,7 @@ from hf_lightning.data.placeholder import PlaceholderAwareCollator
 from hf_lightning.data.sampling import (
     AccumulationWindowLoader,
     ExactDistributedSampler,
+    ResumableLoader,
     TopUpDataset,
     sequence_lengths,
 )
@@ -495,7 +496,9 @@ class DataLoaderHooks:
         """Micro-batches of ``per_device_train_batch_size`` examples, this rank's share of the epoch's order.
 
         Wrapped in :class:`~hf_lightning.data.sampling.AccumulationWindowLoader` when a ``count_loss_items``
-        is bound (the window keys above); a plain loader otherwise (standalone use).
+        is bound (the window keys above). Under a Lightning trainer without one (your own LightningModule),
+        wrapped in :class:`~hf_lightning.data.sampling.ResumableLoader`, so that a run resumed inside an epoch
+        continues it; without a trainer the loader itself (its position: :meth:`state_dict`).
 
         Raises:
             ConfigError: a stream of unknown length without ``trainer.max_steps``.
@@ -505,19 +508,24 @@ class DataLoaderHooks:
         loader = self._loader(self.train_dataset, True)
         count = self._binding().count_loss_items
         trainer = getattr(self, "trainer", None)
+        if trainer is None:
+            # bound but not fitting (inspect a batch): windows of accumulate_grad_batches=1
+            return loader if count is None else AccumulationWindowLoader(loader, 1, count)
+
+        def progress() -> tuple[int, int]:
+            # the epoch being trained: current_epoch counts it as done already when a checkpoint is written
+            # after training stopped in its middle (at on_train_end), epochs started minus one does not
+            # (Lightning's loop progress, read through hf_lightning.compat)
+            return epoch_being_trained(trainer), batches_processed(trainer)
+
         if count is None:
-            return loader
-        if trainer is None:  # bound but not fitting (inspect a batch): windows of accumulate_grad_batches=1
-            return AccumulationWindowLoader(loader, 1, count)
+            return ResumableLoader(loader, progress=progress)
         return AccumulationWindowLoader(
             loader,
             trainer.accumulate_grad_batches,
             count,
             max_batches=lambda: trainer.num_training_batches,
-            # the epoch being trained: current_epoch counts it as done already when a checkpoint is written
-            # after training stopped in its middle (at on_train_end), epochs started minus one does not
-            # (Lightning's loop progress, read through hf_lightning.compat)
-            progress=lambda: (epoch_being_trained(trainer), batches_processed(trainer)),
+            progress=progress,
         )
 
     def val_dataloader(self) -> Any:
