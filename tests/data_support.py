@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+LETTERS = "abcdefghijklmnopqrstuvwxyz"
 WORDS = ["<pad>", "<unk>", "<eos>", "<bos>"] + [chr(c) for c in range(ord("a"), ord("z") + 1)]
 
 
@@ -63,3 +65,23 @@ class PadOnly:
     """The one tokenizer attribute a pre-tokenized dataset needs."""
 
     pad_token_id = 0
+
+
+def chat_rows(n: int) -> list[dict]:
+    """``n`` conversations of distinct words (each tokenizes to its own sequence)."""
+    return [
+        {
+            "messages": [
+                {"role": "user", "content": " ".join(LETTERS[i % 9 : i % 9 + 2 + i % 3])},
+                {"role": "assistant", "content": " ".join(LETTERS[(3 * i) % 20 : (3 * i) % 20 + 1 + i % 4])},
+            ]
+        }
+        for i in range(n)
+    ]
+
+
+def write_chats(folder: Path, n: int) -> list[dict]:
+    """``chats.jsonl`` in ``folder`` with :func:`chat_rows` ``(n)``; returns the rows."""
+    rows = chat_rows(n)
+    (folder / "chats.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return rows

@@ -11,8 +11,7 @@ import numpy as np
 import torch
 
 from hf_lightning.checkpointing.loop_state import reopen_stopped_epoch
-from hf_lightning.checkpointing.resume import describe_differences
-from hf_lightning.compat import dataset_fingerprint
+from hf_lightning.data.dataloaders import data_signature, describe_differences
 
 log = logging.getLogger(__name__)
 
@@ -20,15 +19,9 @@ KEY = "hf_lightning"
 
 
 def _signature(trainer: L.Trainer) -> dict[str, Any]:
-    dm = trainer.datamodule
-    ds = getattr(dm, "train_dataset", None)
     return {
         "accumulate_grad_batches": trainer.accumulate_grad_batches,
-        "world_size": trainer.world_size,
-        "per_device_train_batch_size": getattr(dm, "per_device_train_batch_size", None),
-        "max_length": getattr(dm, "max_length", None),
-        "seed": getattr(dm, "seed", None),
-        "dataset_fingerprint": dataset_fingerprint(ds),
+        **data_signature(trainer.datamodule, trainer.world_size),
     }
 
 

@@ -13,7 +13,6 @@ import glob
 import logging
 import os
 import sys
-from typing import Any
 
 import torch
 
@@ -198,12 +197,3 @@ def _without_last(path: str, folder: str, output_dir: str, weights_only: bool) -
         f"ckpt_path=last: no checkpoint at {path}, and {output_dir} holds no stopped run to resume. Resume "
         "needs the folder of that run (hydra.run.dir=...); to start a new run here instead, drop ckpt_path"
     )
-
-
-def describe_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """``"key: saved -> current"`` for every setting that differs (used to warn before an inexact resume)."""
-    return [
-        f"{k}: {saved.get(k)!r} -> {current.get(k)!r}"
-        for k in sorted(set(saved) | set(current))
-        if saved.get(k) != current.get(k)
-    ]

@@ -16,6 +16,14 @@ persistent workers the seeds are set once, when the workers start.
 Epoch. Lightning calls ``set_epoch`` on the sampler of a map-style loader; the epoch is read from there. A
 stream has no sampler, so the epoch comes from ``epoch_fn`` (the trainer's epoch) or, alone, from a count of
 passes, and is handed to the dataset's ``set_epoch`` before each pass.
+
+Without a Lightning trainer (a plain PyTorch loop, HF ``Trainer``) nobody calls ``set_epoch`` on the sampler
+unless told to, and a ``DistributedSampler`` then repeats its first order every epoch. So the DataModule's
+train loaders share one :class:`LoaderPosition`: every pass (``iter()``) is the next epoch, as a shuffling
+``DataLoader`` draws a new order per pass; ``loader.set_epoch(e)`` (HF ``Trainer`` calls it) or
+``loader.sampler.set_epoch(e)`` makes the next pass epoch ``e``. The position also counts the batches handed
+out, so ``HFDataModule.state_dict()`` is a resume point a plain loop can save. The world size and rank come
+from ``torch.distributed`` when a process group is initialized.
 """
 
 from __future__ import annotations
@@ -24,23 +32,33 @@ import hashlib
 import logging
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.distributed as dist
 from torch.utils.data import DataLoader
 
-from hf_lightning.compat import batches_processed, epoch_being_trained, epochs_processed
+from hf_lightning.compat import (
+    batches_processed,
+    dataset_fingerprint,
+    epoch_being_trained,
+    epochs_processed,
+)
 from hf_lightning.data.checks import check_fits_one_batch
 from hf_lightning.data.placeholder import PlaceholderAwareCollator
 from hf_lightning.data.sampling import (
     AccumulationWindowLoader,
     ExactDistributedSampler,
+    ResumableLoader,
     TopUpDataset,
     sequence_lengths,
 )
 from hf_lightning.data.sources import is_stream
 from hf_lightning.data.streams import ShardedStream, stream_batches
 from hf_lightning.errors import ConfigError
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +74,50 @@ def worker_base_seed(seed: int, rank: int, epoch: int) -> int:
     return int.from_bytes(digest, "little") >> 1
 
 
+class LoaderPosition:
+    """Where a training loop without a Lightning trainer stands in the data: the epoch of the current (or
+    last) pass and the batches handed out in it.
+
+    Every pass (``iter()`` of a train loader that holds it) is the next epoch, whether the previous one ran
+    out or was left early; :meth:`set_epoch` picks the epoch of the next pass instead. After
+    :meth:`load_state_dict` the next pass is the rest of the saved epoch (empty when it had been read to its
+    end), and the passes after it continue from the next epoch.
+
+    Under a Lightning trainer the same two numbers come from Lightning's loop progress instead
+    (:meth:`~hf_lightning.data.sampling.AccumulationWindowLoader.state_dict`, the same keys).
+    """
+
+    def __init__(self) -> None:
+        self.epoch = 0
+        self.batches_consumed = 0
+        self._open = False  # a pass of ``epoch`` has begun (and not run out)
+
+    def set_epoch(self, epoch: int) -> None:
+        """The next pass is epoch ``epoch``, from its first batch."""
+        self.epoch, self.batches_consumed, self._open = int(epoch), 0, False
+
+    def begin(self) -> tuple[int, int]:
+        """``(epoch, batches to skip)`` of the pass that starts now."""
+        if self._open:  # the previous pass was left before its end
+            self.set_epoch(self.epoch + 1)
+        self._open = True
+        return self.epoch, self.batches_consumed
+
+    def track(self, iterator: Iterator[Any]) -> Iterator[Any]:
+        """``iterator``'s batches, each counted as it is handed out; running out ends the epoch."""
+        for batch in iterator:
+            self.batches_consumed += 1
+            yield batch
+        self.set_epoch(self.epoch + 1)
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "batches_consumed": self.batches_consumed}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.set_epoch(state["epoch"])
+        self.batches_consumed = int(state["batches_consumed"])
+
+
 class EpochDataLoader(DataLoader):
     """``torch.utils.data.DataLoader`` with per-epoch worker seeds and stream epochs.
 
@@ -63,6 +125,9 @@ class EpochDataLoader(DataLoader):
         dataset: any dataset ``DataLoader`` takes.
         seed / rank: mixed with the epoch into the worker base seed.
         epoch_fn: ``() -> int``, the current epoch for a stream (e.g. the trainer's); ``None`` counts passes.
+        position: a :class:`LoaderPosition` that decides the epoch of each pass and counts its batches (a loop
+            without a Lightning trainer); ``None``: the epoch is the sampler's (Lightning sets it), else
+            ``epoch_fn``'s, else the count of passes.
         **kwargs: ``DataLoader`` arguments (``batch_size``, ``sampler``, ``collate_fn``, ``num_workers``...).
 
     ``len()`` of a :class:`~hf_lightning.data.streams.ShardedStream` loader is exact when the stream length is
@@ -76,6 +141,7 @@ class EpochDataLoader(DataLoader):
         rank: int = 0,
         epoch_fn: Callable[[], int] | None = None,
         generator: torch.Generator | None = None,
+        position: LoaderPosition | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(
@@ -84,9 +150,12 @@ class EpochDataLoader(DataLoader):
         self.seed = seed
         self.rank = rank
         self.epoch_fn = epoch_fn
+        self.position = position
         self._passes = 0
 
     def current_epoch(self) -> int:
+        if self.position is not None:
+            return self.position.epoch
         sampler_epoch = getattr(self.sampler, "epoch", None)
         if sampler_epoch is not None:
             return int(sampler_epoch)
@@ -94,13 +163,40 @@ class EpochDataLoader(DataLoader):
             return int(self.epoch_fn())
         return self._passes
 
+    def set_epoch(self, epoch: int) -> None:
+        """The next pass is epoch ``epoch`` (``DistributedSampler.set_epoch``, for the whole loader; HF
+        ``Trainer`` calls it before each epoch)."""
+        if self.position is not None:
+            self.position.set_epoch(epoch)
+        elif callable(getattr(self.sampler, "set_epoch", None)):
+            self.sampler.set_epoch(epoch)
+        else:
+            self._passes = int(epoch)
+
     def __iter__(self) -> Any:
-        epoch = self.current_epoch()
+        if self.position is None:
+            return self._pass(self.current_epoch(), 0)
+        if getattr(self.sampler, "epoch_given", False):  # the user called sampler.set_epoch
+            self.sampler.epoch_given = False
+            self.position.set_epoch(self.sampler.epoch)
+        epoch, start = self.position.begin()
+        if hasattr(self.sampler, "epoch"):
+            self.sampler.epoch = epoch
+        return self.position.track(self._pass(epoch, start))
+
+    def _pass(self, epoch: int, start_batch: int) -> Any:
         self._passes += 1
         self.generator.manual_seed(worker_base_seed(self.seed, self.rank, epoch))
         if isinstance(self.dataset, ShardedStream):
             self.dataset.set_epoch(epoch)
-        return super().__iter__()
+        sampler = self.sampler
+        if start_batch and hasattr(sampler, "start") and self.batch_size:
+            sampler.start = start_batch * self.batch_size  # consumed by the sampler's next pass
+            return super().__iter__()
+        iterator = super().__iter__()
+        for _ in range(start_batch):
+            next(iterator, None)
+        return iterator
 
     def iter_from(self, start_batch: int) -> Any:
         """An iterator that begins at batch ``start_batch`` of this epoch (resume).
@@ -108,14 +204,7 @@ class EpochDataLoader(DataLoader):
         A map-style sampler with a ``start`` position jumps there: the skipped examples are neither read nor
         collated. A stream has no index to jump to, so its first ``start_batch`` batches are read and dropped.
         """
-        sampler = self.sampler
-        if start_batch and hasattr(sampler, "start") and self.batch_size:
-            sampler.start = start_batch * self.batch_size  # consumed by the sampler's next pass
-            return iter(self)
-        iterator = iter(self)
-        for _ in range(start_batch):
-            next(iterator, None)
-        return iterator
+        return self._pass(self.current_epoch(), start_batch)
 
     def __len__(self) -> int:
         if isinstance(self.dataset, ShardedStream):
@@ -124,6 +213,29 @@ class EpochDataLoader(DataLoader):
                 raise TypeError("the length of this stream is unknown")
             return n
         return super().__len__()
+
+
+POSITION_KEYS = ("epoch", "batches_consumed")
+
+
+def data_signature(datamodule: Any, world_size: int) -> dict[str, Any]:
+    """The settings the training data's order and batches depend on (a resume warns when one changed)."""
+    return {
+        "world_size": world_size,
+        "per_device_train_batch_size": getattr(datamodule, "per_device_train_batch_size", None),
+        "max_length": getattr(datamodule, "max_length", None),
+        "seed": getattr(datamodule, "seed", None),
+        "dataset_fingerprint": dataset_fingerprint(getattr(datamodule, "train_dataset", None)),
+    }
+
+
+def describe_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """``"key: saved -> current"`` for every setting that differs (used to warn before an inexact resume)."""
+    return [
+        f"{k}: {saved.get(k)!r} -> {current.get(k)!r}"
+        for k in sorted(set(saved) | set(current))
+        if saved.get(k) != current.get(k)
+    ]
 
 
 def batches_per_epoch(
@@ -168,10 +280,76 @@ class DataLoaderHooks:
         return ds[0] if len(ds) else None
 
     def _world(self) -> tuple[int, int]:
+        """``(world size, rank)``: the Lightning trainer's, else the initialized ``torch.distributed`` process
+        group's (HF ``Trainer``, a plain DDP loop), else ``(1, 0)``."""
         trainer = getattr(self, "trainer", None)
-        if trainer is None:
-            return 1, 0
-        return trainer.world_size, trainer.global_rank
+        if trainer is not None:
+            return trainer.world_size, trainer.global_rank
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_world_size(), dist.get_rank()
+        return 1, 0
+
+    def _plain_loop_position(self) -> LoaderPosition | None:
+        """The position shared by the train loaders of a loop without a Lightning trainer (``None`` under one:
+        Lightning sets the epoch and keeps the position)."""
+        if getattr(self, "trainer", None) is not None:
+            return None
+        saved, self._saved_signature = self._saved_signature, None
+        if saved is not None:
+            current = data_signature(self, self._world()[0])
+            # a setting unknown when the state was saved (the data not set up yet) is not compared
+            known = [k for k in current if saved.get(k) is not None]
+            diffs = describe_differences({k: saved[k] for k in known}, {k: current[k] for k in known})
+            if diffs:
+                log.warning(
+                    "resuming with data settings that changed since the state was saved, so the loop cannot "
+                    "continue exactly as it would have: %s",
+                    "; ".join(diffs),
+                )
+        world, rank = self._world()
+        if world > 1:
+            log.info(
+                "no Lightning trainer: the training data is split across the %d processes of "
+                "torch.distributed (this is rank %d)",
+                world,
+                rank,
+            )
+        return self._position
+
+    def state_dict(self) -> dict[str, Any]:
+        """The resume point of the training data in a loop without a Lightning trainer (a plain PyTorch
+        loop): ``{"epoch": e, "batches_consumed": k, "signature": {...}}``, ``k`` batches of epoch ``e``
+        handed out on this process, and the data settings they depend on. Save it with the model and the
+        optimizer; :meth:`load_state_dict` on a new DataModule makes its train loaders continue with batch
+        ``k + 1`` of epoch ``e``, as the loop that never stopped would.
+
+        Under a Lightning trainer ``{}``: Lightning's loop state and the train loader's ``state_dict`` hold
+        the position (Lightning saves a DataModule's non-empty state in its checkpoints).
+        """
+        if getattr(self, "trainer", None) is not None:
+            return {}
+        return {**self._position.state_dict(), "signature": data_signature(self, self._world()[0])}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Continue from a :meth:`state_dict`: the next pass of the train loader is the rest of its epoch.
+
+        A data setting that changed since (batch size, max length, seed, world size, the dataset) is named in
+        a warning when the next train loader is built. ``{}`` does nothing (a Lightning checkpoint's).
+
+        Raises:
+            ConfigError: a mapping that is not a state of this method's kind.
+        """
+        if not state_dict:
+            return
+        epoch, consumed = (state_dict.get(k) if isinstance(state_dict, dict) else None for k in POSITION_KEYS)
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (epoch, consumed)):
+            found = sorted(state_dict) if isinstance(state_dict, dict) else type(state_dict).__name__
+            raise ConfigError(
+                "HFDataModule.load_state_dict: expected the dict of HFDataModule.state_dict() (non-negative "
+                f"int 'epoch' and 'batches_consumed'), got {found}"
+            )
+        self._position.load_state_dict({"epoch": epoch, "batches_consumed": consumed})
+        self._saved_signature = state_dict.get("signature")
 
     def _accumulation(self) -> int:
         trainer = getattr(self, "trainer", None)
@@ -229,6 +407,7 @@ class DataLoaderHooks:
             seed=self.seed,
             rank=rank,
             epoch_fn=epoch_fn,
+            position=self._plain_loop_position() if train else None,
             batch_size=batch,
             collate_fn=collate_fn,
             drop_last=self.drop_last if train else False,
@@ -274,6 +453,7 @@ class DataLoaderHooks:
             TopUpDataset(ds, placeholder=not train) if sampler.needs_top_up else ds,
             seed=self.seed,
             rank=rank,
+            position=self._plain_loop_position() if train else None,
             sampler=sampler,
             batch_size=batch,
             collate_fn=collate_fn,
@@ -316,7 +496,9 @@ class DataLoaderHooks:
         """Micro-batches of ``per_device_train_batch_size`` examples, this rank's share of the epoch's order.
 
         Wrapped in :class:`~hf_lightning.data.sampling.AccumulationWindowLoader` when a ``count_loss_items``
-        is bound (the window keys above); a plain loader otherwise (standalone use).
+        is bound (the window keys above). Under a Lightning trainer without one (your own LightningModule),
+        wrapped in :class:`~hf_lightning.data.sampling.ResumableLoader`, so that a run resumed inside an epoch
+        continues it; without a trainer the loader itself (its position: :meth:`state_dict`).
 
         Raises:
             ConfigError: a stream of unknown length without ``trainer.max_steps``.
@@ -326,19 +508,24 @@ class DataLoaderHooks:
         loader = self._loader(self.train_dataset, True)
         count = self._binding().count_loss_items
         trainer = getattr(self, "trainer", None)
+        if trainer is None:
+            # bound but not fitting (inspect a batch): windows of accumulate_grad_batches=1
+            return loader if count is None else AccumulationWindowLoader(loader, 1, count)
+
+        def progress() -> tuple[int, int]:
+            # the epoch being trained: current_epoch counts it as done already when a checkpoint is written
+            # after training stopped in its middle (at on_train_end), epochs started minus one does not
+            # (Lightning's loop progress, read through hf_lightning.compat)
+            return epoch_being_trained(trainer), batches_processed(trainer)
+
         if count is None:
-            return loader
-        if trainer is None:  # bound but not fitting (inspect a batch): windows of accumulate_grad_batches=1
-            return AccumulationWindowLoader(loader, 1, count)
+            return ResumableLoader(loader, progress=progress)
         return AccumulationWindowLoader(
             loader,
             trainer.accumulate_grad_batches,
             count,
             max_batches=lambda: trainer.num_training_batches,
-            # the epoch being trained: current_epoch counts it as done already when a checkpoint is written
-            # after training stopped in its middle (at on_train_end), epochs started minus one does not
-            # (Lightning's loop progress, read through hf_lightning.compat)
-            progress=lambda: (epoch_being_trained(trainer), batches_processed(trainer)),
+            progress=progress,
         )
 
     def val_dataloader(self) -> Any:

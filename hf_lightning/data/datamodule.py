@@ -34,7 +34,7 @@ from hf_lightning.data.checks import (
     check_rows_fit_model,
 )
 from hf_lightning.data.column_pruning import prune_per_example
-from hf_lightning.data.dataloaders import DataLoaderHooks
+from hf_lightning.data.dataloaders import DataLoaderHooks, LoaderPosition
 from hf_lightning.data.end_of_turn import warn_end_of_turn
 from hf_lightning.data.formats import FORMATS
 from hf_lightning.data.layout import LayoutChoice, announce, apply_layout, check_layout, collator_for
@@ -227,6 +227,9 @@ class HFDataModule(DataLoaderHooks, ModelBinding, L.LightningDataModule):
         self._plan: RowPlan | None = None
         self._train_lengths: list[int] | None = None
         self._columns: Columns | None = None
+        # a loop without a Lightning trainer: its epoch and batches handed out (state_dict / load_state_dict)
+        self._position = LoaderPosition()
+        self._saved_signature: dict[str, Any] | None = None
 
     # ----------------------------------------------------------------------------------------- setup
     def prepare_data(self) -> None:

@@ -36,6 +36,10 @@ micro-steps (``Trainer.get_batch_samples``). Lightning's loop pulls one batch at
 wrapped loader, counts it on the host (no device sync), and yields its batches with the count attached under
 ``num_items_in_batch``.
 
+Resume inside an epoch (:class:`ResumableLoader`, the base of :class:`AccumulationWindowLoader`): Lightning
+saves a train loader's ``state_dict`` with its checkpoints; here it is the epoch and the batches consumed, and
+a restored loader continues the epoch after them.
+
 Windows are aligned with Lightning's optimizer steps: Lightning steps after batch index ``i`` when
 ``(i + 1) % accumulate_grad_batches == 0`` or ``i`` is the last batch of the epoch (or of
 ``limit_train_batches``). So a window never spans two epochs, and the last one of an epoch may be shorter; it
@@ -212,6 +216,8 @@ class ExactDistributedSampler(DistributedSampler):
         self.top_up = top_up
         # resume: the next iteration starts at this position of the rank's share (set for one pass only)
         self.start = 0
+        # set_epoch was called (a loop without Lightning reads it once: its next pass is that epoch)
+        self.epoch_given = False
         if drop_last:
             self.num_samples = self.n // num_replicas
         elif top_up:
@@ -222,6 +228,11 @@ class ExactDistributedSampler(DistributedSampler):
         self.placeholder = not top_up and not drop_last and self.num_samples == 0 and self.n > 0
         if self.placeholder:
             self.num_samples = 1
+
+    def set_epoch(self, epoch: int) -> None:
+        """The order of the next pass is epoch ``epoch``'s (``DistributedSampler.set_epoch``)."""
+        super().set_epoch(epoch)
+        self.epoch_given = True
 
     def global_order(self) -> list[int]:
         """The order of this epoch, identical on every rank."""
@@ -256,8 +267,84 @@ class ExactDistributedSampler(DistributedSampler):
         return self.placeholder or (self.top_up and not self.drop_last and self.n % self.num_replicas != 0)
 
 
-class AccumulationWindowLoader:
-    """Wraps a train dataloader and attaches the window's label count to each batch.
+class ResumableLoader:
+    """Wraps a train dataloader so that Lightning can save and restore where an epoch stopped.
+
+    Args:
+        loader: any iterable of batches (usually an :class:`~hf_lightning.data.dataloaders.EpochDataLoader`,
+            whose ``iter_from`` jumps to a batch without reading the ones before it).
+        progress: optional ``() -> (epoch, batches consumed in that epoch)``, read when a checkpoint is saved
+            (Lightning calls :meth:`state_dict`); on resume the epoch continues after those batches.
+
+    Lightning saves and restores the state of a train loader that has ``state_dict`` and ``load_state_dict``
+    (its ``_Stateful``); a plain ``DataLoader`` has neither, so a run resumed inside an epoch would read that
+    epoch again from its first batch. The batches are the wrapped loader's, unchanged.
+    """
+
+    def __init__(self, loader: Iterable[Any], progress: Callable[[], tuple[int, int]] | None = None) -> None:
+        self.loader = loader
+        self.progress = progress
+        self._resume: dict[str, int] | None = None
+
+    # Lightning calls ``set_epoch`` on ``.sampler``/``.batch_sampler`` and reads ``.dataset``.
+    @property
+    def sampler(self) -> Any:
+        return getattr(self.loader, "sampler", None)
+
+    @property
+    def batch_sampler(self) -> Any:
+        return getattr(self.loader, "batch_sampler", None)
+
+    @property
+    def dataset(self) -> Any:
+        return getattr(self.loader, "dataset", None)
+
+    def __len__(self) -> int:
+        return len(self.loader)  # type: ignore[arg-type]
+
+    def state_dict(self) -> dict[str, int]:
+        if self.progress is None:
+            return {}
+        epoch, consumed = self.progress()
+        return {"epoch": int(epoch), "batches_consumed": int(consumed)}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self._resume = dict(state) if state else None
+
+    def _epoch(self) -> int | None:
+        current = getattr(self.loader, "current_epoch", None)
+        if callable(current):
+            return int(current())
+        epoch = getattr(self.sampler, "epoch", None)
+        return None if epoch is None else int(epoch)
+
+    def _start(self) -> int:
+        """Batches of this epoch already consumed before a resume (0 on a fresh epoch)."""
+        resume, self._resume = self._resume, None
+        if not resume or resume.get("epoch") != self._epoch():
+            return 0
+        return int(resume.get("batches_consumed", 0))
+
+    def _iterator(self, start: int) -> Iterator[Any]:
+        """The wrapped loader's iterator from batch ``start`` of this epoch."""
+        if not start:
+            return iter(self.loader)
+        iter_from = getattr(self.loader, "iter_from", None)
+        if iter_from is not None:
+            return iter_from(start)
+        iterator = iter(self.loader)
+        for _ in range(start):
+            next(iterator, None)
+        return iterator
+
+    def __iter__(self) -> Iterator[Any]:
+        # a generator: the body runs at the first next(), after Lightning has called set_epoch
+        yield from self._iterator(self._start())
+
+
+class AccumulationWindowLoader(ResumableLoader):
+    """Wraps a train dataloader and attaches the window's label count to each batch (and resumes as
+    :class:`ResumableLoader`).
 
     Args:
         loader: any iterable of dict batches (usually a ``torch.utils.data.DataLoader``).
@@ -292,67 +379,16 @@ class AccumulationWindowLoader:
     ) -> None:
         if accumulate_grad_batches < 1:
             raise ValueError(f"accumulate_grad_batches must be >= 1, got {accumulate_grad_batches}")
-        self.loader = loader
+        super().__init__(loader, progress)
         self.accumulate_grad_batches = accumulate_grad_batches
         self.count_fn = count_fn
         self.max_batches = max_batches
-        self.progress = progress
-        self._resume: dict[str, int] | None = None
-
-    # Lightning calls ``set_epoch`` on ``.sampler``/``.batch_sampler`` and reads ``.dataset``.
-    @property
-    def sampler(self) -> Any:
-        return getattr(self.loader, "sampler", None)
-
-    @property
-    def batch_sampler(self) -> Any:
-        return getattr(self.loader, "batch_sampler", None)
-
-    @property
-    def dataset(self) -> Any:
-        return getattr(self.loader, "dataset", None)
-
-    def __len__(self) -> int:
-        return len(self.loader)  # type: ignore[arg-type]
-
-    # Lightning saves and restores the state of a train loader that has both methods (``_Stateful``)
-    def state_dict(self) -> dict[str, int]:
-        if self.progress is None:
-            return {}
-        epoch, consumed = self.progress()
-        return {"epoch": int(epoch), "batches_consumed": int(consumed)}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self._resume = dict(state) if state else None
-
-    def _epoch(self) -> int | None:
-        current = getattr(self.loader, "current_epoch", None)
-        if callable(current):
-            return int(current())
-        epoch = getattr(self.sampler, "epoch", None)
-        return None if epoch is None else int(epoch)
-
-    def _start(self) -> int:
-        """Batches of this epoch already consumed before a resume (0 on a fresh epoch)."""
-        resume, self._resume = self._resume, None
-        if not resume or resume.get("epoch") != self._epoch():
-            return 0
-        return int(resume.get("batches_consumed", 0))
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         # a generator: the body runs at the first next(), after Lightning has called set_epoch
         start = self._start()
         limit = self.max_batches() if self.max_batches is not None else float("inf")
-        if start:
-            iter_from = getattr(self.loader, "iter_from", None)
-            if iter_from is not None:
-                iterator = iter_from(start)
-            else:
-                iterator = iter(self.loader)
-                for _ in range(start):
-                    next(iterator, None)
-        else:
-            iterator = iter(self.loader)
+        iterator = self._iterator(start)
         remaining = limit - start
         # after a resume inside a window (a checkpoint not taken at a step boundary) the first window is the
         # rest of the interrupted one; its count then misses the micro-batches consumed before the stop

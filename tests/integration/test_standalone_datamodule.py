@@ -88,6 +88,46 @@ def test_plain_module_and_plain_trainer(word_tokenizer, tmp_path):
     assert module.val_batches == 2 * 2  # 5 rows in batches of 3, once per epoch
 
 
+def _fit(tok, folder, max_steps=-1, ckpt_path=None) -> list[list[int]]:
+    """2 epochs of the user's module (stopped at ``max_steps``), a checkpoint after every step; the rows
+    trained on, in order."""
+    data = HFDataModule(
+        tok,
+        path=datasets.Dataset.from_dict({"text": TEXTS[:10]}),
+        validation_split=0.0,
+        per_device_train_batch_size=3,
+        max_length=16,
+        seed=5,
+    )
+    module = MyModule()
+    checkpoints = L.pytorch.callbacks.ModelCheckpoint(
+        dirpath=folder, save_last=True, every_n_train_steps=1, save_top_k=-1
+    )
+    trainer = L.Trainer(
+        accelerator="cpu",
+        max_epochs=2,
+        max_steps=max_steps,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        callbacks=[checkpoints],
+        default_root_dir=folder,
+    )
+    trainer.fit(module, datamodule=data, ckpt_path=ckpt_path)
+    return module.train_rows
+
+
+def test_a_run_resumed_inside_an_epoch_continues_it(word_tokenizer, tmp_path):
+    """Lightning resumes a train loader with ``state_dict``/``load_state_dict`` only; without them the epoch
+    would start again from its first batch (rows trained twice, others never)."""
+    straight = _fit(word_tokenizer, tmp_path / "straight")
+    assert len(straight) == 2 * 10  # 4 batches (3, 3, 3, 1) per epoch
+    first = _fit(word_tokenizer, tmp_path / "stopped", max_steps=2)
+    rest = _fit(word_tokenizer, tmp_path / "stopped", ckpt_path=str(tmp_path / "stopped" / "last.ckpt"))
+    assert first + rest == straight
+
+
 @pytest.mark.slow
 def test_the_data_package_imports_without_hydra():
     code = (
