@@ -231,36 +231,6 @@ def log_rate(out: datasets.Dataset, split: str, seconds: float, num_proc: int | 
     )
 
 
-def label_mapping(ds: Any, path: Any) -> dict[str, int] | None:
-    """``label2id`` of a classification source: its ``ClassLabel`` names, or the sorted distinct string
-    labels.
-
-    Integer or float labels need no mapping (``None``). Sorting the distinct names is what HF's
-    ``run_glue.py`` does, so ids do not depend on row order.
-
-    Raises:
-        DataError: string labels in a source whose rows cannot be scanned (a stream or torch dataset).
-    """
-    features = getattr(ds, "features", None)
-    feature = features.get("label") if features else None
-    if isinstance(feature, datasets.ClassLabel):
-        return {name: i for i, name in enumerate(feature.names)}
-    if feature is not None and getattr(feature, "dtype", None) not in ("string", "large_string"):
-        return None
-    if not isinstance(ds, datasets.Dataset):
-        if feature is None:
-            return None  # no schema: labels are checked row by row (a string label raises there)
-        raise DataError(
-            f"data.path={path}: string class labels in a stream cannot be mapped to ids without a scan; "
-            "cast the column to datasets.ClassLabel (names in order) or use integer labels"
-        )
-    try:
-        names = sorted(set(ds["label"]))
-    except UnicodeDecodeError as err:
-        raise non_utf8_error(path, "train", err) from err
-    return {name: i for i, name in enumerate(names)}
-
-
 def row_names(ds: Any, path: Any, split: str) -> Callable[[list[int]], str]:
     """A function naming rows of ``ds`` for the log: ``data.path=F.jsonl lines 3, 8`` for a JSON Lines file we
     loaded (one pass over the file for all rows named), ``data.path=F.csv rows 2, 7 of the file`` for another
