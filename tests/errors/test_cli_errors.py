@@ -38,11 +38,12 @@ def write_text_rows(path, n=12, raw=None):
 
 def test_broken_jsonl_line(tmp_path):
     data = write_text_rows(tmp_path / "data.jsonl", raw={8: '{"text": "unterminated'})
-    line = one_line_error(run_train_cli(*CLM, f"data.path={data}", f"hydra.run.dir={tmp_path / 'run'}"))
-    assert line == (
+    proc = run_train_cli(*CLM, f"data.path={data}", f"hydra.run.dir={tmp_path / 'run'}")
+    assert one_line_error(proc) == (
         f"hf_lightning: error: data.path={data}: could not be read as json: line 9 is not a JSON object "
         '(Unterminated string starting at: column 10): \'{"text": "unterminated\''
     )
+    assert "ArrowInvalid" not in proc.stderr + proc.stdout  # datasets' reader logged it twice before ours
 
 
 def test_diverging_run_stops_before_a_nan_update(tmp_path):
