@@ -74,15 +74,29 @@ def _apply_template(tokenizer: Any, messages: list[dict[str, str]], **kwargs: An
         ) from err
 
 
-def chat_labels(messages: list[dict[str, str]], tokenizer: Any) -> tuple[list[int], list[int]]:
+def turn_ends(tokenizer: Any) -> set[int]:
+    """The token ids an assistant turn ends on: the EOS and the chat template's end-of-turn when that is one
+    token (ChatML's ``<|im_end|>`` where the EOS is ``<|endoftext|>``, as in Qwen2.5's base tokenizer)."""
+    from hf_lightning.data.end_of_turn import end_of_turn_ids
+
+    ends = {tokenizer.eos_token_id} if getattr(tokenizer, "eos_token_id", None) is not None else set()
+    found = end_of_turn_ids(tokenizer)
+    if found is not None and len(found[1]) == 1:
+        ends.add(found[1][0])
+    return ends
+
+
+def chat_labels(
+    messages: list[dict[str, str]], tokenizer: Any, ends: set[int] | None = None
+) -> tuple[list[int], list[int]]:
     """Token ids of a rendered conversation and its labels (assistant tokens kept, the rest ``-100``).
 
     With a template that marks replies with ``{% generation %}``, HF's
     ``apply_chat_template(return_assistant_tokens_mask=True)`` gives the mask. Otherwise each assistant
     turn's tokens are found by rendering the prefix before it (with the generation prompt) and the
-    conversation up to and including it; the turn's tokens up to its last EOS token are the targets
-    (formatting the template writes after the end-of-turn token is never generated). This requires the
-    prefix tokens to be a prefix of the longer rendering, which is checked.
+    conversation up to and including it; the turn's tokens up to its last end token (``ends``, default
+    :func:`turn_ends`) are the targets (formatting the template writes after the end-of-turn token is never
+    generated). This requires the prefix tokens to be a prefix of the longer rendering, which is checked.
 
     Raises:
         DataError: the tokenizer has no chat template, the template refuses the conversation, or it cannot be
@@ -97,6 +111,8 @@ def chat_labels(messages: list[dict[str, str]], tokenizer: Any) -> tuple[list[in
     def render(msgs, gen):
         return list(_apply_template(tokenizer, msgs, add_generation_prompt=gen)["input_ids"])
 
+    ends = turn_ends(tokenizer) if ends is None else ends
+
     ids = render(messages, False)
     labels = [IGNORE_INDEX] * len(ids)
     for i, m in enumerate(messages):
@@ -110,10 +126,10 @@ def chat_labels(messages: list[dict[str, str]], tokenizer: Any) -> tuple[list[in
                 "turns cannot be located; add {% generation %} markers around assistant replies"
             )
         span = upto[len(start) :]
-        eos = getattr(tokenizer, "eos_token_id", None)
-        if eos in span:
+        last = max((k for k, t in enumerate(span) if t in ends), default=None)
+        if last is not None:
             # what a template writes after the end-of-turn token (a newline) is never generated: not a target
-            span = span[: len(span) - span[::-1].index(eos)]
+            span = span[: last + 1]
         labels[len(start) : len(start) + len(span)] = span
     return ids, labels
 
@@ -131,9 +147,10 @@ def tokenize_chat(batch: dict[str, list], tokenizer: Any, max_length: int | None
         "truncated": [],
         "untrainable": [],
     }
+    ends = None if GENERATION_BLOCK.search(tokenizer.chat_template or "") else turn_ends(tokenizer)
     for messages in batch["messages"]:
         _check_messages(messages)
-        ids, labels = chat_labels(messages, tokenizer)
+        ids, labels = chat_labels(messages, tokenizer, ends)
         keep = len(ids) if max_length is None else max_length
         out["truncated"].append(max(len(ids) - keep, 0))
         if not any(m["role"] == "assistant" for m in messages):
