@@ -25,14 +25,13 @@ its ids. Streams and torch datasets are checked row by row as they are tokenized
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import datasets
 
-from hf_lightning.data.file_errors import csv_line_of_row, is_json_lines, jsonl_line_of_row, non_utf8_error
+from hf_lightning.data.file_errors import non_utf8_error
 from hf_lightning.errors import DataError
 
 __all__ = ["ClassLabels", "check_head", "encode_labels", "label_column_name", "read_labels"]
@@ -90,21 +89,9 @@ def _kind(value: Any) -> str:
 
 def _where(ds: Any, row: int, path: Any, split: str) -> tuple[str, str]:
     """``(data.path=F line 57 (train row 12), line 57)``: the row for a message, and its short name."""
-    from hf_lightning.data.tokenize import source_row  # tokenize imports the formats; no cycle at import
+    from hf_lightning.data.tokenize import describe_row, file_place  # tokenize imports the formats
 
-    own = f"{split} row {row}"
-    if isinstance(path, (str, os.PathLike)) and os.path.isfile(path):
-        path = os.fspath(path)
-        src = source_row(ds, row)
-        line = None
-        if path.lower().endswith(".csv"):
-            line = csv_line_of_row(path, src)
-        elif path.lower().endswith((".json", ".jsonl")) and is_json_lines(path):
-            line = jsonl_line_of_row(path, src)
-        if line is not None:
-            return f"data.path={path} line {line} ({own})", f"line {line}"
-        return f"data.path={path} row {src} of the file ({own})", f"row {src} of the file"
-    return f"data.path={path} ({own})", own
+    return describe_row(ds, row, path, split), file_place(ds, row, path) or f"{split} row {row}"
 
 
 def _values(ds: datasets.Dataset, path: Any, split: str) -> list[Any]:

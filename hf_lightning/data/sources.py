@@ -219,20 +219,8 @@ def load_source(
         DataError: the path does not exist, cannot be read, or has an unsupported type; a hub id that is
             neither cached nor reachable; a line or row longer than ``max_row_bytes``.
     """
-    loaded = _load_source(source, streaming, name, revision, max_row_bytes)
-    if not isinstance(source, (str, os.PathLike)) or not os.path.isfile(source):  # a file: checked on load
-        label = "<in-memory dataset>" if isinstance(source, IN_MEMORY) else source
-        splits = loaded.values() if isinstance(loaded, datasets.DatasetDict) else [loaded]
-        for ds in splits:
-            check_row_sizes(ds, max_row_bytes, label)
-    return loaded
-
-
-def _load_source(
-    source: Any, streaming: bool, name: str | None, revision: str | None, max_row_bytes: int | None
-) -> Any:
     if isinstance(source, (datasets.Dataset, datasets.DatasetDict)):
-        return _as_returned(source, "<in-memory dataset>")
+        return _sized(_as_returned(source, "<in-memory dataset>"), max_row_bytes, "<in-memory dataset>")
     if isinstance(source, IN_MEMORY):
         return source
     try:
@@ -247,12 +235,20 @@ def _load_source(
 
         if looks_like_hub_id(path):
             loaded = _load_hub(path, name, revision, streaming)
-            return loaded if streaming else _as_returned(loaded, path)
+            return loaded if streaming else _sized(_as_returned(loaded, path), max_row_bytes, path)
         raise DataError(f"data.path={path}: no such file or folder")
     if os.path.isdir(path):
         loaded = _as_returned(_load_folder(path), path)  # save_to_disk keeps a format's type and columns
+        loaded = _sized(loaded, max_row_bytes, path)  # before a stream hides its rows
         return _as_stream(loaded) if streaming else loaded
     return _load_file(path, streaming=streaming, max_row_bytes=max_row_bytes)
+
+
+def _sized(loaded: Any, max_row_bytes: int | None, name: Any) -> Any:
+    """``loaded`` after :func:`~hf_lightning.data.row_size.check_row_sizes` on each of its splits."""
+    for ds in loaded.values() if isinstance(loaded, datasets.DatasetDict) else [loaded]:
+        check_row_sizes(ds, max_row_bytes, name)
+    return loaded
 
 
 def is_stream(ds: Any) -> bool:

@@ -94,6 +94,12 @@ def test_an_in_memory_row_outside_the_selection_is_not_judged(word_tokenizer):
     assert len(setup_dm(word_tokenizer, ds.select([0, 2, 3]), max_row_bytes=1000).train_dataset) == 3
 
 
+def test_a_saved_folder_read_as_a_stream_is_judged_before_it_streams(word_tokenizer, tmp_path):
+    datasets.Dataset.from_dict({"text": ["a b", "d e", "c " * 600]}).save_to_disk(str(tmp_path / "saved"))
+    with pytest.raises(DataError, match=r"^data.path=.*saved row 2: the row holds 1,200 bytes \(1.2 KiB\)"):
+        HFDataModule(word_tokenizer, path=tmp_path / "saved", streaming=True, max_row_bytes=1000).setup("fit")
+
+
 def test_the_limit_is_a_data_key_of_the_schema(compose_cfg, tmp_path):
     from hf_lightning.config.build import build
     from hf_lightning.errors import ConfigError
