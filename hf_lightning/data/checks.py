@@ -8,6 +8,7 @@ Each check names the split, the row and the value, and says what to change.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -361,6 +362,7 @@ def check_given_label_names(
     if not missing:
         return
     names = ", ".join(repr(m) for m in missing)
+    path = path if isinstance(path, (str, os.PathLike)) else "<in-memory dataset>"
     if all(m in columns for m in missing):
         what = f"{names} is a column of data.path={path} but no key of its batches ({keys})"
     else:

@@ -350,11 +350,11 @@ class HFDataModule(DataLoaderHooks, ModelBinding, L.LightningDataModule):
         if self.group_by_length and self.train_dataset is not None and not is_stream(self.train_dataset):
             self._train_lengths = self._lengths(self.train_dataset)
         announce(layout, self, self._train_lengths, self._accumulation())
+        if bound.metrics:
+            self._check_label_names()
         if self.label_names is not None:
             source = (val, self.validation_path) if eval_only else (train, path)
             self._check_given_label_names(column_names(source[0], source[1]), source[1], fmt)
-        if bound.metrics:
-            self._check_label_names()
 
     def check_positions(self, model: Any) -> None:
         """The prepared rows against ``model``'s positions
