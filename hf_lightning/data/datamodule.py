@@ -97,7 +97,9 @@ class HFDataModule(DataLoaderHooks, ModelBinding, L.LightningDataModule):
         model_input_names: the model's input names; default: the ``forward`` parameters of the bound model
             (:meth:`bind`), else the tokenizer's ``model_input_names``.
         label_names: the batch keys evaluation treats as labels (HF ``label_names``); default: the ``forward``
-            parameters with ``label`` in their name, else ``["labels"]``.
+            parameters with ``label`` in their name, else ``["labels"]``. Given, each must be a key of the
+            batches (HF counts a batch as labelled only when it holds all of them): ``setup`` refuses one that
+            is not, naming the batch keys and the source's columns.
         num_workers / pin_memory / persistent_workers / prefetch_factor / drop_last: ``DataLoader`` knobs.
         num_proc: processes of ``Dataset.map`` for tokenizing a map-style split (``datasets``' ``num_proc``,
             TRL's ``dataset_num_proc``); ``None``: one. Streams and torch datasets tokenize on the fly (a log

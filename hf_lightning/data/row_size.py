@@ -120,9 +120,11 @@ def _text_bytes(arr: pa.Array) -> np.ndarray:
     if any(is_kind(t) for is_kind in _TEXT_TYPES):
         return pc.fill_null(pc.binary_length(arr), 0).to_numpy(zero_copy_only=False).astype(np.int64)
     if pa.types.is_list(t) or pa.types.is_large_list(t):
-        child = np.concatenate([[0], np.cumsum(_text_bytes(arr.values))])
-        offsets = arr.offsets.to_numpy(zero_copy_only=False)
-        return child[offsets[1:]] - child[offsets[:-1]]
+        offsets = arr.offsets.to_numpy(zero_copy_only=False).astype(np.int64)
+        first = int(offsets[0])  # a slice's offsets point into the whole child array: take its part only
+        values = arr.values.slice(first, int(offsets[-1]) - first)
+        child = np.concatenate([[0], np.cumsum(_text_bytes(values))])
+        return child[offsets[1:] - first] - child[offsets[:-1] - first]
     if pa.types.is_struct(t):
         total = np.zeros(len(arr), dtype=np.int64)
         for field in arr.flatten():

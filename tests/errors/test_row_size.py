@@ -47,6 +47,37 @@ def test_the_line_scan_finds_what_splitting_the_file_finds(tmp_path, monkeypatch
         assert row_size.first_long_line(str(path), limit) == expected
 
 
+def test_row_text_bytes_are_what_python_counts():
+    # every string of a row, chat contents nested in lists of structs included; nulls count 0; the table is
+    # read in record batches (slices whose list offsets point into the whole child array)
+    import pyarrow as pa
+
+    from hf_lightning.data.row_size import _text_bytes
+
+    rng = random.Random(0)
+    rows = []
+    for i in range(2000):
+        turns = [
+            {
+                "role": rng.choice(["user", "assistant"]),
+                "content": None if rng.random() < 0.1 else "é" * rng.randint(0, 5),
+            }
+            for _ in range(rng.randint(0, 3))
+        ]
+        rows.append(
+            {"text": "x" * rng.randint(0, 9), "messages": turns if rng.random() > 0.1 else None, "id": i}
+        )
+
+    def by_hand(row):
+        turns = row["messages"] or []
+        return len(row["text"].encode()) + sum(
+            len(t["role"].encode()) + len((t["content"] or "").encode()) for t in turns
+        )
+
+    for batch in pa.Table.from_pylist(rows).to_batches(max_chunksize=257):
+        assert list(sum(_text_bytes(c) for c in batch.columns)) == [by_hand(r) for r in batch.to_pylist()]
+
+
 def test_a_long_json_line_is_refused_before_datasets_reads_it(word_tokenizer, tmp_path, monkeypatch):
     # before: a 200 MB line was read and tokenized whole until the kernel killed the process
     rows = [*TEXT_ROWS[:10], {"text": "a b " * 2_000}, *TEXT_ROWS[10:20]]
