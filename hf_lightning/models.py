@@ -206,6 +206,10 @@ def build_model(
             if attention is None:
                 raise
             raise attention from err
+        if task == "causal_lm":  # a chat model stops on its template's end-of-turn as well as on the EOS
+            from hf_lightning.data.end_of_turn import stop_on_end_of_turn
+
+            stop_on_end_of_turn(model, tokenizer)
         log.info(
             "model.name_or_path is null: a %s with random weights, built from its config (%d parameters); "
             "model.name_or_path=DIR or a hub id fine-tunes pretrained weights",

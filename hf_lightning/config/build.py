@@ -269,8 +269,13 @@ def _class_names(datamodule: Any, num_labels: int | None) -> dict[int, str] | No
 
     Raises:
         ConfigError: ``model.num_labels`` disagrees with the number of classes in the data.
+        DataError: float labels (regression targets), integer ids without ``model.num_labels``
+            (:func:`~hf_lightning.data.class_labels.check_head`).
     """
+    from hf_lightning.data.class_labels import check_head
+
     datamodule.setup("fit")  # the class names come from the data (idempotent: fit does not redo it)
+    check_head(getattr(datamodule, "class_labels", None), num_labels, regression=False)
     id2label = getattr(datamodule, "id2label", None)
     names = dict(id2label) if id2label else None
     if names and num_labels not in (None, len(names)):

@@ -90,6 +90,7 @@ OVERLAY: dict[str, Allowed] = {
     "data.validation_split": Allowed(lambda v: _num(v) and 0 <= v < 1, "a number in [0, 1)"),
     "data.num_workers": NON_NEGATIVE_INT,
     "data.num_proc": OPTIONAL_POSITIVE_INT,
+    "data.max_row_bytes": OPTIONAL_POSITIVE_INT,
     "trainer.accumulate_grad_batches": POSITIVE_INT,
     "trainer.max_steps": Allowed(
         lambda v: _int(v) and (v == -1 or v >= 1), "-1 (no limit) or an integer >= 1"

@@ -8,7 +8,8 @@ Each check names the split, the row and the value, and says what to change.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+import os
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import datasets
@@ -69,6 +70,7 @@ DATA_ARGUMENTS = {
     "num_proc": "positive int or null",
     "prefetch_factor": "positive int or null",
     "pad_to_multiple_of": "positive int or null",
+    "max_row_bytes": "positive int or null",
     "seed": "int >= 0",  # numpy and torch generators refuse negative seeds
     "model_input_names": "names or null",
     "label_names": "names or null",
@@ -335,3 +337,44 @@ def check_label_key(collator: Any, example: Mapping[str, Any] | None, label_name
             f"{sorted(keys)}. Set data.label_names to the key(s) holding the labels, or remove the "
             "metrics"
         )
+
+
+def check_given_label_names(
+    label_names: list[str],
+    batch_keys: Iterable[str],
+    source_columns: Iterable[str],
+    path: Any,
+    fmt: str,
+    renamed: bool = False,
+) -> None:
+    """Every key of a ``data.label_names`` the user gave must be a key of the batches: HF ``Trainer`` treats
+    a batch as labelled only when it holds all of them (``prediction_step``'s ``has_labels``), and the
+    columns they name are kept through pruning.
+
+    ``renamed``: the source columns are those after ``data.rename_columns``.
+
+    Raises:
+        ConfigError: a name that is no batch key (names it, the batch keys and the source's columns).
+    """
+    keys = sorted(batch_keys)
+    columns = sorted(source_columns)
+    missing = [name for name in label_names if name not in keys]
+    if not missing:
+        return
+    names = ", ".join(repr(m) for m in missing)
+    path = path if isinstance(path, (str, os.PathLike)) else "<in-memory dataset>"
+    if all(m in columns for m in missing):
+        what = f"{names} is a column of data.path={path} but no key of its batches ({keys})"
+    else:
+        what = f"{names} is neither a key of the batches ({keys}) nor a column of data.path={path} "
+        what += f"(columns{' after data.rename_columns' if renamed else ''}: {columns})"
+    source = (
+        "the classification format reads its labels from the 'label' column"
+        if fmt == "classification"
+        else f"the {fmt} format makes its targets"
+    )
+    raise ConfigError(
+        f"data.label_names={label_names}: {what}. data.label_names names the batch keys that hold the labels "
+        f"(HF label_names); {source} and batches them as 'labels': leave data.label_names unset, or name "
+        "keys the batches have"
+    )

@@ -29,9 +29,17 @@ import lightning as L
 from hf_lightning.data.chat import require_chat_template
 from hf_lightning.data.checks import (
     check_data_arguments,
+    check_given_label_names,
     check_label_key,
     check_pad_token,
     check_rows_fit_model,
+)
+from hf_lightning.data.class_labels import (
+    ClassLabels,
+    check_head,
+    encode_labels,
+    label_column_name,
+    read_labels,
 )
 from hf_lightning.data.column_pruning import prune_per_example
 from hf_lightning.data.dataloaders import DataLoaderHooks, LoaderPosition
@@ -49,8 +57,9 @@ from hf_lightning.data.packing import (
     row_plan,
 )
 from hf_lightning.data.positions import check_positions
+from hf_lightning.data.row_size import DEFAULT_MAX_ROW_BYTES
 from hf_lightning.data.sources import column_names, detect_format, is_stream, load_splits, load_validation
-from hf_lightning.data.tokenize import label_mapping, prepare_split
+from hf_lightning.data.tokenize import prepare_split
 from hf_lightning.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -88,7 +97,9 @@ class HFDataModule(DataLoaderHooks, ModelBinding, L.LightningDataModule):
         model_input_names: the model's input names; default: the ``forward`` parameters of the bound model
             (:meth:`bind`), else the tokenizer's ``model_input_names``.
         label_names: the batch keys evaluation treats as labels (HF ``label_names``); default: the ``forward``
-            parameters with ``label`` in their name, else ``["labels"]``.
+            parameters with ``label`` in their name, else ``["labels"]``. Given, each must be a key of the
+            batches (HF counts a batch as labelled only when it holds all of them): ``setup`` refuses one that
+            is not, naming the batch keys and the source's columns.
         num_workers / pin_memory / persistent_workers / prefetch_factor / drop_last: ``DataLoader`` knobs.
         num_proc: processes of ``Dataset.map`` for tokenizing a map-style split (``datasets``' ``num_proc``,
             TRL's ``dataset_num_proc``); ``None``: one. Streams and torch datasets tokenize on the fly (a log
@@ -103,6 +114,10 @@ class HFDataModule(DataLoaderHooks, ModelBinding, L.LightningDataModule):
         split / validation_split_name: the training split of a dataset with splits (a hub dataset, a
             ``DatasetDict``; default ``train``) and its validation split (default: the first of
             validation/valid/val/test; none: ``validation_split`` of the rows is held out).
+        max_row_bytes: the most bytes one row may hold; ``None``: no bound. A longer line of a JSON Lines
+            or CSV file is refused before ``datasets`` reads it, and a row of a ``datasets.Dataset`` with
+            more text before it is tokenized (:mod:`~hf_lightning.data.row_size`): such a row is read and
+            tokenized whole, in memory many times its size.
 
     Batches (``B`` examples, ``L`` tokens after padding to the longest row, all tensors int64):
 
@@ -169,6 +184,7 @@ class HFDataModule(DataLoaderHooks, ModelBinding, L.LightningDataModule):
         revision: str | None = None,
         num_proc: int | None = None,
         layout: LayoutChoice = None,
+        max_row_bytes: int | None = DEFAULT_MAX_ROW_BYTES,
     ) -> None:
         super().__init__()
         check_data_arguments(locals())  # each argument of DATA_ARGUMENTS against its kind
@@ -213,11 +229,13 @@ class HFDataModule(DataLoaderHooks, ModelBinding, L.LightningDataModule):
         # a hub dataset's config, revision and the splits to read
         self.name, self.revision = name, revision
         self.split, self.validation_split_name = split, validation_split_name
+        self.max_row_bytes = max_row_bytes
         # filled by setup()
         self.train_dataset: Any = None
         self.val_dataset: Any = None
         self.data_format: str | None = None
         self.id2label: dict[int, str] | None = None
+        self.class_labels: ClassLabels | None = None
         self.dropped_columns: dict[str, list[str]] = {}
         self.resolved_label_names: list[str] = ["labels"]
         self.train_collator: Any = None
@@ -245,7 +263,9 @@ class HFDataModule(DataLoaderHooks, ModelBinding, L.LightningDataModule):
             return (
                 self.path,
                 None,
-                load_validation(self.validation_path, self.streaming, self.rename_columns),
+                load_validation(
+                    self.validation_path, self.streaming, self.rename_columns, self.max_row_bytes
+                ),
                 None,
             )
         return load_splits(
@@ -259,6 +279,7 @@ class HFDataModule(DataLoaderHooks, ModelBinding, L.LightningDataModule):
             revision=self.revision,
             split=self.split,
             validation_split_name=self.validation_split_name,
+            max_row_bytes=self.max_row_bytes,
         )
 
     def setup(self, stage: str | None = None) -> None:
@@ -301,7 +322,10 @@ class HFDataModule(DataLoaderHooks, ModelBinding, L.LightningDataModule):
             model=model,
             forward_kwargs=bound.forward_kwargs,
         )
-        label2id = label_mapping(train, path) if fmt == "classification" else None
+        label2id = None
+        if fmt == "classification":
+            self.class_labels = read_labels(train, path, label_column_name(self.rename_columns))
+            label2id = self.class_labels.label2id
         if label2id is not None:
             self.id2label = {i: name for name, i in label2id.items()}
         self.resolved_label_names = self.label_names or (
@@ -321,6 +345,8 @@ class HFDataModule(DataLoaderHooks, ModelBinding, L.LightningDataModule):
             self.check_positions(model)
             splits = {"train": (self.train_dataset, path), "validation": (self.val_dataset, val_path)}
             check_rows_fit_model(splits, model, self.tokenizer.pad_token_id, fmt == "classification")
+            if fmt == "classification":
+                check_head(self.class_labels, getattr(getattr(model, "config", None), "num_labels", None))
         base = collator_for(fmt, self.tokenizer.pad_token_id, model, self._plan, self.pad_to_multiple_of)
         # packed per batch: evaluation too (one flat row of the batch would cost a dense (T, T) attention)
         rows = layout.batch_collator(base, self.tokenizer.pad_token_id, self.pad_to_multiple_of)
@@ -331,6 +357,9 @@ class HFDataModule(DataLoaderHooks, ModelBinding, L.LightningDataModule):
         announce(layout, self, self._train_lengths, self._accumulation())
         if bound.metrics:
             self._check_label_names()
+        if self.label_names is not None:
+            source = (val, self.validation_path) if eval_only else (train, path)
+            self._check_given_label_names(column_names(source[0], source[1]), source[1], fmt)
 
     def check_positions(self, model: Any) -> None:
         """The prepared rows against ``model``'s positions
@@ -339,6 +368,8 @@ class HFDataModule(DataLoaderHooks, ModelBinding, L.LightningDataModule):
         check_positions(model, self.max_length, self.pad_to_multiple_of, self.padding_free, splits)
 
     def _prepare(self, ds: Any, fmt: str, split: str, path: Any, label2id: Any) -> Any:
+        if fmt == "classification" and self.class_labels is not None:
+            ds = encode_labels(ds, self.class_labels, path, split)
         out, dropped, lengths = prepare_split(
             ds,
             fmt,
@@ -366,6 +397,19 @@ class HFDataModule(DataLoaderHooks, ModelBinding, L.LightningDataModule):
         collator = prune_per_example(base, self._columns, example, split)
         self.dropped_columns[split] = collator.dropped
         return collator
+
+    def _check_given_label_names(self, source_columns: list[str], path: Any, fmt: str) -> None:
+        """``data.label_names`` as given against the keys of one batch (an evaluation one when there is
+        validation data)."""
+        val = self.val_dataset is not None
+        ds = self.val_dataset if val else self.train_dataset
+        example = self._first_example(ds, val) if ds is not None else None
+        if example is None:
+            return
+        collator = self.eval_collator if val else self.train_collator
+        keys = collator([example]).keys()
+        renamed = bool(self.rename_columns)
+        check_given_label_names(self.label_names or [], keys, source_columns, path, fmt, renamed)
 
     def _check_label_names(self) -> None:
         if self.val_dataset is not None:

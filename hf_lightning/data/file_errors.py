@@ -12,7 +12,9 @@ the ``r + 1``-th non-blank line (:func:`jsonl_line_of_row`).
 
 from __future__ import annotations
 
+import csv
 import json
+import logging
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -89,6 +91,24 @@ def jsonl_line_of_row(path: str, row: int) -> int | None:
     return None
 
 
+def csv_line_of_row(path: str, row: int) -> int | None:
+    """The 1-based line of a CSV file where data row ``row`` (0-based, the header not counted) starts.
+
+    Read as ``pandas.read_csv`` reads by default (the ``datasets`` csv builder): comma-separated, double
+    quotes (a quoted field may span lines), blank lines skipped.
+    """
+    with open(path, encoding="utf-8", errors="replace", newline="") as fh:
+        reader = csv.reader(fh)
+        seen, start = -2, 1  # -2: the header is not a data row
+        for record in reader:
+            if record:
+                seen += 1
+                if seen == row:
+                    return start
+            start = reader.line_num + 1
+    return None
+
+
 def is_json_lines(path: str) -> bool:
     """Whether ``path`` is read line by line by the ``json`` builder (``.jsonl``, or ``.json`` not starting
     with ``[``/``{`` spanning lines). A ``.json`` file holding one array or object is not."""
@@ -154,6 +174,36 @@ def explain_load_error(path: str, builder: str, err: BaseException) -> str:
     if "corresponds to no data" in message or isinstance(root, StopIteration):
         return "the file holds no rows (only a header, an empty list, or blank lines)"
     return f"could not be read as {builder}: {message.strip()}"
+
+
+#: the ``datasets`` file readers that log a parse failure at ERROR before they raise it
+READER_LOGGERS = (
+    "datasets.packaged_modules.json.json",
+    "datasets.packaged_modules.csv.csv",
+    "datasets.packaged_modules.parquet.parquet",
+)
+
+
+class _DropReadFailures(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.levelno >= logging.ERROR and record.getMessage().startswith("Failed to "))
+
+
+_DROP = _DropReadFailures()
+
+
+def drop_reader_error_logs() -> None:
+    """Drop the ``Failed to load JSON from file ...`` / ``Failed to read file ...`` ERROR records of
+    ``datasets``' readers (:data:`READER_LOGGERS`; idempotent).
+
+    Each is logged just before the reader raises the same exception, which :func:`explain_load_error` turns
+    into one message naming the line; the records printed the parser's wording (``in row 56`` of a read
+    block) twice before that message.
+    """
+    for name in READER_LOGGERS:
+        logger = logging.getLogger(name)
+        if _DROP not in logger.filters:
+            logger.addFilter(_DROP)
 
 
 def read_error(name: Any, split: str, err: BaseException) -> DataError:

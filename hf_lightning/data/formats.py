@@ -25,6 +25,7 @@ format does not read are left untouched (column pruning decides what reaches the
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -173,10 +174,20 @@ def tokenize_classification(
     enc, truncated, _ = _encode_counted(tokenizer, _strings(batch, "text"), max_length)
     labels = []
     for value in batch["label"]:
+        if value is None or (isinstance(value, float) and math.isnan(value)) or value == "":
+            raise DataError(f"field 'label' is empty on this row ({value!r}); every row needs a class label")
         if isinstance(value, str):
-            if label2id is None or value not in label2id:
-                known = sorted(label2id) if label2id else []
-                raise DataError(f"label {value!r} is not one of the training labels {known[:20]}")
+            if label2id is None:
+                raise DataError(
+                    f"field 'label' holds {value!r:.60}, a class name, but the training labels are numbers "
+                    "(integer class ids or float regression targets); write every label the same way"
+                )
+            if value not in label2id:
+                known = sorted(label2id, key=label2id.__getitem__)
+                raise DataError(
+                    f"field 'label' holds {value!r:.60}, which is not one of the {len(known)} training "
+                    f"labels {known[:20]}{' ...' if len(known) > 20 else ''}"
+                )
             value = label2id[value]
         elif not isinstance(value, (int, float)) or isinstance(value, bool):
             raise DataError(f"field 'label' must be a class name, an int or a float, got {value!r:.60}")

@@ -20,6 +20,7 @@ those rows.
 from __future__ import annotations
 
 import logging
+import math
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -28,8 +29,9 @@ from typing import Any
 import datasets
 import torch
 
-from hf_lightning.data.file_errors import explain_load_error, read_error
+from hf_lightning.data.file_errors import drop_reader_error_logs, explain_load_error, read_error
 from hf_lightning.data.formats import DETECTION_ORDER, SOURCE_COLUMNS, fitting_formats, rename_hint
+from hf_lightning.data.row_size import DEFAULT_MAX_ROW_BYTES, check_line_sizes, check_row_sizes
 from hf_lightning.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
@@ -38,7 +40,19 @@ BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parqu
 VALIDATION_SPLITS = ("validation", "valid", "val", "test")
 
 
-def _load_file(path: str, streaming: bool = False) -> datasets.Dataset | datasets.IterableDataset:
+def _read_by_lines(p: Path, builder: str) -> bool:
+    """Whether ``datasets`` reads ``p`` line by line (JSON Lines, CSV); not a JSON array document."""
+    if builder == "csv" or p.suffix.lower() == ".jsonl":
+        return True
+    if builder != "json":
+        return False
+    with open(p, "rb") as fh:
+        return not fh.read(4096).lstrip().startswith(b"[")
+
+
+def _load_file(
+    path: str, streaming: bool = False, max_row_bytes: int | None = DEFAULT_MAX_ROW_BYTES
+) -> datasets.Dataset | datasets.IterableDataset:
     p = Path(path)
     builder = BUILDERS.get(p.suffix.lower())
     if builder is None:
@@ -48,10 +62,15 @@ def _load_file(path: str, streaming: bool = False) -> datasets.Dataset | dataset
         )
     if not os.access(p, os.R_OK):
         raise DataError(f"data.path={path}: the file exists but cannot be read (permissions)")
+    if _read_by_lines(p, builder):
+        check_line_sizes(str(p), max_row_bytes)  # before datasets reads a line whole
+    drop_reader_error_logs()  # the DataError below says what the reader's ERROR record said, and the line
     try:
-        return datasets.load_dataset(builder, data_files=str(p), split="train", streaming=streaming)
+        loaded = datasets.load_dataset(builder, data_files=str(p), split="train", streaming=streaming)
     except Exception as err:  # datasets wraps parser errors in several types; name the file and the line
         raise DataError(f"data.path={path}: {explain_load_error(str(p), builder, err)}") from err
+    check_row_sizes(loaded, max_row_bytes, path)
+    return loaded
 
 
 def _load_folder(path: str) -> datasets.Dataset | datasets.DatasetDict:
@@ -176,7 +195,11 @@ def _load_hub(repo_id: str, name: str | None, revision: str | None, streaming: b
 
 
 def load_source(
-    source: Any, streaming: bool = False, name: str | None = None, revision: str | None = None
+    source: Any,
+    streaming: bool = False,
+    name: str | None = None,
+    revision: str | None = None,
+    max_row_bytes: int | None = DEFAULT_MAX_ROW_BYTES,
 ) -> Any:
     """Load one source.
 
@@ -188,13 +211,16 @@ def load_source(
             as ``Dataset.to_iterable_dataset()``; the result is a ``datasets.IterableDataset``.
         name / revision: a hub dataset's config name and revision (``load_dataset``'s ``name`` and
             ``revision``), when ``source`` is a hub id (:func:`hf_lightning.hub.looks_like_hub_id`).
+        max_row_bytes: the most bytes one row may hold (``data.max_row_bytes``; ``None``: no bound), checked
+            on the lines of a JSON Lines or CSV file before it is read and on the text of each row of a
+            ``datasets.Dataset`` (:mod:`~hf_lightning.data.row_size`).
 
     Raises:
         DataError: the path does not exist, cannot be read, or has an unsupported type; a hub id that is
-            neither cached nor reachable.
+            neither cached nor reachable; a line or row longer than ``max_row_bytes``.
     """
     if isinstance(source, (datasets.Dataset, datasets.DatasetDict)):
-        return _as_returned(source, "<in-memory dataset>")
+        return _sized(_as_returned(source, "<in-memory dataset>"), max_row_bytes, "<in-memory dataset>")
     if isinstance(source, IN_MEMORY):
         return source
     try:
@@ -209,12 +235,20 @@ def load_source(
 
         if looks_like_hub_id(path):
             loaded = _load_hub(path, name, revision, streaming)
-            return loaded if streaming else _as_returned(loaded, path)
+            return loaded if streaming else _sized(_as_returned(loaded, path), max_row_bytes, path)
         raise DataError(f"data.path={path}: no such file or folder")
     if os.path.isdir(path):
         loaded = _as_returned(_load_folder(path), path)  # save_to_disk keeps a format's type and columns
+        loaded = _sized(loaded, max_row_bytes, path)  # before a stream hides its rows
         return _as_stream(loaded) if streaming else loaded
-    return _load_file(path, streaming=streaming)
+    return _load_file(path, streaming=streaming, max_row_bytes=max_row_bytes)
+
+
+def _sized(loaded: Any, max_row_bytes: int | None, name: Any) -> Any:
+    """``loaded`` after :func:`~hf_lightning.data.row_size.check_row_sizes` on each of its splits."""
+    for ds in loaded.values() if isinstance(loaded, datasets.DatasetDict) else [loaded]:
+        check_row_sizes(ds, max_row_bytes, name)
+    return loaded
 
 
 def is_stream(ds: Any) -> bool:
@@ -241,7 +275,8 @@ def split_train_validation(
     train and validation are the same stream read with opposite filters).
 
     Raises:
-        DataError: no ``split`` (or no ``validation_split_name``) split, or an empty dataset.
+        DataError: no ``split`` (or no ``validation_split_name``) split, an empty dataset, or a hold-out that
+            leaves no row to train on (:func:`check_holdout`).
     """
     if isinstance(loaded, (datasets.DatasetDict, datasets.IterableDatasetDict)):
         if split not in loaded:
@@ -271,8 +306,7 @@ def split_train_validation(
     if len(train) == 0:
         raise DataError(f"data.path={path}: the dataset is empty")
     if val is None and validation_split > 0:
-        if len(train) < 2:
-            raise DataError(f"data.path={path}: {len(train)} row, too few to hold out a validation split")
+        check_holdout(len(train), validation_split, path, isinstance(train, datasets.Dataset))
         if isinstance(train, datasets.Dataset):
             parts = train.train_test_split(test_size=validation_split, seed=seed, shuffle=True)
             train, val = parts["train"], parts["test"]
@@ -287,6 +321,33 @@ def split_train_validation(
     return train, val, None
 
 
+def held_out_rows(n: int, validation_split: float, is_datasets: bool) -> int:
+    """Rows that ``validation_split`` holds out of ``n``: ``ceil(validation_split * n)`` as
+    ``Dataset.train_test_split(test_size=...)`` counts them, ``max(1, round(...))`` for a torch dataset."""
+    if is_datasets:
+        return math.ceil(validation_split * n)
+    return max(1, round(validation_split * n))
+
+
+def check_holdout(n: int, validation_split: float, path: Any, is_datasets: bool = True) -> None:
+    """Refuse a hold-out that leaves no row to train on (one row, or ``validation_split`` near 1 on a few).
+
+    Raises:
+        DataError: names ``data.validation_split`` and what to set instead.
+    """
+    held = held_out_rows(n, validation_split, is_datasets)
+    if held < n:
+        return
+    name = path if isinstance(path, (str, os.PathLike)) else "<in-memory dataset>"
+    rows = f"{n} row{'s' if n != 1 else ''}"
+    raise DataError(
+        f"data.path={name}: {rows}, too few to hold out a validation split: data.validation_split="
+        f"{validation_split:g} holds out {held} (at least one row) and leaves none to train on. Set "
+        "data.validation_split=0 to train on every row without validation, or give the validation rows in "
+        "their own file with data.validation_path=FILE"
+    )
+
+
 def load_splits(
     path: Any,
     validation_path: Any,
@@ -299,13 +360,14 @@ def load_splits(
     revision: str | None = None,
     split: str = "train",
     validation_split_name: str | None = None,
+    max_row_bytes: int | None = DEFAULT_MAX_ROW_BYTES,
 ) -> tuple[Any, Any, Any, float | None]:
     """``(path, train, validation or None, stream hold-out or None)`` of the DataModule's arguments.
 
     ``path=None`` is the embedded chatterbot-corpus data (its train and validation files);
     ``validation_path`` overrides any split of ``path``; ``rename_columns`` is applied to both splits;
-    ``name``, ``revision``, ``split``, ``validation_split_name``: see :func:`load_source` and
-    :func:`split_train_validation`.
+    ``name``, ``revision``, ``split``, ``validation_split_name``, ``max_row_bytes``: see :func:`load_source`
+    and :func:`split_train_validation`.
 
     Raises:
         ConfigError: ``rename_columns`` with a source that is not a ``datasets`` one.
@@ -317,11 +379,11 @@ def load_splits(
 
         files = prepare_chatterbot()
         path, validation_path = files["train"], files["validation"]
-    loaded = load_source(path, streaming=streaming, name=name, revision=revision)
+    loaded = load_source(path, streaming=streaming, name=name, revision=revision, max_row_bytes=max_row_bytes)
     fraction = 0.0 if validation_path is not None else validation_split
     train, val, holdout = split_train_validation(loaded, fraction, seed, path, split, validation_split_name)
     if validation_path is not None:
-        val = load_source(validation_path, streaming=streaming)
+        val = load_source(validation_path, streaming=streaming, max_row_bytes=max_row_bytes)
         if isinstance(val, (datasets.DatasetDict, datasets.IterableDatasetDict)):
             val = next(iter(val.values()))
     if rename_columns:
@@ -330,14 +392,19 @@ def load_splits(
     return path, train, val, holdout
 
 
-def load_validation(validation_path: Any, streaming: bool, rename_columns: Mapping[str, str] | None) -> Any:
+def load_validation(
+    validation_path: Any,
+    streaming: bool,
+    rename_columns: Mapping[str, str] | None,
+    max_row_bytes: int | None = DEFAULT_MAX_ROW_BYTES,
+) -> Any:
     """The validation file alone, renamed as :func:`load_splits` renames it (an evaluation reads no train
     split).
 
     Raises:
         ConfigError, DataError: as :func:`load_splits`.
     """
-    val = load_source(validation_path, streaming=streaming)
+    val = load_source(validation_path, streaming=streaming, max_row_bytes=max_row_bytes)
     if isinstance(val, (datasets.DatasetDict, datasets.IterableDatasetDict)):
         val = next(iter(val.values()))
     return _renamed(val, validation_path, rename_columns) if rename_columns else val

@@ -29,7 +29,7 @@ import datasets
 import pyarrow.compute as pc
 
 from hf_lightning.compat import selection_indices
-from hf_lightning.data.file_errors import is_json_lines, jsonl_line_of_row, non_utf8_error
+from hf_lightning.data.file_errors import csv_line_of_row, is_json_lines, jsonl_line_of_row, non_utf8_error
 from hf_lightning.data.formats import SOURCE_COLUMNS, TOKENIZERS, check_columns
 from hf_lightning.data.model_facts import Columns, check_inputs_survive
 from hf_lightning.data.on_the_fly import ExampleProcessor, fn_kwargs_for, scan_torch_dataset
@@ -112,19 +112,29 @@ def source_row(ds: Any, row: int) -> int:
         return row
 
 
+def file_place(ds: Any, row: int, path: Any) -> str | None:
+    """Where row ``row`` of ``ds`` is in the file ``path`` it was loaded from: ``line 57`` for a JSON Lines or
+    CSV file (a CSV's header is line 1), ``row 56 of the file`` for another file; ``None`` when ``path`` is
+    not a file."""
+    if not (isinstance(path, (str, os.PathLike)) and os.path.isfile(path)):
+        return None
+    path = os.fspath(path)
+    src = source_row(ds, row)
+    line = None
+    if path.lower().endswith(".csv"):
+        line = csv_line_of_row(path, src)
+    elif not path.lower().endswith(".parquet") and is_json_lines(path):
+        line = jsonl_line_of_row(path, src)
+    return f"line {line}" if line is not None else f"row {src} of the file"
+
+
 def describe_row(ds: Any, row: int, path: Any, split: str) -> str:
-    """``data.path=FILE line 57 (train row 12)`` for a JSON Lines file we loaded, else ``... (train row
+    """``data.path=FILE line 57 (train row 12)`` (see :func:`file_place`), else ``data.path=... (train row
     12)``."""
-    where = f"{split} row {row}"
-    if isinstance(path, (str, os.PathLike)) and os.path.isfile(path):
-        path = os.fspath(path)
-        src = source_row(ds, row)
-        if is_json_lines(path):
-            line = jsonl_line_of_row(path, src)
-            if line is not None:
-                return f"data.path={path} line {line} ({where})"
-        return f"data.path={path} row {src} of the file ({where})"
-    return f"data.path={path} ({where})"
+    place = file_place(ds, row, path)
+    if place is None:
+        return f"data.path={path} ({split} row {row})"
+    return f"data.path={os.fspath(path)} {place} ({split} row {row})"
 
 
 def tokenize_dataset(
@@ -256,36 +266,6 @@ def log_rate(out: datasets.Dataset, split: str, seconds: float, num_proc: int | 
         _amount(tokens / max(seconds, 1e-9)),
         num_proc or 1,
     )
-
-
-def label_mapping(ds: Any, path: Any) -> dict[str, int] | None:
-    """``label2id`` of a classification source: its ``ClassLabel`` names, or the sorted distinct string
-    labels.
-
-    Integer or float labels need no mapping (``None``). Sorting the distinct names is what HF's
-    ``run_glue.py`` does, so ids do not depend on row order.
-
-    Raises:
-        DataError: string labels in a source whose rows cannot be scanned (a stream or torch dataset).
-    """
-    features = getattr(ds, "features", None)
-    feature = features.get("label") if features else None
-    if isinstance(feature, datasets.ClassLabel):
-        return {name: i for i, name in enumerate(feature.names)}
-    if feature is not None and getattr(feature, "dtype", None) not in ("string", "large_string"):
-        return None
-    if not isinstance(ds, datasets.Dataset):
-        if feature is None:
-            return None  # no schema: labels are checked row by row (a string label raises there)
-        raise DataError(
-            f"data.path={path}: string class labels in a stream cannot be mapped to ids without a scan; "
-            "cast the column to datasets.ClassLabel (names in order) or use integer labels"
-        )
-    try:
-        names = sorted(set(ds["label"]))
-    except UnicodeDecodeError as err:
-        raise non_utf8_error(path, "train", err) from err
-    return {name: i for i, name in enumerate(names)}
 
 
 def row_names(ds: Any, path: Any, split: str) -> Callable[[list[int]], str]:

@@ -1,9 +1,13 @@
 """A byte-level BPE tokenizer trained on the default corpus with ``tokenizers``, cached on disk.
 
-Special tokens: ``<|pad|>`` (padding), ``<|im_start|>`` and ``<|im_end|>`` (ChatML turn markers;
-``<|im_end|>`` is also the EOS token, so generation stops at the end of a reply). The chat template marks
-each assistant reply plus its ``<|im_end|>`` with ``{% generation %}`` so that
-``apply_chat_template(..., return_assistant_tokens_mask=True)`` finds exactly the trained-on tokens.
+Special tokens, laid out as Qwen2.5's base tokenizer lays them out: ``<|pad|>`` (padding), ``<|im_start|>``
+and ``<|im_end|>`` (ChatML turn markers), and ``<|endoftext|>``, the EOS token: the end of a document. Plain
+text ends with it where a document end is written (packed ``text`` rows, a completion), so a causal LM on text
+never learns the chat end-of-turn; a chat reply ends with ``<|im_end|>``, which the template writes, and a
+model built on this tokenizer stops generating on both (``generation_config.eos_token_id``, see
+:func:`~hf_lightning.data.end_of_turn.stop_on_end_of_turn`). The chat template marks each assistant reply plus
+its ``<|im_end|>`` with ``{% generation %}`` so that ``apply_chat_template(...,
+return_assistant_tokens_mask=True)`` finds exactly the trained-on tokens.
 """
 
 from __future__ import annotations
@@ -14,7 +18,8 @@ from pathlib import Path
 
 from hf_lightning.defaults.cache import build_once, cache_root
 
-PAD, IM_START, IM_END = "<|pad|>", "<|im_start|>", "<|im_end|>"
+PAD, IM_START, IM_END, END_OF_TEXT = "<|pad|>", "<|im_start|>", "<|im_end|>", "<|endoftext|>"
+SPECIAL_TOKENS = (PAD, IM_START, IM_END, END_OF_TEXT)
 
 CHATML_TEMPLATE = (
     "{%- for message in messages %}"
@@ -41,7 +46,7 @@ def train_default_tokenizer(train_file: str, vocab_size: int = 2048) -> str:
         The folder holding the saved tokenizer (loads with ``AutoTokenizer.from_pretrained``).
     """
     key = hashlib.sha256(
-        Path(train_file).read_bytes() + f"{vocab_size}{CHATML_TEMPLATE}".encode()
+        Path(train_file).read_bytes() + f"{vocab_size}{CHATML_TEMPLATE}{SPECIAL_TOKENS}".encode()
     ).hexdigest()[:12]
     target = cache_root() / f"tokenizer-bpe{vocab_size}-{key}"
 
@@ -54,13 +59,16 @@ def train_default_tokenizer(train_file: str, vocab_size: int = 2048) -> str:
         tok.decoder = decoders.ByteLevel()
         trainer = trainers.BpeTrainer(
             vocab_size=vocab_size,
-            special_tokens=[PAD, IM_START, IM_END],
+            special_tokens=list(SPECIAL_TOKENS),
             initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
             show_progress=False,
         )
         tok.train_from_iterator(_texts(train_file), trainer=trainer)
         hf = PreTrainedTokenizerFast(
-            tokenizer_object=tok, pad_token=PAD, eos_token=IM_END, additional_special_tokens=[IM_START]
+            tokenizer_object=tok,
+            pad_token=PAD,
+            eos_token=END_OF_TEXT,
+            additional_special_tokens=[IM_START, IM_END],
         )
         hf.chat_template = CHATML_TEMPLATE
         hf.save_pretrained(str(tmp))

@@ -38,10 +38,24 @@ def write_text_rows(path, n=12, raw=None):
 
 def test_broken_jsonl_line(tmp_path):
     data = write_text_rows(tmp_path / "data.jsonl", raw={8: '{"text": "unterminated'})
-    line = one_line_error(run_train_cli(*CLM, f"data.path={data}", f"hydra.run.dir={tmp_path / 'run'}"))
-    assert line == (
+    proc = run_train_cli(*CLM, f"data.path={data}", f"hydra.run.dir={tmp_path / 'run'}")
+    assert one_line_error(proc) == (
         f"hf_lightning: error: data.path={data}: could not be read as json: line 9 is not a JSON object "
         '(Unterminated string starting at: column 10): \'{"text": "unterminated\''
+    )
+    assert "ArrowInvalid" not in proc.stderr + proc.stdout  # datasets' reader logged it twice before ours
+
+
+def test_an_empty_class_label_is_one_line(tmp_path):
+    # before: TypeError: '<' not supported between instances of 'NoneType' and 'str', exit 1
+    data = tmp_path / "train.csv"
+    rows = "hello there,greeting\nwhat is my balance,\nhi again,greeting\n" * 2
+    data.write_text("text,category\n" + rows)
+    run = f"hydra.run.dir={tmp_path / 'run'}"
+    proc = run_train_cli("+experiment=classification", f"data.path={data}", "data.validation_split=0", run)
+    assert one_line_error(proc) == (
+        f"hf_lightning: error: data.path={data} line 3 (train row 1): column 'category' is empty on this row "
+        "(None); every row needs a class label: fill it in, or remove the row"
     )
 
 

@@ -347,8 +347,8 @@ def test_classification_label_not_in_the_training_labels(word_tokenizer, tmp_pat
         setup_dm(word_tokenizer, train, validation_path=val)
     assert (
         str(err.value)
-        == f"data.path={val} line 3 (validation row 2): label 'z' is not one of the 2 training labels ['x', "
-        "'y']"
+        == f"data.path={val} line 3 (validation row 2): column 'label' holds 'z', which is not one of the 2 "
+        "training labels ['x', 'y']"
     )
 
 

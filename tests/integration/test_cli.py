@@ -65,7 +65,9 @@ def test_sft_default_run_folder_contract(tmp_path):
 
     model = AutoModelForCausalLM.from_pretrained(run_dir / "hf_model")
     tok = AutoTokenizer.from_pretrained(run_dir / "hf_model")
-    assert tok.chat_template and tok.pad_token is not None and tok.eos_token == "<|im_end|>"
+    assert tok.chat_template and tok.pad_token is not None and tok.eos_token == "<|endoftext|>"
+    # a chat reply ends with <|im_end|>, a document with <|endoftext|>: generation stops on both
+    assert model.generation_config.eos_token_id == tok.convert_tokens_to_ids(["<|endoftext|>", "<|im_end|>"])
     exported = model.state_dict()
     trained = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
     for name, value in exported.items():

@@ -163,5 +163,7 @@ def test_metrics_without_a_resolvable_label_key_stop_at_setup(word_tokenizer):
 
     with pytest.raises(ConfigError, match=r"no label key resolves: data.label_names=\['target'\].*keys \["):
         run(["target"], metrics={"acc": object()})
-    run(["target"], metrics=None)  # no metrics: nothing to check
+    # without metrics too: a label key no batch holds is a setting nothing reads
+    with pytest.raises(ConfigError, match=r"^data.label_names=\['target'\]: 'target' is neither a key"):
+        run(["target"], metrics=None)
     assert run(["labels"], metrics={"acc": object()}).resolved_label_names == ["labels"]
