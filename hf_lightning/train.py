@@ -321,19 +321,20 @@ def main(cfg: DictConfig) -> float | None:
         sys.exit(2)
 
 
-def check_command_line(args: list[str]) -> None:
-    """Before Hydra composes: a choice whose Hydra plugin is missing, or the SLURM launcher off a SLURM
-    machine, exits with one line and status 2."""
+def check_command_line(args: list[str]) -> list[str]:
+    """Before Hydra composes: a choice whose Hydra plugin is missing, an override that does not compose, or
+    the SLURM launcher off a SLURM machine, exits with one line and status 2; returns the command line to
+    give Hydra (a new key of a mapping setting spelled as Hydra takes it:
+    :func:`~hf_lightning.config.typos.mapping_spellings`)."""
     import shutil
 
-    from hf_lightning.config.typos import misspelt_override
+    from hf_lightning.config.typos import checked_command_line
     from hf_lightning.optional import check_command_line as check_plugins
 
     try:
         check_plugins(args)
-        typo = misspelt_override(args)  # Hydra would say 'Could not override' and advise adding the key
-        if typo:
-            raise ConfigError(typo)
+        # Hydra would say 'Could not override' and advise adding the key
+        args = checked_command_line(args, "train", "train")
         if any(a.lstrip("+") == "hydra/launcher=slurm" for a in args) and shutil.which("sbatch") is None:
             # submitit's own refusal is a traceback ('Could not detect "srun"') after the sweep has started
             raise ConfigError(
@@ -343,13 +344,14 @@ def check_command_line(args: list[str]) -> None:
     except HFLightningError as err:
         print(f"hf_lightning: error: {err}", file=sys.stderr)
         sys.exit(2)
+    return args
 
 
 if __name__ == "__main__":
     from hf_lightning.cli_output import quiet_known_noise
 
     quiet_known_noise()
-    check_command_line(sys.argv[1:])
+    sys.argv[1:] = check_command_line(sys.argv[1:])
     from hf_lightning.strategies.launch import other_rank_overrides
 
     sys.argv += other_rank_overrides(

@@ -192,6 +192,26 @@ def check_keys(node: Mapping[str, Any], target: Callable, group: str, skip: Iter
         )
 
 
+def is_mapping_setting(target: Callable, name: str) -> bool:
+    """Whether ``target``'s argument ``name`` takes a mapping of free keys: its annotation is a mapping, or a
+    union of mappings with ``None`` and ``str`` (``scheduler.kwargs``, ``optim.kwargs`` (a mapping or HF's
+    ``optim_args`` string), ``data.rename_columns``, ``model.config``); not a union with other kinds
+    (``trainer.max_time``: a string, a ``timedelta`` or a mapping of its fields)."""
+    if name not in inspect.signature(target).parameters:
+        return False
+    try:
+        hint = typing.get_type_hints(target).get(name)
+    except Exception:  # an annotation that does not evaluate here
+        return False
+    members = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+
+    def mapping(t: Any) -> bool:
+        origin = typing.get_origin(t) or t
+        return inspect.isclass(origin) and issubclass(origin, Mapping)
+
+    return any(mapping(t) for t in members) and all(mapping(t) or t in (str, type(None)) for t in members)
+
+
 def _our_key_for_hf_name(name: str, group: str) -> str | None:
     """Our key under ``group`` for an HF ``TrainingArguments`` name given there (``optim.learning_rate`` ->
     ``optim.lr``), or ``None``."""
