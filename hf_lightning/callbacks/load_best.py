@@ -72,7 +72,7 @@ class LoadBestModel(L.Callback):
             self.best_metric, self.best_global_step = value, step
         if self.best_global_step == step and self.steps.is_save_step(step):
             self.best_model_step, self.best_model_metric = step, value
-            trainer.save_checkpoint(self.path)
+            trainer.save_checkpoint(self.path, weights_only=False)  # explicit: Lightning logs its default
             if trainer.is_global_zero:
                 log.info("best model so far: step %d, %s=%.6g (%s)", step, self.monitor, value, self.path)
 
