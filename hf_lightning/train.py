@@ -302,12 +302,13 @@ def _report_log_file_errors() -> None:
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> float | None:
-    from hf_lightning.cli_output import begin_job, report_error, speak_for_the_run
+    from hf_lightning.cli_output import begin_job, log_early_notes, report_error, speak_for_the_run
 
     hide_library_warnings()
     begin_job(cli=True)
     speak_for_the_run()
     _report_log_file_errors()
+    log_early_notes(log)  # the run-folder guard's notes (a resume's), said before train.log existed
     try:
         metrics, objects = train(cfg)
         stopped = getattr(objects.get("module"), "preempted", None)
