@@ -258,7 +258,8 @@ def unknown_key_line(c: Mapping[str, Any], key: str, purpose: str = "train") -> 
             guess = f" (did you mean {close[0]}.{key.split('.', 1)[1]}?)" if close else ""
             return f"unknown config key {key}: no node {first}{guess}; top-level keys: {', '.join(keys)}"
         head, sep, rest = lines[0].partition("; ")
-        return f"{head} (did you mean {close[0]}?){sep}{rest}" if close and "HF" not in head else lines[0]
+        unknown = head.startswith("unknown top-level key")  # not an HF name, which names our key itself
+        return f"{head} (did you mean {close[0]}?){sep}{rest}" if close and unknown else lines[0]
     if not parent:
         return None
     node = get_dotted(c, parent)
