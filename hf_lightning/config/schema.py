@@ -129,6 +129,16 @@ OVERLAY: dict[str, Allowed] = {
     "data.validation_split": Allowed(lambda v: _num(v) and 0 <= v < 1, "a number in [0, 1)"),
     "data.num_workers": NON_NEGATIVE_INT,
     "data.num_proc": OPTIONAL_POSITIVE_INT,
+    "data.rename_columns": Allowed(
+        lambda v: (
+            v is None
+            or (
+                isinstance(v, Mapping)
+                and all(isinstance(k, str) and isinstance(x, str) for k, x in v.items())
+            )
+        ),
+        "null or a mapping {source column: new name}",
+    ),
     "trainer.accumulate_grad_batches": POSITIVE_INT,
     "trainer.max_steps": Allowed(
         lambda v: _int(v) and (v == -1 or v >= 1), "-1 (no limit) or an integer >= 1"

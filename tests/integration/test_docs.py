@@ -56,11 +56,15 @@ def documented_commands() -> list[tuple[str, str, str]]:
 
 
 def compose(config_name: str, overrides: list[str]):
+    """The config the command line composes: the entry points' spelling of a mapping setting's new key
+    (:func:`~hf_lightning.config.typos.mapping_spellings`), then Hydra."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
     from hf_lightning.config.compose import CONF_DIR
+    from hf_lightning.config.typos import mapping_spellings
 
+    overrides = mapping_spellings(overrides, config_name)
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         cfg = hydra_compose(config_name, overrides=overrides)
     from omegaconf import open_dict
