@@ -31,8 +31,9 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
     """Run one training job described by ``cfg``.
 
     Returns:
-        ``(metrics, objects)``: the newest value of every logged metric as floats (also written to
-        ``<output_dir>/final_metrics.json`` on rank 0), and the built ``trainer``, ``module``, ``datamodule``.
+        ``(metrics, objects)``: the newest value of every logged metric as floats, and the run's counts as
+        integers (``global_step``, ``parameters``, ``best_model_step``), also written to
+        ``<output_dir>/final_metrics.json`` on rank 0; and the built ``trainer``, ``module``, ``datamodule``.
 
     Raises:
         HFLightningError: bad config, data or model (the message names the key, file or field).
@@ -165,13 +166,7 @@ def _fit(
             metrics.update(callback.final_metrics())
     rate = run_tokens_per_s(trainer)
     wall = job_seconds()  # the whole job: start-up (the command's first), data, training, validations, export
-    metrics.update(
-        {
-            "global_step": float(trainer.global_step),
-            "parameters": float(n_params),
-            "wall_time_s": wall,
-        }
-    )
+    metrics.update({"global_step": trainer.global_step, "parameters": n_params, "wall_time_s": wall})
     if rate is not None:
         metrics["train_tokens_per_s"] = rate[0]
     stopped = getattr(module, "preempted", None)

@@ -107,7 +107,7 @@ class LoadBestModel(L.Callback):
         ``final_metrics.json``; empty when no best model was saved."""
         if self.best_model_step is None:
             return {}
-        return {"best_model_step": float(self.best_model_step), "best_metric": float(self.best_model_metric)}
+        return {"best_model_step": int(self.best_model_step), "best_metric": float(self.best_model_metric)}
 
     def state_dict(self) -> dict[str, Any]:
         return {

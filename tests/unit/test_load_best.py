@@ -108,3 +108,6 @@ def test_saving_the_best_model_adds_no_lightning_line(tmp_path, word_tokenizer, 
     assert best.best_model_step is not None  # best.ckpt was written
     lightning_lines = [r.getMessage() for r in caplog.records if "weights_only" in r.getMessage()]
     assert lightning_lines == []
+    # final_metrics.json gets the best model's step as an integer (a step, not a measurement)
+    assert best.final_metrics()["best_model_step"] == best.best_model_step
+    assert type(best.final_metrics()["best_model_step"]) is int
