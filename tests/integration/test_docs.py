@@ -113,6 +113,34 @@ def test_every_documented_command_composes_and_passes_the_schema(source, command
         assert "CPU" in str(err) or "cpu" in str(err), f"{source}: {command}: {err}"
 
 
+def test_the_readmes_short_run_is_not_all_warm_up():
+    """The README's 20-step sft run: sft warms up over 20 steps, so as written before the rate rose for the
+    whole run and never reached optim.lr. Its schedule, stepped here, follows HF's linear warm-up and decay
+    by hand (step s at lr * s / w during the w warm-up steps, then lr * (T - s) / (T - w)) and reaches
+    optim.lr."""
+    import torch
+    from hydra.utils import instantiate
+
+    text = (REPO / "README.md").read_text().replace("\n", " ")
+    command = re.search(r"A shorter run to try the pipeline: `(python -m hf_lightning\.train [^`]*)`", text)
+    _, overrides = overrides_of(" ".join(command.group(1).split()))
+    cfg = compose("train", overrides)
+    total, lr = cfg.trainer.max_steps, cfg.optim.lr
+    weight = torch.nn.Parameter(torch.zeros(1))
+    optimizer = torch.optim.SGD([weight], lr=lr)
+    scheduler = instantiate(cfg.scheduler)(optimizer=optimizer, num_training_steps=total)
+    rates = []
+    for _ in range(total):
+        rates.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    w = cfg.scheduler.warmup_steps
+    assert cfg.scheduler.name == "linear" and 0 < w < total
+    expected = [lr * s / w if s < w else lr * (total - s) / (total - w) for s in range(total)]
+    assert rates == pytest.approx(expected, rel=1e-9)
+    assert max(rates) == pytest.approx(lr)
+
+
 def table_overrides() -> list[str]:
     """Every inline-code span made only of ``key=value`` words in the hf_lightning columns of the migration
     tables.
