@@ -120,6 +120,12 @@ def mapping_spellings(args: Sequence[str], config_name: str = "train") -> list[s
         args: the command line after the module name (``sys.argv[1:]``).
         config_name: the primary config (``train``, ``evaluate``).
     """
+    return _spelled(args, config_name)[0]
+
+
+def _spelled(args: Sequence[str], config_name: str) -> tuple[list[str], bool]:
+    """:func:`mapping_spellings`, and whether the overrides composed as given (nothing refused, no sweep: then
+    :func:`misspelt_override` has nothing to say)."""
     args = list(args)
     overrides: list[int] = []  # positions in args
     flag_value = False
@@ -130,12 +136,12 @@ def mapping_spellings(args: Sequence[str], config_name: str = "train") -> list[s
             flag_value = True
         elif a.startswith("-"):
             if a not in _PLAIN_FLAGS:
-                return args
+                return args, False
         elif not a.lstrip("+~").startswith("hydra"):
             overrides.append(i)
     parsed = _parsed([args[i] for i in overrides])
     if parsed is None:
-        return args
+        return args, False
     plain = {j for j, o in enumerate(parsed) if not (o.is_add() or o.is_force_add() or o.is_delete())}
     try:
         composed, refused = _compose_without_refused(
@@ -145,14 +151,14 @@ def mapping_spellings(args: Sequence[str], config_name: str = "train") -> list[s
             config_name,
         )
     except Exception:  # another composition failure: misspelt_override or Hydra says it
-        return args
+        return args, False
     from hf_lightning.arguments import MISSING, get_dotted
 
     for j, o in enumerate(parsed):
         absent = o.is_sweep_override() and get_dotted(composed, o.key_or_group) is MISSING
         if j in plain and (j in refused or absent) and _in_a_mapping_setting(composed, o.key_or_group):
             args[overrides[j]] = "++" + args[overrides[j]]
-    return args
+    return args, not refused and not any(o.is_sweep_override() for o in parsed)
 
 
 def _compose_without_refused(
@@ -312,8 +318,8 @@ def checked_command_line(args: Sequence[str], config_name: str, purpose: str) ->
     """
     from hf_lightning.errors import ConfigError
 
-    args = mapping_spellings(args, config_name)
-    line = misspelt_override(args, config_name, purpose)
+    args, composed = _spelled(args, config_name)
+    line = None if composed else misspelt_override(args, config_name, purpose)
     if line:
         raise ConfigError(line)
     return args

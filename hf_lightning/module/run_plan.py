@@ -120,8 +120,11 @@ def training_steps(trainer: Any) -> float:
         batches = min(batches, limit)
     elif limit is not None and batches != INF:
         batches = int(batches * limit)
-    check_validation_interval(
-        trainer.val_check_interval, batches, trainer.check_val_every_n_epoch, trainer.limit_val_batches
+    check_validation_interval(  # a time-based interval leaves Lightning's val_check_interval unset
+        getattr(trainer, "val_check_interval", None),
+        batches,
+        trainer.check_val_every_n_epoch,
+        trainer.limit_val_batches,
     )
     plan = plan_run(batches, trainer.accumulate_grad_batches, trainer.max_epochs, trainer.max_steps)
     if trainer.is_global_zero:

@@ -165,3 +165,5 @@ def test_a_validation_interval_longer_than_the_epoch_is_one_config_error_before_
         == 3
     )
     assert fit(tmp_path, 8, 1, max_steps=3, val_check_interval=5, limit_val_batches=0)[0].global_step == 3
+    # a time-based interval is Lightning's to schedule (it sets no val_check_interval attribute then)
+    assert fit(tmp_path, 8, 1, max_steps=3, val_check_interval="00:00:00:05")[0].global_step == 3
