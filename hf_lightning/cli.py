@@ -13,6 +13,9 @@ HIDDEN_WARNINGS = (
     # Lightning's batch flattening calls a torch pytree API deprecated in newer torch, once per fit: nothing a
     # user can act on (Lightning's to fix; lightning/pytorch/utilities/_pytree.py)
     (r"`isinstance\(treespec, LeafSpec\)` is deprecated", FutureWarning),
+    # peft's get_peft_model reads transformers' deprecated is_gradient_checkpointing (peft/peft_model.py),
+    # once per peft=lora run: peft's to fix
+    (r"`is_gradient_checkpointing` is deprecated", FutureWarning),
     # Lightning counts log_every_n_steps within an epoch; HFLightningModule logs every n optimizer steps
     # across epochs (HF's logging_steps), so Lightning's warning that short epochs log nothing is wrong here
     (r"The number of training batches \(\d+\) is smaller than the logging interval", Warning),

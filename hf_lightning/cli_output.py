@@ -147,14 +147,41 @@ def progress_bar(trainer_cfg: Any, logger: logging.Logger) -> bool:
     return bar
 
 
+# notes said before the job's log file existed (Hydra's run callbacks), for :func:`log_early_notes`
+_EARLY_NOTES: list[str] = []
+
+
+def note(message: str, logger: logging.Logger) -> None:
+    """``hf_lightning: note: MESSAGE`` once on stderr; the message goes into the log file (``train.log``)
+    only, at WARNING: a log record would reach Hydra's console handler too and be printed a second time
+    (``[HYDRA] MESSAGE`` before the job starts). Said before the job's log file exists (a Hydra callback), it
+    is written there by :func:`log_early_notes`."""
+    print(f"hf_lightning: note: {message}", file=sys.stderr)
+    if _file_handlers():
+        _to_log_files(logger, logging.WARNING, message)
+    else:
+        _EARLY_NOTES.append(message)
+
+
+def log_early_notes(logger: logging.Logger) -> None:
+    """Write the notes :func:`note` said before the job's log file existed into it, once (call it when Hydra
+    has configured the job's logging)."""
+    while _EARLY_NOTES:
+        _to_log_files(logger, logging.WARNING, _EARLY_NOTES.pop(0))
+
+
+def _to_log_files(logger: logging.Logger, level: int, message: Any) -> None:
+    record = logger.makeRecord(logger.name, level, __file__, 0, "%s", (message,), None)
+    for handler in _file_handlers():
+        if record.levelno >= handler.level:
+            handler.handle(record)
+
+
 def report_error(err: BaseException, logger: logging.Logger) -> None:
     """``hf_lightning: error: ...`` once on stderr; the same line goes into the log file (``train.log``)
     only."""
     print(f"hf_lightning: error: {err}", file=sys.stderr)
-    record = logger.makeRecord(logger.name, logging.ERROR, __file__, 0, "%s", (err,), None)
-    for handler in _file_handlers():
-        if record.levelno >= handler.level:
-            handler.handle(record)
+    _to_log_files(logger, logging.ERROR, err)
 
 
 def _file_handlers() -> list[Any]:

@@ -54,5 +54,5 @@ if __name__ == "__main__":
     quiet_known_noise()
     from hf_lightning.config.typos import exit_on_misspelt_override
 
-    exit_on_misspelt_override(sys.argv[1:], "train", "inspect")
+    sys.argv[1:] = exit_on_misspelt_override(sys.argv[1:], "train", "inspect")
     main()

@@ -91,7 +91,7 @@ def finish_run(
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     metrics.update(newest_logged(csv_path) if trainer.is_global_zero else {})
     metrics.update(module.last_logged)
-    metrics.update({"global_step": float(step), "parameters": float(n_params)})
+    metrics.update({"global_step": step, "parameters": n_params})  # counts, as integers
     if trainer.is_global_zero:
         write_final_metrics(output_dir, metrics)
     done.append(METRICS_FILE)

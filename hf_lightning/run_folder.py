@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import logging
 import os
 import sys
 import tempfile
@@ -21,6 +22,17 @@ from omegaconf import DictConfig, OmegaConf
 
 from hf_lightning.arguments import flatten
 from hf_lightning.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+def note(message: str) -> None:
+    """A ``hf_lightning: note: ...`` line on stderr, once, and in the log file
+    (:func:`hf_lightning.cli_output.note`)."""
+    from hf_lightning.cli_output import note as say
+
+    say(message, log)
+
 
 # the settings that make a run what it is; anything else (max_steps, logging, loader workers, eval batch size,
 # callbacks) may change when a run is resumed
@@ -218,10 +230,9 @@ def check_same_run(run_dir: str, current: DictConfig) -> None:
             for key in LENGTH
             if _select(saved, key) != _select(current, key)
         )
-        print(
-            f"hf_lightning: note: resuming with a new run length ({'; '.join(changed)}): the learning-rate "
-            f"schedule is rebuilt for it from the checkpoint's step on; to keep the old length, give {keep}",
-            file=sys.stderr,
+        note(
+            f"resuming with a new run length ({'; '.join(changed)}): the learning-rate schedule is rebuilt "
+            f"for it from the checkpoint's step on; to keep the old length, give {keep}"
         )
     if diffs:
         raise ConfigError(
@@ -341,10 +352,7 @@ class RunFolderGuard(_HydraCallback):  # type: ignore[misc,valid-type]
                     run_dir
                 )  # Hydra is about to rewrite .hydra/ with this command line
                 if kept:
-                    print(
-                        f"hf_lightning: note: the previous settings of this run are kept in {kept}",
-                        file=sys.stderr,
-                    )
+                    note(f"the previous settings of this run are kept in {kept}")
         except ConfigError as err:
             print(f"hf_lightning: error: {err}", file=sys.stderr)
             sys.exit(2)

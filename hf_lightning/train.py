@@ -31,8 +31,9 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
     """Run one training job described by ``cfg``.
 
     Returns:
-        ``(metrics, objects)``: the newest value of every logged metric as floats (also written to
-        ``<output_dir>/final_metrics.json`` on rank 0), and the built ``trainer``, ``module``, ``datamodule``.
+        ``(metrics, objects)``: the newest value of every logged metric as floats, and the run's counts as
+        integers (``global_step``, ``parameters``, ``best_model_step``), also written to
+        ``<output_dir>/final_metrics.json`` on rank 0; and the built ``trainer``, ``module``, ``datamodule``.
 
     Raises:
         HFLightningError: bad config, data or model (the message names the key, file or field).
@@ -165,13 +166,7 @@ def _fit(
             metrics.update(callback.final_metrics())
     rate = run_tokens_per_s(trainer)
     wall = job_seconds()  # the whole job: start-up (the command's first), data, training, validations, export
-    metrics.update(
-        {
-            "global_step": float(trainer.global_step),
-            "parameters": float(n_params),
-            "wall_time_s": wall,
-        }
-    )
+    metrics.update({"global_step": trainer.global_step, "parameters": n_params, "wall_time_s": wall})
     if rate is not None:
         metrics["train_tokens_per_s"] = rate[0]
     stopped = getattr(module, "preempted", None)
@@ -302,12 +297,13 @@ def _report_log_file_errors() -> None:
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> float | None:
-    from hf_lightning.cli_output import begin_job, report_error, speak_for_the_run
+    from hf_lightning.cli_output import begin_job, log_early_notes, report_error, speak_for_the_run
 
     hide_library_warnings()
     begin_job(cli=True)
     speak_for_the_run()
     _report_log_file_errors()
+    log_early_notes(log)  # the run-folder guard's notes (a resume's), said before train.log existed
     try:
         metrics, objects = train(cfg)
         stopped = getattr(objects.get("module"), "preempted", None)
@@ -321,19 +317,20 @@ def main(cfg: DictConfig) -> float | None:
         sys.exit(2)
 
 
-def check_command_line(args: list[str]) -> None:
-    """Before Hydra composes: a choice whose Hydra plugin is missing, or the SLURM launcher off a SLURM
-    machine, exits with one line and status 2."""
+def check_command_line(args: list[str]) -> list[str]:
+    """Before Hydra composes: a choice whose Hydra plugin is missing, an override that does not compose, or
+    the SLURM launcher off a SLURM machine, exits with one line and status 2; returns the command line to
+    give Hydra (a new key of a mapping setting spelled as Hydra takes it:
+    :func:`~hf_lightning.config.typos.mapping_spellings`)."""
     import shutil
 
-    from hf_lightning.config.typos import misspelt_override
+    from hf_lightning.config.typos import checked_command_line
     from hf_lightning.optional import check_command_line as check_plugins
 
     try:
         check_plugins(args)
-        typo = misspelt_override(args)  # Hydra would say 'Could not override' and advise adding the key
-        if typo:
-            raise ConfigError(typo)
+        # Hydra would say 'Could not override' and advise adding the key
+        args = checked_command_line(args, "train", "train")
         if any(a.lstrip("+") == "hydra/launcher=slurm" for a in args) and shutil.which("sbatch") is None:
             # submitit's own refusal is a traceback ('Could not detect "srun"') after the sweep has started
             raise ConfigError(
@@ -343,13 +340,14 @@ def check_command_line(args: list[str]) -> None:
     except HFLightningError as err:
         print(f"hf_lightning: error: {err}", file=sys.stderr)
         sys.exit(2)
+    return args
 
 
 if __name__ == "__main__":
     from hf_lightning.cli_output import quiet_known_noise
 
     quiet_known_noise()
-    check_command_line(sys.argv[1:])
+    sys.argv[1:] = check_command_line(sys.argv[1:])
     from hf_lightning.strategies.launch import other_rank_overrides
 
     sys.argv += other_rank_overrides(

@@ -119,7 +119,10 @@ def apply_adapters(
     The adapter's random init runs under ``torch.manual_seed(settings.init_seed)`` in a forked RNG (the global
     RNG stream is left as it was). With gradient checkpointing the embeddings' output is made to require grad
     (``enable_input_require_grads``, as HF ``Trainer`` / TRL do): with a frozen base nothing before the first
-    checkpointed layer would otherwise. A 4-bit model goes through ``peft.prepare_model_for_kbit_training``.
+    checkpointed layer would otherwise. A 4-bit model goes through ``peft.prepare_model_for_kbit_training``
+    without its checkpointing switch: the model comes with checkpointing on already (``build_model``,
+    non-reentrant), and peft's switch calls ``gradient_checkpointing_enable``, which transformers 5 deprecates
+    for ``activation_checkpointing_enable``.
 
     Returns:
         The ``peft.PeftModel``; its ``print_trainable_parameters`` counts are logged.
@@ -130,11 +133,7 @@ def apply_adapters(
     if settings.load_in_4bit:
         from peft import prepare_model_for_kbit_training
 
-        model = prepare_model_for_kbit_training(
-            model,
-            use_gradient_checkpointing=gradient_checkpointing,
-            gradient_checkpointing_kwargs={"use_reentrant": False},
-        )
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
     elif gradient_checkpointing:
         model.enable_input_require_grads()
     devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []

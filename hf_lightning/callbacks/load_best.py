@@ -72,7 +72,7 @@ class LoadBestModel(L.Callback):
             self.best_metric, self.best_global_step = value, step
         if self.best_global_step == step and self.steps.is_save_step(step):
             self.best_model_step, self.best_model_metric = step, value
-            trainer.save_checkpoint(self.path)
+            trainer.save_checkpoint(self.path, weights_only=False)  # explicit: Lightning logs its default
             if trainer.is_global_zero:
                 log.info("best model so far: step %d, %s=%.6g (%s)", step, self.monitor, value, self.path)
 
@@ -107,7 +107,7 @@ class LoadBestModel(L.Callback):
         ``final_metrics.json``; empty when no best model was saved."""
         if self.best_model_step is None:
             return {}
-        return {"best_model_step": float(self.best_model_step), "best_metric": float(self.best_model_metric)}
+        return {"best_model_step": int(self.best_model_step), "best_metric": float(self.best_model_metric)}
 
     def state_dict(self) -> dict[str, Any]:
         return {

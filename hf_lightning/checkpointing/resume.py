@@ -12,7 +12,6 @@ from __future__ import annotations
 import glob
 import logging
 import os
-import sys
 
 import torch
 
@@ -73,9 +72,11 @@ def newest_intact(
 
 
 def note(message: str) -> None:
-    """A ``hf_lightning: note: ...`` line on stderr and in the log."""
-    print(f"hf_lightning: note: {message}", file=sys.stderr)
-    log.warning("%s", message)
+    """A ``hf_lightning: note: ...`` line on stderr, once, and in the log file
+    (:func:`hf_lightning.cli_output.note`)."""
+    from hf_lightning.cli_output import note as say
+
+    say(message, log)
 
 
 def run_traces(output_dir: str, folder: str) -> tuple[bool, list[str]]:

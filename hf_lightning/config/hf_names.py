@@ -12,6 +12,7 @@ hf_lightning.migrate``; one of the two should read the other.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -28,7 +29,40 @@ def _value(v: Any) -> str:
         return f"{v:g}"
     if isinstance(v, (list, tuple)):
         return "[" + ",".join(_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k}: {_value(x)}" for k, x in v.items()) + "}"
     return str(v)
+
+
+def _warmup(v: Any) -> str:
+    """HF's ``warmup_steps``: a whole number of steps, or below 1 a ratio of the run (transformers 5)."""
+    if isinstance(v, float) and 0 < v < 1:
+        return f"scheduler.warmup_steps=0 scheduler.warmup_ratio={_value(v)}"
+    steps = int(v) if isinstance(v, float) and v.is_integer() else v
+    return f"scheduler.warmup_steps={_value(steps)}"
+
+
+def _optim_args(v: Any) -> str:
+    """HF's ``optim_args`` string (``"k=v,k2=v2"``) as the mapping ``optim.kwargs`` (which takes the string
+    too, but a shell and Hydra's parser split it at its commas and equals signs)."""
+    from hf_lightning.errors import ConfigError
+    from hf_lightning.module.optim import parse_optim_args
+
+    try:
+        kwargs = parse_optim_args(v)
+    except ConfigError:
+        kwargs = {}
+    return f"optim.kwargs='{_value(kwargs)}'" if kwargs else "optim.kwargs='{KEY: VALUE}'"
+
+
+def _scheduler_kwargs(v: Any) -> str:
+    """HF's ``lr_scheduler_kwargs`` (a mapping, or its JSON text) as ``scheduler.kwargs``."""
+    import json
+
+    if isinstance(v, str):
+        with contextlib.suppress(ValueError):
+            v = json.loads(v)
+    return f"scheduler.kwargs='{_value(v)}'" if isinstance(v, dict) else "scheduler.kwargs='{KEY: VALUE}'"
 
 
 _Key = str | Callable[[Any], str]
@@ -43,7 +77,9 @@ OURS: dict[str, _Key] = {
     "learning_rate": "optim.lr={value}",
     "lr_scheduler_type": "scheduler={value} (constant, linear, cosine; constant_with_warmup as "
     "scheduler.name)",
-    "warmup_steps": "scheduler.warmup_steps={value} (a fraction of the run: scheduler.warmup_ratio)",
+    "warmup_steps": _warmup,
+    "lr_scheduler_kwargs": _scheduler_kwargs,
+    "optim_args": _optim_args,
     "optim": "optim=adamw or optim=sgd (HF's adamw_torch / adamw_torch_fused: optim=adamw)",
     "weight_decay": "optim.weight_decay={value}",
     "adam_beta1": "optim.betas=[{value},0.999]",
@@ -92,8 +128,6 @@ _HUB = "no upload to the Hub here: hf_model/ is a save_pretrained folder to push
 _EVAL = "validation runs every trainer.val_check_interval batches and at the end of training"
 # HF field -> why it has no key here
 NOT_HONOURED: dict[str, str] = {
-    "lr_scheduler_kwargs": "the schedules take scheduler.warmup_steps and scheduler.warmup_ratio only",
-    "optim_args": "the optimizer's arguments are optim.* keys",
     "optim_target_modules": "no GaLore/APOLLO optimizers here",
     "tf32": "not a setting here (torch.backends.cuda.matmul.allow_tf32 in your own launcher)",
     "bf16_full_eval": "evaluation runs at trainer.precision",
@@ -157,6 +191,13 @@ NOT_HONOURED: dict[str, str] = {
 }
 
 
+# names older transformers had in TrainingArguments and a user still writes (not in the installed one, so
+# not in OURS, whose every name is a field): our key for each
+GONE: dict[str, _Key] = {
+    # transformers 5 dropped it: its warmup_steps below 1 is the ratio
+    "warmup_ratio": lambda v: f"scheduler.warmup_steps=0 scheduler.warmup_ratio={_value(v)}",
+}
+
 # TRL config names (``SFTConfig``, beyond ``TrainingArguments``) that have a key here
 TRL_OURS: dict[str, _Key] = {
     "dataset_num_proc": "data.num_proc={value}",
@@ -178,4 +219,11 @@ def hf_name_error(key: str, value: Any) -> str | None:
         return f"{key} is HF's name: use {use}"
     if key in NOT_HONOURED:
         return f"{key} is an HF TrainingArguments name not honoured here: {NOT_HONOURED[key]}"
+    if key in GONE:
+        ours = GONE[key]
+        return (
+            f"{key} is not a top-level key: use "
+            f"{ours(value) if callable(ours) else ours.replace('{value}', _value(value))} (the name older "
+            "transformers gave it in TrainingArguments)"
+        )
     return None

@@ -79,6 +79,45 @@ def _some_training(value: Any) -> bool:
     return isinstance(value, float) and 0 < value <= 1
 
 
+def _validation_interval(value: Any) -> bool:
+    """``trainer.val_check_interval``: optimizer steps (an integer >= 1, or a whole float Lightning reads as
+    one), a fraction of the epoch in (0, 1], or Lightning's time-based forms (a string or a mapping, which
+    Lightning checks)."""
+    if value is None or isinstance(value, (str, Mapping)):
+        return True
+    if _int(value):
+        return value >= 1
+    return isinstance(value, float) and (0 < value <= 1 or (value > 1 and value.is_integer()))
+
+
+def _batch_limit(value: Any) -> bool:
+    """``trainer.limit_val_batches`` and Lightning's other batch limits: ``null``, a fraction in [0, 1] or a
+    count >= 0 (a whole float above 1 is a count, as Lightning reads it)."""
+    if value is None:
+        return True
+    if _int(value):
+        return value >= 0
+    return isinstance(value, float) and (0 <= value <= 1 or (value > 1 and value.is_integer()))
+
+
+def _duration(value: Any) -> bool:
+    """``trainer.max_time``: ``null``, ``"DD:HH:MM:SS"`` or a mapping of ``timedelta`` fields (Lightning's
+    forms)."""
+    if value is None or isinstance(value, Mapping):
+        return True
+    parts = value.strip().split(":") if isinstance(value, str) else []
+    return len(parts) == 4 and all(p.isdigit() for p in parts)
+
+
+# the range of a seed: numpy's (Lightning's seed_everything refuses any other)
+SEED_RANGE = (0, 2**32 - 1)
+_SEED = Allowed(
+    lambda v: _int(v) and SEED_RANGE[0] <= v <= SEED_RANGE[1],
+    f"an integer in [{SEED_RANGE[0]}, {SEED_RANGE[1]}] (numpy's seed range, which Lightning's "
+    "seed_everything takes)",
+)
+_BATCH_LIMIT = Allowed(_batch_limit, "null (every batch), a fraction in [0, 1] or a count >= 0")
+
 # Value rules for arguments whose signature does not carry them: Lightning's Trainer (not ours) and the
 # DataModule (its constructor checks them itself; TODO data side: move them into its annotations). The
 # optimizer, scheduler and model rules are in their own signatures (``Annotated[..., Allowed]``), read by
@@ -91,6 +130,16 @@ OVERLAY: dict[str, Allowed] = {
     "data.num_workers": NON_NEGATIVE_INT,
     "data.num_proc": OPTIONAL_POSITIVE_INT,
     "data.max_row_bytes": OPTIONAL_POSITIVE_INT,
+    "data.rename_columns": Allowed(
+        lambda v: (
+            v is None
+            or (
+                isinstance(v, Mapping)
+                and all(isinstance(k, str) and isinstance(x, str) for k, x in v.items())
+            )
+        ),
+        "null or a mapping {source column: new name}",
+    ),
     "trainer.accumulate_grad_batches": POSITIVE_INT,
     "trainer.max_steps": Allowed(
         lambda v: _int(v) and (v == -1 or v >= 1), "-1 (no limit) or an integer >= 1"
@@ -111,7 +160,38 @@ OVERLAY: dict[str, Allowed] = {
         "null (every batch), a fraction in (0, 1] or a count >= 1: 0 trains nothing (to only evaluate, use "
         "python -m hf_lightning.evaluate)",
     ),
-    "seed": Allowed(_int, "an integer"),
+    "trainer.min_steps": Allowed(lambda v: v is None or (_int(v) and v >= 0), "null or an integer >= 0"),
+    "trainer.min_epochs": Allowed(lambda v: v is None or (_int(v) and v >= 0), "null or an integer >= 0"),
+    # Lightning divides by these: 0 fails at the end of the first step, a negative value validates or logs
+    # at every step
+    "trainer.val_check_interval": Allowed(
+        _validation_interval,
+        "null (once per epoch), an integer >= 1 (optimizer steps), a fraction of the epoch in (0, 1], or a "
+        "time ('DD:HH:MM:SS'); no validation: trainer.limit_val_batches=0",
+    ),
+    "trainer.check_val_every_n_epoch": Allowed(
+        lambda v: v is None or (_int(v) and v >= 1),
+        "null (trainer.val_check_interval counts steps across epochs) or an integer >= 1; no validation: "
+        "trainer.limit_val_batches=0",
+    ),
+    "trainer.log_every_n_steps": POSITIVE_INT,
+    "trainer.num_sanity_val_steps": Allowed(
+        lambda v: _int(v) and v >= -1, "-1 (every validation batch) or an integer >= 0"
+    ),
+    "trainer.limit_val_batches": _BATCH_LIMIT,
+    "trainer.limit_test_batches": _BATCH_LIMIT,
+    "trainer.limit_predict_batches": _BATCH_LIMIT,
+    "trainer.overfit_batches": _BATCH_LIMIT,
+    "trainer.max_time": Allowed(_duration, "null, 'DD:HH:MM:SS' or a mapping such as {hours: 2}"),
+    "callbacks.model_checkpoint.every_n_train_steps": Allowed(
+        lambda v: v is None or (_int(v) and v >= 0), "null or an integer >= 0 (0: no step-based saves)"
+    ),
+    "callbacks.model_checkpoint.save_top_k": Allowed(
+        lambda v: _int(v) and v >= -1, "-1 (every checkpoint), 0 (none but last.ckpt) or an integer >= 1"
+    ),
+    "callbacks.early_stopping.patience": NON_NEGATIVE_INT,
+    "seed": _SEED,
+    "data.seed": NON_NEGATIVE_INT,
     # python -m hf_lightning.evaluate's switches (absent from training configs)
     "generate": Allowed(lambda v: isinstance(v, bool), "true or false"),
     "max_new_tokens": POSITIVE_INT,
@@ -191,6 +271,26 @@ def check_keys(node: Mapping[str, Any], target: Callable, group: str, skip: Iter
             f"unknown config key{'s' if len(unknown) > 1 else ''} {keys}{guess}; "
             f"allowed keys of {group}: {', '.join(allowed)}"
         )
+
+
+def is_mapping_setting(target: Callable, name: str) -> bool:
+    """Whether ``target``'s argument ``name`` takes a mapping of free keys: its annotation is a mapping, or a
+    union of mappings with ``None`` and ``str`` (``scheduler.kwargs``, ``optim.kwargs`` (a mapping or HF's
+    ``optim_args`` string), ``data.rename_columns``, ``model.config``); not a union with other kinds
+    (``trainer.max_time``: a string, a ``timedelta`` or a mapping of its fields)."""
+    if name not in inspect.signature(target).parameters:
+        return False
+    try:
+        hint = typing.get_type_hints(target).get(name)
+    except Exception:  # an annotation that does not evaluate here
+        return False
+    members = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+
+    def mapping(t: Any) -> bool:
+        origin = typing.get_origin(t) or t
+        return inspect.isclass(origin) and issubclass(origin, Mapping)
+
+    return any(mapping(t) for t in members) and all(mapping(t) or t in (str, type(None)) for t in members)
 
 
 def _our_key_for_hf_name(name: str, group: str) -> str | None:
@@ -321,8 +421,12 @@ def validate_config(cfg: DictConfig, purpose: str = "train") -> None:
     ]
     # the overlay's rules first: where a key breaks a rule and its annotation, the rule's message is the
     # clearer one
+    raw = OmegaConf.to_container(cfg, resolve=False)
     for key, rule in OVERLAY.items():
         value = get_dotted(c, key)
+        written = get_dotted(raw, key)
+        if isinstance(written, str) and written.strip("${}") in OVERLAY:
+            continue  # data.seed: ${seed}: the rule of the key it repeats says it
         if value is not MISSING and not rule(value):
             errors.append(f"{key}={value!r}: allowed values: {rule.text}")
     for group, target, skip in _untargeted_groups():

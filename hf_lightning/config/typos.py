@@ -1,12 +1,18 @@
-"""A misspelt key on the command line, said in our words before Hydra says it in its own.
+"""The command line in our words before Hydra says it in its own.
 
 Hydra refuses an override of a key that the composed config does not hold (``data.max_lenght=128``,
 ``learning_rate=1e-4``) with ``Could not override 'data.max_lenght'. To append to your config use
 +data.max_lenght=128``, exit status 1: it advises adding the misspelt key. Here the command line is composed
 once before Hydra runs; such a key gets the schema's line instead (the allowed keys of its group and the
 closest one, or our key for an HF ``TrainingArguments`` name), exit status 2, as with a leading ``+``. An
-unknown group option, a group that needs a ``+`` and a ``+`` on a key that exists get one line too
-(:func:`composition_line`); every other composition failure is left to Hydra's message.
+unknown group option, a group that needs a ``+``, a ``+`` on a key that exists and a key under a plain value
+get one line too (:func:`composition_line`); every other composition failure is left to Hydra's message.
+
+A setting whose value is a mapping of free keys (a ``_target_`` argument typed as a mapping:
+``scheduler.kwargs``, ``optim.kwargs``, ``data.rename_columns``, ``model.config``, ...) takes every spelling
+of a new key: ``scheduler.kwargs={num_decay_steps: 100}`` and ``scheduler.kwargs.num_decay_steps=100``, which
+Hydra refuses because the key is new, are given to Hydra as ``++KEY=VALUE`` (add or override), the spelling
+it takes (:func:`mapping_spellings`). What the mapping's keys may be is checked where they are used.
 """
 
 from __future__ import annotations
@@ -37,8 +43,9 @@ def misspelt_override(args: Sequence[str], config_name: str = "train", purpose: 
     if any(a.startswith("-") for a in args):  # -m, --config-dir, --cfg ...: Hydra's business
         return None
     overrides = [a for a in args if not a.lstrip("+~").startswith("hydra")]
-    if any("," in a.partition("=")[2] and "[" not in a for a in overrides):
-        return None  # a sweep (a=1,2): Hydra composes each job
+    parsed = _parsed(overrides)
+    if parsed is None or any(o.is_sweep_override() for o in parsed):
+        return None  # malformed (Hydra's parser says it), or a sweep (a=1,2): Hydra composes each job
     from hydra import compose, initialize_config_dir
     from hydra.errors import ConfigCompositionException
 
@@ -58,6 +65,16 @@ def misspelt_override(args: Sequence[str], config_name: str = "train", purpose: 
             given = [i for i, a in enumerate(overrides) if a.split("=", 1)[0] == key]
             if not given:
                 return None
+            # a mapping given whole (callbacks.model_checkpoint={save_top_k: 1, foo: 2}): the key it lacks
+            missing = str(getattr(err.__cause__, "full_key", None) or "")
+            key = missing if missing.startswith(f"{key}.") else key
+            try:  # a key below a plain value (data.validation_path.a=b): said before + makes it a node
+                without = compose(config_name, overrides=overrides[: given[0]] + overrides[given[0] + 1 :])
+                line = _under_a_value(OmegaConf.to_container(without, resolve=False), key)
+                if line:
+                    return line
+            except Exception:  # another override fails too: the first one is said below
+                pass
             overrides[given[0]] = "+" + overrides[given[0]]
             try:  # with the key added, as Hydra advises: the config the schema reads
                 cfg = compose(config_name, overrides=overrides)
@@ -67,6 +84,133 @@ def misspelt_override(args: Sequence[str], config_name: str = "train", purpose: 
         return unknown_key_line(OmegaConf.to_container(cfg, resolve=False), key, purpose)
     except Exception:  # never a traceback from this check: Hydra's message is the fallback
         return None
+
+
+def _parsed(overrides: Sequence[str]) -> list[Any] | None:
+    """Hydra's parse of ``overrides`` (its ``Override`` objects), or ``None`` where one does not parse."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        return OverridesParser.create().parse_overrides(list(overrides))
+    except Exception:  # Hydra's parser error, said by Hydra itself
+        return None
+
+
+# Hydra's flags that leave the config as composed from the overrides (the others, --config-dir,
+# --config-name, ..., change what is composed): the mapping spellings are rewritten beside them
+_PLAIN_FLAGS = ("-m", "--multirun", "--resolve")
+_FLAGS_WITH_A_VALUE = ("--cfg", "-c", "--package", "-p")
+
+
+def mapping_spellings(args: Sequence[str], config_name: str = "train") -> list[str]:
+    """``args`` with each override that Hydra refuses only because it adds a key to a mapping setting
+    written as ``++KEY=VALUE`` (add or override), the spelling Hydra takes; everything else as given.
+
+    A mapping setting is an argument of a node's ``_target_`` whose annotation is a mapping (or a mapping or
+    a string): ``scheduler.kwargs``, ``optim.kwargs``, ``data.rename_columns``, ``model.config``,
+    ``model.id2label``, ``trainer.strategy.config``, ``logger.mlflow.tags``. Hydra's ``KEY=VALUE`` may not
+    add a key to the composed config, so ``scheduler.kwargs={num_decay_steps: 100}`` and
+    ``scheduler.kwargs.num_decay_steps=100`` fail with ``Could not override`` where ``+`` or ``++`` works;
+    the value a mapping is given merges into the default one, as Hydra merges every mapping override
+    (``model.config={hidden_size: 64}`` keeps the other ``model.config`` keys). Overrides of other keys,
+    and a command line that does not compose for another reason, are left as they are (for
+    :func:`misspelt_override` and Hydra).
+
+    Args:
+        args: the command line after the module name (``sys.argv[1:]``).
+        config_name: the primary config (``train``, ``evaluate``).
+    """
+    return _spelled(args, config_name)[0]
+
+
+def _spelled(args: Sequence[str], config_name: str) -> tuple[list[str], bool]:
+    """:func:`mapping_spellings`, and whether the overrides composed as given (nothing refused, no sweep: then
+    :func:`misspelt_override` has nothing to say)."""
+    args = list(args)
+    overrides: list[int] = []  # positions in args
+    flag_value = False
+    for i, a in enumerate(args):
+        if flag_value:
+            flag_value = False
+        elif a in _FLAGS_WITH_A_VALUE:
+            flag_value = True
+        elif a.startswith("-"):
+            if a not in _PLAIN_FLAGS:
+                return args, False
+        elif not a.lstrip("+~").startswith("hydra"):
+            overrides.append(i)
+    parsed = _parsed([args[i] for i in overrides])
+    if parsed is None:
+        return args, False
+    plain = {j for j, o in enumerate(parsed) if not (o.is_add() or o.is_force_add() or o.is_delete())}
+    try:
+        composed, refused = _compose_without_refused(
+            [args[i] for i, o in zip(overrides, parsed, strict=True) if not o.is_sweep_override()],
+            [j for j, o in enumerate(parsed) if not o.is_sweep_override()],
+            plain,
+            config_name,
+        )
+    except Exception:  # another composition failure: misspelt_override or Hydra says it
+        return args, False
+    from hf_lightning.arguments import MISSING, get_dotted
+
+    for j, o in enumerate(parsed):
+        absent = o.is_sweep_override() and get_dotted(composed, o.key_or_group) is MISSING
+        if j in plain and (j in refused or absent) and _in_a_mapping_setting(composed, o.key_or_group):
+            args[overrides[j]] = "++" + args[overrides[j]]
+    return args, not refused and not any(o.is_sweep_override() for o in parsed)
+
+
+def _compose_without_refused(
+    overrides: list[str], numbers: list[int], plain: set[int], config_name: str
+) -> tuple[dict[str, Any], set[int]]:
+    """The config composed from ``overrides`` without the plain ones Hydra refuses as ``Could not override``
+    (a new key), and the numbers (from ``numbers``) of those left out.
+
+    Raises:
+        Exception: any other composition failure (Hydra's).
+    """
+    from hydra import compose, initialize_config_dir
+
+    refused: set[int] = set()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        while True:
+            kept = [o for o, n in zip(overrides, numbers, strict=True) if n not in refused]
+            try:
+                cfg = compose(config_name, overrides=kept)
+                return OmegaConf.to_container(cfg, resolve=False), refused
+            except Exception as err:
+                found = _COULD_NOT_OVERRIDE.search(str(err))
+                key = found.group(1) if found else None
+                failing = [
+                    n
+                    for o, n in zip(overrides, numbers, strict=True)
+                    if n in plain and n not in refused and o.split("=", 1)[0] == key
+                ]
+                if not failing:
+                    raise
+                refused.add(failing[0])
+
+
+def _in_a_mapping_setting(c: Mapping[str, Any], key: str) -> bool:
+    """Whether the dotted ``key`` is a mapping setting of ``c`` (see :func:`mapping_spellings`) or lies
+    inside one."""
+    from hf_lightning.arguments import get_dotted
+    from hf_lightning.config.schema import SUPPLIED, is_mapping_setting, target_signature
+
+    parts = key.split(".")
+    for n in range(1, len(parts) + 1):
+        parent = ".".join(parts[: n - 1])
+        node = get_dotted(c, parent) if parent else c
+        if not isinstance(node, Mapping):
+            return False
+        if "_target_" not in node:
+            continue
+        target, error = target_signature(node, parent)
+        name = parts[n - 1]
+        if error is None and name not in SUPPLIED.get(parent, ()) and is_mapping_setting(target, name):
+            return True
+    return False
 
 
 def composition_line(err: Exception, overrides: Sequence[str]) -> str | None:
@@ -120,12 +264,13 @@ def unknown_key_line(c: Mapping[str, Any], key: str, purpose: str = "train") -> 
             guess = f" (did you mean {close[0]}.{key.split('.', 1)[1]}?)" if close else ""
             return f"unknown config key {key}: no node {first}{guess}; top-level keys: {', '.join(keys)}"
         head, sep, rest = lines[0].partition("; ")
-        return f"{head} (did you mean {close[0]}?){sep}{rest}" if close and "HF" not in head else lines[0]
+        unknown = head.startswith("unknown top-level key")  # not an HF name, which names our key itself
+        return f"{head} (did you mean {close[0]}?){sep}{rest}" if close and unknown else lines[0]
     if not parent:
         return None
     node = get_dotted(c, parent)
     if not isinstance(node, Mapping):
-        return None
+        return _under_a_value(c, key)
     if "_target_" in node:
         target, error = target_signature(node, parent)
         if error:
@@ -138,17 +283,57 @@ def unknown_key_line(c: Mapping[str, Any], key: str, purpose: str = "train") -> 
     return f"unknown config key {key}{guess}; allowed keys of {parent}: {', '.join(allowed)}"
 
 
+def _under_a_value(c: Mapping[str, Any], key: str) -> str | None:
+    """``unknown config key data.validation_path.a: data.validation_path is a value (None), not a node with
+    keys`` for a ``key`` below a plain value of ``c`` (Hydra: ``Could not override``, exit 1); ``None`` where
+    no part of the key is a plain value."""
+    from hf_lightning.arguments import MISSING, get_dotted
+
+    parts = key.split(".")
+    for n in range(1, len(parts)):
+        value = get_dotted(c, ".".join(parts[:n]))
+        if value is MISSING:
+            return None
+        if not isinstance(value, Mapping):
+            head = ".".join(parts[:n])
+            return (
+                f"unknown config key {key}: {head} is a value ({value!r}), not a node with keys; set it as "
+                f"{head}=..."
+            )
+    return None
+
+
 def _top_level_keys(purpose: str) -> list[str]:
     from hf_lightning.config.schema import EVALUATE_SETTINGS, GROUPS, RUN_SETTINGS
 
     return [*GROUPS, *RUN_SETTINGS, *(EVALUATE_SETTINGS if purpose == "evaluate" else ())]
 
 
-def exit_on_misspelt_override(args: Sequence[str], config_name: str, purpose: str) -> None:
-    """:func:`misspelt_override` for an entry point: its line on stderr and exit status 2."""
+def checked_command_line(args: Sequence[str], config_name: str, purpose: str) -> list[str]:
+    """The command line an entry point hands to Hydra: :func:`mapping_spellings` of ``args``, refused by
+    :func:`misspelt_override`'s line.
+
+    Raises:
+        ConfigError: the override that does not compose, in one line.
+    """
+    from hf_lightning.errors import ConfigError
+
+    args, composed = _spelled(args, config_name)
+    line = None if composed else misspelt_override(args, config_name, purpose)
+    if line:
+        raise ConfigError(line)
+    return args
+
+
+def exit_on_misspelt_override(args: Sequence[str], config_name: str, purpose: str) -> list[str]:
+    """:func:`checked_command_line` for an entry point: its line on stderr and exit status 2, else the
+    command line to give Hydra (``sys.argv[1:]``)."""
     import sys
 
-    line = misspelt_override(args, config_name, purpose)
-    if line:
-        print(f"hf_lightning: error: {line}", file=sys.stderr)
+    from hf_lightning.errors import ConfigError
+
+    try:
+        return checked_command_line(args, config_name, purpose)
+    except ConfigError as err:
+        print(f"hf_lightning: error: {err}", file=sys.stderr)
         sys.exit(2)

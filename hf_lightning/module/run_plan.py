@@ -120,7 +120,37 @@ def training_steps(trainer: Any) -> float:
         batches = min(batches, limit)
     elif limit is not None and batches != INF:
         batches = int(batches * limit)
+    check_validation_interval(  # a time-based interval leaves Lightning's val_check_interval unset
+        getattr(trainer, "val_check_interval", None),
+        batches,
+        trainer.check_val_every_n_epoch,
+        trainer.limit_val_batches,
+    )
     plan = plan_run(batches, trainer.accumulate_grad_batches, trainer.max_epochs, trainer.max_steps)
     if trainer.is_global_zero:
         report(plan, trainer.max_epochs)
     return plan.total_steps
+
+
+def check_validation_interval(
+    interval: Any, batches: float, every_n_epoch: int | None, limit_val_batches: float | None
+) -> None:
+    """Refuse a ``trainer.val_check_interval`` count larger than an epoch's ``batches`` (micro-batches on this
+    process) while validation counts within epochs (``check_val_every_n_epoch`` set) and is on: Lightning's
+    ``fit_loop.setup_data`` rule, whose ``ValueError`` would come as a traceback once ``fit`` has started.
+
+    Raises:
+        ConfigError: the interval, the epoch's batches and the settings that work instead.
+    """
+    from hf_lightning.errors import ConfigError
+
+    on = limit_val_batches is None or limit_val_batches > 0
+    if not isinstance(interval, int) or isinstance(interval, bool) or every_n_epoch is None or not on:
+        return
+    if interval > batches:
+        raise ConfigError(
+            f"trainer.val_check_interval={interval} is more than the {int(batches)} training batches of an "
+            f"epoch on this process, and Lightning counts it within each epoch; use at most {int(batches)}, "
+            "a fraction of the epoch (0.5), trainer.check_val_every_n_epoch=null to count batches across "
+            f"epochs, or eval_steps={interval} (optimizer steps over the whole run, HF's)"
+        )

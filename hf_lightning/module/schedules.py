@@ -83,7 +83,8 @@ def build_scheduler(
 
     ``warmup_steps`` wins over ``warmup_ratio`` (HF ``TrainingArguments.get_warmup_steps``:
     ``ceil(num_training_steps * warmup_ratio)``). A warmup given to ``constant``, ``reduce_lr_on_plateau`` or
-    ``greedy`` (which HF ignores) gets one WARNING. ``reduce_lr_on_plateau`` / ``greedy`` return the scheduler
+    ``greedy`` (which HF ignores) gets one WARNING, as does a warmup as long as the whole run (the rate would
+    never reach ``optim.lr``). ``reduce_lr_on_plateau`` / ``greedy`` return the scheduler
     unstepped: :func:`step_on_validation` steps it.
 
     Raises:
@@ -122,6 +123,14 @@ def build_scheduler(
             name,
             warmup,
             "; constant_with_warmup warms up" if name == "constant" else "",
+        )
+    elif warmup and math.isfinite(num_training_steps) and warmup >= num_training_steps:
+        log.warning(
+            "scheduler.warmup_steps / warmup_ratio give %d warm-up steps, the whole run of %d optimizer "
+            "steps: the learning rate rises to the end and never reaches optim.lr; lower "
+            "scheduler.warmup_steps, or set scheduler.warmup_steps=0 and a scheduler.warmup_ratio",
+            warmup,
+            num_training_steps,
         )
     try:
         return get_scheduler(

@@ -214,3 +214,120 @@ def test_a_packing_value_outside_its_annotation_is_refused_before_anything_is_bu
     message = rejected(compose_cfg, "data.packing=greedy")
     assert "data.packing='greedy'" in message
     assert "'bfd', 'wrapped'" in message
+
+
+# Lightning's numeric knobs and the seed: values Lightning takes at construction and then fails on (a
+# ZeroDivisionError at the end of the first step, numpy's ValueError in seed_everything) or runs silently
+# otherwise than asked (validating or logging at every step). Each is refused by the schema pass, before the
+# run folder is touched. The texts are written by hand from Lightning's and numpy's rules.
+LIGHTNING_KNOBS = [
+    ("seed=-1", "seed=-1: allowed values: an integer in [0, 4294967295] (numpy's seed range"),
+    ("seed=4294967296", "seed=4294967296: allowed values: an integer in [0, 4294967295]"),
+    ("data.seed=-3", "data.seed=-3: allowed values: an integer >= 0"),
+    (
+        "trainer.val_check_interval=0",
+        "trainer.val_check_interval=0: allowed values: null (once per epoch), an "
+        "integer >= 1 (optimizer steps), a fraction of the epoch in (0, 1], or a time ('DD:HH:MM:SS'); no "
+        "validation: trainer.limit_val_batches=0",
+    ),
+    (
+        "trainer.val_check_interval=0.0",
+        "trainer.val_check_interval=0.0: allowed values: null (once per epoch)",
+    ),
+    ("trainer.val_check_interval=-2", "trainer.val_check_interval=-2: allowed values: null (once per epoch)"),
+    (
+        "trainer.val_check_interval=1.5",
+        "trainer.val_check_interval=1.5: allowed values: null (once per epoch)",
+    ),
+    (
+        "trainer.check_val_every_n_epoch=0",
+        "trainer.check_val_every_n_epoch=0: allowed values: null "
+        "(trainer.val_check_interval counts steps across epochs) or an integer >= 1",
+    ),
+    ("trainer.check_val_every_n_epoch=-1", "trainer.check_val_every_n_epoch=-1: allowed values: null"),
+    ("trainer.log_every_n_steps=0", "trainer.log_every_n_steps=0: allowed values: an integer >= 1"),
+    ("trainer.log_every_n_steps=-1", "trainer.log_every_n_steps=-1: allowed values: an integer >= 1"),
+    ("trainer.max_steps=-2", "trainer.max_steps=-2: allowed values: -1 (no limit) or an integer >= 1"),
+    ("trainer.min_steps=-1", "trainer.min_steps=-1: allowed values: null or an integer >= 0"),
+    ("+trainer.min_epochs=-1", "trainer.min_epochs=-1: allowed values: null or an integer >= 0"),
+    (
+        "trainer.num_sanity_val_steps=-2",
+        "trainer.num_sanity_val_steps=-2: allowed values: -1 (every validation batch) or an integer >= 0",
+    ),
+    (
+        "trainer.limit_val_batches=-1",
+        "trainer.limit_val_batches=-1: allowed values: null (every batch), a "
+        "fraction in [0, 1] or a count >= 0",
+    ),
+    ("trainer.limit_val_batches=1.5", "trainer.limit_val_batches=1.5: allowed values: null (every batch)"),
+    ("+trainer.limit_test_batches=-1", "trainer.limit_test_batches=-1: allowed values: null (every batch)"),
+    ("+trainer.overfit_batches=-1", "trainer.overfit_batches=-1: allowed values: null (every batch)"),
+    ("+trainer.max_time=-1", "trainer.max_time=-1: allowed values: null, 'DD:HH:MM:SS' or a mapping"),
+    (
+        "callbacks.model_checkpoint.every_n_train_steps=-1",
+        "callbacks.model_checkpoint.every_n_train_steps=-1: "
+        "allowed values: null or an integer >= 0 (0: no step-based saves)",
+    ),
+    (
+        "callbacks.model_checkpoint.save_top_k=-2",
+        "callbacks.model_checkpoint.save_top_k=-2: allowed values: -1 "
+        "(every checkpoint), 0 (none but last.ckpt) or an integer >= 1",
+    ),
+    (
+        "callbacks.early_stopping.patience=-1",
+        "callbacks.early_stopping.patience=-1: allowed values: an integer >= 0",
+    ),
+]
+
+
+@pytest.mark.parametrize(("override", "expected"), LIGHTNING_KNOBS, ids=[k for k, _ in LIGHTNING_KNOBS])
+def test_a_lightning_knob_it_would_fail_on_is_refused_by_the_schema(compose_cfg, override, expected):
+    extra = ["callbacks=early_stopping"] if override.startswith("callbacks.early_stopping") else []
+    assert expected in rejected(compose_cfg, *extra, override)
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "trainer.val_check_interval=2",
+        "trainer.val_check_interval=2.0",  # a whole float: Lightning reads it as 2 batches
+        "trainer.val_check_interval=0.25",
+        "trainer.val_check_interval=1.0",
+        "trainer.val_check_interval=null",
+        "trainer.val_check_interval='00:00:05:00'",  # Lightning's time-based validation
+        "trainer.check_val_every_n_epoch=null",
+        "trainer.log_every_n_steps=1",
+        "trainer.num_sanity_val_steps=-1",
+        "trainer.limit_val_batches=0",
+        "trainer.limit_val_batches=0.5",
+        "+trainer.max_time='00:01:00:00'",
+        "+trainer.max_time={hours: 1}",
+        "trainer.min_steps=0",
+        "seed=0",
+        "seed=4294967295",
+        "callbacks.model_checkpoint.save_top_k=-1",
+        "callbacks.model_checkpoint.every_n_train_steps=0",
+    ],
+)
+def test_what_lightning_takes_passes_the_schema(compose_cfg, override, tmp_path):
+    """The rules refuse nothing Lightning runs as asked: each value passes the schema, and Lightning's own
+    constructors (the oracle) take it."""
+    import lightning as L
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from omegaconf import OmegaConf
+
+    cfg = compose_cfg("+experiment=sft", override)
+    validate_config(cfg)
+    L.seed_everything(cfg.seed, verbose=False)
+    node = OmegaConf.to_container(cfg.trainer, resolve=True)
+    knobs = {k: node[k] for k in node if k in override}
+    L.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, default_root_dir=tmp_path, **knobs)
+    ModelCheckpoint(**{k: v for k, v in cfg.callbacks.model_checkpoint.items() if k in override})
+
+
+def test_a_bad_seed_is_said_once_not_again_for_the_keys_that_repeat_it(compose_cfg):
+    # data.seed is ${seed}: its own rule (>= 0) would repeat the refusal in other words
+    assert rejected(compose_cfg, "seed=-1") == (
+        "seed=-1: allowed values: an integer in [0, 4294967295] (numpy's seed range, which Lightning's "
+        "seed_everything takes)"
+    )

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import shlex
 
 import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf, open_dict
 
 from hf_lightning.config import validate_config
-from hf_lightning.config.hf_names import NOT_HONOURED, OURS, hf_name_error
+from hf_lightning.config.hf_names import GONE, NOT_HONOURED, OURS, hf_name_error
 from hf_lightning.config.schema import EVALUATE_SETTINGS, GROUPS, RUN_SETTINGS
 from hf_lightning.errors import ConfigError
 
@@ -37,6 +38,25 @@ def refusal(cfg, purpose="train") -> str:
         (
             "+push_to_hub=true",
             "push_to_hub is an HF TrainingArguments name not honoured here: no upload to the Hub",
+        ),
+        # transformers 5's warmup_steps below 1 is a ratio of the run; warmup_ratio is gone from it
+        (
+            "+warmup_steps=0.1",
+            "warmup_steps is HF's name: use scheduler.warmup_steps=0 scheduler.warmup_ratio=0.1",
+        ),
+        (
+            "+warmup_ratio=0.1",
+            "warmup_ratio is not a top-level key: use scheduler.warmup_steps=0 scheduler.warmup_ratio=0.1 "
+            "(the name older transformers gave it in TrainingArguments)",
+        ),
+        # HF's lr_scheduler_kwargs / optim_args are scheduler.kwargs / optim.kwargs
+        (
+            "+lr_scheduler_kwargs={num_decay_steps: 100}",
+            "lr_scheduler_kwargs is HF's name: use scheduler.kwargs='{num_decay_steps: 100}'",
+        ),
+        (
+            "+optim_args='amsgrad=True,foreach=false'",
+            "optim_args is HF's name: use optim.kwargs='{amsgrad: true, foreach: false}'",
         ),
     ],
 )
@@ -75,6 +95,10 @@ SAMPLES = {
     "lr_scheduler_type": "cosine",
     "activation_checkpointing": False,  # flipped below: true
     "gradient_checkpointing": False,
+    "warmup_steps": 0.05,  # a ratio of the run (transformers 5)
+    "warmup_ratio": 0.05,
+    "lr_scheduler_kwargs": {"num_decay_steps": 100, "min_lr_ratio": 0.1},
+    "optim_args": "amsgrad=True,foreach=False",
 }
 # suggestions that name files or Hydra's own node (composed elsewhere)
 NOT_COMPOSED = ("output_dir", "deepspeed", "fsdp", "fsdp_config", "resume_from_checkpoint")
@@ -100,19 +124,19 @@ def _apply(cfg, override: str) -> None:
 _ABSENT = object()
 
 
-@pytest.mark.parametrize("field", sorted(set(OURS) - set(NOT_COMPOSED)))
+@pytest.mark.parametrize("field", [*sorted(set(OURS) - set(NOT_COMPOSED)), *sorted(GONE)])
 def test_each_suggested_override_composes_and_passes_the_schema(field):
     """The line says ``use X``: X as written must be a command line that works (no typo in our key, a ``+``
-    where the key is not in the config)."""
+    where the key is not in the config), read as a shell reads it."""
     from transformers import TrainingArguments
 
-    default = {f.name: f.default for f in dataclasses.fields(TrainingArguments)}[field]
+    default = {f.name: f.default for f in dataclasses.fields(TrainingArguments)}.get(field)
     value = SAMPLES.get(field, default if isinstance(default, (bool, int, float, str)) else 2)
     if isinstance(value, bool):
         value = not value
     message = hf_name_error(field, value)
     suggestion = message.split(": use ", 1)[1].split(" (")[0].split(" or ")[0].split(" for ")[0]
-    overrides = [o for o in suggestion.split() if "=" in o]
+    overrides = [o for o in shlex.split(suggestion) if "=" in o]
     assert overrides, message
     groups = tuple(
         o for o in overrides if "." not in o.split("=")[0]

@@ -109,3 +109,123 @@ def test_an_hf_name_inside_a_group_names_our_key_as_the_schema_does():
     line = misspelt_override(["+experiment=sft", "optim.learning_rate=1e-4"])
     assert line.startswith("unknown config key optim.learning_rate (HF's name: did you mean optim.lr?);")
     assert line in _schema_says("+experiment=sft", "+optim.learning_rate=1e-4")
+
+
+# --------------------------------------------------------------------------- mapping settings: every spelling
+def _hydra_composes(overrides: list[str]) -> dict:
+    """Hydra's own composition of ``overrides`` (no check of ours in between)."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from hf_lightning.config.compose import CONF_DIR
+
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return OmegaConf.to_container(compose("train", overrides=overrides), resolve=False)
+
+
+# (a mapping setting, a key it lacks by default, the key's value as an override writes it)
+MAPPINGS = [
+    ("data.rename_columns", "question", "prompt"),
+    ("scheduler.kwargs", "num_decay_steps", "100"),
+    ("optim.kwargs", "amsgrad", "true"),
+    ("model.config", "rope_theta", "500000.0"),
+]
+
+
+@pytest.mark.parametrize("key, sub, value", MAPPINGS)
+@pytest.mark.parametrize(
+    "spelling",
+    [
+        "{key}={{{sub}: {value}}}",
+        "+{key}={{{sub}: {value}}}",
+        "{key}.{sub}={value}",
+        "+{key}.{sub}={value}",
+        "++{key}.{sub}={value}",
+        "++{key}={{{sub}: {value}}}",
+    ],
+)
+def test_a_mapping_setting_takes_every_spelling_of_a_new_key(key, sub, value, spelling):
+    from hf_lightning.train import check_command_line
+
+    override = spelling.format(key=key, sub=sub, value=value)
+    args = check_command_line(["+experiment=sft", override])  # no exit: every spelling is taken
+    # the expected config: Hydra's own composition of the spelling it documents for adding a key
+    assert _hydra_composes(args) == _hydra_composes(["+experiment=sft", f"++{key}.{sub}={value}"])
+
+
+@pytest.mark.parametrize("key, sub, value", MAPPINGS)
+def test_hydra_itself_refuses_the_plain_spellings(key, sub, value):
+    """What the test above accepts is not Hydra's doing: Hydra refuses both plain spellings of a new key
+    (except for a setting whose default is null, which a whole mapping replaces)."""
+    from hydra.errors import ConfigCompositionException
+
+    with pytest.raises(ConfigCompositionException, match="Could not override"):
+        _hydra_composes(["+experiment=sft", f"{key}.{sub}={value}"])
+    if key != "data.rename_columns":
+        with pytest.raises(ConfigCompositionException, match="Could not override"):
+            _hydra_composes(["+experiment=sft", f"{key}={{{sub}: {value}}}"])
+
+
+def test_a_whole_mapping_merges_into_the_default_one_as_hydra_merges_mappings():
+    from hf_lightning.config.typos import checked_command_line
+
+    args = checked_command_line(
+        ["+experiment=sft", "scheduler=cosine_with_min_lr", "scheduler.kwargs={min_lr: 1e-5, x: 1}"],
+        "train",
+        "train",
+    )
+    # scheduler/cosine_with_min_lr.yaml's kwargs, plus the two keys (a hand-written expectation)
+    assert _hydra_composes(args)["scheduler"]["kwargs"] == {"min_lr_rate": 0.1, "min_lr": 1e-5, "x": 1}
+
+
+@pytest.mark.parametrize(
+    "args, rewritten",
+    [
+        # a multirun and a sweep of a new key: each job gets the spelling Hydra takes
+        (
+            ["-m", "+experiment=sft", "scheduler.kwargs.num_decay_steps=50,100"],
+            ["-m", "+experiment=sft", "++scheduler.kwargs.num_decay_steps=50,100"],
+        ),
+        # --cfg job prints the config the run would have
+        (
+            ["+experiment=sft", "--cfg", "job", "optim.kwargs.amsgrad=true"],
+            ["+experiment=sft", "--cfg", "job", "++optim.kwargs.amsgrad=true"],
+        ),
+        # a mapping with a comma is one value, not a sweep
+        (
+            ["+experiment=sft", "scheduler.kwargs={a: 1, b: 2}"],
+            ["+experiment=sft", "++scheduler.kwargs={a: 1, b: 2}"],
+        ),
+        # other keys are left as given (a misspelt one is refused by misspelt_override)
+        (
+            ["+experiment=sft", "data.max_lenght=3", "optim.lr=1e-4"],
+            ["+experiment=sft", "data.max_lenght=3", "optim.lr=1e-4"],
+        ),
+        # a config folder of the user's own: left to Hydra
+        (["--config-dir", "/tmp", "scheduler.kwargs.a=1"], ["--config-dir", "/tmp", "scheduler.kwargs.a=1"]),
+    ],
+)
+def test_the_rewrite_keeps_everything_else_as_given(args, rewritten):
+    from hf_lightning.config.typos import mapping_spellings
+
+    assert mapping_spellings(args) == rewritten
+
+
+def test_a_mapping_given_whole_to_a_node_names_the_key_it_lacks():
+    line = misspelt_override(
+        ["+experiment=sft", "callbacks.model_checkpoint={save_top_k: 1, save_top_kk: 2}"]
+    )
+    assert line.startswith(
+        "unknown config key callbacks.model_checkpoint.save_top_kk (did you mean "
+        "callbacks.model_checkpoint.save_top_k?); allowed keys of callbacks.model_checkpoint: "
+    )
+    assert line in _schema_says("+experiment=sft", "+callbacks.model_checkpoint.save_top_kk=2")
+
+
+def test_a_key_below_a_plain_value_is_one_line():
+    # Hydra: "Could not override 'data.validation_path.a'", exit 1; with a +, it would make the path a mapping
+    line = misspelt_override(["+experiment=sft", "data.validation_path.a=b"])
+    assert line == (
+        "unknown config key data.validation_path.a: data.validation_path is a value (None), not a node with "
+        "keys; set it as data.validation_path=..."
+    )

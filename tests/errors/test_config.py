@@ -299,6 +299,41 @@ def test_a_resume_that_forgets_the_run_length_says_how_to_keep_it(tmp_path, caps
     )
 
 
+def test_a_resume_says_each_note_once_and_writes_it_into_the_log_file(tmp_path, capsys):
+    """The run-folder guard speaks before the job's log file exists, under Hydra's own logging (a console
+    handler, ``[HYDRA]``): a note logged there was printed a second time by that handler and never reached
+    ``train.log``. Each note is now on stderr once, and in the log file once it exists."""
+    from hydra.core.utils import configure_log
+
+    from hf_lightning.cli_output import log_early_notes
+
+    run_dir = tmp_path / "run"
+    plant_run(run_dir, "trainer.max_steps=10")
+    config = compose_train(f"hydra.run.dir={run_dir}", "ckpt_path=last")
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    try:
+        configure_log(config.hydra.hydra_logging)  # Hydra's logging while its callbacks run
+        RunFolderGuard().on_run_start(config)
+        out, err = capsys.readouterr()
+        notes = [line for line in err.splitlines() if line.startswith("hf_lightning: note: ")]
+        assert len(notes) == 3 and len(set(notes)) == 3  # the run length, the checkpoint, the kept settings
+        assert f"resuming from {run_dir}/checkpoints/last.ckpt at optimizer step 3" in err
+        assert "resuming from" not in out and "[HYDRA]" not in out + err  # Hydra's console said nothing
+        log_file = tmp_path / "train.log"
+        root.addHandler(logging.FileHandler(log_file))  # the job's log file, as hydra.job_logging adds it
+        log_early_notes(logging.getLogger("hf_lightning.train"))
+        log_early_notes(logging.getLogger("hf_lightning.train"))  # once
+        assert log_file.read_text().splitlines() == [n.removeprefix("hf_lightning: note: ") for n in notes]
+        assert "resuming from" not in capsys.readouterr().out
+    finally:  # the test process's logging as it was
+        for handler in root.handlers[:]:
+            if handler not in saved[0]:
+                handler.close()
+        root.handlers[:] = saved[0]
+        root.setLevel(saved[1])
+
+
 def test_resume_with_the_same_run_and_a_longer_schedule_is_allowed(tmp_path, capsys):
     """Allowed, and said: the schedule follows the new length; the previous settings are kept, since Hydra is
     about to rewrite .hydra/ with this command line (a user trial found the first segment's overrides

@@ -130,3 +130,23 @@ def test_evaluate_refuses_in_one_line(tmp_path, text_file, override, line):
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert any(x.startswith(line) for x in proc.stderr.splitlines()), proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
+
+
+def test_a_new_key_of_a_mapping_setting_is_taken_in_every_spelling(tmp_path):
+    """``scheduler.kwargs={num_decay_steps: 100}`` and ``data.rename_columns.question=prompt`` (Hydra alone:
+    "Could not override", exit 1) are taken as ``++KEY=VALUE``; ``--cfg job`` prints the config they give."""
+    proc = cli(
+        "train",
+        "+experiment=sft",
+        "scheduler.name=warmup_stable_decay",
+        "scheduler.kwargs={num_decay_steps: 100}",
+        "data.rename_columns.question=prompt",
+        "optim.kwargs.amsgrad=true",
+        "--cfg",
+        "job",
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    printed = yaml.safe_load(proc.stdout)
+    assert printed["scheduler"]["kwargs"] == {"num_decay_steps": 100}
+    assert printed["data"]["rename_columns"] == {"question": "prompt"}
+    assert printed["optim"]["kwargs"] == {"amsgrad": True}

@@ -56,11 +56,15 @@ def documented_commands() -> list[tuple[str, str, str]]:
 
 
 def compose(config_name: str, overrides: list[str]):
+    """The config the command line composes: the entry points' spelling of a mapping setting's new key
+    (:func:`~hf_lightning.config.typos.mapping_spellings`), then Hydra."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
     from hf_lightning.config.compose import CONF_DIR
+    from hf_lightning.config.typos import mapping_spellings
 
+    overrides = mapping_spellings(overrides, config_name)
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         cfg = hydra_compose(config_name, overrides=overrides)
     from omegaconf import open_dict
@@ -107,6 +111,34 @@ def test_every_documented_command_composes_and_passes_the_schema(source, command
     except ConfigError as err:
         # GPU setups (bf16 autocast, FSDP, DeepSpeed) are refused on a CPU-only config; nothing else may be
         assert "CPU" in str(err) or "cpu" in str(err), f"{source}: {command}: {err}"
+
+
+def test_the_readmes_short_run_is_not_all_warm_up():
+    """The README's 20-step sft run: sft warms up over 20 steps, so as written before the rate rose for the
+    whole run and never reached optim.lr. Its schedule, stepped here, follows HF's linear warm-up and decay
+    by hand (step s at lr * s / w during the w warm-up steps, then lr * (T - s) / (T - w)) and reaches
+    optim.lr."""
+    import torch
+    from hydra.utils import instantiate
+
+    text = (REPO / "README.md").read_text().replace("\n", " ")
+    command = re.search(r"A shorter run to try the pipeline: `(python -m hf_lightning\.train [^`]*)`", text)
+    _, overrides = overrides_of(" ".join(command.group(1).split()))
+    cfg = compose("train", overrides)
+    total, lr = cfg.trainer.max_steps, cfg.optim.lr
+    weight = torch.nn.Parameter(torch.zeros(1))
+    optimizer = torch.optim.SGD([weight], lr=lr)
+    scheduler = instantiate(cfg.scheduler)(optimizer=optimizer, num_training_steps=total)
+    rates = []
+    for _ in range(total):
+        rates.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    w = cfg.scheduler.warmup_steps
+    assert cfg.scheduler.name == "linear" and 0 < w < total
+    expected = [lr * s / w if s < w else lr * (total - s) / (total - w) for s in range(total)]
+    assert rates == pytest.approx(expected, rel=1e-9)
+    assert max(rates) == pytest.approx(lr)
 
 
 def table_overrides() -> list[str]:

@@ -24,7 +24,7 @@ def test_final_metrics_are_the_last_rows_written(compose_cfg, tmp_path):
         "trainer.limit_train_batches=3",
         "trainer.log_every_n_steps=2",
     )
-    metrics, _ = train(cfg)
+    metrics, objects = train(cfg)
 
     with open(tmp_path / "metrics.csv") as fh:
         rows = list(csv.DictReader(fh))
@@ -46,6 +46,9 @@ def test_final_metrics_are_the_last_rows_written(compose_cfg, tmp_path):
         assert saved[key] == pytest.approx(last[key], rel=1e-6), key
         assert metrics[key] == saved[key]
     assert saved["global_step"] == 3
+    # the counts are integers in the file (a float, 3.0, reads as a measurement), the parameters counted here
+    assert type(saved["global_step"]) is int and type(saved["parameters"]) is int
+    assert saved["parameters"] == sum(p.numel() for p in objects["module"].model.parameters())
 
 
 def test_resuming_a_finished_run_says_so_and_adds_nothing(compose_cfg, tmp_path, caplog):

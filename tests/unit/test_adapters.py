@@ -85,7 +85,7 @@ def test_gradient_checkpointing_with_lora_gives_the_same_gradients():
     for checkpointing in (False, True):
         base = make_model(0)
         if checkpointing:
-            base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+            base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": True})
         model = apply_adapters(base, AdapterSettings(r=4, lora_alpha=8), gradient_checkpointing=checkpointing)
         model.train()
         model(input_ids=ids, labels=labels).loss.backward()
@@ -94,6 +94,26 @@ def test_gradient_checkpointing_with_lora_gives_the_same_gradients():
     assert grads[0].keys() == grads[1].keys()
     for name in grads[0]:
         torch.testing.assert_close(grads[1][name], grads[0][name], rtol=1e-5, atol=1e-7)
+
+
+def test_a_4bit_base_keeps_its_checkpointing_through_peft_without_a_deprecated_call():
+    """``peft.prepare_model_for_kbit_training(use_gradient_checkpointing=True)`` calls
+    ``gradient_checkpointing_enable``, transformers 5's FutureWarning ("removed in v6"). The model comes with
+    checkpointing on (``build_model``): the 4-bit path keeps it without that call. ``is_loaded_in_4bit`` set
+    on a float model takes peft's 4-bit path on a CPU (bitsandbytes' weights need CUDA). The suite's
+    filters (pyproject.toml) make transformers' FutureWarning an error."""
+    rows = make_rows(2)
+    ids = torch.tensor([r["input_ids"][:6] for r in rows])
+    base = make_model(0)
+    base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    base.is_loaded_in_4bit = True
+    model = apply_adapters(
+        base, AdapterSettings(r=4, lora_alpha=8, load_in_4bit=True), gradient_checkpointing=True
+    )
+    assert model.get_base_model().is_activation_checkpointing  # transformers' own flag
+    model.train()
+    model(input_ids=ids, labels=ids).loss.backward()
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
 
 
 def test_qlora_is_refused_on_cpu_in_one_line(compose_cfg):

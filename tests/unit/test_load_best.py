@@ -98,3 +98,16 @@ def test_a_metric_the_validation_does_not_log_names_what_it_logged(tmp_path, wor
         r"\(it logged: val/accuracy, val/loss, val/perplexity\)",
     ):
         fit(tmp_path, word_tokenizer, monitor="val/bleu")
+
+
+def test_saving_the_best_model_adds_no_lightning_line(tmp_path, word_tokenizer, caplog):
+    """``trainer.save_checkpoint(path)`` without ``weights_only`` logs Lightning's "`weights_only` was not
+    set, defaulting to `False`." at every save of ``best.ckpt``, beside the callback's own line."""
+    with caplog.at_level(logging.INFO):
+        _, best, _, _ = fit(tmp_path, word_tokenizer)
+    assert best.best_model_step is not None  # best.ckpt was written
+    lightning_lines = [r.getMessage() for r in caplog.records if "weights_only" in r.getMessage()]
+    assert lightning_lines == []
+    # final_metrics.json gets the best model's step as an integer (a step, not a measurement)
+    assert best.final_metrics()["best_model_step"] == best.best_model_step
+    assert type(best.final_metrics()["best_model_step"]) is int

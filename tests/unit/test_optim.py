@@ -189,6 +189,30 @@ def test_a_warmup_that_cannot_apply_is_said(model, caplog):
     assert "scheduler.name=reduce_lr_on_plateau has no warmup" in caplog.text and "(4 steps)" in caplog.text
 
 
+@pytest.mark.parametrize("warmup", [{"warmup_steps": 20}, {"warmup_steps": 30}, {"warmup_ratio": 1.0}])
+def test_a_warmup_as_long_as_the_run_is_said(model, caplog, warmup):
+    """20 optimizer steps, 20 of them warm-up (sft's default warmup under trainer.max_steps=20): the rate
+    rises to the end and never reaches optim.lr (by HF's linear warm-up, step s runs at lr * s / 20)."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    with caplog.at_level(logging.WARNING):
+        scheduler = build_scheduler(optimizer, 20, name="linear", **warmup)
+    rates = []
+    for _ in range(20):
+        rates.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    assert max(rates) < 1e-3
+    lines = [r.getMessage() for r in caplog.records if "warm-up steps, the whole run" in r.getMessage()]
+    assert len(lines) == 1 and "of 20 optimizer steps: the learning rate rises to the end" in lines[0]
+
+
+def test_a_warmup_shorter_than_the_run_says_nothing(model, caplog):
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    with caplog.at_level(logging.WARNING):
+        build_scheduler(optimizer, 20, name="linear", warmup_steps=19)
+    assert "warm-up" not in caplog.text
+
+
 def test_the_plateau_metric_is_hfs_metric_for_best_model():
     assert metric_key(None) == "val/loss"  # HF: metric_for_best_model defaults to "loss" for this schedule
     assert metric_key("eval_accuracy") == "val/accuracy" and metric_key("loss") == "val/loss"

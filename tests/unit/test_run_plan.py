@@ -141,3 +141,29 @@ def test_without_a_command_line_nothing_changes(compose_cfg):
     cfg = compose_cfg("+experiment=sft", "trainer.max_steps=12", shrink=False)
     assert not apply_max_steps_precedence(cfg, None)
     assert cfg.trainer.max_epochs == 4
+
+
+def test_a_validation_interval_longer_than_the_epoch_is_one_config_error_before_any_step(tmp_path):
+    """8 rows in micro-batches of 2: 4 batches per epoch (by hand). Lightning counts a
+    ``val_check_interval`` within each epoch and raises a ``ValueError`` at the start of ``fit`` for 5; here
+    it is one ConfigError with what works instead, before any step. 4 runs."""
+    from hf_lightning.errors import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        fit(tmp_path, 8, 1, max_steps=3, val_check_interval=5)
+    assert str(err.value) == (
+        "trainer.val_check_interval=5 is more than the 4 training batches of an epoch on this process, and "
+        "Lightning counts it within each epoch; use at most 4, a fraction of the epoch (0.5), "
+        "trainer.check_val_every_n_epoch=null to count batches across epochs, or eval_steps=5 (optimizer "
+        "steps over the whole run, HF's)"
+    )
+    trainer, _ = fit(tmp_path, 8, 1, max_steps=3, val_check_interval=4)
+    assert trainer.global_step == 3
+    # across epochs, or with validation off, Lightning takes it
+    assert (
+        fit(tmp_path, 8, 1, max_steps=3, val_check_interval=5, check_val_every_n_epoch=None)[0].global_step
+        == 3
+    )
+    assert fit(tmp_path, 8, 1, max_steps=3, val_check_interval=5, limit_val_batches=0)[0].global_step == 3
+    # a time-based interval is Lightning's to schedule (it sets no val_check_interval attribute then)
+    assert fit(tmp_path, 8, 1, max_steps=3, val_check_interval="00:00:00:05")[0].global_step == 3
