@@ -212,13 +212,21 @@ def _fit(
         else f"optimizer steps {start} -> {trainer.global_step} (a resume: {trainer.global_step - start} "
         "in this command, whose time and tokens follow)"
     )
+    skipped = int(metrics.get("train/skipped_steps", 0))
+    if skipped:
+        steps += f", {skipped} of them skipped (a non-finite loss or gradient: no update)"
     log.info(
         "done: %s in %.1f s (wall time, start-up included), %s, final %s",
         steps,
         wall,
         tokens,
-        # the last row's throughput/* rates cover one log interval: the run's rate is the one above
-        ", ".join(f"{k}={v:.4f}" for k, v in metrics.items() if "/" in k and not k.startswith("throughput/")),
+        # the last row's throughput/* rates cover one log interval: the run's rate is the one above; the
+        # skipped steps are counted with the steps
+        ", ".join(
+            f"{k}={v:.4f}"
+            for k, v in metrics.items()
+            if "/" in k and not k.startswith("throughput/") and k != "train/skipped_steps"
+        ),
     )
     return metrics, objects
 
