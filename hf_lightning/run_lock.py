@@ -133,9 +133,14 @@ def hold_checkpoint_folder(ckpt_dir: str, run_dir: str, create: bool = True) -> 
             os.makedirs(ckpt_dir, exist_ok=True)
             fd, path, pid = _lock(ckpt_dir)
         except OSError as err:
+            what = (
+                "is a file, not a folder"
+                if os.path.lexists(ckpt_dir) and not os.path.isdir(ckpt_dir)
+                else f"cannot be written ({err.strerror or err})"
+            )
             raise ConfigError(
-                f"callbacks.model_checkpoint.dirpath={ckpt_dir} is not writable ({err.strerror or err}): the "
-                "run could not save its checkpoints there; choose another callbacks.model_checkpoint.dirpath"
+                f"callbacks.model_checkpoint.dirpath={ckpt_dir} {what}: the run could not save its "
+                "checkpoints there; choose another callbacks.model_checkpoint.dirpath"
             ) from err
         if fd is None:
             owner_run = checkpoint_folder_writer(ckpt_dir)

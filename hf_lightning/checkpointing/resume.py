@@ -270,6 +270,8 @@ def _without_last(
             f"newest intact checkpoint, {alternative}{_step(step)}"
         )
         return alternative
+    hf_model = os.path.join(output_dir, "hf_model")
+    export = f"; evaluate its export with model.name_or_path={hf_model}" if os.path.isdir(hf_model) else ""
     damaged = _candidates(folder)
     if damaged:
         shown = ", ".join(
@@ -278,8 +280,7 @@ def _without_last(
         if evaluating:
             raise ConfigError(
                 f"ckpt_path=last: there is no {path}, and no checkpoint in {folder} can be evaluated "
-                f"({shown}); evaluate the run's export with model.name_or_path={output_dir}/hf_model, if it "
-                "has one"
+                f"({shown}){export}"
             )
         raise ConfigError(
             f"ckpt_path=last: there is no {path}, and no checkpoint in {folder} can be resumed from "
@@ -288,11 +289,6 @@ def _without_last(
     started, finished = run_traces(output_dir, folder)
     if evaluating:
         if started or finished:
-            export = (
-                f"; evaluate its export with model.name_or_path={os.path.join(output_dir, 'hf_model')}"
-                if "hf_model" in finished
-                else ""
-            )
             raise ConfigError(
                 f"ckpt_path=last: there is no checkpoint in {folder}: the run in {output_dir} has none to "
                 f"evaluate{export}"

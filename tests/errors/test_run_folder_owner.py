@@ -290,3 +290,24 @@ def test_two_runs_sharing_a_checkpoint_folder_one_is_refused(tmp_path):
     )
     names = sorted(os.listdir(ckpt_dir))
     assert "last.ckpt" in names and not [n for n in names if "-v1" in n]
+
+
+def test_a_checkpoint_folder_that_cannot_be_a_folder_is_refused_naming_the_key(tmp_path, capsys):
+    """``callbacks.model_checkpoint.dirpath`` naming a file, or a folder under a file (before: the run trained
+    and failed at its first save). Refused by the guard before anything is written; the file is untouched."""
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("keep me\n")
+    key = "callbacks.model_checkpoint.dirpath"
+    message = guard_exit(compose_train(f"hydra.run.dir={tmp_path / 'run'}", f"{key}={a_file}"), capsys)
+    assert message == (
+        f"{key}={a_file} is a file, not a folder: the run could not save its checkpoints there; choose "
+        f"another {key}"
+    )
+    under = a_file / "checkpoints"
+    with pytest.raises(ConfigError) as err:
+        hold_checkpoint_folder(str(under), str(tmp_path / "run"))
+    assert str(err.value) == (
+        f"{key}={under} cannot be written (Not a directory): the run could not save its checkpoints there; "
+        f"choose another {key}"
+    )
+    assert a_file.read_text() == "keep me\n"

@@ -100,3 +100,32 @@ def test_ckpt_path_last_is_refused_as_train_refuses_it(tmp_path, text_file):
         "or ckpt_path=FILE"
     )
     assert not (run / "eval_metrics.json").exists() and not empty.exists()
+
+
+def test_a_run_without_a_checkpoint_has_nothing_to_evaluate(tmp_path):
+    """Where train would start again from step 0 (a run stopped before its first checkpoint) or refuse (no
+    checkpoint left intact), evaluate refuses, naming the export when the run has one."""
+    from hf_lightning.checkpointing.resume import resolve_ckpt_path
+
+    run = tmp_path / "run"
+    (run / ".hydra").mkdir(parents=True)
+    (run / ".hydra" / "config.yaml").write_text("seed: 1\n")
+    folder = run / "checkpoints"
+    with pytest.raises(ConfigError) as err:
+        resolve_ckpt_path("last", str(run), purpose="evaluate")
+    assert str(err.value) == (
+        f"ckpt_path=last: there is no checkpoint in {folder}: the run in {run} has none to evaluate"
+    )
+    (run / "hf_model").mkdir()
+    with pytest.raises(ConfigError) as err:
+        resolve_ckpt_path("last", str(run), purpose="evaluate")
+    assert str(err.value).endswith(f"; evaluate its export with model.name_or_path={run / 'hf_model'}")
+    folder.mkdir()
+    (folder / "step000002.ckpt").write_bytes(b"")
+    with pytest.raises(ConfigError) as err:
+        resolve_ckpt_path("last", str(run), purpose="evaluate")
+    assert str(err.value) == (
+        f"ckpt_path=last: there is no {folder / 'last.ckpt'}, and no checkpoint in {folder} can be evaluated "
+        "(step000002.ckpt is damaged: it is empty (0 bytes), not a checkpoint); evaluate its export with "
+        f"model.name_or_path={run / 'hf_model'}"
+    )
