@@ -1,5 +1,5 @@
-"""``python -m hf_lightning.evaluate ckpt_path=RUN/checkpoints/last.ckpt`` (or
-``model.name_or_path=RUN/hf_model``).
+"""``python -m hf_lightning.evaluate ckpt_path=RUN/checkpoints/last.ckpt`` (or ``ckpt_path=last
+hydra.run.dir=RUN``, or ``model.name_or_path=RUN/hf_model``).
 
 Evaluates a trained model on its validation data, or on all of ``data.path``, prints a metrics table and
 writes ``eval_metrics.json`` and ``predictions.jsonl`` (one line per example, in dataset order) into the
@@ -82,27 +82,41 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     them: ``module.*`` (the loss settings), ``trainer.precision`` and ``trainer.accelerator`` are honoured;
     one device (more is refused in one line).
 
+    ``ckpt_path`` is resolved as training resolves it
+    (:func:`~hf_lightning.checkpointing.resume.resolve_ckpt_path`): ``last`` is ``last.ckpt`` of the run's
+    checkpoint folder (``hydra.run.dir=RUN``, or ``callbacks.model_checkpoint.dirpath``), else its newest
+    intact checkpoint; only the weights are read.
+
     Raises:
-        ConfigError: neither ``model.name_or_path`` nor ``ckpt_path`` (random weights: nothing to evaluate).
+        ConfigError: neither ``model.name_or_path`` nor ``ckpt_path`` (random weights: nothing to evaluate); a
+            ``ckpt_path`` that names no intact checkpoint (the message names the file and the newest intact
+            one).
         HFLightningError: bad input (the message names the key, file or field).
     """
+    from hf_lightning.checkpointing.resume import resolve_ckpt_path
     from hf_lightning.checkpointing.weights import load_model_weights
     from hf_lightning.config.build import build
+    from hf_lightning.run_folder import checkpoint_dir
 
     out_dir = cfg.output_dir
-    if cfg.ckpt_path and not os.path.isfile(cfg.ckpt_path):
-        raise ConfigError(f"ckpt_path={cfg.ckpt_path}: no such file")
+    # `last` as train reads it: the run folder's (or callbacks.model_checkpoint.dirpath's) newest checkpoint
+    ckpt_path = resolve_ckpt_path(
+        cfg.ckpt_path or None,
+        os.path.abspath(out_dir),
+        checkpoint_dir(cfg, out_dir),
+        purpose="evaluate",
+    )
     run = build(cfg, "evaluate")  # its refusals first: they name what else is wrong
-    if not cfg.ckpt_path and cfg.model.get("name_or_path") is None:
+    if not ckpt_path and cfg.model.get("name_or_path") is None:
         raise ConfigError(
             "nothing trained to evaluate: model.name_or_path is null and no ckpt_path is given, so the model "
             "would be the experiment's randomly initialised one; set model.name_or_path=RUN/hf_model or "
             "ckpt_path=RUN/checkpoints/last.ckpt (with the run's overrides)"
         )
     trainer, datamodule, module = run.trainer, run.datamodule, run.module
-    if cfg.ckpt_path:
-        step = load_model_weights(module, cfg.ckpt_path, cfg.model.get("name_or_path"))
-        log.info("evaluating the weights of %s (optimizer step %d)", cfg.ckpt_path, step)
+    if ckpt_path:
+        step = load_model_weights(module, ckpt_path, cfg.model.get("name_or_path"))
+        log.info("evaluating the weights of %s (optimizer step %d)", ckpt_path, step)
     trainer.validate(module, datamodule=datamodule, verbose=False)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     batches = trainer.predict(module, dataloaders=datamodule.predict_dataloader())

@@ -66,13 +66,29 @@ def checkpoint_dir(cfg: DictConfig, run_dir: str) -> str:
 
 def run_artifacts(run_dir: str, ckpt_dir: str | None = None) -> list[str]:
     """What a previous run left in ``run_dir``: checkpoints, ``metrics.csv``, ``hf_model/`` (relative
-    paths)."""
+    paths; the checkpoints of a ``ckpt_dir`` outside ``run_dir`` are :func:`checkpoint_artifacts`)."""
     folder = ckpt_dir or os.path.join(run_dir, "checkpoints")
-    found = [os.path.relpath(p, run_dir) for p in sorted(glob.glob(os.path.join(folder, "*.ckpt")))]
+    found = checkpoint_artifacts(folder) if _within(folder, run_dir) else []
+    found = [os.path.relpath(os.path.join(folder, name), run_dir) for name in found]
     for name in ("metrics.csv", "hf_model"):
         if os.path.exists(os.path.join(run_dir, name)):
             found.append(name)
     return found
+
+
+def checkpoint_artifacts(ckpt_dir: str) -> list[str]:
+    """The names of the checkpoints (``*.ckpt``: files, folders or links) in ``ckpt_dir``, sorted."""
+    return sorted(os.path.basename(p) for p in glob.glob(os.path.join(glob.escape(ckpt_dir), "*.ckpt")))
+
+
+def _within(path: str, folder: str) -> bool:
+    """``path`` is ``folder`` or lies under it (as the file system sees both)."""
+    path, folder = os.path.realpath(path), os.path.realpath(folder)
+    return os.path.commonpath([path, folder]) == folder
+
+
+def _listed(found: list[str]) -> str:
+    return ", ".join(found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5 else "")
 
 
 PROBE_BYTES = 1 << 16
@@ -101,34 +117,56 @@ def check_writable(run_dir: str) -> None:
 def check_run_folder(
     run_dir: str, ckpt_path: str | None, ckpt_dir: str | None = None, weights_only: bool = False
 ) -> None:
-    """A run that starts at step 0 (a fresh one, or ``resume_weights_only=true``) needs a folder without a
-    previous run's checkpoints, metrics or export; it never rewrites another run's history.
+    """A run that starts at step 0 (a fresh one, or ``resume_weights_only=true``) needs a run folder without a
+    previous run's checkpoints, metrics or export, and a checkpoint folder (``ckpt_dir``,
+    ``callbacks.model_checkpoint.dirpath``) without a previous run's checkpoints; it never rewrites another
+    run's history.
 
     Raises:
-        ConfigError: ``run_dir`` holds a previous run and this one would start at step 0 (lists what it
-        holds).
+        ConfigError: ``run_dir`` holds a previous run (lists what it holds), or else the checkpoint folder
+        outside it holds checkpoints (names ``callbacks.model_checkpoint.dirpath``, its checkpoints and the
+        run folder of the run that wrote them, when recorded), and this run would start at step 0.
     """
-    found = run_artifacts(run_dir, ckpt_dir) if os.path.isdir(run_dir) else []
+    from hf_lightning.run_lock import checkpoint_folder_writer
+
     weights_only = weights_only and ckpt_path is not None  # without a checkpoint there are no weights to load
-    if not found or (ckpt_path is not None and not weights_only):
+    if ckpt_path is not None and not weights_only:
         return
-    shown = ", ".join(found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5 else "")
+    folder = ckpt_dir or os.path.join(run_dir, "checkpoints")
+    found = run_artifacts(run_dir, folder) if os.path.isdir(run_dir) else []
+    elsewhere = [] if found or _within(folder, run_dir) else checkpoint_artifacts(folder)
+    if not found and not elsewhere:
+        return
+    source = ckpt_path
+    if weights_only and ckpt_path == "last":
+        source = os.path.join(folder, "last.ckpt")
+    if found:
+        where = f"hydra.run.dir={run_dir} already holds a run ({_listed(found)})"
+        own = "hydra.run.dir=NEW"
+        fresh = (
+            "a fresh run there would overwrite it. Use a new hydra.run.dir, or ckpt_path=last to resume that "
+            "run"
+        )
+    else:
+        writer = checkpoint_folder_writer(folder)
+        by = f"; written by the run in {writer}" if writer and writer != os.path.abspath(run_dir) else ""
+        where = (
+            f"callbacks.model_checkpoint.dirpath={folder} already holds the checkpoints of a run "
+            f"({_listed(elsewhere)}{by})"
+        )
+        own = "callbacks.model_checkpoint.dirpath=NEW"
+        resume = f"hydra.run.dir={writer} ckpt_path=last" if by else "ckpt_path=last"
+        fresh = (
+            "a fresh run would overwrite them. Give this run its own callbacks.model_checkpoint.dirpath, or "
+            f"resume that run with {resume}"
+        )
     if weights_only:
-        source = (
-            os.path.join(ckpt_dir or os.path.join(run_dir, "checkpoints"), "last.ckpt")
-            if ckpt_path == "last"
-            else ckpt_path
-        )
         raise ConfigError(
-            f"resume_weights_only=true starts a new run at step 0 from the weights of {source}, and "
-            f"hydra.run.dir={run_dir} already holds a run ({shown}) whose history it would overwrite. Give "
-            f"the new run its own folder (hydra.run.dir=NEW ckpt_path={source} resume_weights_only=true), or "
-            "drop resume_weights_only to continue that run"
+            f"resume_weights_only=true starts a new run at step 0 from the weights of {source}, and {where} "
+            f"whose history it would overwrite. Give the new run its own folder ({own} ckpt_path={source} "
+            "resume_weights_only=true), or drop resume_weights_only to continue that run"
         )
-    raise ConfigError(
-        f"hydra.run.dir={run_dir} already holds a run ({shown}); a fresh run there would overwrite it. Use a "
-        "new hydra.run.dir, or ckpt_path=last to resume that run"
-    )
+    raise ConfigError(f"{where}; {fresh}")
 
 
 def _select(cfg: DictConfig, key: str) -> Any:
@@ -208,7 +246,7 @@ def keep_previous_settings(run_dir: str) -> str | None:
     return dst
 
 
-def check_same_run(run_dir: str, current: DictConfig) -> None:
+def check_same_run(run_dir: str, current: DictConfig, ckpt_dir: str | None = None) -> None:
     """``ckpt_path=last`` must resume the run the folder holds: same model, data, optimizer, schedule, seed.
     A changed run length is allowed and reported on stderr (the schedule follows the new length, as in HF
     ``Trainer``, which rebuilds its scheduler for the new ``max_steps`` and then loads its step count).
@@ -238,7 +276,7 @@ def check_same_run(run_dir: str, current: DictConfig) -> None:
         raise ConfigError(
             f"ckpt_path=last: hydra.run.dir={run_dir} holds a different run ({'; '.join(diffs)}). Resume it "
             "with its own settings, or start a new run folder from its weights and state with "
-            f"ckpt_path={os.path.join(run_dir, 'checkpoints', 'last.ckpt')}"
+            f"ckpt_path={os.path.join(ckpt_dir or os.path.join(run_dir, 'checkpoints'), 'last.ckpt')}"
         )
 
 
@@ -307,11 +345,12 @@ except ImportError:  # hydra is an entry-point dependency only
 class RunFolderGuard(_HydraCallback):  # type: ignore[misc,valid-type]
     """Hydra callback (``hydra.callbacks.run_folder``): check ``hydra.run.dir`` before Hydra writes into it.
 
-    Takes the folder's owner lock (:mod:`hf_lightning.run_lock`) first, then refuses, with
-    ``hf_lightning: error: ...`` and exit status 2: an unwritable folder; a folder another process is writing;
-    a run starting at step 0 (fresh, or ``resume_weights_only``) in a folder holding a previous run;
-    ``ckpt_path=last`` (or one of the run's own checkpoints) against a folder whose saved config differs in an
-    identity setting; a checkpoint that cannot be resumed from
+    Takes the owner locks (:mod:`hf_lightning.run_lock`) of the run folder and of an existing checkpoint
+    folder first (a new checkpoint folder is created and locked after the checks), then refuses, with
+    ``hf_lightning: error: ...`` and exit status 2: an unwritable folder; a run or checkpoint folder another
+    process is writing; a run starting at step 0 (fresh, or ``resume_weights_only``) in a folder holding a
+    previous run; ``ckpt_path=last`` (or one of the run's own checkpoints) against a folder whose saved config
+    differs in an identity setting; a checkpoint that cannot be resumed from
     (:func:`~hf_lightning.checkpointing.resume.find_resume_checkpoint`, whose answer ``train`` reuses).
 
     Args:
@@ -320,13 +359,14 @@ class RunFolderGuard(_HydraCallback):  # type: ignore[misc,valid-type]
 
     def __init__(self, enabled: bool = True) -> None:
         self.enabled = enabled
+        self._checkpoint_folder: str | None = None
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         # a SystemExit, not an exception: Hydra turns exceptions raised by callbacks into warnings
         if not self.enabled:
             return
         from hf_lightning.checkpointing.resume import find_resume_checkpoint, remember_resolved
-        from hf_lightning.run_lock import hold_run_folder
+        from hf_lightning.run_lock import hold_checkpoint_folder, hold_run_folder
 
         run_dir = str(config.hydra.run.dir)
         ckpt_path = config.get("ckpt_path")
@@ -336,9 +376,11 @@ class RunFolderGuard(_HydraCallback):  # type: ignore[misc,valid-type]
             hold_run_folder(run_dir)  # before anything is read or written: one process per run folder
             task = _task_config(config)
             ckpt_dir = checkpoint_dir(task, run_dir)
+            self._checkpoint_folder = ckpt_dir
+            hold_checkpoint_folder(ckpt_dir, run_dir, create=False)  # an existing one, before it is read
             check_run_folder(run_dir, ckpt_path, ckpt_dir, weights_only)
             if ckpt_path is not None and not weights_only and _inside(ckpt_path, ckpt_dir):
-                check_same_run(run_dir, task)  # ckpt_path=last or one of the run's own checkpoints
+                check_same_run(run_dir, task, ckpt_dir)  # ckpt_path=last or one of the run's own checkpoints
             resolved = find_resume_checkpoint(ckpt_path, os.path.abspath(run_dir), weights_only, ckpt_dir)
             remember_resolved(ckpt_path, os.path.abspath(run_dir), weights_only, ckpt_dir, resolved)
             if ckpt_path is not None and not weights_only and _inside(ckpt_path, ckpt_dir):
@@ -347,6 +389,7 @@ class RunFolderGuard(_HydraCallback):  # type: ignore[misc,valid-type]
                 if finished is not None:
                     _leave_folder_as_it_is(config)
                     return
+            hold_checkpoint_folder(ckpt_dir, run_dir)  # created now if new: this run writes its checkpoints
             if ckpt_path is not None and not weights_only:
                 kept = keep_previous_settings(
                     run_dir
@@ -358,7 +401,9 @@ class RunFolderGuard(_HydraCallback):  # type: ignore[misc,valid-type]
             sys.exit(2)
 
     def on_run_end(self, config: DictConfig, **kwargs: Any) -> None:
-        from hf_lightning.run_lock import release_run_folder
+        from hf_lightning.run_lock import release_checkpoint_folder, release_run_folder
 
         if self.enabled:
+            if self._checkpoint_folder is not None:
+                release_checkpoint_folder(self._checkpoint_folder)
             release_run_folder(str(config.hydra.run.dir))

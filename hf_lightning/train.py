@@ -44,7 +44,12 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
     from hf_lightning.config.build import check
     from hf_lightning.run_end import finished_run_metrics
     from hf_lightning.run_folder import check_run_folder, checkpoint_dir
-    from hf_lightning.run_lock import hold_run_folder, release_run_folder
+    from hf_lightning.run_lock import (
+        hold_checkpoint_folder,
+        hold_run_folder,
+        release_checkpoint_folder,
+        release_run_folder,
+    )
 
     begin_job()  # the clock of the done line's wall time
     schedule = check(cfg, "train")  # schema, HF step keys, missing packages: before the run folder is touched
@@ -52,19 +57,25 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
     output_dir = os.path.abspath(cfg.output_dir)
     ckpt_dir = checkpoint_dir(cfg, output_dir)
     acquired = hold_run_folder(output_dir)  # one process per run folder (the CLI's guard took it already)
+    held: list[bool] = []
     try:
+        # and per checkpoint folder: an existing one before it is read, a new one once the checks passed
+        held.append(hold_checkpoint_folder(ckpt_dir, output_dir, create=False))
         # a run that starts at step 0 never overwrites a previous one
         check_run_folder(output_dir, cfg.get("ckpt_path"), ckpt_dir, weights_only)
         ckpt_path = find_resume_checkpoint(cfg.get("ckpt_path"), output_dir, weights_only, ckpt_dir)
         finished = finished_run_metrics(cfg, output_dir, ckpt_path, ckpt_dir, weights_only)
         if finished is not None:
             return finished, {}
+        held.append(hold_checkpoint_folder(ckpt_dir, output_dir))
         for path in remove_leftovers(
             output_dir, ckpt_dir
         ):  # this process owns the folder: they are a dead one's
             log.info("removed %s, left by a process that was stopped while writing it", path)
         return _train(cfg, ckpt_path, weights_only, schedule)
     finally:
+        if any(held):
+            release_checkpoint_folder(ckpt_dir)
         if acquired:
             release_run_folder(output_dir)
 
@@ -109,6 +120,7 @@ def _fit(
         run_tokens_per_s,
         write_final_metrics,
     )
+    from hf_lightning.run_folder import checkpoint_dir
 
     trainer, datamodule, module, model = run.trainer, run.datamodule, run.module, run.model
     model_path = cfg.model.get("name_or_path")
@@ -174,12 +186,12 @@ def _fit(
         write_final_metrics(cfg.output_dir, metrics)
     if stopped:
         log.warning(
-            "stopped by %s at optimizer step %d: %s/checkpoints/last.ckpt holds it, no hf_model/ yet. "
+            "stopped by %s at optimizer step %d: %s holds it, no hf_model/ yet. "
             "Continue with the same overrides plus ckpt_path=last hydra.run.dir=%s (the overrides are in "
             ".hydra/overrides.yaml)",
             signal.Signals(stopped).name,
             trainer.global_step,
-            cfg.output_dir,
+            os.path.join(checkpoint_dir(cfg, cfg.output_dir), "last.ckpt"),
             cfg.output_dir,
         )
         return metrics, objects
@@ -195,13 +207,21 @@ def _fit(
         else f"optimizer steps {start} -> {trainer.global_step} (a resume: {trainer.global_step - start} "
         "in this command, whose time and tokens follow)"
     )
+    skipped = int(metrics.get("train/skipped_steps", 0))
+    if skipped:
+        steps += f", {skipped} of them skipped (a non-finite loss or gradient: no update)"
     log.info(
         "done: %s in %.1f s (wall time, start-up included), %s, final %s",
         steps,
         wall,
         tokens,
-        # the last row's throughput/* rates cover one log interval: the run's rate is the one above
-        ", ".join(f"{k}={v:.4f}" for k, v in metrics.items() if "/" in k and not k.startswith("throughput/")),
+        # the last row's throughput/* rates cover one log interval: the run's rate is the one above; the
+        # skipped steps are counted with the steps
+        ", ".join(
+            f"{k}={v:.4f}"
+            for k, v in metrics.items()
+            if "/" in k and not k.startswith("throughput/") and k != "train/skipped_steps"
+        ),
     )
     return metrics, objects
 

@@ -10,9 +10,9 @@ loss from the log); one NaN step makes every weight NaN, and the checkpoints sav
   the clipping's and the log line's);
 - non-finite → ``on_nonfinite="stop"`` raises :class:`~hf_lightning.errors.TrainingError` before the update
   (the weights and the last checkpoint stay as they were), ``"skip"`` drops the window's gradients (every
-  ``p.grad = None``, so the optimizer leaves every parameter and its moments untouched, weight decay
   included), counts the step in ``skipped_steps`` and goes on; ``max_consecutive_skips`` skipped steps in a
-  row stop the run;
+  row stop the run. The skipped step's loss and gradient norm stay out of the train log (no NaN in a row:
+  :meth:`HFLightningModule.skip_step_in_log <hf_lightning.module.train_log.TrainLog.skip_step_in_log>`);
 - after each update, before any callback can save it, the weights themselves (``on_train_batch_end``, one
   max-abs reduction per tensor and one host sync per step): an update that overflows a weight to inf/NaN while
   the loss and the gradient norm were finite (a learning rate far too high) raises :class:`TrainingError` in
@@ -63,7 +63,9 @@ class NonFiniteGuard(L.Callback):
         skipped_steps: steps whose update was dropped (saved in checkpoints, restored on resume).
         exploding_steps: steps reported for their gradient norm.
 
-    Logged to every logger (``step`` = optimizer steps done): ``train/skipped_steps`` after each skip,
+    Logged to every logger (``step`` = optimizer steps done): with ``"skip"``, ``train/skipped_steps`` (the
+    run's count so far, 0 before the first skip) in every train row of
+    :class:`~hf_lightning.HFLightningModule` (with another module: a row at each skip);
     ``train/exploding_steps`` after each report.
 
     Raises:
@@ -180,9 +182,19 @@ class NonFiniteGuard(L.Callback):
             self._nonfinite(trainer, optimizer, step, " and ".join(parts))
             return
         self._consecutive = 0
+        self._add_skipped_count(pl_module)
         if norm_t is not None:
             self._check_norm(trainer, step, norm)
             self._norms.append(norm)
+
+    def _add_skipped_count(self, pl_module: L.LightningModule) -> bool:
+        """With ``"skip"``: ``train/skipped_steps`` into the module's train row of this step (``False`` when
+        the module has no :meth:`add_train_metrics`)."""
+        add = getattr(pl_module, "add_train_metrics", None)
+        if self.on_nonfinite != "skip" or not callable(add):
+            return False
+        add({"train/skipped_steps": float(self.skipped_steps)})
+        return True
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
         """After each optimizer update, before anything can save it: are the weights still finite?"""
@@ -239,7 +251,11 @@ class NonFiniteGuard(L.Callback):
         self.skipped_steps += 1
         self._consecutive += 1
         log.warning("%s: %s; the update was skipped (%d skipped so far)", where, what, self.skipped_steps)
-        _log_metric(trainer, "train/skipped_steps", self.skipped_steps, step)
+        skip_in_log = getattr(trainer.lightning_module, "skip_step_in_log", None)
+        if callable(skip_in_log):
+            skip_in_log()  # its loss and gradient norm stay out of the train row
+        if not self._add_skipped_count(trainer.lightning_module):
+            _log_metric(trainer, "train/skipped_steps", self.skipped_steps, step)
         if self._consecutive >= self.max_consecutive_skips:
             raise TrainingError(
                 f"{where}: {self._consecutive} optimizer steps in a row had a non-finite loss or gradient "

@@ -12,7 +12,11 @@ with ``step`` = optimizer steps done; and the row survives a stop:
 - a checkpoint saved at the end of an optimizer step first ends that step's bookkeeping, writing its row when
   it is a log step: the row of step N is on disk before checkpoint N, so a kill just after the checkpoint
   cannot lose it (a kill between the two leaves a row that the resume from the older checkpoint truncates);
-- a stop on a signal writes no partial row (the accumulated losses are in ``last.ckpt``).
+- a stop on a signal writes no partial row (the accumulated losses are in ``last.ckpt``);
+- a step that :class:`~hf_lightning.callbacks.NonFiniteGuard` skips (``on_nonfinite=skip``) applied nothing:
+  its window loss stays out of ``train/loss`` (the mean over the applied steps since the last row) and it has
+  no ``grad_norm``, so no NaN/inf reaches a row, a log line or ``final_metrics.json``; a row whose steps were
+  all skipped leaves ``train/loss`` empty.
 
 Zero-target windows are warned about here too: summed across ranks, the count is only read on the host at the
 next row, where a sync happens anyway.
@@ -66,6 +70,8 @@ class TrainLog:
         self.last_logged: dict[str, float] = {}
         self._steps_seen = 0
         self._step_epoch: int | None = None
+        self._step_skipped = False  # the optimizer step being taken was skipped (skip_step_in_log)
+        self._skipped_since_log = 0  # skipped steps since the last row (they still make a row due)
 
     # ----------------------------------------------------------------------------------- accumulating
     def add_window_share(self, share: torch.Tensor) -> None:
@@ -80,6 +86,12 @@ class TrainLog:
         """Add ``metrics`` (host floats) to the next train log row, so that a callback's figures for a step
         share the row of ``train/loss`` (e.g. :class:`~hf_lightning.callbacks.Throughput`)."""
         self._extra_train_metrics.update(metrics)
+
+    def skip_step_in_log(self) -> None:
+        """The optimizer step being taken is skipped (no update): its window loss and gradient norm stay out
+        of the train log. Called by :class:`~hf_lightning.callbacks.NonFiniteGuard` between ``backward`` and
+        ``optimizer.step`` (in ``on_before_optimizer_step``, which runs before this module's)."""
+        self._step_skipped = True
 
     def is_log_step(self, step: int) -> bool:
         """Whether the train row is written after optimizer step ``step`` (1-based): every
@@ -98,8 +110,10 @@ class TrainLog:
     # ---------------------------------------------------------------------------------- step bounds
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         self._last_lr = optimizer.param_groups[0]["lr"]  # the rate this step uses (read before the scheduler)
-        # read only by the log row of this step: a pass over every gradient on the other steps would be wasted
-        self._last_grad_norm = self.step_gradient_norm(optimizer) if self.wants_grad_norm() else None
+        # read only by the log row of this step: a pass over every gradient on the other steps would be
+        # wasted; a skipped step has none
+        wanted = self.wants_grad_norm() and not self._step_skipped
+        self._last_grad_norm = self.step_gradient_norm(optimizer) if wanted else None
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         if self.global_step != self._steps_seen:  # else still accumulating, or a checkpoint ended the step
@@ -116,9 +130,12 @@ class TrainLog:
         # epoch a stop or the last batch ended, and the row would show the next one
         self._step_epoch = self.current_epoch
         self._grad_norm.reset()
-        if self._window_loss is not None:
+        if self._step_skipped:
+            self._skipped_since_log += 1
+        elif self._window_loss is not None:
             self._loss_since_log.append(self._window_loss)
         self._window_loss = None
+        self._step_skipped = False
         if self.is_log_step(self.global_step):
             self.flush_train_log()
 
@@ -139,21 +156,23 @@ class TrainLog:
                 for step, n in zip(steps, counts):
                     if n == 0:
                         warn_empty_window(step)
-        if not self._loss_since_log:
+        if not self._loss_since_log and not self._skipped_since_log:
             return
-        loss = torch.stack(self._loss_since_log).mean()
-        self._loss_since_log = []
-        if self.trainer.world_size > 1:
+        # every rank skips the same steps (the guard's verdict is all-reduced): the same branch on every rank
+        loss = torch.stack(self._loss_since_log).mean() if self._loss_since_log else None
+        self._loss_since_log, self._skipped_since_log = [], 0
+        if loss is not None and self.trainer.world_size > 1:
             # training_step logs each rank's share times world size: the mean over ranks is the window loss
             loss = self.trainer.strategy.reduce(loss, reduce_op="mean")
-        metrics = {"train/loss": loss.item(), "lr": self._last_lr}
+        metrics = {"train/loss": loss.item() if loss is not None else None, "lr": self._last_lr}
         if self._last_grad_norm is not None:
             metrics["grad_norm"] = self._last_grad_norm.item()
         metrics["epoch"] = self._step_epoch if self._step_epoch is not None else self.current_epoch
         metrics.update(self._extra_train_metrics)
         self._extra_train_metrics = {}
+        metrics = {k: v for k, v in metrics.items() if v is not None}  # an empty cell, not a NaN
         if progress_bar:
-            self._bar_loss = metrics["train/loss"]
+            self._bar_loss = metrics.get("train/loss")
         self.log_to_loggers(metrics)
         if self.trainer.is_global_zero and self.trainer.progress_bar_callback is None:
             self._say_row(metrics)  # no bar shows it (output to a file): the row as a log line, as HF prints
@@ -197,7 +216,7 @@ class TrainLog:
     @property
     def has_pending_train_log(self) -> bool:
         """Whether losses were accumulated since the last ``train/loss`` row (a final row is due)."""
-        return bool(self._loss_since_log)
+        return bool(self._loss_since_log or self._skipped_since_log)
 
     # ---------------------------------------------------------------------------------- checkpoints
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -214,6 +233,7 @@ class TrainLog:
         grad_norm = self._last_grad_norm
         checkpoint[KEY] = {
             "loss_since_log": pending.detach().cpu(),
+            "skipped_since_log": self._skipped_since_log,
             "lr": self._last_lr,
             "grad_norm": float(grad_norm) if grad_norm is not None else None,
             "epoch": self._step_epoch,
@@ -232,6 +252,7 @@ class TrainLog:
         # kept
         row = pending[rank] if pending.shape[0] == world else pending.mean(0)
         self._loss_since_log = list(row.to(self.device).unbind(0))
+        self._skipped_since_log = int(state.get("skipped_since_log", 0))
         self._last_lr = state.get("lr")
         norm = state.get("grad_norm")
         self._last_grad_norm = torch.tensor(norm) if norm is not None else None

@@ -10,6 +10,7 @@ checksum is checked against ``hashlib`` and against coreutils' ``sha256sum -c``.
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import subprocess
 
@@ -184,3 +185,132 @@ def test_rotation_removes_the_sidecar_with_its_checkpoint(tmp_path, word_tokeniz
         "step3.ckpt.sha256",
     ]
     assert torch.load(folder / "step3.ckpt", weights_only=False)["global_step"] == 3
+
+
+def _directory(path):
+    path.mkdir()
+    (path / "model_states.pt").write_bytes(b"\0" * 16)
+
+
+def _dangling_link(path):
+    path.symlink_to(path.parent / "gone.ckpt")
+
+
+def _link_to_a_directory(path):
+    (path.parent / "elsewhere").mkdir()
+    path.symlink_to(path.parent / "elsewhere")
+
+
+def _link_loop(path):
+    path.symlink_to(path)  # cannot be opened: the OS says why (ELOOP)
+
+
+def _empty(path):
+    path.write_bytes(b"")
+
+
+def _truncated(path, data):
+    path.write_bytes(data[: len(data) // 2])
+
+
+LAST_ACCIDENTS = {
+    # name: (make it, why it cannot be resumed from, as the refusal says)
+    "directory": (_directory, "is a directory, not a checkpoint file"),
+    "dangling link": (_dangling_link, "is a symbolic link to {folder}/gone.ckpt, which does not exist"),
+    "link to a directory": (
+        _link_to_a_directory,
+        "is a directory (a symbolic link to one), not a checkpoint file",
+    ),
+    "link loop": (_link_loop, "cannot be read (Too many levels of symbolic links)"),
+    "empty": (_empty, "is damaged: it is empty (0 bytes), not a checkpoint"),
+}
+
+
+@pytest.mark.parametrize("accident", list(LAST_ACCIDENTS))
+def test_a_last_ckpt_that_is_not_a_checkpoint_file_names_the_newest_intact_one(run_dir, accident):
+    """``last.ckpt`` replaced by a directory, a dangling link, a link to a directory, a link loop, an empty
+    file (no sidecar: copied from elsewhere). Before: a traceback from Hydra (``IsADirectoryError``,
+    ``FileNotFoundError`` while sorting the folder), exit 1. Now one line naming the file and the newest
+    intact checkpoint; nothing in the folder is touched, and the named checkpoint resumes."""
+    folder = run_dir / "checkpoints"
+    last, step3 = folder / "last.ckpt", folder / "step3.ckpt"
+    last.unlink()
+    (folder / "last.ckpt.sha256").unlink()
+    make, why = LAST_ACCIDENTS[accident]
+    make(last)
+    before = sorted(os.listdir(folder))
+    with pytest.raises(ConfigError) as err:
+        find_resume_checkpoint("last", str(run_dir))
+    blocks = os.path.isdir(last)  # a directory of that name would refuse the resumed run's first save
+    fix = (
+        f"move {last} out of the way (this run saves its last checkpoint under that name) and resume from it "
+        f"with ckpt_path={step3}"
+        if blocks
+        else f"resume from it with ckpt_path={step3}"
+    )
+    assert str(err.value) == (
+        f"ckpt_path=last: cannot resume: {last} {why.format(folder=folder)}; the newest intact checkpoint "
+        f"there is {step3} (step 3): {fix}"
+    )
+    assert sorted(os.listdir(folder)) == before
+    if blocks:
+        with pytest.raises(ConfigError) as err:
+            find_resume_checkpoint(str(step3), str(run_dir))
+        assert str(err.value) == (
+            f"ckpt_path={step3}: {last} is a directory, and this run saves its last checkpoint under that "
+            "name (the save would fail after training): move it out of the way, then run the command again"
+        )
+        os.rename(last, run_dir / "moved-away")
+    assert find_resume_checkpoint(str(step3), str(run_dir)) == str(step3)
+
+
+def test_a_truncated_last_ckpt_is_damaged(run_dir):
+    """Half of a real checkpoint's bytes, with no sidecar to compare with: torch's reader fails, said in one
+    line."""
+    folder = run_dir / "checkpoints"
+    last = folder / "last.ckpt"
+    (folder / "last.ckpt.sha256").unlink()
+    _truncated(last, last.read_bytes())
+    with pytest.raises(ConfigError) as err:
+        find_resume_checkpoint("last", str(run_dir))
+    message = str(err.value)
+    assert message.startswith(
+        f"ckpt_path=last: cannot resume: {last} is damaged: not a readable checkpoint (RuntimeError: "
+    )
+    assert message.endswith(
+        f"the newest intact checkpoint there is {folder / 'step3.ckpt'} (step 3): resume from it with "
+        f"ckpt_path={folder / 'step3.ckpt'}"
+    )
+    assert "\n" not in message
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads a file whatever its permissions")
+def test_an_unreadable_last_ckpt_says_why(run_dir):
+    folder = run_dir / "checkpoints"
+    last = folder / "last.ckpt"
+    last.chmod(0)
+    try:
+        with pytest.raises(ConfigError, match=r"last.ckpt cannot be read \(Permission denied\)"):
+            find_resume_checkpoint("last", str(run_dir))
+    finally:
+        last.chmod(0o644)
+
+
+@pytest.mark.parametrize("kind", ["the checkpoint folder", "a dangling link"])
+def test_an_explicit_ckpt_path_that_is_not_a_file_names_what_it_is(run_dir, kind):
+    """``ckpt_path=RUN/checkpoints`` (a folder: its newest intact checkpoint is named) and a dangling link
+    (before: "no such file; check the path" for both)."""
+    folder = run_dir / "checkpoints"
+    if kind == "a dangling link":
+        path = folder / "link.ckpt"
+        path.symlink_to(run_dir / "gone.ckpt")
+        why, where = f"is a symbolic link to {run_dir / 'gone.ckpt'}, which does not exist", "there"
+    else:
+        path, why, where = folder, "is a directory, not a checkpoint file", "in it"
+    with pytest.raises(ConfigError) as err:
+        find_resume_checkpoint(str(path), str(run_dir))
+    last = folder / "last.ckpt"
+    assert str(err.value) == (
+        f"ckpt_path={path}: cannot resume: {path} {why}; the newest intact checkpoint {where} is {last} "
+        f"(step 3): resume from it with ckpt_path={last}"
+    )

@@ -8,6 +8,7 @@ and stop signals are in ``test_save_faults.py``.
 from __future__ import annotations
 
 import csv
+import json
 import logging
 import math
 
@@ -118,7 +119,58 @@ def test_nan_loss_skips_the_step_and_counts_it(tmp_path, word_tokenizer, accumul
     )
     with open(tmp_path / "metrics.csv") as fh:
         rows = [r for r in csv.DictReader(fh) if r.get("train/skipped_steps")]
-    assert [(int(r["step"]), float(r["train/skipped_steps"])) for r in rows] == [(bad_step, 1.0)]
+    # the run's one train row (log_every_n_steps=50 > max_steps): the count so far
+    assert [(int(r["step"]), float(r["train/skipped_steps"])) for r in rows] == [(5, 1.0)]
+
+
+def test_a_skipped_step_leaves_no_nan_in_the_log(tmp_path, word_tokenizer, caplog):
+    """A row every step; step 3's batch holds the poisoned token. Before: that row read ``grad_norm=nan``,
+    ``train/loss=nan`` (in metrics.csv and in the log line). Now its grad_norm and train/loss cells are empty,
+    every other cell is finite, and ``train/skipped_steps`` counts the skips in every row.
+
+    The oracle for the other rows: a run on the same rows without the poisoned batch. A skipped step moves no
+    weight, no AdamW moment and no step count, so its steps 1, 2, 3, 4 are this run's steps 1, 2, 4, 5."""
+    logger = CSVLogger(tmp_path / "skip", name="", version="")
+    t, module, dm = run(
+        tmp_path / "skip",
+        word_tokenizer,
+        [NonFiniteGuard(on_nonfinite="skip")],
+        max_steps=5,
+        logger=logger,
+        log_every_n_steps=1,
+    )
+    with caplog.at_level(logging.INFO, logger="hf_lightning"):
+        t.fit(module, datamodule=dm)
+    control_logger = CSVLogger(tmp_path / "control", name="", version="")
+    t2, control, dm2 = run(
+        tmp_path / "control",
+        word_tokenizer,
+        [],
+        max_steps=4,
+        logger=control_logger,
+        log_every_n_steps=1,
+        rows=ROWS[:4] + ROWS[6:],  # batch 2 (rows 4 and 5) left out
+    )
+    t2.fit(control, datamodule=dm2)
+
+    def read(folder):
+        with open(folder / "metrics.csv") as fh:
+            return {int(r["step"]): r for r in csv.DictReader(fh)}
+
+    rows, expected = read(tmp_path / "skip"), read(tmp_path / "control")
+    assert sorted(rows) == [1, 2, 3, 4, 5]
+    assert rows[3]["grad_norm"] == "" and rows[3]["train/loss"] == ""
+    assert [rows[s]["train/skipped_steps"] for s in (1, 2, 3, 4, 5)] == ["0.0", "0.0", "1.0", "1.0", "1.0"]
+    for step, same_as in ((1, 1), (2, 2), (4, 3), (5, 4)):
+        for key in ("train/loss", "grad_norm"):
+            want = float(expected[same_as][key])
+            assert float(rows[step][key]) == pytest.approx(want, rel=1e-5), (step, key)
+    cells = [v for r in rows.values() for v in r.values() if v != ""]
+    assert all(math.isfinite(float(v)) for v in cells)
+    assert all(math.isfinite(v) for v in module.last_logged.values())
+    lines = [r.getMessage() for r in caplog.records if r.name == "hf_lightning.module.train_log"]
+    assert lines[2] == "step 3 of 5: lr=0.01 train/skipped_steps=1 epoch=0"
+    assert not [line for line in lines if "nan" in line or "inf" in line]
 
 
 def test_skipped_steps_survive_a_checkpoint(tmp_path, word_tokenizer):
@@ -267,3 +319,42 @@ def test_real_allocation_failure_in_fit_becomes_a_hint(tmp_path, word_tokenizer)
         "step per device as now"
     )
     assert "can't allocate memory" in str(err.value.__cause__)
+
+
+@pytest.mark.slow
+def test_the_cli_logs_a_skipped_step_without_a_nan(tmp_path):
+    """A real CLI run whose step 2 turns NaN (:class:`tests.fault_points.NaNLossAt`), with
+    ``on_nonfinite=skip`` (before: ``grad_norm=nan`` and ``train/loss=nan`` in metrics.csv and train.log).
+    Nothing non-finite in metrics.csv, train.log or final_metrics.json; the skipped step is counted in every
+    row, in final_metrics.json and in the done line."""
+    from tests.errors.support import run_train_cli
+
+    run_dir = tmp_path / "run"
+    proc = run_train_cli(
+        "+experiment=sft",
+        f"hydra.run.dir={run_dir}",
+        "trainer.max_steps=3",
+        "trainer.log_every_n_steps=1",
+        "trainer.limit_val_batches=1",
+        "trainer.enable_progress_bar=false",
+        "callbacks.nonfinite_guard.on_nonfinite=skip",
+        "+callbacks.nan._target_=tests.fault_points.NaNLossAt",
+        "+callbacks.nan.step=2",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with open(run_dir / "metrics.csv") as fh:
+        rows = {int(r["step"]): r for r in csv.DictReader(fh) if r.get("lr")}
+    assert sorted(rows) == [1, 2, 3]
+    assert rows[2]["grad_norm"] == "" and rows[2]["train/loss"] == ""
+    assert [rows[s]["train/skipped_steps"] for s in (1, 2, 3)] == ["0.0", "1.0", "1.0"]
+    with open(run_dir / "metrics.csv") as fh:
+        cells = [v for r in csv.DictReader(fh) for v in r.values() if v]
+    assert all(math.isfinite(float(v)) for v in cells)
+    final = json.loads((run_dir / "final_metrics.json").read_text())
+    assert final["train/skipped_steps"] == 1.0 and all(math.isfinite(v) for v in final.values())
+    log_text = (run_dir / "train.log").read_text()
+    assert "=nan" not in log_text and "=inf" not in log_text
+    (row_2,) = [line for line in log_text.splitlines() if "step 2 of 3: " in line]
+    assert "train/loss" not in row_2 and "grad_norm" not in row_2 and " train/skipped_steps=1 " in row_2
+    done = "done: 3 optimizer steps, 1 of them skipped (a non-finite loss or gradient: no update) in "
+    assert done in log_text

@@ -44,7 +44,7 @@ def test_evaluate_a_checkpoint_on_a_file(tmp_path):
             "hf_lightning.evaluate",
             "+experiment=clm",
             f"data.path={data}",
-            f"ckpt_path={run}/checkpoints/last.ckpt",
+            "ckpt_path=last",  # as train reads it: RUN/checkpoints/last.ckpt (before: "no such file")
             f"hydra.run.dir={run}",
             "data.per_device_eval_batch_size=2",
             "generate=true",
@@ -57,6 +57,7 @@ def test_evaluate_a_checkpoint_on_a_file(tmp_path):
         timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f"evaluating the weights of {run}/checkpoints/last.ckpt (optimizer step 2)" in proc.stdout
     metrics = json.loads((run / "eval_metrics.json").read_text())
     assert set(metrics) == {"val/loss", "val/perplexity", "val/accuracy"}
     assert "val/loss" in proc.stdout and "metric" in proc.stdout

@@ -325,3 +325,32 @@ def test_ckpt_path_last_finds_the_configured_checkpoint_folder(straight, text_fi
     assert proc.returncode == 0, proc.stderr[-3000:]
     shutil.copytree(elsewhere, run / "checkpoints")  # compared as if they were in the run folder
     assert differences(straight, run) == []
+
+
+def test_a_last_ckpt_that_is_a_directory_is_refused_then_the_named_checkpoint_resumes(
+    straight, text_file, tmp_path
+):
+    """``checkpoints/last.ckpt`` is a directory (before: a Hydra traceback, exit 1): one line naming it and
+    the newest intact checkpoint, nothing in the folder touched; once the directory is moved away, the
+    command line it names finishes the run as the straight run did."""
+    from tests.errors.support import one_line_error
+
+    run = tmp_path / "run"
+    shutil.copytree(straight, run)
+    folder = run / "checkpoints"
+    (folder / "last.ckpt").unlink()
+    (folder / "last.ckpt.sha256").unlink()
+    (folder / "last.ckpt").mkdir()
+    before = sorted(os.listdir(folder))
+    named, last = folder / "step000012.ckpt", folder / "last.ckpt"
+    assert one_line_error(cli(run, text_file, "ckpt_path=last")) == (
+        f"hf_lightning: error: ckpt_path=last: cannot resume: {last} is a directory, not a checkpoint file; "
+        f"the newest intact checkpoint there is {named} (step 12): move {last} out of the way (this run "
+        "saves its last checkpoint under that name) and resume from it with "
+        f"ckpt_path={named}"
+    )
+    assert sorted(os.listdir(folder)) == before
+    os.rename(folder / "last.ckpt", tmp_path / "moved-away")
+    proc = cli(run, text_file, f"ckpt_path={named}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert differences(straight, run) == []
