@@ -31,6 +31,7 @@ from torch.utils.data import DataLoader
 
 from hf_lightning.compat import batches_processed, epoch_being_trained, epochs_processed
 from hf_lightning.data.checks import check_fits_one_batch
+from hf_lightning.data.count_use import CountUse, WindowBatch, warn_no_count
 from hf_lightning.data.placeholder import PlaceholderAwareCollator
 from hf_lightning.data.sampling import (
     AccumulationWindowLoader,
@@ -152,6 +153,10 @@ class DataLoaderHooks:
     order or length groups, masked top-up; evaluation: dataset order, no padding), streams through
     :class:`~hf_lightning.data.streams.ShardedStream` (exact per-reader split).
     """
+
+    #: whether the first training step read ``num_items_in_batch`` (set by :meth:`train_dataloader`)
+    _count_use: CountUse | None = None
+    _said_no_count = False
 
     def _lengths(self, ds: Any) -> list[int]:
         if self._train_lengths is not None:
@@ -343,9 +348,18 @@ class DataLoaderHooks:
         count = self._binding().count_loss_items
         trainer = getattr(self, "trainer", None)
         if count is None:
+            if trainer is not None and trainer.is_global_zero and not self._said_no_count:
+                self._said_no_count = True
+                warn_no_count(trainer.accumulate_grad_batches, trainer.world_size)
             return loader
         if trainer is None:  # bound but not fitting (inspect a batch): windows of accumulate_grad_batches=1
             return AccumulationWindowLoader(loader, 1, count)
+        self._count_use = CountUse(
+            type(trainer.lightning_module).__name__,
+            trainer.accumulate_grad_batches,
+            trainer.world_size,
+            speaks=trainer.is_global_zero,
+        )
         return AccumulationWindowLoader(
             loader,
             trainer.accumulate_grad_batches,
@@ -391,14 +405,24 @@ class DataLoaderHooks:
         checks per value, per micro-batch: 94 us against 16 us here). Any other batch type keeps Lightning's
         behaviour. Here rather than in the LightningModule: Lightning warns on every fit when both define it.
         """
-        if type(batch) is not dict:
+        kind = type(batch)
+        if kind is not dict and kind is not WindowBatch:
             return super().transfer_batch_to_device(batch, device, dataloader_idx)
+        if self._count_use is not None:
+            self._count_use.handed_out(batch)  # the previous training batch's step has run by now
         # as Lightning: non-blocking copies except to the CPU / MPS (blocking device types)
         non_blocking = device.type not in ("cpu", "mps")
-        return {
+        moved = {
             k: v.to(device, non_blocking=non_blocking) if isinstance(v, torch.Tensor) else v
             for k, v in batch.items()
         }
+        return moved if kind is dict else WindowBatch(moved)
+
+    def teardown(self, stage: str) -> None:
+        """At the end of ``fit``: say whether the module read the window count, if no second training batch
+        did (:class:`~hf_lightning.data.count_use.CountUse`)."""
+        if stage == "fit" and self._count_use is not None:
+            self._count_use.finish()
 
     def predict_dataloader(self) -> Any:
         """The validation data in dataset order (each rank its share, no padding)."""

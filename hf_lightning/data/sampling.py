@@ -59,6 +59,7 @@ from torch.utils.data import Dataset, DistributedSampler
 from transformers.trainer_pt_utils import get_length_grouped_indices
 
 from hf_lightning.batch import IGNORE_INDEX, MICRO_ITEMS_KEY, NUM_ITEMS_KEY, WINDOW_LENGTH_KEY
+from hf_lightning.data.count_use import WindowBatch
 
 log = logging.getLogger(__name__)
 
@@ -271,7 +272,8 @@ class AccumulationWindowLoader:
         progress: optional ``() -> (epoch, batches consumed in that epoch)``, read when a checkpoint is saved
             (Lightning calls :meth:`state_dict`); on resume the epoch continues after those batches.
 
-    Each yielded batch is a shallow copy of the original mapping with three extra keys, all Python ``int``:
+    Each yielded batch is a shallow copy of the original mapping (a
+    :class:`~hf_lightning.data.count_use.WindowBatch`, a ``dict``) with three extra keys, all Python ``int``:
     ``num_items_in_batch``, the count summed over the micro-batches of its window on this process (the model
     module sums it across ranks); ``num_items_in_micro_batch``, this micro-batch's own count; and
     ``num_batches_in_window``, the number of micro-batches in its window (``accumulate_grad_batches``, or
@@ -373,4 +375,5 @@ class AccumulationWindowLoader:
             counts = [self.count_fn(batch) for batch in window]
             total = sum(counts)
             for batch, count in zip(window, counts):
-                yield {**batch, NUM_ITEMS_KEY: total, MICRO_ITEMS_KEY: count, WINDOW_LENGTH_KEY: len(window)}
+                keys = {NUM_ITEMS_KEY: total, MICRO_ITEMS_KEY: count, WINDOW_LENGTH_KEY: len(window)}
+                yield WindowBatch(batch, **keys)

@@ -181,6 +181,20 @@ class HFLightningModule(
         self.fit_start_step: int | None = None
         self._warned_unwrapped = False
 
+    def data_binding(self) -> dict[str, Any]:
+        """What :class:`~hf_lightning.HFDataModule` needs from this module, as keyword arguments of
+        :meth:`HFDataModule.bind <hf_lightning.data.model_facts.ModelBinding.bind>`: the model (pruning, the
+        checks against the data), :meth:`count_loss_items` (the window keys), ``forward_kwargs``, whether
+        ``compute_metrics`` needs a label key, and that placeholder batches are handled. The DataModule asks
+        for it at ``setup`` when nobody called ``bind``."""
+        return {
+            "model": self.model,
+            "count_loss_items": self.count_loss_items,
+            "forward_kwargs": self.forward_kwargs,
+            "metrics": self.compute_metrics is not None,
+            "handles_placeholder_batches": self.handles_placeholder_batches,
+        }
+
     @property
     def loss_source(self) -> str:
         """``"compute_loss"`` (a subclass override), ``"compute_loss_func"``, ``"model"`` or
