@@ -21,6 +21,7 @@ LightningModule when nobody called it); what the model side needs from it is :me
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 import datasets
@@ -69,7 +70,9 @@ class HFDataModule(DataLoaderHooks, ModelBinding, L.LightningDataModule):
     """Data for HF-style models, usable with any LightningModule and ``lightning.Trainer``.
 
     Args:
-        tokenizer: a ``transformers`` tokenizer (needs a pad token; a chat template for chat data).
+        tokenizer: a ``transformers`` tokenizer (needs a pad token; a chat template for chat data), or the
+            folder or hub id of one (``AutoTokenizer.from_pretrained``; a missing pad token becomes the eos
+            token, with a WARNING), so that a config can name it: ``tokenizer: DIR``, or a ``_target_`` node.
         path: a json/jsonl/csv/parquet file, a ``save_to_disk`` folder, a hub dataset id (``org/name``), a
             ``datasets`` ``Dataset`` / ``DatasetDict`` / ``IterableDataset``, a torch ``Dataset`` /
             ``IterableDataset`` of mappings, or ``None`` for the embedded chatterbot-corpus chat data.
@@ -193,6 +196,10 @@ class HFDataModule(DataLoaderHooks, ModelBinding, L.LightningDataModule):
             raise ConfigError(
                 f"data.{key} applies to worker processes only; set data.num_workers > 0 or unset it"
             )
+        if isinstance(tokenizer, (str, os.PathLike)):  # a folder or hub id, as a config gives it
+            from hf_lightning.models import tokenizer_from
+
+            tokenizer = tokenizer_from(tokenizer, "data.tokenizer")
         check_pad_token(tokenizer)
         self.tokenizer = tokenizer
         self.path = path
