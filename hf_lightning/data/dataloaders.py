@@ -31,13 +31,15 @@ from torch.utils.data import DataLoader
 
 from hf_lightning.compat import batches_processed, epoch_being_trained, epochs_processed
 from hf_lightning.data.checks import check_fits_one_batch
-from hf_lightning.data.count_use import CountUse, WindowBatch, warn_no_count
 from hf_lightning.data.placeholder import PlaceholderAwareCollator
 from hf_lightning.data.sampling import (
     AccumulationWindowLoader,
+    CountUse,
     ExactDistributedSampler,
     TopUpDataset,
+    WindowBatch,
     sequence_lengths,
+    warn_no_count,
 )
 from hf_lightning.data.sources import is_stream
 from hf_lightning.data.streams import ShardedStream, stream_batches
@@ -420,7 +422,7 @@ class DataLoaderHooks:
 
     def teardown(self, stage: str) -> None:
         """At the end of ``fit``: say whether the module read the window count, if no second training batch
-        did (:class:`~hf_lightning.data.count_use.CountUse`)."""
+        did (:class:`~hf_lightning.data.sampling.CountUse`)."""
         if stage == "fit" and self._count_use is not None:
             self._count_use.finish()
 

@@ -191,7 +191,7 @@ class ModelBinding:
                 :meth:`HFLightningModule.count_loss_items` calls); with it training batches carry the window
                 keys (``num_items_in_batch``...), and a module whose first ``training_step`` does not read
                 ``num_items_in_batch`` gets one WARNING when a window spans micro-batches or processes
-                (:mod:`~hf_lightning.data.count_use`).
+                (:class:`~hf_lightning.data.sampling.CountUse`).
             forward_kwargs: what the LightningModule passes to every forward (``use_cache=False``).
             metrics: evaluation computes metrics, so an evaluation batch must carry a label key.
             handles_placeholder_batches: mark an empty rank's stand-in batch

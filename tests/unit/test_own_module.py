@@ -10,6 +10,7 @@ hand computation over the whole window gives.
 from __future__ import annotations
 
 import logging
+import re
 
 import datasets
 import lightning as L
@@ -19,11 +20,11 @@ import torch.nn.functional as F
 
 from hf_lightning import HFDataModule, HFLightningModule
 from hf_lightning.module.loss import count_loss_items
-from tests.data_support import tiny_llama
+from tests.data_support import REPO, tiny_llama
 
 # rows of unequal lengths, so the two micro-batches of the first window hold different numbers of targets
 TEXTS = ["a b c d e f g h", "i j", "k l m", "n o p q r s", "t u v", "w x y z a b c"] * 2
-WINDOW_LOG = "hf_lightning.data.count_use"
+WINDOW_LOG = "hf_lightning.data.sampling"
 
 
 class GradNorms(L.Callback):
@@ -57,20 +58,13 @@ class OutputsLoss(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.0)
 
 
-class ExactLoss(OutputsLoss):
-    """The README's lines: the summed token loss over the window's count, times what Lightning and DDP divide
-    by."""
-
-    def data_binding(self):
-        return {"model": self.net, "count_loss_items": count_loss_items}
-
-    def training_step(self, batch, batch_idx):
-        logits = self.net(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-        loss_sum = F.cross_entropy(
-            logits[:, :-1].flatten(0, 1), batch["labels"][:, 1:].flatten(), reduction="sum"
-        )
-        n = self.trainer.strategy.reduce(torch.tensor(batch["num_items_in_batch"]), reduce_op="sum")
-        return loss_sum / n * self.trainer.accumulate_grad_batches * self.trainer.world_size
+def readme_module() -> type:
+    """The README's ``MyModule`` (section "Your own LightningModule"), executed as written there."""
+    text = (REPO / "README.md").read_text()
+    (code,) = [c for c in re.findall(r"```python\n(.*?)```", text, re.S) if "class MyModule(" in c]
+    namespace: dict = {}
+    exec(compile(code, "README.md", "exec"), namespace)
+    return namespace["MyModule"]
 
 
 def first_step_grad_norm(module, tokenizer, caplog) -> float:
@@ -120,7 +114,7 @@ def window_warnings(caplog) -> list[str]:
 
 
 def test_the_readme_lines_give_the_exact_gradient_and_no_warning(word_tokenizer, caplog):
-    exact = first_step_grad_norm(ExactLoss(tiny_llama(len(word_tokenizer))), word_tokenizer, caplog)
+    exact = first_step_grad_norm(readme_module()(tiny_llama(len(word_tokenizer))), word_tokenizer, caplog)
     assert window_warnings(caplog) == []
     caplog.clear()
     ours = first_step_grad_norm(HFLightningModule(tiny_llama(len(word_tokenizer))), word_tokenizer, caplog)
