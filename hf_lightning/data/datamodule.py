@@ -14,8 +14,8 @@ It wires the steps, each in its own module, in the order a batch is made:
                  their num_items_in_batch                                         (streams.py: streams)
     dataloaders  the loader hooks; per-epoch worker seeds; batches per epoch
 
-What it needs from the model side arrives through :meth:`bind` (or is read once from the trainer's
-LightningModule when nobody called it); what the model side needs from it is :meth:`train_batches_per_epoch`.
+What it needs from the model side arrives through :meth:`bind`, or, when nobody called it, from the trainer's
+LightningModule's ``data_binding()``; what the model side needs from it is :meth:`train_batches_per_epoch`.
 """
 
 from __future__ import annotations
@@ -292,8 +292,7 @@ class HFDataModule(DataLoaderHooks, ModelBinding, L.LightningDataModule):
         ``id2label`` (classification), ``dropped_columns`` and the collators; ``stage="test"`` fills
         ``test_dataset`` when there is test data (``test_path``, or the ``test_split_name`` split of
         ``path``), reading no train split unless the classes come from it, and sets up the validation split
-        otherwise.
-        Reads the bound model (:meth:`bind`), when there is one, for pruning and for the checks.
+        otherwise. Reads the bound model (:meth:`bind`), when there is one, for pruning and for the checks.
 
         Raises:
             ConfigError: an option the data or the model cannot honour (named).
