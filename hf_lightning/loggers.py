@@ -1,5 +1,6 @@
 """A CSV logger that survives a resume, a kill and a full disk: ``metrics.csv`` keeps the history up to the
-checkpoint's step, and a row is either written whole or not at all.
+checkpoint's step, and a row is either written whole or not at all; and :func:`adopt_csv_header`, which keeps
+any CSV logger's rows when another process wrote the file before (``strategy=ddp_spawn``).
 
 Lightning's ``CSVLogger`` deletes an existing ``metrics.csv`` when it starts (a resumed run would lose every
 row logged before the stop) and rewrites the file in place when a new column appears (a kill then leaves it
@@ -36,6 +37,36 @@ def read_rows(path: str) -> tuple[list[str], list[dict[str, str]]]:
     reader = csv.DictReader(io.StringIO(text, newline=""))
     rows = list(reader)
     return list(reader.fieldnames or []), rows
+
+
+def read_header(path: str) -> list[str]:
+    """The column names of a ``metrics.csv`` (its first line; empty for an empty file)."""
+    with open(path, newline="") as fh:
+        return next(csv.reader(fh), [])
+
+
+@rank_zero_only
+def adopt_csv_header(logger: object) -> None:
+    """Teach a CSV logger's writer the columns its ``metrics.csv`` already has, before it writes a row.
+
+    A writer knows only the columns it wrote itself. Under ``strategy=ddp_spawn`` every ``fit`` / ``test``
+    call runs in new processes, each with a pickled copy of the main process's logger: the ``test`` worker's
+    writer has never seen the training columns, and its first row (new columns) makes it rewrite the file with
+    the header it knows. Lightning's ``ExperimentWriter`` then fails on the old rows (``csv.DictWriter``:
+    "dict contains fields not in fieldnames") after emptying the file. With the file's columns adopted the
+    rewrite keeps every row. Loggers other than ``CSVLogger`` (and files not yet written) are left alone.
+    """
+    if not isinstance(logger, CSVLogger):
+        return
+    writer = logger.experiment
+    path = writer.metrics_file_path
+    if not os.path.isfile(path):
+        return
+    known = set(writer.metrics_keys)
+    header = read_header(path)
+    if not known.issuperset(header):
+        # the order Lightning's writer keeps (ExperimentWriter._record_new_keys sorts the keys)
+        writer.metrics_keys = sorted(known.union(header))
 
 
 def logged_at(path: str, step: int) -> set[str]:

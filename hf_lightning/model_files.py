@@ -21,19 +21,18 @@ WEIGHT_FILES = (
 )
 
 
-def check_config_json(path: str) -> None:
+def check_config_json(path: str, key: str = "model.name_or_path") -> None:
     """Raise :class:`ModelError` when ``path/config.json`` is not one JSON object (a truncated copy, a merge
-    conflict), naming the line and column, before the tokenizer or the model loader trip over it."""
+    conflict), naming the line and column, before the tokenizer or the model loader trip over it; ``key`` is
+    the setting that named the folder."""
     file = os.path.join(path, "config.json")
     try:
         with open(file, encoding="utf-8") as fh:
             value = json.load(fh)
     except (ValueError, UnicodeDecodeError) as err:
-        raise ModelError(f"model.name_or_path={path}: config.json is not valid JSON ({err})") from err
+        raise ModelError(f"{key}={path}: config.json is not valid JSON ({err})") from err
     if not isinstance(value, dict):
-        raise ModelError(
-            f"model.name_or_path={path}: config.json holds a JSON {type(value).__name__}, not an object"
-        )
+        raise ModelError(f"{key}={path}: config.json holds a JSON {type(value).__name__}, not an object")
 
 
 # the package each attention backend needs (transformers names only the backend when it is missing)
@@ -102,13 +101,13 @@ def from_pretrained(auto_class: Any, path: str, key: str = "model.name_or_path",
             raise ModelError(hub_error_message(key, path, "model", kwargs.get("revision"), err)) from None
         reason = " ".join(str(err).split())[:300]
         raise ModelError(
-            f"model.name_or_path={path}: the model could not be loaded ({type(err).__name__}: {reason}); the "
+            f"{key}={path}: the model could not be loaded ({type(err).__name__}: {reason}); the "
             "folder must hold a complete save_pretrained output (config.json and all weight files)"
         ) from err
 
 
-def check_folder(path: str, original: str) -> None:
-    """Raise a ModelError naming ``original`` when ``path`` is not a model folder (no folder, no
+def check_folder(path: str, original: str, key: str = "model.name_or_path") -> None:
+    """Raise a ModelError naming ``key=original`` when ``path`` is not a model folder (no folder, no
     ``config.json``, a broken one, no weights); a hub id or a ``peft`` adapter export passes."""
     if looks_like_hub_id(path):
         return  # from_pretrained resolves it through the hub cache, and says so when it cannot
@@ -123,15 +122,11 @@ def check_folder(path: str, original: str) -> None:
                 + str(original)
                 + " to continue from it"
             )
-        raise ModelError(
-            f"model.name_or_path={original}: not a folder (expected a local HF model folder){hint}"
-        )
+        raise ModelError(f"{key}={original}: not a folder (expected a local HF model folder){hint}")
     if os.path.isfile(os.path.join(path, "adapter_config.json")):
         return  # a peft adapter export: from_pretrained loads its base model and the adapter (peft installed)
     if not os.path.isfile(os.path.join(path, "config.json")):
-        raise ModelError(
-            f"model.name_or_path={original}: no config.json, so not a model folder saved by save_pretrained"
-        )
-    check_config_json(path)
+        raise ModelError(f"{key}={original}: no config.json, so not a model folder saved by save_pretrained")
+    check_config_json(path, key)
     if not any(os.path.exists(os.path.join(path, f)) for f in WEIGHT_FILES):
-        raise ModelError(f"model.name_or_path={original}: no weights (looked for {', '.join(WEIGHT_FILES)})")
+        raise ModelError(f"{key}={original}: no weights (looked for {', '.join(WEIGHT_FILES)})")

@@ -110,8 +110,33 @@ def load_tokenizer(
     kwargs = {"revision": revision} if revision and tokenizer_name_or_path is None else {}
     if tokenizer_name_or_path is None:
         check_folder(path, os.fspath(source))
-    elif not looks_like_hub_id(path) and not os.path.isdir(path):
-        raise ModelError(f"{key}={source}: not a folder (expected a local tokenizer folder or a hub id)")
+        return _pretrained_tokenizer(source, path, key, kwargs)
+    return tokenizer_from(tokenizer_name_or_path, key)
+
+
+def tokenizer_from(name_or_path: str | os.PathLike, key: str = "data.tokenizer") -> Any:
+    """``AutoTokenizer.from_pretrained`` of a local folder or a hub id (``pkg:`` folders too), as
+    ``HFDataModule(tokenizer="DIR")`` or ``model.tokenizer_name_or_path`` name it; a tokenizer without a pad
+    token gets its eos token (one WARNING).
+
+    Args:
+        key: the setting that named it, for messages.
+
+    Raises:
+        ModelError: not a folder nor a hub id; no loadable tokenizer there; a hub id neither cached nor
+            reachable.
+    """
+    path = resolve_name_or_path(name_or_path)
+    if not looks_like_hub_id(path) and not os.path.isdir(path):
+        raise ModelError(
+            f"{key}={name_or_path}: not a folder (expected a local tokenizer folder or a hub id)"
+        )
+    return _pretrained_tokenizer(name_or_path, path, key, {})
+
+
+def _pretrained_tokenizer(source: Any, path: str, key: str, kwargs: Mapping[str, Any]) -> Any:
+    from transformers import AutoTokenizer
+
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
     except Exception as err:
@@ -122,6 +147,28 @@ def load_tokenizer(
         log.warning("tokenizer in %s has no pad token: using its eos token %r", path, tokenizer.eos_token)
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
+
+
+def pretrained_causal_lm(name_or_path: str | os.PathLike, key: str = "module.model") -> Any:
+    """``AutoModelForCausalLM.from_pretrained`` of a local folder or a hub id (``pkg:`` folders too), in
+    training mode: ``HFLightningModule(model="DIR")``. Other heads, dtypes or attention backends: give the
+    module a model object (a ``_target_`` node such as ``transformers.AutoModelForSequenceClassification.
+    from_pretrained``).
+
+    Args:
+        key: the setting that named it, for messages.
+
+    Raises:
+        ModelError: not a model folder (no ``config.json``, no weights, a broken file) nor a hub id; a hub id
+            neither cached nor reachable.
+    """
+    import transformers
+
+    path = resolve_name_or_path(name_or_path)
+    check_folder(path, os.fspath(name_or_path), key)
+    model = from_pretrained(transformers.AutoModelForCausalLM, path, key)
+    model.train()  # from_pretrained returns it in eval mode (see build_model)
+    return model
 
 
 def build_model(

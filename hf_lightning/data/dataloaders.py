@@ -48,10 +48,13 @@ from hf_lightning.data.checks import check_fits_one_batch
 from hf_lightning.data.placeholder import PlaceholderAwareCollator
 from hf_lightning.data.sampling import (
     AccumulationWindowLoader,
+    CountUse,
     ExactDistributedSampler,
     ResumableLoader,
     TopUpDataset,
+    WindowBatch,
     sequence_lengths,
+    warn_no_count,
 )
 from hf_lightning.data.sources import is_stream
 from hf_lightning.data.streams import ShardedStream, stream_batches
@@ -62,6 +65,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# which side of a stream's validation hold-out each split reads (None: the split is a source of its own)
+HOLDOUT_KEEPS = {"train": False, "validation": True, "test": None}
 # HF's mega-batch multiplier cap (``get_length_grouped_indices``); streams group within buffers this many
 # batches long
 MEGA_BATCH_MULT = 50
@@ -263,6 +268,10 @@ class DataLoaderHooks:
     :class:`~hf_lightning.data.streams.ShardedStream` (exact per-reader split).
     """
 
+    #: whether the first training step read ``num_items_in_batch`` (set by :meth:`train_dataloader`)
+    _count_use: CountUse | None = None
+    _said_no_count = False
+
     def _lengths(self, ds: Any) -> list[int]:
         if self._train_lengths is not None:
             return self._train_lengths
@@ -270,14 +279,25 @@ class DataLoaderHooks:
         log.info("group_by_length: measured %d training lengths once (tokens of input_ids)", len(lengths))
         return lengths
 
-    def _first_example(self, ds: Any, holdout_keep: bool | None) -> Any:
+    def _first_example(self, ds: Any, split: str) -> Any:
         if is_stream(ds):
-            name = (self.validation_path or self.path) if holdout_keep else self.path
             stream = ShardedStream(
-                ds, self._processor, holdout=self._holdout_spec(holdout_keep), split="validation", name=name
+                ds,
+                self._processor,
+                holdout=self._holdout_spec(HOLDOUT_KEEPS[split]),
+                split="validation" if split == "train" else split,
+                name=self._source_name(split),
             )
             return next(iter(stream), None)
         return ds[0] if len(ds) else None
+
+    def _source_name(self, split: str) -> Any:
+        """Where ``split``'s rows come from, for messages."""
+        if split == "test":
+            return self.test_path if self.test_path is not None else self.path
+        if split == "validation":
+            return self.validation_path or self.path
+        return self.path
 
     def _world(self) -> tuple[int, int]:
         """``(world size, rank)``: the Lightning trainer's, else the initialized ``torch.distributed`` process
@@ -366,7 +386,8 @@ class DataLoaderHooks:
             "prefetch_factor": self.prefetch_factor,
         }
 
-    def _stream_loader(self, source: Any, train: bool, batch: int, collate_fn: Callable) -> EpochDataLoader:
+    def _stream_loader(self, source: Any, split: str, batch: int, collate_fn: Callable) -> EpochDataLoader:
+        train = split == "train"
         world, rank = self._world()
         length_buffer = (
             MEGA_BATCH_MULT * batch * self._accumulation() if train and self.group_by_length else None
@@ -377,7 +398,7 @@ class DataLoaderHooks:
                 "(the whole stream cannot be sorted)",
                 length_buffer,
             )
-        holdout = self._holdout_spec(not train)
+        holdout = self._holdout_spec(HOLDOUT_KEEPS[split])
         stream = ShardedStream(
             source,
             self._processor,
@@ -390,8 +411,8 @@ class DataLoaderHooks:
             holdout=holdout,
             length=self._stream_length(source, holdout),
             top_up=train,
-            split="train" if train else "validation",
-            name=self.path if train else self.validation_path or self.path,
+            split=split,
+            name=self._source_name(split),
         )
         if train:
             # here, before the workers copy it: each shard's rows counted once
@@ -426,11 +447,12 @@ class DataLoaderHooks:
     def _stream_length(source: Any, holdout: Any) -> int | None:
         return len(source) if hasattr(source, "__len__") and holdout is None else None
 
-    def _loader(self, ds: Any, train: bool) -> EpochDataLoader:
+    def _loader(self, ds: Any, split: str) -> EpochDataLoader:
+        train = split == "train"
         batch = self.per_device_train_batch_size if train else self.per_device_eval_batch_size
-        collate_fn = self.train_collator if train else self._eval_collate()
+        collate_fn = self.train_collator if train else self._eval_collate(split)
         if is_stream(ds):
-            return self._stream_loader(ds, train, batch, collate_fn)
+            return self._stream_loader(ds, split, batch, collate_fn)
         world, rank = self._world()
         lengths = None
         if train and self.group_by_length:
@@ -461,12 +483,13 @@ class DataLoaderHooks:
             **self._loader_kwargs(),
         )
 
-    def _eval_collate(self) -> Any:
-        """The evaluation collator; marks placeholder batches for a module that handles them
-        (:mod:`~hf_lightning.data.placeholder`)."""
+    def _eval_collate(self, split: str) -> Any:
+        """The evaluation collator of ``split`` (``validation`` or ``test``); marks placeholder batches for a
+        module that handles them (:mod:`~hf_lightning.data.placeholder`)."""
+        collator = self.test_collator if split == "test" else self.eval_collator
         if self._binding().handles_placeholder_batches:
-            return PlaceholderAwareCollator(self.eval_collator)
-        return self.eval_collator
+            return PlaceholderAwareCollator(collator)
+        return collator
 
     def train_batches_per_epoch(self) -> int | None:
         """``len(self.train_dataloader())`` on this rank, computed without building a loader (to size the LR
@@ -505,7 +528,7 @@ class DataLoaderHooks:
         """
         if self.train_dataset is None:
             self.setup("fit")
-        loader = self._loader(self.train_dataset, True)
+        loader = self._loader(self.train_dataset, "train")
         count = self._binding().count_loss_items
         trainer = getattr(self, "trainer", None)
         if trainer is None:
@@ -519,7 +542,16 @@ class DataLoaderHooks:
             return epoch_being_trained(trainer), batches_processed(trainer)
 
         if count is None:
+            if trainer.is_global_zero and not self._said_no_count:
+                self._said_no_count = True
+                warn_no_count(trainer.accumulate_grad_batches, trainer.world_size)
             return ResumableLoader(loader, progress=progress)
+        self._count_use = CountUse(
+            type(trainer.lightning_module).__name__,
+            trainer.accumulate_grad_batches,
+            trainer.world_size,
+            speaks=trainer.is_global_zero,
+        )
         return AccumulationWindowLoader(
             loader,
             trainer.accumulate_grad_batches,
@@ -536,7 +568,23 @@ class DataLoaderHooks:
             self.setup("validate")
         if self.val_dataset is None:
             return []
-        return self._loader(self.val_dataset, False)
+        return self._loader(self.val_dataset, "validation")
+
+    def test_dataloader(self) -> Any:
+        """Batches of the test data (``test_path``, or the ``test_split_name`` split of ``path``, default
+        ``test``) as :meth:`val_dataloader` batches the validation data: dataset order, this rank's share.
+
+        Raises:
+            ConfigError: no test data (names ``data.test_path`` and why ``path`` gives none).
+        """
+        if self.test_dataset is None:
+            self.setup("test")
+        if self.test_dataset is None:
+            raise ConfigError(
+                f"trainer.test needs test data, and there is none: {self._no_test_data}. Set data.test_path "
+                "(a file, folder or dataset, as data.path), or data.test_split_name to a split of data.path"
+            )
+        return self._loader(self.test_dataset, "test")
 
     def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
         """A flat ``dict`` batch (every batch of this DataModule) moves in one comprehension.
@@ -546,14 +594,24 @@ class DataLoaderHooks:
         checks per value, per micro-batch: 94 us against 16 us here). Any other batch type keeps Lightning's
         behaviour. Here rather than in the LightningModule: Lightning warns on every fit when both define it.
         """
-        if type(batch) is not dict:
+        kind = type(batch)
+        if kind is not dict and kind is not WindowBatch:
             return super().transfer_batch_to_device(batch, device, dataloader_idx)
+        if self._count_use is not None:
+            self._count_use.handed_out(batch)  # the previous training batch's step has run by now
         # as Lightning: non-blocking copies except to the CPU / MPS (blocking device types)
         non_blocking = device.type not in ("cpu", "mps")
-        return {
+        moved = {
             k: v.to(device, non_blocking=non_blocking) if isinstance(v, torch.Tensor) else v
             for k, v in batch.items()
         }
+        return moved if kind is dict else WindowBatch(moved)
+
+    def teardown(self, stage: str) -> None:
+        """At the end of ``fit``: say whether the module read the window count, if no second training batch
+        did (:class:`~hf_lightning.data.sampling.CountUse`)."""
+        if stage == "fit" and self._count_use is not None:
+            self._count_use.finish()
 
     def predict_dataloader(self) -> Any:
         """The validation data in dataset order (each rank its share, no padding)."""

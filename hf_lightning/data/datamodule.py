@@ -14,13 +14,14 @@ It wires the steps, each in its own module, in the order a batch is made:
                  their num_items_in_batch                                         (streams.py: streams)
     dataloaders  the loader hooks; per-epoch worker seeds; batches per epoch
 
-What it needs from the model side arrives through :meth:`bind` (or is read once from the trainer's
-LightningModule when nobody called it); what the model side needs from it is :meth:`train_batches_per_epoch`.
+What it needs from the model side arrives through :meth:`bind`, or, when nobody called it, from the trainer's
+LightningModule's ``data_binding()``; what the model side needs from it is :meth:`train_batches_per_epoch`.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 import datasets
@@ -45,8 +46,8 @@ from hf_lightning.data.column_pruning import prune_per_example
 from hf_lightning.data.dataloaders import DataLoaderHooks, LoaderPosition
 from hf_lightning.data.end_of_turn import warn_end_of_turn
 from hf_lightning.data.formats import FORMATS
-from hf_lightning.data.layout import LayoutChoice, announce, apply_layout, check_layout, collator_for
-from hf_lightning.data.model_facts import Columns, ModelBinding, find_label_names, resolve_columns
+from hf_lightning.data.layout import Layout, LayoutChoice, announce, apply_layout, check_layout, collator_for
+from hf_lightning.data.model_facts import Binding, Columns, ModelBinding, find_label_names, resolve_columns
 from hf_lightning.data.on_the_fly import ExampleProcessor
 from hf_lightning.data.packing import (
     Packing,
@@ -58,7 +59,14 @@ from hf_lightning.data.packing import (
 )
 from hf_lightning.data.positions import check_positions
 from hf_lightning.data.row_size import DEFAULT_MAX_ROW_BYTES
-from hf_lightning.data.sources import column_names, detect_format, is_stream, load_splits, load_validation
+from hf_lightning.data.sources import (
+    column_names,
+    detect_format,
+    is_stream,
+    load_splits,
+    load_test,
+    load_validation,
+)
 from hf_lightning.data.tokenize import prepare_split
 from hf_lightning.errors import ConfigError
 
@@ -71,11 +79,15 @@ class HFDataModule(DataLoaderHooks, ModelBinding, L.LightningDataModule):
     """Data for HF-style models, usable with any LightningModule and ``lightning.Trainer``.
 
     Args:
-        tokenizer: a ``transformers`` tokenizer (needs a pad token; a chat template for chat data).
+        tokenizer: a ``transformers`` tokenizer (needs a pad token; a chat template for chat data), or the
+            folder or hub id of one (``AutoTokenizer.from_pretrained``; a missing pad token becomes the eos
+            token, with a WARNING), so that a config can name it: ``tokenizer: DIR``, or a ``_target_`` node.
         path: a json/jsonl/csv/parquet file, a ``save_to_disk`` folder, a hub dataset id (``org/name``), a
             ``datasets`` ``Dataset`` / ``DatasetDict`` / ``IterableDataset``, a torch ``Dataset`` /
             ``IterableDataset`` of mappings, or ``None`` for the embedded chatterbot-corpus chat data.
         validation_path: a separate validation source (same kinds); overrides any split of ``path``.
+        test_path: the test data of ``trainer.test`` (same kinds); default: the ``test_split_name`` split of a
+            ``path`` with splits. Without either, :meth:`test_dataloader` raises :class:`ConfigError`.
         format: ``"auto"`` (from the schema, see :mod:`~hf_lightning.data.formats`) or one of
             ``text, prompt_completion, messages, conversations, classification, seq2seq, tokenized``.
         validation_split: share of rows held out for validation when the source has no validation split.
@@ -118,6 +130,8 @@ class HFDataModule(DataLoaderHooks, ModelBinding, L.LightningDataModule):
             or CSV file is refused before ``datasets`` reads it, and a row of a ``datasets.Dataset`` with
             more text before it is tokenized (:mod:`~hf_lightning.data.row_size`): such a row is read and
             tokenized whole, in memory many times its size.
+        test_split_name: the split of ``path`` that ``trainer.test`` reads when ``test_path`` is not given
+            (default ``test``, when ``path`` has one).
 
     Batches (``B`` examples, ``L`` tokens after padding to the longest row, all tensors int64):
 
@@ -156,6 +170,7 @@ class HFDataModule(DataLoaderHooks, ModelBinding, L.LightningDataModule):
         tokenizer: Any,
         path: Any = None,
         validation_path: Any = None,
+        test_path: Any = None,
         format: str = "auto",
         validation_split: float = 0.05,
         max_length: int = 512,
@@ -181,6 +196,7 @@ class HFDataModule(DataLoaderHooks, ModelBinding, L.LightningDataModule):
         name: str | None = None,
         split: str = "train",
         validation_split_name: str | None = None,
+        test_split_name: str | None = None,
         revision: str | None = None,
         num_proc: int | None = None,
         layout: LayoutChoice = None,
@@ -196,10 +212,15 @@ class HFDataModule(DataLoaderHooks, ModelBinding, L.LightningDataModule):
             raise ConfigError(
                 f"data.{key} applies to worker processes only; set data.num_workers > 0 or unset it"
             )
+        if isinstance(tokenizer, (str, os.PathLike)):  # a folder or hub id, as a config gives it
+            from hf_lightning.models import tokenizer_from
+
+            tokenizer = tokenizer_from(tokenizer, "data.tokenizer")
         check_pad_token(tokenizer)
         self.tokenizer = tokenizer
         self.path = path
         self.validation_path = validation_path
+        self.test_path = test_path
         self.format = format
         self.validation_split = validation_split
         self.max_length = max_length
@@ -230,9 +251,11 @@ class HFDataModule(DataLoaderHooks, ModelBinding, L.LightningDataModule):
         self.name, self.revision = name, revision
         self.split, self.validation_split_name = split, validation_split_name
         self.max_row_bytes = max_row_bytes
+        self.test_split_name = test_split_name
         # filled by setup()
         self.train_dataset: Any = None
         self.val_dataset: Any = None
+        self.test_dataset: Any = None
         self.data_format: str | None = None
         self.id2label: dict[int, str] | None = None
         self.class_labels: ClassLabels | None = None
@@ -240,6 +263,10 @@ class HFDataModule(DataLoaderHooks, ModelBinding, L.LightningDataModule):
         self.resolved_label_names: list[str] = ["labels"]
         self.train_collator: Any = None
         self.eval_collator: Any = None
+        self.test_collator: Any = None
+        self._rows: Any = None
+        self._label2id: dict[str, int] | None = None
+        self._no_test_data: str | None = None
         self._holdout: float | None = None
         self._processor: ExampleProcessor | None = None
         self._plan: RowPlan | None = None
@@ -283,16 +310,20 @@ class HFDataModule(DataLoaderHooks, ModelBinding, L.LightningDataModule):
         )
 
     def setup(self, stage: str | None = None) -> None:
-        """Load, format, tokenize, prune and pack both splits once (later calls return at once).
+        """Load, format, tokenize, prune and pack the splits once (later calls return at once).
 
         Fills ``train_dataset``, ``val_dataset`` (``None`` without validation data), ``data_format``,
-        ``id2label`` (classification), ``dropped_columns`` and the collators. Reads the bound model
-        (:meth:`bind`), when there is one, for pruning and for the checks.
+        ``id2label`` (classification), ``dropped_columns`` and the collators; ``stage="test"`` fills
+        ``test_dataset`` when there is test data (``test_path``, or the ``test_split_name`` split of
+        ``path``), reading no train split unless the classes come from it, and sets up the validation split
+        otherwise. Reads the bound model (:meth:`bind`), when there is one, for pruning and for the checks.
 
         Raises:
             ConfigError: an option the data or the model cannot honour (named).
             DataError: a source that is missing, unreadable, empty, or lacks the format's fields.
         """
+        if stage == "test" and self._setup_test():
+            return
         if self.train_dataset is not None or (self.val_dataset is not None and stage in EVAL_STAGES):
             return
         bound = self._binding()
@@ -300,13 +331,39 @@ class HFDataModule(DataLoaderHooks, ModelBinding, L.LightningDataModule):
         # an evaluation-only setup (trainer.validate / predict with a validation file) prepares no train split
         eval_only = stage in EVAL_STAGES and self.validation_path is not None
         path, train, val, self._holdout = self._splits(eval_only)
-        fmt = self.format
-        if fmt == "auto":
-            source = (val, self.validation_path) if eval_only else (train, path)
-            fmt = detect_format(column_names(source[0], source[1]), source[1])
+        fmt = self._format_of(*((val, self.validation_path) if eval_only else (train, path)))
         if eval_only and fmt == "classification":  # the class ids come from the training split
             path, train, val, self._holdout = self._splits()
             eval_only = False
+        layout = self._configure(fmt, train, path, is_stream(val if eval_only else train), bound)
+        val_path = self.validation_path or path
+        self.train_dataset = None if eval_only else self._prepare(train, "train", path)
+        self.val_dataset = self._prepare(val, "validation", val_path) if val is not None else None
+        if model is not None:  # a row longer than a position table fails in the embedding, maybe hours in
+            self.check_positions(model)
+            splits = {"train": (self.train_dataset, path), "validation": (self.val_dataset, val_path)}
+            check_rows_fit_model(splits, model, self.tokenizer.pad_token_id, fmt == "classification")
+            if fmt == "classification":
+                check_head(self.class_labels, getattr(getattr(model, "config", None), "num_labels", None))
+        self.train_collator = self._pruning_collator(self._rows, self.train_dataset, "train")
+        self.eval_collator = self._pruning_collator(self._rows, self.val_dataset, "validation")
+        if self.group_by_length and self.train_dataset is not None and not is_stream(self.train_dataset):
+            self._train_lengths = self._lengths(self.train_dataset)
+        announce(layout, self, self._train_lengths, self._accumulation())
+        if bound.metrics:
+            self._check_label_names()
+        if self.label_names is not None:
+            source = (val, self.validation_path) if eval_only else (train, path)
+            self._check_given_label_names(column_names(source[0], source[1]), source[1], fmt)
+
+    def _format_of(self, ds: Any, path: Any) -> str:
+        """``format``, or the one detected from ``ds``'s columns."""
+        return self.format if self.format != "auto" else detect_format(column_names(ds, path), path)
+
+    def _configure(self, fmt: str, train: Any, path: Any, stream: bool, bound: Binding) -> Layout:
+        """What every split shares: the format, the layout and packing rules, the classes (from ``train``),
+        the columns to keep, the row plan, the tokenizing processor and the batch collator (``_rows``)."""
+        model = bound.model
         self.data_format = fmt
         if fmt in ("messages", "conversations"):
             require_chat_template(self.tokenizer)
@@ -318,48 +375,64 @@ class HFDataModule(DataLoaderHooks, ModelBinding, L.LightningDataModule):
             self.packing,
             self.padding_free,
             fmt=fmt,
-            stream=is_stream(val if eval_only else train),
+            stream=stream,
             model=model,
             forward_kwargs=bound.forward_kwargs,
         )
-        label2id = None
-        if fmt == "classification":
+        self._label2id = None
+        if fmt == "classification":  # the class ids come from the training split
             self.class_labels = read_labels(train, path, label_column_name(self.rename_columns))
-            label2id = self.class_labels.label2id
-        if label2id is not None:
-            self.id2label = {i: name for name, i in label2id.items()}
+            self._label2id = self.class_labels.label2id
+            self.id2label = {i: name for name, i in self._label2id.items()}
         self.resolved_label_names = self.label_names or (
             find_label_names(model) if model is not None else ["labels"]
         )
         columns = resolve_columns(model, self.model_input_names, self.resolved_label_names, self.tokenizer)
         self._columns = columns if self.remove_unused_columns else None
         self._plan = row_plan(self.packing, self.padding_free, self.max_length)  # read from here on
-        self._processor = ExampleProcessor(fmt, self.tokenizer, self.max_length, label2id, self._plan)
+        self._processor = ExampleProcessor(fmt, self.tokenizer, self.max_length, self._label2id, self._plan)
         announce_document_ends(self.tokenizer, fmt, self.packing)
-        val_path = self.validation_path or path
-        self.train_dataset = None if eval_only else self._prepare(train, fmt, "train", path, label2id)
-        self.val_dataset = (
-            self._prepare(val, fmt, "validation", val_path, label2id) if val is not None else None
-        )
-        if model is not None:  # a row longer than a position table fails in the embedding, maybe hours in
-            self.check_positions(model)
-            splits = {"train": (self.train_dataset, path), "validation": (self.val_dataset, val_path)}
-            check_rows_fit_model(splits, model, self.tokenizer.pad_token_id, fmt == "classification")
-            if fmt == "classification":
-                check_head(self.class_labels, getattr(getattr(model, "config", None), "num_labels", None))
         base = collator_for(fmt, self.tokenizer.pad_token_id, model, self._plan, self.pad_to_multiple_of)
         # packed per batch: evaluation too (one flat row of the batch would cost a dense (T, T) attention)
-        rows = layout.batch_collator(base, self.tokenizer.pad_token_id, self.pad_to_multiple_of)
-        self.train_collator = self._pruning_collator(rows, self.train_dataset, "train")
-        self.eval_collator = self._pruning_collator(rows, self.val_dataset, "validation")
-        if self.group_by_length and self.train_dataset is not None and not is_stream(self.train_dataset):
-            self._train_lengths = self._lengths(self.train_dataset)
-        announce(layout, self, self._train_lengths, self._accumulation())
-        if bound.metrics:
-            self._check_label_names()
-        if self.label_names is not None:
-            source = (val, self.validation_path) if eval_only else (train, path)
-            self._check_given_label_names(column_names(source[0], source[1]), source[1], fmt)
+        self._rows = layout.batch_collator(base, self.tokenizer.pad_token_id, self.pad_to_multiple_of)
+        return layout
+
+    def _setup_test(self) -> bool:
+        """Prepare the test split; ``False`` when there is no test data (:func:`load_test`)."""
+        if self.test_dataset is not None:
+            return True
+        test, source = load_test(
+            self.path,
+            self.test_path,
+            self.test_split_name,
+            self.streaming,
+            self.rename_columns,
+            name=self.name,
+            revision=self.revision,
+            max_row_bytes=self.max_row_bytes,
+        )
+        if test is None:
+            self._no_test_data = source
+            return False
+        if self._processor is None:  # nothing set up (trainer.test in a fresh process): the test data alone
+            fmt = self._format_of(test, source)
+            if fmt == "classification":
+                self.setup("fit")  # the class ids come from the training split
+            else:
+                self._configure(fmt, None, self.path, is_stream(test), self._binding())
+        self.test_dataset = self._prepare(test, "test", source)
+        model = self._binding().model
+        if model is not None:
+            splits = {"test": self.test_dataset}
+            check_positions(model, self.max_length, self.pad_to_multiple_of, self.padding_free, splits)
+            check_rows_fit_model(
+                {"test": (self.test_dataset, source)},
+                model,
+                self.tokenizer.pad_token_id,
+                self.data_format == "classification",
+            )
+        self.test_collator = self._pruning_collator(self._rows, self.test_dataset, "test")
+        return True
 
     def check_positions(self, model: Any) -> None:
         """The prepared rows against ``model``'s positions
@@ -367,12 +440,12 @@ class HFDataModule(DataLoaderHooks, ModelBinding, L.LightningDataModule):
         splits = {"train": self.train_dataset, "validation": self.val_dataset}
         check_positions(model, self.max_length, self.pad_to_multiple_of, self.padding_free, splits)
 
-    def _prepare(self, ds: Any, fmt: str, split: str, path: Any, label2id: Any) -> Any:
-        if fmt == "classification" and self.class_labels is not None:
+    def _prepare(self, ds: Any, split: str, path: Any) -> Any:
+        if self.data_format == "classification" and self.class_labels is not None:
             ds = encode_labels(ds, self.class_labels, path, split)
         out, dropped, lengths = prepare_split(
             ds,
-            fmt,
+            self.data_format,
             split,
             path,
             tokenizer=self.tokenizer,
@@ -380,7 +453,7 @@ class HFDataModule(DataLoaderHooks, ModelBinding, L.LightningDataModule):
             processor=self._processor,
             columns=self._columns,
             plan=self._plan,
-            label2id=label2id,
+            label2id=self._label2id,
             num_proc=self.num_proc,
         )
         if dropped is not None:
@@ -393,7 +466,7 @@ class HFDataModule(DataLoaderHooks, ModelBinding, L.LightningDataModule):
         """``base``, pruning per example where the dataset keeps its columns (streams, torch datasets)."""
         if self._columns is None or ds is None or isinstance(ds, datasets.Dataset):
             return base
-        example = self._first_example(ds, split == "validation")
+        example = self._first_example(ds, split)
         collator = prune_per_example(base, self._columns, example, split)
         self.dropped_columns[split] = collator.dropped
         return collator
@@ -403,7 +476,7 @@ class HFDataModule(DataLoaderHooks, ModelBinding, L.LightningDataModule):
         validation data)."""
         val = self.val_dataset is not None
         ds = self.val_dataset if val else self.train_dataset
-        example = self._first_example(ds, val) if ds is not None else None
+        example = self._first_example(ds, "validation" if val else "train") if ds is not None else None
         if example is None:
             return
         collator = self.eval_collator if val else self.train_collator
@@ -413,5 +486,5 @@ class HFDataModule(DataLoaderHooks, ModelBinding, L.LightningDataModule):
 
     def _check_label_names(self) -> None:
         if self.val_dataset is not None:
-            example = self._first_example(self.val_dataset, True)
+            example = self._first_example(self.val_dataset, "validation")
             check_label_key(self.eval_collator, example, self.resolved_label_names)

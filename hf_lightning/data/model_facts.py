@@ -113,8 +113,8 @@ def resolve_model_inputs(
 ) -> tuple[list[str], str]:
     """``(model input names, where they came from)`` for pruning.
 
-    In order: the explicit ``model_input_names``; the ``forward`` signature of ``model`` (the attached
-    LightningModule's ``.model``); the tokenizer's ``model_input_names`` (what it produces; logged at
+    In order: the explicit ``model_input_names``; the ``forward`` signature of ``model`` (the bound model);
+    the tokenizer's ``model_input_names`` (what it produces; logged at
     WARNING because the model's real signature is unknown then).
     """
     if model_input_names is not None:
@@ -123,8 +123,9 @@ def resolve_model_inputs(
         return forward_parameters(model), f"{type(unwrap_model(model)).__name__}.forward"
     names = list(getattr(tokenizer, "model_input_names", None) or ["input_ids", "attention_mask"])
     log.warning(
-        "no model to read forward() from (the LightningModule has no .model and data.model_input_names is "
-        "not set): pruning columns to the tokenizer's model_input_names %s plus the label columns",
+        "no model to read forward() from (none bound: HFDataModule.bind(model), or a LightningModule with "
+        "data_binding(); and data.model_input_names is not set): pruning columns to the tokenizer's "
+        "model_input_names %s plus the label columns",
         names,
     )
     return names, "tokenizer.model_input_names"
@@ -142,20 +143,25 @@ class Binding:
 
 
 def binding_from_trainer(trainer: Any) -> Binding:
-    """What ``trainer.lightning_module`` offers the data, from public, duck-typed attributes only: ``.model``,
-    ``count_loss_items``, ``forward_kwargs``, ``compute_metrics``/``metrics``, ``handles_placeholder_batches``
-    (an empty :class:`Binding` without a trainer or module)."""
+    """What ``trainer.lightning_module`` declares for the data: its ``data_binding()``, a mapping of
+    :meth:`HFDataModule.bind`'s keyword arguments (:class:`~hf_lightning.HFLightningModule` has one). Nothing
+    else of the module is read: a module without ``data_binding`` (or no trainer, no module) binds nothing."""
     module = getattr(trainer, "lightning_module", None) if trainer is not None else None
-    if module is None:
-        return Binding()
-    model = getattr(module, "model", None)
-    extra = getattr(module, "forward_kwargs", None)  # HFLightningModule's keyword arguments of every forward
+    declare = getattr(module, "data_binding", None)
+    return make_binding(**declare()) if callable(declare) else Binding()
+
+
+def make_binding(
+    model: torch.nn.Module | None = None,
+    *,
+    count_loss_items: Callable[[Mapping[str, Any]], int] | None = None,
+    forward_kwargs: Mapping[str, Any] | None = None,
+    metrics: bool = False,
+    handles_placeholder_batches: bool = False,
+) -> Binding:
+    """A :class:`Binding` of :meth:`HFDataModule.bind`'s arguments (described there)."""
     return Binding(
-        model if isinstance(model, torch.nn.Module) else None,
-        getattr(module, "count_loss_items", None),
-        dict(extra or {}),
-        bool(getattr(module, "compute_metrics", None) or getattr(module, "metrics", None)),
-        bool(getattr(module, "handles_placeholder_batches", False)),
+        model, count_loss_items, dict(forward_kwargs or {}), bool(metrics), bool(handles_placeholder_batches)
     )
 
 
@@ -181,30 +187,37 @@ class ModelBinding:
                 (pruning), its embedding, position table and classes are checked against the data, and packed
                 or padding-free rows need ``position_ids`` and an attention that keeps them apart.
             count_loss_items: ``batch -> int``, the loss's target count of a micro-batch
-                (:meth:`HFLightningModule.count_loss_items`); with it training batches carry the window keys.
+                (:func:`hf_lightning.module.loss.count_loss_items`, which
+                :meth:`HFLightningModule.count_loss_items` calls); with it training batches carry the window
+                keys (``num_items_in_batch``...), and a module whose first ``training_step`` does not read
+                ``num_items_in_batch`` gets one WARNING when a window spans micro-batches or processes
+                (:class:`~hf_lightning.data.sampling.CountUse`).
             forward_kwargs: what the LightningModule passes to every forward (``use_cache=False``).
             metrics: evaluation computes metrics, so an evaluation batch must carry a label key.
             handles_placeholder_batches: mark an empty rank's stand-in batch
             (:mod:`~hf_lightning.data.placeholder`).
 
-        Without a call, :meth:`setup` and the loaders read the same from ``trainer.lightning_module`` (its
-        ``.model``, ``count_loss_items``, ``forward_kwargs``, ``compute_metrics``/``metrics`` and
-        ``handles_placeholder_batches``), so ``trainer.fit(module, datamodule=dm)`` works as it is.
+        Without a call, :meth:`setup` and the loaders ask the trainer's LightningModule, once per call, for
+        these arguments through its ``data_binding()`` method, if it has one (:class:`HFLightningModule` does:
+        ``trainer.fit(module, datamodule=dm)`` needs no call, and a config-only project neither). Nothing else
+        of the module is read: a module of one's own without ``data_binding`` binds nothing (pruning then
+        follows the tokenizer's input names, and batches carry no window count, each said in one WARNING).
 
         Returns:
             ``self``.
         """
-        self._bound = Binding(
+        self._bound = make_binding(
             model,
-            count_loss_items,
-            dict(forward_kwargs or {}),
-            bool(metrics),
-            bool(handles_placeholder_batches),
+            count_loss_items=count_loss_items,
+            forward_kwargs=forward_kwargs,
+            metrics=metrics,
+            handles_placeholder_batches=handles_placeholder_batches,
         )
         return self
 
     def _binding(self) -> Binding:
-        """The :meth:`bind` arguments, else what the trainer's LightningModule offers (read at each call)."""
+        """The :meth:`bind` arguments, else what the trainer's LightningModule declares (its
+        ``data_binding()``, read at each call)."""
         return (
             self._bound if self._bound is not None else binding_from_trainer(getattr(self, "trainer", None))
         )

@@ -410,6 +410,55 @@ def load_validation(
     return _renamed(val, validation_path, rename_columns) if rename_columns else val
 
 
+def load_test(
+    path: Any,
+    test_path: Any,
+    test_split_name: str | None,
+    streaming: bool,
+    rename_columns: Mapping[str, str] | None,
+    *,
+    name: str | None = None,
+    revision: str | None = None,
+    max_row_bytes: int | None = DEFAULT_MAX_ROW_BYTES,
+) -> tuple[Any, Any]:
+    """The test split of the DataModule's arguments: ``(rows, where they come from)``, or ``(None, why there
+    is none)``.
+
+    ``test_path`` (a file, folder, hub id or in-memory dataset, as ``path``; a dataset with splits gives its
+    first) wins; otherwise the ``test_split_name`` split (default ``test``) of ``path`` when ``path`` has
+    splits (a hub dataset, a ``DatasetDict``, a ``save_to_disk`` folder of one). ``rename_columns`` is applied
+    as to the other splits, and ``max_row_bytes`` bounds its rows as theirs. A split that is also the
+    validation split (a source with only ``train`` and ``test``) is read for both.
+
+    Raises:
+        DataError: ``test_split_name`` naming a split ``path`` does not have; see :func:`load_source`.
+    """
+    if test_path is not None:
+        return load_validation(test_path, streaming, rename_columns, max_row_bytes), test_path
+    split = test_split_name or "test"
+    if path is None:
+        if test_split_name is not None:
+            raise DataError(
+                f"data.test_split_name={test_split_name}: data.path=null (the embedded chatterbot-corpus "
+                "data) has no splits to choose from; set data.test_path"
+            )
+        return None, "data.path=null (the embedded chatterbot-corpus data) has no test split"
+    loaded = load_source(path, streaming=streaming, name=name, revision=revision, max_row_bytes=max_row_bytes)
+    where = path if isinstance(path, (str, os.PathLike)) else "<in-memory dataset>"
+    if not isinstance(loaded, (datasets.DatasetDict, datasets.IterableDatasetDict)):
+        if test_split_name is not None:
+            raise DataError(f"data.test_split_name={test_split_name}: data.path={where} has no splits")
+        return None, f"data.path={where} has no splits"
+    if split not in loaded:
+        if test_split_name is not None:
+            raise DataError(
+                f"data.test_split_name={test_split_name}: no such split in {where} (splits: {list(loaded)})"
+            )
+        return None, f"data.path={where} has no 'test' split (splits: {list(loaded)})"
+    test = loaded[split]
+    return (_renamed(test, path, rename_columns) if rename_columns else test), path
+
+
 def _renamed(ds: Any, path: Any, rename_columns: Mapping[str, str]) -> Any:
     """``ds`` with ``data.rename_columns`` applied (datasets sources only)."""
     if not hasattr(ds, "rename_columns"):

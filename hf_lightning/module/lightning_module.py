@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -16,6 +17,7 @@ from hf_lightning.batch import MICRO_ITEMS_KEY, NUM_ITEMS_KEY, WINDOW_LENGTH_KEY
 from hf_lightning.compat import attached_trainer
 from hf_lightning.data.model_facts import forward_parameters
 from hf_lightning.errors import ConfigError
+from hf_lightning.models import pretrained_causal_lm
 from hf_lightning.module.eval_steps import EvalStepsMixin
 from hf_lightning.module.grad_norm import SharedGradNorm, StepGradNorm
 from hf_lightning.module.lean_loss import LeanLoss, arguments_reason, strategy_reason
@@ -30,9 +32,9 @@ from hf_lightning.module.loss import (
     loss_source,
     resolve_model_loss,
 )
-from hf_lightning.module.optim import build_optimizer, build_scheduler
+from hf_lightning.module.optim import make_optimizer
 from hf_lightning.module.run_plan import training_steps
-from hf_lightning.module.schedules import is_metric_driven, metric_key, step_on_validation
+from hf_lightning.module.schedules import is_metric_driven, make_scheduler, metric_key, step_on_validation
 from hf_lightning.module.train_log import TrainLog, warn_empty_window
 
 log = logging.getLogger(__name__)
@@ -66,14 +68,18 @@ class HFLightningModule(
 
     Args:
         model: an ``nn.Module`` whose ``forward(**batch)`` returns an object with ``.logits`` ``(B, L, V)``
-            (or ``(B, C)`` for sequence classification).
-        tokenizer: saved next to the model by the export callback (optional).
+            (or ``(B, C)`` for sequence classification); or the folder or hub id of a causal LM
+            (:func:`~hf_lightning.models.pretrained_causal_lm`), so that a config can name it.
+        tokenizer: saved next to the model by the export callback (optional: the data has its own).
         optim: keyword arguments of :func:`~hf_lightning.module.optim.build_optimizer` (``name``, ``lr``,
-            ...), or a callable ``(model) -> Optimizer`` (the ``optim`` config node, built with
-            ``_partial_``).
+            ...); a ``torch.optim.Optimizer`` class or partial (a ``_target_`` node with ``_partial_: true``;
+            HF's ``optimizer_cls_and_kwargs``); or a callable ``(model) -> Optimizer`` (the ``optim`` config
+            node). Every optimizer gets HF's parameter groups
+            (:func:`~hf_lightning.module.optim.make_optimizer`).
         scheduler: keyword arguments of :func:`~hf_lightning.module.optim.build_scheduler` (``name``,
-            ``warmup_steps``, ``warmup_ratio``), or a callable ``(optimizer, num_training_steps) ->
-            scheduler``.
+            ``warmup_steps``, ``warmup_ratio``); a ``torch.optim.lr_scheduler`` class or partial; or a
+            callable taking ``num_training_steps`` (:func:`~hf_lightning.module.schedules.make_scheduler`).
+            Stepped after every optimizer step.
         average_tokens_across_devices: sum the target count across ranks (HF's default, exact); ``False``
             normalises by each rank's own count (biased when ranks hold different numbers of targets).
         compute_loss_func: ``(outputs, labels, num_items_in_batch) -> 0-dim loss``, as HF ``Trainer``'s
@@ -128,7 +134,7 @@ class HFLightningModule(
 
     def __init__(
         self,
-        model: nn.Module,
+        model: nn.Module | str | os.PathLike,
         tokenizer: Any = None,
         optim: Mapping[str, Any] | Callable[..., torch.optim.Optimizer] | None = None,
         scheduler: Mapping[str, Any] | Callable[..., Any] | None = None,
@@ -147,6 +153,8 @@ class HFLightningModule(
     ) -> None:
         super().__init__()
         check_loss_arguments(compute_loss_func, use_model_loss, label_smoothing_factor)
+        if isinstance(model, (str, os.PathLike)):  # a folder or hub id, as a config gives it
+            model = pretrained_causal_lm(model, "module.model")
         self.model = model
         self.tokenizer = tokenizer
         self.optim = optim if callable(optim) else dict(optim or {})
@@ -180,6 +188,20 @@ class HFLightningModule(
         #: of a run that had already reached its end)
         self.fit_start_step: int | None = None
         self._warned_unwrapped = False
+
+    def data_binding(self) -> dict[str, Any]:
+        """What :class:`~hf_lightning.HFDataModule` needs from this module, as keyword arguments of
+        :meth:`HFDataModule.bind <hf_lightning.data.model_facts.ModelBinding.bind>`: the model (pruning, the
+        checks against the data), :meth:`count_loss_items` (the window keys), ``forward_kwargs``, whether
+        ``compute_metrics`` needs a label key, and that placeholder batches are handled. The DataModule asks
+        for it at ``setup`` when nobody called ``bind``."""
+        return {
+            "model": self.model,
+            "count_loss_items": self.count_loss_items,
+            "forward_kwargs": self.forward_kwargs,
+            "metrics": self.compute_metrics is not None,
+            "handles_placeholder_batches": self.handles_placeholder_batches,
+        }
 
     @property
     def loss_source(self) -> str:
@@ -279,23 +301,18 @@ class HFLightningModule(
             self.model.train()
 
     def configure_optimizers(self) -> dict[str, Any]:
-        optimizer = (
-            self.optim(self.model) if callable(self.optim) else build_optimizer(self.model, **self.optim)
-        )
+        optimizer = make_optimizer(self.optim, self.model)
         total = self.total_training_steps()
         if not math.isfinite(total):
             raise ValueError("the number of training steps is unknown: set trainer.max_steps")
         self.planned_steps = int(total)  # HF's max_steps, for the eval/save/logging step ratios (HFSteps)
-        scheduler = (
-            self.scheduler(optimizer, int(total))
-            if callable(self.scheduler)
-            else build_scheduler(optimizer, int(total), **self.scheduler)
-        )
+        scheduler = make_scheduler(self.scheduler, optimizer, int(total))
         if is_metric_driven(scheduler):
             if self.trainer.limit_val_batches == 0:
                 settings = getattr(self.scheduler, "keywords", self.scheduler)  # a partial's or the dict
+                name = settings.get("name") if isinstance(settings, Mapping) else None
                 raise ConfigError(
-                    f"scheduler.name={settings.get('name')} steps on the validation metric "
+                    f"scheduler.name={name or type(scheduler).__name__} steps on the validation metric "
                     f"{self.schedule_metric}, but validation is off (trainer.limit_val_batches=0): turn it on"
                 )
             # stepped by on_validation_epoch_end with the metric, as HF steps it after each evaluation

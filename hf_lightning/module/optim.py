@@ -290,6 +290,59 @@ def build_optimizer(
     return cls(parameter_groups(model, weight_decay), lr=lr, **options)
 
 
+def optimizer_class(optim: Any) -> tuple[type, dict[str, Any]] | None:
+    """``(class, keyword arguments)`` when ``optim`` is a ``torch.optim.Optimizer`` subclass or a
+    ``functools.partial`` of one (a config's ``{_target_: torch.optim.AdamW, _partial_: true, lr: ...}``),
+    else ``None``."""
+    import functools
+
+    target, keywords = optim, {}
+    if isinstance(optim, functools.partial) and not optim.args:
+        target, keywords = optim.func, dict(optim.keywords)
+    if isinstance(target, type) and issubclass(target, torch.optim.Optimizer):
+        return target, keywords
+    return None
+
+
+def make_optimizer(optim: Any, model: nn.Module) -> torch.optim.Optimizer:
+    """The optimizer of ``HFLightningModule(optim=...)`` for ``model``, always over HF's two parameter groups
+    (:func:`parameter_groups`: no weight decay on biases and normalization weights).
+
+    Args:
+        optim: :func:`build_optimizer`'s keyword arguments (``None``: its defaults, HF's); a
+            ``torch.optim.Optimizer`` class or a partial of one (what a ``_target_`` node with ``_partial_:
+            true`` builds, as lightning-hydra-template's ``optimizer`` nodes do; HF's
+            ``optimizer_cls_and_kwargs``): its ``lr`` and ``weight_decay`` (default: the class's own) go to
+            the decayed group, the rest to the class; or any other callable ``(model) -> Optimizer``, called
+            as it is.
+
+    Raises:
+        ConfigError: see :func:`build_optimizer`; a class without a default ``lr`` given none.
+    """
+    import functools
+
+    if optim is None or isinstance(optim, Mapping):
+        return build_optimizer(model, **dict(optim or {}))
+    found = optimizer_class(optim)
+    if found is None:
+        return optim(model)
+    cls, keywords = found
+    defaults = {
+        n: p.default for n, p in inspect.signature(cls).parameters.items() if p.default is not p.empty
+    }
+    lr = keywords.pop("lr", defaults.get("lr"))
+    if lr is None:
+        raise ConfigError(f"optim: {cls.__name__} has no default learning rate; give it lr")
+    weight_decay = keywords.pop("weight_decay", defaults.get("weight_decay", 0.0))
+    return build_optimizer(
+        model,
+        name=None,
+        lr=float(lr),
+        weight_decay=float(weight_decay),
+        optimizer=functools.partial(cls, **keywords),
+    )
+
+
 def optim_config_errors(config: Mapping[str, Any]) -> list[str]:
     """Cross-field rules of the ``optim`` / ``scheduler`` groups on a composed config (a plain container), for
     the schema pass before anything is built: a bitsandbytes ``optim.name`` on ``trainer.accelerator=cpu`` (or

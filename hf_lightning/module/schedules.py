@@ -146,6 +146,39 @@ def build_scheduler(
         ) from err
 
 
+def make_scheduler(scheduler: Any, optimizer: torch.optim.Optimizer, num_training_steps: int) -> Any:
+    """The LR schedule of ``HFLightningModule(scheduler=...)``, stepped after every optimizer step (as HF
+    steps the scheduler it is given), a metric-driven one after each validation instead.
+
+    Args:
+        scheduler: :func:`build_scheduler`'s keyword arguments (``None``: its defaults); a
+            ``torch.optim.lr_scheduler`` class or a partial of one (a ``_target_`` node with ``_partial_:
+            true``, as lightning-hydra-template's ``scheduler`` nodes), called with the optimizer alone; a
+            callable taking ``num_training_steps`` (a partial of ``build_scheduler`` or of HF's
+            ``get_cosine_schedule_with_warmup`` ...), given it by name; any other callable, called as
+            ``(optimizer, num_training_steps)``.
+        num_training_steps: the run's optimizer steps.
+
+    Raises:
+        ConfigError: see :func:`build_scheduler`.
+    """
+    import functools
+
+    if scheduler is None or isinstance(scheduler, Mapping):
+        return build_scheduler(optimizer, num_training_steps, **dict(scheduler or {}))
+    target = scheduler.func if isinstance(scheduler, functools.partial) else scheduler
+    torch_schedules = (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+    if isinstance(target, type) and issubclass(target, torch_schedules):
+        return scheduler(optimizer)
+    try:
+        takes_steps = "num_training_steps" in inspect.signature(scheduler).parameters
+    except (TypeError, ValueError):
+        takes_steps = False
+    if takes_steps:
+        return scheduler(optimizer, num_training_steps=num_training_steps)
+    return scheduler(optimizer, num_training_steps)
+
+
 def is_metric_driven(scheduler: Any) -> bool:
     """Whether ``scheduler`` steps on a validation metric (``ReduceLROnPlateau``, HF's ``GreedyLR``)."""
     from transformers.optimization import GreedyLR

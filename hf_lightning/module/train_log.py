@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from hf_lightning.compat import attached_trainer, is_last_batch
+from hf_lightning.loggers import adopt_csv_header
 
 log = logging.getLogger(__name__)
 
@@ -206,10 +207,13 @@ class TrainLog:
           returns, and without it Lightning adds an ``epoch`` column to the evaluation rows.
 
         The cost is the same as Lightning's: one ``log_metrics`` and one ``save`` per row, on log steps only
-        (Lightning's ``log_metrics`` also calls ``save`` after every write)."""
+        (Lightning's ``log_metrics`` also calls ``save`` after every write), plus the first line of a CSV
+        logger's file read (:func:`~hf_lightning.loggers.adopt_csv_header`: a ``trainer.test`` under
+        ``ddp_spawn`` writes from a new process whose logger has not seen the training columns)."""
         clean = {k: float(v) for k, v in metrics.items() if v is not None}
         self.last_logged.update(clean)
         for logger in self.loggers:
+            adopt_csv_header(logger)
             logger.log_metrics(clean, step=self.global_step if step is None else step)
             logger.save()
 

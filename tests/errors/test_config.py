@@ -41,7 +41,7 @@ def test_unknown_key_lists_the_allowed_ones():
     with pytest.raises(ConfigError) as err:
         check_keys(node, HFDataModule.__init__, "data", skip=("tokenizer",))
     assert str(err.value).startswith(
-        "unknown config key data.batch_sise; allowed keys of data: path, validation_path, format, "
+        "unknown config key data.batch_sise; allowed keys of data: path, validation_path, test_path, format, "
         "validation_split, max_length, per_device_train_batch_size,"
     )
 

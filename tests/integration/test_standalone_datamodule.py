@@ -65,6 +65,7 @@ def test_plain_module_and_plain_trainer(word_tokenizer, tmp_path):
         seed=3,
     )
     module = MyModule()
+    data.bind(module.model)  # the one call that tells the data its model (pruning, the checks)
     trainer = L.Trainer(
         accelerator="cpu",
         max_epochs=2,
@@ -76,7 +77,7 @@ def test_plain_module_and_plain_trainer(word_tokenizer, tmp_path):
         default_root_dir=tmp_path,
     )
     trainer.fit(module, datamodule=data)
-    # the forward signature of the user's .model pruned the columns; no num_items_in_batch without
+    # the forward signature of the bound model pruned the columns; no num_items_in_batch without
     # count_loss_items
     assert module.keys == {"input_ids", "attention_mask", "labels"}
     assert data.dropped_columns == {"train": ["text", "id"], "validation": ["text", "id"]}

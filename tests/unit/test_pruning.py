@@ -29,10 +29,15 @@ class Forward4(nn.Module):
 
 
 class Holder(L.LightningModule):
+    """A module of one's own that declares what the data needs (HFDataModule.bind's arguments)."""
+
     def __init__(self, model, metrics=None) -> None:
         super().__init__()
         self.model = model
         self.metrics = metrics
+
+    def data_binding(self):
+        return {"model": self.model, "metrics": bool(self.metrics)}
 
 
 ROWS = [
