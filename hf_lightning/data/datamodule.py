@@ -383,6 +383,7 @@ class HFDataModule(DataLoaderHooks, ModelBinding, L.LightningDataModule):
         if fmt == "classification":  # the class ids come from the training split
             self.class_labels = read_labels(train, path, label_column_name(self.rename_columns))
             self._label2id = self.class_labels.label2id
+        if self._label2id is not None:
             self.id2label = {i: name for name, i in self._label2id.items()}
         self.resolved_label_names = self.label_names or (
             find_label_names(model) if model is not None else ["labels"]
