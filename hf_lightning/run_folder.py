@@ -389,7 +389,8 @@ class RunFolderGuard(_HydraCallback):  # type: ignore[misc,valid-type]
                 if finished is not None:
                     _leave_folder_as_it_is(config)
                     return
-            hold_checkpoint_folder(ckpt_dir, run_dir)  # created now if new: this run writes its checkpoints
+            # a new checkpoint folder is created and locked by train(), after the schema pass: a refused run
+            # leaves none behind
             if ckpt_path is not None and not weights_only:
                 kept = keep_previous_settings(
                     run_dir

@@ -29,6 +29,7 @@ from hf_lightning.errors import ConfigError
 
 LOCK_FILE = ".hf_lightning.lock"
 _HELD: dict[str, int] = {}  # real path of a locked folder -> the open lock file descriptor
+_CREATED: set[str] = set()  # real paths of checkpoint folders this process created to lock them
 
 
 def launched_as_other_rank() -> bool:
@@ -128,9 +129,22 @@ def hold_checkpoint_folder(ckpt_dir: str, run_dir: str, create: bool = True) -> 
     taken = False
     if key not in _HELD:
         if not create and not os.path.isdir(ckpt_dir):
+            blocked = _file_in_the_way(ckpt_dir)
+            if blocked is not None:
+                what = (
+                    "is a file, not a folder"
+                    if blocked == os.path.abspath(ckpt_dir)
+                    else f"cannot be a folder ({blocked} is a file)"
+                )
+                raise ConfigError(
+                    f"callbacks.model_checkpoint.dirpath={ckpt_dir} {what}: the run could not save its "
+                    "checkpoints there; choose another callbacks.model_checkpoint.dirpath"
+                )
             return False
         try:
-            os.makedirs(ckpt_dir, exist_ok=True)
+            if not os.path.lexists(ckpt_dir):
+                os.makedirs(ckpt_dir)
+                _CREATED.add(key)
             fd, path, pid = _lock(ckpt_dir)
         except OSError as err:
             what = (
@@ -157,6 +171,18 @@ def hold_checkpoint_folder(ckpt_dir: str, run_dir: str, create: bool = True) -> 
     return taken
 
 
+def _file_in_the_way(folder: str) -> str | None:
+    """``folder`` itself or the nearest of its parents that exists, when that is not a folder (a file, a
+    dangling link); ``None`` when the folder can be created."""
+    path = os.path.abspath(folder)
+    while not os.path.lexists(path):
+        parent = os.path.dirname(path)
+        if parent == path:
+            return None
+        path = parent
+    return None if os.path.isdir(path) else path
+
+
 def checkpoint_folder_writer(ckpt_dir: str) -> str | None:
     """The run folder of the run that held ``ckpt_dir``'s lock last (running or ended), if it is recorded."""
     lines = _record(os.path.join(ckpt_dir, LOCK_FILE))
@@ -164,10 +190,19 @@ def checkpoint_folder_writer(ckpt_dir: str) -> str | None:
 
 
 def _release(folder: str, keep_run: bool) -> None:
-    fd = _HELD.pop(os.path.realpath(folder), None)
+    key = os.path.realpath(folder)
+    fd = _HELD.pop(key, None)
     if fd is None:
         return
     path = os.path.join(folder, LOCK_FILE)
+    if key in _CREATED:
+        _CREATED.discard(key)
+        if os.listdir(folder) == [LOCK_FILE]:  # created for the lock, and the run wrote nothing there
+            os.unlink(path)
+            os.rmdir(folder)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+            return
     lines = _record(path)
     run_dir = lines[1].strip() if keep_run and len(lines) > 1 else None
     _write_record(path, "", run_dir)  # no PID: nobody owns it
@@ -182,5 +217,6 @@ def release_run_folder(run_dir: str) -> None:
 
 def release_checkpoint_folder(ckpt_dir: str) -> None:
     """Give the checkpoint folder's lock back; its file keeps the run folder of the run that wrote there. A
-    no-op when this process does not hold it."""
+    folder this process created and wrote nothing into (a run refused or stopped before its first checkpoint)
+    is removed with its lock file. A no-op when this process does not hold it."""
     _release(ckpt_dir, keep_run=True)
