@@ -29,6 +29,7 @@ import lightning as L
 
 from hf_lightning.data.chat import require_chat_template
 from hf_lightning.data.checks import (
+    DEFAULT_MAX_ROW_BYTES,
     check_data_arguments,
     check_given_label_names,
     check_label_key,
@@ -58,7 +59,6 @@ from hf_lightning.data.packing import (
     row_plan,
 )
 from hf_lightning.data.positions import check_positions
-from hf_lightning.data.row_size import DEFAULT_MAX_ROW_BYTES
 from hf_lightning.data.sources import (
     column_names,
     detect_format,
@@ -128,7 +128,7 @@ class HFDataModule(DataLoaderHooks, ModelBinding, L.LightningDataModule):
             validation/valid/val/test; none: ``validation_split`` of the rows is held out).
         max_row_bytes: the most bytes one row may hold; ``None``: no bound. A longer line of a JSON Lines
             or CSV file is refused before ``datasets`` reads it, and a row of a ``datasets.Dataset`` with
-            more text before it is tokenized (:mod:`~hf_lightning.data.row_size`): such a row is read and
+            more text before it is tokenized (:mod:`~hf_lightning.data.checks`): such a row is read and
             tokenized whole, in memory many times its size.
         test_split_name: the split of ``path`` that ``trainer.test`` reads when ``test_path`` is not given
             (default ``test``, when ``path`` has one).

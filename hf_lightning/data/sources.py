@@ -29,9 +29,9 @@ from typing import Any
 import datasets
 import torch
 
+from hf_lightning.data.checks import DEFAULT_MAX_ROW_BYTES, check_line_sizes, check_row_sizes
 from hf_lightning.data.file_errors import drop_reader_error_logs, explain_load_error, read_error
 from hf_lightning.data.formats import DETECTION_ORDER, SOURCE_COLUMNS, fitting_formats, rename_hint
-from hf_lightning.data.row_size import DEFAULT_MAX_ROW_BYTES, check_line_sizes, check_row_sizes
 from hf_lightning.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
@@ -213,7 +213,7 @@ def load_source(
             ``revision``), when ``source`` is a hub id (:func:`hf_lightning.hub.looks_like_hub_id`).
         max_row_bytes: the most bytes one row may hold (``data.max_row_bytes``; ``None``: no bound), checked
             on the lines of a JSON Lines or CSV file before it is read and on the text of each row of a
-            ``datasets.Dataset`` (:mod:`~hf_lightning.data.row_size`).
+            ``datasets.Dataset`` (:mod:`~hf_lightning.data.checks`).
 
     Raises:
         DataError: the path does not exist, cannot be read, or has an unsupported type; a hub id that is
@@ -245,7 +245,7 @@ def load_source(
 
 
 def _sized(loaded: Any, max_row_bytes: int | None, name: Any) -> Any:
-    """``loaded`` after :func:`~hf_lightning.data.row_size.check_row_sizes` on each of its splits."""
+    """``loaded`` after :func:`~hf_lightning.data.checks.check_row_sizes` on each of its splits."""
     for ds in loaded.values() if isinstance(loaded, datasets.DatasetDict) else [loaded]:
         check_row_sizes(ds, max_row_bytes, name)
     return loaded
