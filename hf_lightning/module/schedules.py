@@ -133,7 +133,7 @@ def build_scheduler(
             num_training_steps,
         )
     try:
-        return get_scheduler(
+        scheduler = get_scheduler(
             name,
             optimizer,
             num_warmup_steps=warmup,
@@ -144,6 +144,35 @@ def build_scheduler(
         raise ConfigError(
             f"scheduler.name={name} with scheduler.kwargs={kwargs}: {str(err).splitlines()[0]}"
         ) from err
+    _warn_overlong_decay(name, kwargs, warmup, num_training_steps, scheduler)
+    return scheduler
+
+
+def _warn_overlong_decay(
+    name: str, kwargs: dict[str, Any], warmup: int, num_training_steps: float, scheduler: Any
+) -> None:
+    """One WARNING when ``warmup_stable_decay``'s warm-up, stable and decay steps are more than the run: HF's
+    schedule then has a negative stable phase and starts the decay part-way through, so the rate falls from
+    the warm-up's peak straight to a fraction of ``optim.lr`` (read from the built schedule)."""
+    if name != "warmup_stable_decay" or not math.isfinite(num_training_steps):
+        return
+    decay = kwargs.get("num_decay_steps")
+    stable = kwargs.get("num_stable_steps") or 0
+    if not isinstance(decay, int) or warmup + stable + decay <= num_training_steps:
+        return
+    after_warmup = scheduler.lr_lambdas[0](warmup)
+    log.warning(
+        "scheduler.kwargs.num_decay_steps=%d does not fit the run: %d warm-up%s and %d decay steps are more "
+        "than its %d optimizer steps, so the decay starts part-way through and the rate after the warm-up is "
+        "%.3g of optim.lr; set scheduler.kwargs.num_decay_steps=%d or lower",
+        decay,
+        warmup,
+        f", {stable} stable" if stable else "",
+        decay,
+        int(num_training_steps),
+        after_warmup,
+        max(int(num_training_steps) - warmup - stable, 0),
+    )
 
 
 def make_scheduler(scheduler: Any, optimizer: torch.optim.Optimizer, num_training_steps: int) -> Any:

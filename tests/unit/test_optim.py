@@ -7,6 +7,7 @@ The expected objects are HF's own: ``Trainer.get_optimizer_cls_and_kwargs`` (cla
 from __future__ import annotations
 
 import logging
+import math
 
 import pytest
 import torch
@@ -254,3 +255,36 @@ def test_migrate_carries_every_optim_name_over(tmp_path, capsys, name):
     assert main([str(path)]) == 0
     out = capsys.readouterr().out
     assert f"optim.name={name}" in out and "not carried over" not in out and "optim.betas" not in out
+
+
+def test_a_decay_longer_than_the_run_is_said_with_the_rate_it_gives(model, caplog):
+    """warmup_stable_decay, 20 steps, 2 of warm-up, num_decay_steps=100: HF's stable phase is
+    20 - 2 - 100 = -82 steps, so right after the warm-up the cosine decay is already at
+    (2 - 2 + 82) / 100 = 0.82 of its way: 0.5 * (1 + cos(pi * 0.82)) of optim.lr, never optim.lr itself."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    with caplog.at_level(logging.WARNING):
+        scheduler = build_scheduler(
+            optimizer, 20, name="warmup_stable_decay", warmup_steps=2, kwargs={"num_decay_steps": 100}
+        )
+    rates = []
+    for _ in range(20):
+        rates.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    expected = 0.5 * (1 + math.cos(math.pi * 0.82))
+    assert rates[2] == pytest.approx(1e-3 * expected, rel=1e-6)
+    lines = [r.getMessage() for r in caplog.records if "does not fit the run" in r.getMessage()]
+    assert lines == [
+        "scheduler.kwargs.num_decay_steps=100 does not fit the run: 2 warm-up and 100 decay steps are more "
+        "than its 20 optimizer steps, so the decay starts part-way through and the rate after the warm-up "
+        f"is {expected:.3g} of optim.lr; set scheduler.kwargs.num_decay_steps=18 or lower"
+    ]
+
+
+def test_a_decay_that_fits_the_run_says_nothing(model, caplog):
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    with caplog.at_level(logging.WARNING):
+        build_scheduler(
+            optimizer, 20, name="warmup_stable_decay", warmup_steps=2, kwargs={"num_decay_steps": 18}
+        )
+    assert "does not fit" not in caplog.text
