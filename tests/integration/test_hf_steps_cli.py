@@ -24,8 +24,10 @@ pytestmark = pytest.mark.slow
 @pytest.fixture
 def files(tmp_path, shared_data):
     with open(f"{shared_data}/c4-demo/c4_demo.jsonl") as fh:
-        rows = [json.loads(line)["text"] for line in islice(fh, 14)]
-    for name, part in (("train", rows[:10]), ("val", rows[10:])):
+        rows = [json.loads(line)["text"] for line in islice(fh, 10)]
+    # validation on 4 of the rows it trains on: its loss falls with every step, which the best-model
+    # assertions read (on 4 other rows, this 8-step run's validation loss is noise around ln(vocabulary))
+    for name, part in (("train", rows[:10]), ("val", rows[:4])):
         with open(tmp_path / f"{name}.jsonl", "w") as fh:
             fh.writelines(json.dumps({"text": t}) + "\n" for t in part)
     return tmp_path / "train.jsonl", tmp_path / "val.jsonl"
