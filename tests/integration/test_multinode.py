@@ -54,7 +54,10 @@ def clean_env(**extra: str) -> dict[str, str]:
         for k, v in os.environ.items()
         if k not in LAUNCH_VARS and not k.startswith(("SLURM_", "TORCHELASTIC_", "PET_"))
     }
-    return {**env, "HF_HUB_OFFLINE": "1", **extra}
+    # one thread per process everywhere: Lightning divides the cores among the processes it finds on a node
+    # (2 on one node: 1 thread each; 1 per "node": every core each), and a different thread count sums a
+    # matmul in another order, which is not what these tests compare
+    return {**env, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", **extra}
 
 
 def free_port() -> int:
