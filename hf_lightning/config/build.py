@@ -113,11 +113,10 @@ def build(cfg: DictConfig, purpose: Purpose = "train", checked: bool = False, sc
         data_kwargs = _evaluate_data(cfg)
     datamodule = instantiate(cfg.data, _convert_="all")(tokenizer=tokenizer, **data_kwargs)
     id2label = None
-    if loader.task == "sequence_classification" and not loader.settings.get("id2label"):
+    classes_first = loader.task == "sequence_classification" and not loader.settings.get("id2label")
+    if classes_first:  # the head's size comes from the data
         id2label = _class_names(datamodule, loader.settings.get("num_labels"))
     model = _model_with_adapters(cfg, loader, tokenizer, id2label)
-    if datamodule.train_dataset is not None:  # set up before the model existed (classification): check it now
-        datamodule.check_positions(model)
 
     module_node = cfg.module
     extra: dict[str, Any] = {}
@@ -133,6 +132,9 @@ def build(cfg: DictConfig, purpose: Purpose = "train", checked: bool = False, sc
         metric_for_best_model=cfg.get("metric_for_best_model"),  # drives reduce_lr_on_plateau / greedy, as HF
         **extra,
     )
+    if classes_first:  # bad rows stop the build, as the labels did; the rows are pruned for this model
+        datamodule.bind(**module.data_binding())
+        datamodule.setup("fit")
     if purpose == "inspect":
         trainer.strategy.connect(module)
         datamodule.trainer = trainer
@@ -274,9 +276,9 @@ def _class_names(datamodule: Any, num_labels: int | None) -> dict[int, str] | No
     """
     from hf_lightning.data.class_labels import check_head
 
-    datamodule.setup("fit")  # the class names come from the data (idempotent: fit does not redo it)
-    check_head(getattr(datamodule, "class_labels", None), num_labels, regression=False)
-    id2label = getattr(datamodule, "id2label", None)
+    # the labels alone: setup tokenizes and prunes later, for the model the module binds by then
+    id2label = datamodule.read_classes()
+    check_head(datamodule.class_labels, num_labels, regression=False)
     names = dict(id2label) if id2label else None
     if names and num_labels not in (None, len(names)):
         raise ConfigError(

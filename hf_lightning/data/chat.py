@@ -41,6 +41,19 @@ SHAREGPT_ROLES = {
 }
 
 
+def _other_turns(turn: Any, key: str) -> str:
+    """The rename that fits a turn of the other chat format (``{from, value}`` in ``messages``, ``{role,
+    content}`` in ``conversations``), ``""`` for any other turn."""
+    if not isinstance(turn, dict) or turn.get(key) is None:
+        return ""
+    here, there = ("messages", "conversations") if key == "from" else ("conversations", "messages")
+    kind = "ShareGPT {from, value}" if key == "from" else "{role, content}"
+    return (
+        f": these are {kind} turns, which the {there} format reads; rename the column: "
+        f"+data.rename_columns='{{{here}: {there}}}' (with data.format=auto or {there})"
+    )
+
+
 def _check_messages(messages: Any) -> None:
     if not isinstance(messages, list) or not messages:
         raise DataError(
@@ -48,7 +61,9 @@ def _check_messages(messages: Any) -> None:
         )
     for m in messages:
         if not isinstance(m, dict) or "role" not in m or "content" not in m:
-            raise DataError(f"each message needs 'role' and 'content', got {m!r:.80}")
+            raise DataError(
+                f"each message needs 'role' and 'content', got {m!r:.80}{_other_turns(m, 'from')}"
+            )
         if m["role"] not in ROLES:
             raise DataError(f"unknown message role {m['role']!r}; expected one of {ROLES}")
         if not isinstance(m["content"], str):
@@ -254,7 +269,9 @@ def sharegpt_to_messages(conversation: Any) -> list[dict[str, str]]:
     out = []
     for turn in conversation:
         if not isinstance(turn, dict) or "from" not in turn or "value" not in turn:
-            raise DataError(f"each ShareGPT turn needs 'from' and 'value', got {turn!r:.80}")
+            raise DataError(
+                f"each ShareGPT turn needs 'from' and 'value', got {turn!r:.80}{_other_turns(turn, 'role')}"
+            )
         role = SHAREGPT_ROLES.get(str(turn["from"]).lower())
         if role is None:
             raise DataError(

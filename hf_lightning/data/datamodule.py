@@ -46,7 +46,7 @@ from hf_lightning.data.class_labels import (
 from hf_lightning.data.column_pruning import prune_per_example
 from hf_lightning.data.dataloaders import DataLoaderHooks, LoaderPosition
 from hf_lightning.data.end_of_turn import warn_end_of_turn
-from hf_lightning.data.formats import FORMATS
+from hf_lightning.data.formats import FORMATS, check_columns
 from hf_lightning.data.layout import Layout, LayoutChoice, announce, apply_layout, check_layout, collator_for
 from hf_lightning.data.model_facts import Binding, Columns, ModelBinding, find_label_names, resolve_columns
 from hf_lightning.data.on_the_fly import ExampleProcessor
@@ -275,6 +275,8 @@ class HFDataModule(DataLoaderHooks, ModelBinding, L.LightningDataModule):
         # a loop without a Lightning trainer: its epoch and batches handed out (state_dict / load_state_dict)
         self._position = LoaderPosition()
         self._saved_signature: dict[str, Any] | None = None
+        # the splits read_classes loaded, handed to the next setup (which reads them once)
+        self._loaded: tuple[Any, Any, Any, Any] | None = None
 
     # ----------------------------------------------------------------------------------------- setup
     def prepare_data(self) -> None:
@@ -283,9 +285,41 @@ class HFDataModule(DataLoaderHooks, ModelBinding, L.LightningDataModule):
 
             prepare_chatterbot()
 
+    def read_classes(self) -> dict[int, str] | None:
+        """The ``{id: name}`` of a ``classification`` training split's class names (``None`` for another
+        format, or labels that are not names), read before any model exists, so that the model's head can be
+        sized from the data.
+
+        Only the source is loaded and its label column read (:attr:`class_labels`, from
+        :func:`~hf_lightning.data.class_labels.read_labels`); nothing is tokenized or pruned, so the next
+        :meth:`setup` (which reuses the loaded splits) prepares the rows for the model bound by then.
+
+        Raises:
+            DataError: a source that cannot be read, lacks the format's columns, or holds bad labels.
+        """
+        if self.train_dataset is not None or self._loaded is not None:
+            return self.id2label
+        self._loaded = self._splits()
+        path, train = self._loaded[:2]
+        if self._format_of(train, path) != "classification":
+            return None
+        self.class_labels = self._read_labels(train, path)
+        label2id = self.class_labels.label2id
+        self.id2label = {i: name for name, i in label2id.items()} if label2id is not None else None
+        return self.id2label
+
+    def _read_labels(self, train: Any, path: Any) -> ClassLabels:
+        """The training split's labels, after checking that it has the columns of the format."""
+        if isinstance(train, datasets.Dataset):  # a stream or torch dataset is checked as it is tokenized
+            check_columns(train.column_names, "classification", path, "train")
+        return read_labels(train, path, label_column_name(self.rename_columns))
+
     def _splits(self, eval_only: bool = False) -> tuple[Any, Any, Any, Any]:
         """``(path, train, validation, hold-out)``; ``eval_only``: the validation file alone, no train
-        split."""
+        split. The splits :meth:`read_classes` loaded are used once instead of loading them again."""
+        if self._loaded is not None and not eval_only:
+            loaded, self._loaded = self._loaded, None
+            return loaded
         if eval_only:
             return (
                 self.path,
@@ -381,7 +415,7 @@ class HFDataModule(DataLoaderHooks, ModelBinding, L.LightningDataModule):
         )
         self._label2id = None
         if fmt == "classification":  # the class ids come from the training split
-            self.class_labels = read_labels(train, path, label_column_name(self.rename_columns))
+            self.class_labels = self._read_labels(train, path)
             self._label2id = self.class_labels.label2id
         if self._label2id is not None:
             self.id2label = {i: name for name, i in self._label2id.items()}

@@ -270,28 +270,82 @@ def rename_hint(columns: Sequence[str]) -> str:
     return f"+data.rename_columns='{{{cols[0] if cols else 'COLUMN'}: text}}'"
 
 
+CHAT_FORMATS = ("messages", "conversations")
+_TURNS = {"messages": "{role, content} turns", "conversations": "ShareGPT {from, value} turns"}
+# every column name some format reads: such a column is not offered as another one's source
+_FORMAT_COLUMNS = {c for cols in SOURCE_COLUMNS.values() for c in cols}
+
+
+def _is_id(column: str) -> bool:
+    name = column.lower()
+    return name in ("id", "idx", "index", "uuid") or name.endswith(("_id", "_idx"))
+
+
+def spare_columns(columns: Sequence[str]) -> list[str]:
+    """The columns that could be renamed to a format's: neither a format's own name nor an id."""
+    return [c for c in columns if c not in _FORMAT_COLUMNS and not _is_id(c)]
+
+
+def guess_source(target: str, spare: Sequence[str]) -> str | None:
+    """The spare column most likely to hold ``target``: the last for ``label`` (classes follow the text),
+    else the first."""
+    if not spare:
+        return None
+    return spare[-1] if target == "label" else spare[0]
+
+
+def format_rename_hint(columns: Sequence[str], fmt: str) -> str:
+    """What renames ``columns`` into format ``fmt``'s, as an override to type: the missing columns each
+    from a spare column (``text, intent`` under ``classification`` -> ``+data.rename_columns='{intent:
+    label}'``); columns of text under a chat format are a prompt and a reply (``prompt_completion``)."""
+    missing = [c for c in SOURCE_COLUMNS[fmt] if c not in columns]
+    spare = spare_columns(columns)
+    if fmt in CHAT_FORMATS:
+        other = CHAT_FORMATS[1 - CHAT_FORMATS.index(fmt)]
+        turns = f"a {fmt!r} field holds a list of {_TURNS[fmt]} ({_TURNS[other]}: the {other} format)"
+        if len(spare) >= 2:
+            return (
+                f"{turns}; columns of prompt and reply text are the prompt_completion format: "
+                f"+data.rename_columns='{{{spare[0]}: prompt, {spare[1]}: completion}}' "
+                "data.format=prompt_completion"
+            )
+        source = spare[0] if spare else "COLUMN"
+        return f"{turns}: rename the column that holds them, e.g. +data.rename_columns='{{{source}: {fmt}}}'"
+    if fmt == "text" and len(spare) >= 2:  # a prompt and a reply, not one text
+        return f"rename them to a format's, e.g. {rename_hint(spare)}, and set data.format=prompt_completion"
+    pairs, left = [], list(spare)
+    for target in sorted(missing, key=lambda c: c != "label"):  # the label first: it takes the last column
+        source = guess_source(target, left)
+        if source is not None:
+            left.remove(source)
+        pairs.append((source or "COLUMN", target))
+    pairs.sort(key=lambda pair: missing.index(pair[1]))
+    mapping = ", ".join(f"{source}: {target}" for source, target in pairs)
+    return f"rename the file's columns to the format's, e.g. +data.rename_columns='{{{mapping}}}'"
+
+
 def check_columns(columns: Sequence[str], fmt: str, path: Any, split: str) -> None:
     """Raise :class:`DataError` naming the missing field when ``columns`` cannot feed format ``fmt``; the
-    message names the formats the columns do fit (and ``data.format=auto``) or the rename that would fit
-    ``fmt``."""
+    message names the other chat format when the columns fit it (``data.format=conversations``), else the
+    rename that fits ``fmt`` (:func:`format_rename_hint`), else the formats the columns do fit."""
     missing = [c for c in SOURCE_COLUMNS[fmt] if c not in columns]
-    if missing:
-        what = (
-            f"a {missing[0]!r} field"
-            if len(missing) == 1
-            else "the fields " + ", ".join(repr(c) for c in missing)
+    if not missing:
+        return
+    what = (
+        f"a {missing[0]!r} field"
+        if len(missing) == 1
+        else "the fields " + ", ".join(repr(c) for c in missing)
+    )
+    fits = fitting_formats(columns)
+    # text without a label fits the text format, no help to a classifier
+    fits_other = [f for f in fits if f != "text"] if fmt == "classification" else fits
+    if fits_other:
+        fix = (
+            f"these columns fit the format{'s' if len(fits_other) > 1 else ''} {', '.join(fits_other)}: set "
+            f"data.format={fits_other[0]} (or data.format=auto to detect it)"
         )
-        fits = fitting_formats(columns)
-        if fits:
-            fix = (
-                f"these columns fit the format{'s' if len(fits) > 1 else ''} {', '.join(fits)}: set "
-                f"data.format={fits[0]} (or data.format=auto to detect it)"
-            )
-        else:
-            fix = (
-                f"no format fits these columns: rename them to a format's, e.g. {rename_hint(columns)}, and "
-                "set data.format=auto (or the format they then fit)"
-            )
-        raise DataError(
-            f"data.path={path}: format {fmt!r} needs {what}; the {split} split has {list(columns)}; {fix}"
-        )
+    else:
+        fix = format_rename_hint(columns, fmt)
+    raise DataError(
+        f"data.path={path}: format {fmt!r} needs {what}; the {split} split has {list(columns)}; {fix}"
+    )

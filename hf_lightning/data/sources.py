@@ -31,7 +31,14 @@ import torch
 
 from hf_lightning.data.checks import DEFAULT_MAX_ROW_BYTES, check_line_sizes, check_row_sizes
 from hf_lightning.data.file_errors import drop_reader_error_logs, explain_load_error, read_error
-from hf_lightning.data.formats import DETECTION_ORDER, SOURCE_COLUMNS, fitting_formats, rename_hint
+from hf_lightning.data.formats import (
+    DETECTION_ORDER,
+    SOURCE_COLUMNS,
+    fitting_formats,
+    guess_source,
+    rename_hint,
+    spare_columns,
+)
 from hf_lightning.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
@@ -468,8 +475,45 @@ def _renamed(ds: Any, path: Any, rename_columns: Mapping[str, str]) -> Any:
     columns = column_names(ds, path)
     missing = [c for c in rename_columns if c not in columns]
     if missing:
-        raise DataError(f"data.rename_columns: {missing} not in data.path={path} (columns: {columns})")
+        raise DataError(_missing_rename_message(missing, rename_columns, columns, path))
     return ds.rename_columns(dict(rename_columns))
+
+
+def _missing_rename_message(
+    missing: Sequence[str], rename_columns: Mapping[str, str], columns: Sequence[str], path: Any
+) -> str:
+    """The refusal of renames whose source column the file lacks, with the overrides that fix them: drop a
+    rename when the file already has its new name, else rename the file's own column (``+experiment=
+    classification`` renames ``category`` to ``label``; a file that calls it ``intent`` gets
+    ``'~data.rename_columns.category' data.rename_columns.intent=label``)."""
+    renames = ", ".join(f"{source!r} to {rename_columns[source]!r}" for source in missing)
+    targets = [rename_columns[source] for source in missing]
+    readers: dict[str, list[str]] = {}
+    for target in targets:
+        if target != "text":  # every text format reads it: no help
+            for fmt in (f for f in DETECTION_ORDER if target in SOURCE_COLUMNS[f]):
+                readers.setdefault(fmt, []).append(repr(target))
+    why = "".join(f"; the {fmt} format reads {' and '.join(names)}" for fmt, names in readers.items())
+    spare = spare_columns([c for c in columns if c not in rename_columns])
+    fixes = []
+    for source, target in zip(missing, targets):
+        fixes.append(f"'~data.rename_columns.{source}'")
+        if target not in columns:
+            own = guess_source(target, spare)
+            if own is not None:
+                spare.remove(own)
+            fixes.append(f"data.rename_columns.{own or 'COLUMN'}={target}")
+    present = [repr(t) for t in targets if t in columns]
+    how = (
+        f"drop the rename (the file has {', '.join(present)} already):"
+        if len(present) == len(targets)
+        else "drop the rename and rename the file's own column, e.g."
+    )
+    absent = " or ".join(map(repr, missing))
+    return (
+        f"data.rename_columns renames {renames}, but data.path={path} has no {absent} column (its columns: "
+        f"{list(columns)}{why}): {how} {' '.join(fixes)}"
+    )
 
 
 def column_names(ds: Any, path: Any) -> list[str]:

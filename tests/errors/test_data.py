@@ -173,6 +173,85 @@ def test_wrong_field_names_for_the_format(word_tokenizer, tmp_path):
         setup_dm(word_tokenizer, path, format="messages")
 
 
+@pytest.mark.parametrize(
+    ("rows", "fmt", "fix"),
+    [
+        # before: "no format fits these columns: rename them to a format's, e.g. ..., and set data.format=auto
+        # (or the format they then fit)", naming neither the format the rename fits nor what messages hold
+        (
+            [{"question": "a", "answer": "b"}],
+            "messages",
+            "a 'messages' field holds a list of {role, content} turns (ShareGPT {from, value} turns: the "
+            "conversations format); columns of prompt and reply text are the prompt_completion format: "
+            "+data.rename_columns='{question: prompt, answer: completion}' data.format=prompt_completion",
+        ),
+        (
+            [{"question": "a", "answer": "b"}],
+            "text",
+            "rename them to a format's, e.g. +data.rename_columns='{question: prompt, answer: completion}', "
+            "and set data.format=prompt_completion",
+        ),
+        (
+            [{"prompt": "a", "answer": "b"}],
+            "prompt_completion",
+            "rename the file's columns to the format's, e.g. +data.rename_columns='{answer: completion}'",
+        ),
+        (
+            [{"id": 1, "sentence": "a b", "intent": "x"}, {"id": 2, "sentence": "c", "intent": "y"}],
+            "classification",
+            "rename the file's columns to the format's, e.g. +data.rename_columns='{sentence: text, intent: "
+            "label}'",
+        ),
+        (
+            [{"id": 1, "conversations": [{"from": "human", "value": "a"}]}],
+            "messages",
+            "these columns fit the format conversations: set data.format=conversations (or data.format=auto "
+            "to detect it)",
+        ),
+    ],
+)
+def test_the_rename_hint_fits_the_format_asked_for(word_tokenizer, tmp_path, rows, fmt, fix):
+    path = write_jsonl(tmp_path / "rows.jsonl", rows * 3)
+    with pytest.raises(DataError) as err:
+        setup_dm(word_tokenizer, path, format=fmt, validation_split=0)
+    columns = list(rows[0])
+    needs = [c for c in {"messages": ["messages"], "text": ["text"]}.get(fmt, []) if c not in columns]
+    assert str(err.value).startswith(f"data.path={path}: format {fmt!r} needs ")
+    assert str(err.value).endswith(f"; the train split has {columns}; {fix}")
+    assert all(repr(c) in str(err.value) for c in needs)
+
+
+@pytest.mark.parametrize(
+    ("column", "turns", "fix"),
+    [
+        (
+            "messages",
+            [{"from": "human", "value": "a b"}, {"from": "gpt", "value": "c d"}],
+            "each message needs 'role' and 'content', got {'from': 'human', 'value': 'a b'}: these are "
+            "ShareGPT {from, value} turns, which the conversations format reads; rename the column: "
+            "+data.rename_columns='{messages: conversations}' (with data.format=auto or conversations)",
+        ),
+        (
+            "conversations",
+            CHAT_ROW["messages"],
+            "each ShareGPT turn needs 'from' and 'value', got {'role': 'user', 'content': 'a b'}: these are "
+            "{role, content} turns, which the messages format reads; rename the column: "
+            "+data.rename_columns='{conversations: messages}' (with data.format=auto or messages)",
+        ),
+    ],
+)
+def test_turns_of_the_other_chat_format_name_the_rename(word_tokenizer, tmp_path, column, turns, fix):
+    # before: "each message needs 'role' and 'content', got {...}" alone
+    path = write_jsonl(tmp_path / "chat.jsonl", [{column: turns}] * 3)
+    with pytest.raises(DataError) as err:
+        setup_dm(word_tokenizer, path, validation_split=0)
+    assert str(err.value) == f"data.path={path} line 1 (train row 0): {fix}"
+    other = "conversations" if column == "messages" else "messages"
+    renamed = setup_dm(word_tokenizer, path, rename_columns={column: other}, validation_split=0)
+    assert renamed.data_format == other  # the rename the message names reads the rows
+    assert len(renamed.train_dataset) == 3
+
+
 def test_format_cannot_be_detected(word_tokenizer, tmp_path):
     path = write_jsonl(tmp_path / "qa.jsonl", [{"question": "a", "answer": "b"}] * 3)
     with pytest.raises(
