@@ -36,10 +36,10 @@ def test_a_file_with_its_classes_in_another_column_names_the_fix_and_the_fix_run
         "+experiment=classification", f"data.path={data}", *RUN, f"hydra.run.dir={tmp_path}/a"
     )
     assert one_line_error(proc) == (
-        f"hf_lightning: error: data.rename_columns renames 'category' to 'label', but data.path={data} has no "
-        "'category' column (its columns: ['text', 'intent']; the classification format reads 'label'): drop "
-        "the rename and rename the file's own column, e.g. '~data.rename_columns.category' "
-        "data.rename_columns.intent=label"
+        "hf_lightning: error: data.rename_columns renames 'category' to 'label', but "
+        f"data.path={data} has no 'category' column (its columns: ['text', 'intent']; the classification "
+        "format reads 'label'): drop the rename and rename the file's own column, e.g. "
+        "'~data.rename_columns.category' data.rename_columns.intent=label"
     )
     unrenamed = run_train_cli(
         "+experiment=classification",

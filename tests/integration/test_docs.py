@@ -294,3 +294,28 @@ def hf_first_text(hf_script: str, cwd: Path, capsys) -> str:
         "print(tokenizer.decode(batch['input_ids'][0][batch['attention_mask'][0].bool()]))\n"
     )
     return run_block(code, cwd, capsys).strip().splitlines()[-1]
+
+
+# what lightning-hydra-template's own files need beyond hf_lightning's dependencies (read from
+# ashleve/lightning-hydra-template at bddbc24): src/train.py and src/eval.py `import rootutils`,
+# src/utils/rich_utils.py `import rich` (and callbacks/default.yaml's rich_progress_bar), and
+# configs/hydra/default.yaml `override hydra_logging: colorlog` (the hydra-colorlog plugin)
+TEMPLATE_NEEDS = ("hydra-colorlog", "rootutils", "rich")
+
+
+def test_the_template_example_installs_what_the_template_imports():
+    # before: "pip install -e /path/to/hf_lightning" alone: the template stopped at import rootutils
+    readme = (REPO / "examples" / "lightning-hydra-template" / "README.md").read_text()
+    lines = [
+        line.strip() for _, body in code_blocks(readme) for line in body.splitlines() if "pip install" in line
+    ]
+    assert len(lines) == 1, lines
+    words = shlex.split(lines[0])
+    assert words[:4] == ["pip", "install", "-e", "/path/to/hf_lightning"]
+    assert sorted(words[4:]) == sorted(TEMPLATE_NEEDS)
+    import tomllib
+
+    ours = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    names = {re.split(r"[<>=!~ ]", d)[0] for d in ours}
+    assert {"torch", "lightning", "torchmetrics", "hydra-core"} <= names  # the rest the README says we bring
+    assert not names & set(TEMPLATE_NEEDS)
