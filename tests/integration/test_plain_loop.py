@@ -128,3 +128,20 @@ def test_a_stream_resumes_at_the_same_batch(tmp_path, stop):
     assert len(first + rest) == len(straight)
     assert all(torch.equal(a, b) for a, b in zip(first + rest, straight))
     assert [t.tolist() for t in straight[:3]] != [t.tolist() for t in straight[3:]]  # epoch 1 is reshuffled
+
+
+def test_the_readme_loop_trains_a_loaded_model_with_dropout_on(tmp_path, monkeypatch):
+    # from_pretrained returns the model in eval mode; before, the block trained it so, with dropout off
+    from transformers import AutoModelForCausalLM
+
+    tiny_llama(attention_dropout=0.1).save_pretrained(tmp_path / "model")
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "model")
+    assert not model.training and model.config.attention_dropout == 0.1
+    modes: list[bool] = []
+    model.register_forward_pre_hook(lambda module, args: modes.append(module.training))
+    write_chats(tmp_path, ROWS)
+    monkeypatch.chdir(tmp_path)
+    namespace = {"tokenizer": make_word_tokenizer(), "model": model, "__name__": "__main__"}
+    exec(compile(readme_block("plain-loop"), "<README.md plain-loop>", "exec"), namespace)
+    assert modes == [True] * EPOCHS * 3  # every step of the 3 epochs of 3 batches
+    assert all(m.training for m in model.modules())

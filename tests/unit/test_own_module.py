@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import re
+import warnings
 
 import datasets
 import lightning as L
@@ -122,6 +123,45 @@ def test_the_readme_lines_give_the_exact_gradient_and_no_warning(word_tokenizer,
     hand = hand_window_grad_norm(word_tokenizer)
     assert exact == pytest.approx(hand, rel=1e-5)
     assert ours == pytest.approx(hand, rel=1e-5)
+
+
+class TrainModes(L.Callback):
+    """Whether every submodule of the module is in train mode at each training batch."""
+
+    def __init__(self) -> None:
+        self.modes: list[bool] = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.modes.append(all(m.training for m in pl_module.modules()))
+
+
+def test_the_readme_module_trains_a_loaded_model_with_dropout_on(word_tokenizer, tmp_path):
+    # from_pretrained returns the model in eval mode and Lightning 2.2+ keeps each submodule's mode (it calls
+    # no .train() at fit start, only warns): before, the README's module fine-tuned it with dropout off
+    from transformers import AutoModelForCausalLM
+
+    tiny_llama(len(word_tokenizer), attention_dropout=0.1).save_pretrained(tmp_path)
+    net = AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert not net.training and net.config.attention_dropout == 0.1
+    dm = HFDataModule(
+        word_tokenizer, path=datasets.Dataset.from_dict({"text": TEXTS}), validation_split=0.0, max_length=16
+    )
+    modes = TrainModes()
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[modes],
+    )
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        trainer.fit(readme_module()(net), datamodule=dm)
+    assert modes.modes == [True, True]
+    assert not [w for w in seen if "in eval mode at the start of training" in str(w.message)]
 
 
 def test_outputs_loss_without_a_binding_gets_one_warning(word_tokenizer, caplog):
