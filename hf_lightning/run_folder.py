@@ -20,7 +20,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from hf_lightning.arguments import flatten
+from hf_lightning.arguments import flatten, shown
 from hf_lightning.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -205,7 +205,7 @@ def config_differences(saved: DictConfig, current: DictConfig) -> list[str]:
         for k in sorted(set(old) | set(new)):
             if k in MAY_CHANGE or old.get(k) == new.get(k):
                 continue
-            diffs.append(f"{k}: {old.get(k)!r} -> {new.get(k)!r}")
+            diffs.append(f"{k}: {shown(old.get(k))} -> {shown(new.get(k))}")
     return diffs
 
 

@@ -226,9 +226,10 @@ LIGHTNING_KNOBS = [
     ("data.seed=-3", "data.seed=-3: allowed values: an integer >= 0"),
     (
         "trainer.val_check_interval=0",
-        "trainer.val_check_interval=0: allowed values: null (once per epoch), an "
-        "integer >= 1 (optimizer steps), a fraction of the epoch in (0, 1], or a time ('DD:HH:MM:SS'); no "
-        "validation: trainer.limit_val_batches=0",
+        "trainer.val_check_interval=0: allowed values: null (once per epoch), an integer >= 1 (training "
+        "micro-batches: trainer.accumulate_grad_batches of them are one optimizer step; eval_steps counts "
+        "optimizer steps), a fraction of the epoch in (0, 1], or a time ('DD:HH:MM:SS'); no validation: "
+        "trainer.limit_val_batches=0",
     ),
     (
         "trainer.val_check_interval=0.0",
@@ -242,7 +243,7 @@ LIGHTNING_KNOBS = [
     (
         "trainer.check_val_every_n_epoch=0",
         "trainer.check_val_every_n_epoch=0: allowed values: null "
-        "(trainer.val_check_interval counts steps across epochs) or an integer >= 1",
+        "(trainer.val_check_interval counts micro-batches across epochs) or an integer >= 1",
     ),
     ("trainer.check_val_every_n_epoch=-1", "trainer.check_val_every_n_epoch=-1: allowed values: null"),
     ("trainer.log_every_n_steps=0", "trainer.log_every_n_steps=0: allowed values: an integer >= 1"),

@@ -84,7 +84,7 @@ def test_any_optimizer_class_by_target_with_partial(model):
         ({"name": "adamw", "momentum": 0.9}, "optim.momentum=0.9 does not apply to optim.name=adamw"),
         (
             {"name": "adamw", "kwargs": {"nesterov": True}},
-            "optim.kwargs.nesterov=True: optim.name=adamw takes no",
+            "optim.kwargs.nesterov=true: optim.name=adamw takes no",
         ),
         ({"name": "sgd", "kwargs": {"lr": 1.0}}, "optim.kwargs.lr: set by optim.lr"),
         (
@@ -109,7 +109,7 @@ def test_any_optimizer_class_by_target_with_partial(model):
             {"name": None, "optimizer": {"_target_": "torch.optim.NAdam", "lr": 1.0}},
             "optim.optimizer.lr: set by optim.lr",
         ),
-        ({"name": None}, r"optim.name=None; expected one of \['adamw'"),
+        ({"name": None}, r"optim.name=null; expected one of \['adamw'"),
     ],
 )
 def test_optimizer_refusals_are_one_line(model, kwargs, message):
