@@ -226,6 +226,6 @@ def test_a_key_below_a_plain_value_is_one_line():
     # Hydra: "Could not override 'data.validation_path.a'", exit 1; with a +, it would make the path a mapping
     line = misspelt_override(["+experiment=sft", "data.validation_path.a=b"])
     assert line == (
-        "unknown config key data.validation_path.a: data.validation_path is a value (None), not a node with "
+        "unknown config key data.validation_path.a: data.validation_path is a value (null), not a node with "
         "keys; set it as data.validation_path=..."
     )
