@@ -150,34 +150,40 @@ def _spelled(args: Sequence[str], config_name: str) -> tuple[list[str], bool]:
     if parsed is None:
         return args, False
     plain = {j for j, o in enumerate(parsed) if not (o.is_add() or o.is_force_add() or o.is_delete())}
+    # a mapping given whole (data.rename_columns={text: sentence}): composed without it, to see what it
+    # replaces
+    whole = {j for j in plain if not parsed[j].is_sweep_override() and isinstance(parsed[j].value(), Mapping)}
+    kept = [j for j, o in enumerate(parsed) if not o.is_sweep_override() and j not in whole]
     try:
         composed, refused = _compose_without_refused(
-            [args[i] for i, o in zip(overrides, parsed, strict=True) if not o.is_sweep_override()],
-            [j for j, o in enumerate(parsed) if not o.is_sweep_override()],
-            plain,
-            config_name,
+            [args[overrides[j]] for j in kept], kept, plain, config_name
         )
     except Exception:  # another composition failure: misspelt_override or Hydra says it
         return args, False
     from hf_lightning.arguments import MISSING, get_dotted
 
     replaced: dict[int, list[str]] = {}  # position in args -> what stands there instead
+    unsettled = False  # a whole mapping given to a key that is not a mapping setting: Hydra decides
     for j, o in enumerate(parsed):
         if j not in plain:
             continue
         key, line = o.key_or_group, args[overrides[j]]
-        absent = o.is_sweep_override() and get_dotted(composed, key) is MISSING
+        shipped = get_dotted(composed, key)
         if _in_a_mapping_setting(composed, key):
-            whole = not o.is_sweep_override() and isinstance(o.value(), Mapping)
-            shipped = get_dotted(composed, key)
-            if whole and isinstance(shipped, Mapping) and shipped:
+            if j in whole and isinstance(shipped, Mapping) and shipped:
                 replaced[overrides[j]] = [f"~{key}", f"+{line}"]  # what the user wrote, not a merge
-            elif j in refused or absent:
+            elif (
+                (j in whole and shipped is not None)  # an empty mapping, or none yet: added
+                or j in refused
+                or (o.is_sweep_override() and shipped is MISSING)
+            ):
                 replaced[overrides[j]] = [f"++{line}"]
+        elif j in whole:
+            unsettled = True
         elif j in refused and _a_signature_argument(composed, key):
             replaced[overrides[j]] = [f"+{line}"]  # trainer.overfit_batches=2: Lightning's, not in the YAML
     args = [x for i, a in enumerate(args) for x in replaced.get(i, [a])]
-    return args, not refused and not any(o.is_sweep_override() for o in parsed)
+    return args, not refused and not unsettled and not any(o.is_sweep_override() for o in parsed)
 
 
 def _compose_without_refused(

@@ -288,6 +288,21 @@ def test_a_lightning_knob_it_would_fail_on_is_refused_by_the_schema(compose_cfg,
 
 
 @pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("trainer.max_steps=null", "trainer.max_steps=null: allowed values: -1 (no limit) or an integer"),
+        ("optim.lr=null", "optim.lr=null: allowed values: a finite number >= 0"),
+        ("data.max_length=null", "data.max_length=null: allowed values: an integer >= 1"),
+        ("data.shuffle=null", "data.shuffle=null: allowed values: bool"),
+    ],
+)
+def test_a_null_value_is_said_as_the_command_line_spells_it(compose_cfg, override, expected):
+    """Before: ``trainer.max_steps=None: ...``, Python's spelling of what the user typed as null."""
+    message = rejected(compose_cfg, override)
+    assert expected in message and "None" not in message
+
+
+@pytest.mark.parametrize(
     "override",
     [
         "trainer.val_check_interval=2",

@@ -207,6 +207,17 @@ def test_a_warmup_as_long_as_the_run_is_said(model, caplog, warmup):
     assert len(lines) == 1 and "of 20 optimizer steps: the learning rate rises to the end" in lines[0]
 
 
+def test_a_one_step_run_all_warm_up_is_said_in_the_singular(model, caplog):
+    """Before: ``give 1 warm-up steps, the whole run of 1 optimizer steps``."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    with caplog.at_level(logging.WARNING):
+        build_scheduler(optimizer, 1, name="linear", warmup_steps=1)
+    assert (
+        "scheduler.warmup_steps / warmup_ratio give 1 warm-up step, the whole run of 1 optimizer step: the "
+        "learning rate rises to the end and never reaches optim.lr"
+    ) in caplog.text
+
+
 def test_a_warmup_shorter_than_the_run_says_nothing(model, caplog):
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     with caplog.at_level(logging.WARNING):
