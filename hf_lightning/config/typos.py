@@ -180,7 +180,7 @@ def _spelled(args: Sequence[str], config_name: str) -> tuple[list[str], bool]:
                 replaced[overrides[j]] = [f"++{line}"]
         elif j in whole:
             unsettled = True
-        elif j in refused and _a_signature_argument(composed, key):
+        elif (j in refused or o.is_sweep_override()) and _a_signature_argument(composed, key):
             replaced[overrides[j]] = [f"+{line}"]  # trainer.overfit_batches=2: Lightning's, not in the YAML
     args = [x for i, a in enumerate(args) for x in replaced.get(i, [a])]
     return args, not refused and not unsettled and not any(o.is_sweep_override() for o in parsed)

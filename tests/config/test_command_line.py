@@ -35,6 +35,13 @@ def test_a_trainer_argument_the_yaml_leaves_out_is_added_without_a_plus():
     assert checked_command_line(["trainer.overfit_batches=2"], "evaluate", "evaluate") == [
         "+trainer.overfit_batches=2"
     ]
+    # a sweep of one: each job gets it added
+    swept = ["-m", "+experiment=sft", "trainer.overfit_batches=1,2"]
+    assert checked_command_line(swept, "train", "train") == [
+        "-m",
+        "+experiment=sft",
+        "+trainer.overfit_batches=1,2",
+    ]
     trainer = printed_config(*args)["trainer"]
     assert (trainer["overfit_batches"], trainer["detect_anomaly"]) == (2, True)
 
