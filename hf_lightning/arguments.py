@@ -22,6 +22,22 @@ ACCELERATORS = ("cpu", "gpu", "cuda", "mps", "tpu", "auto")
 MISSING = object()
 
 
+def counted(n: float, noun: str) -> str:
+    """``1 optimizer step``, ``2 optimizer steps``: a count and its noun, singular for one (the noun's plural
+    adds an ``s``)."""
+    return f"{n:g} {noun}" if n == 1 else f"{n:g} {noun}s"
+
+
+def shown(value: Any) -> str:
+    """A config value as a message to the user shows it: ``null``, ``true`` and ``false`` as Hydra and YAML
+    spell them (never Python's ``None`` / ``True``), anything else as ``repr`` does (``'adamx'``, ``0.5``)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return repr(value)
+
+
 def _int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 

@@ -96,7 +96,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     from hf_lightning.checkpointing.resume import resolve_ckpt_path
     from hf_lightning.checkpointing.weights import load_model_weights
     from hf_lightning.config.build import build
-    from hf_lightning.run_folder import checkpoint_dir
+    from hf_lightning.run_folder import check_checkpoint_of_run, checkpoint_dir
 
     out_dir = cfg.output_dir
     # `last` as train reads it: the run folder's (or callbacks.model_checkpoint.dirpath's) newest checkpoint
@@ -106,6 +106,8 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         checkpoint_dir(cfg, out_dir),
         purpose="evaluate",
     )
+    # the checkpoint of the run whose folder the results go into, with that run's model settings
+    check_checkpoint_of_run(os.path.abspath(out_dir), ckpt_path, cfg, checkpoint_dir(cfg, out_dir))
     run = build(cfg, "evaluate")  # its refusals first: they name what else is wrong
     if not ckpt_path and cfg.model.get("name_or_path") is None:
         raise ConfigError(

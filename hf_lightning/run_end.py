@@ -15,6 +15,7 @@ import logging
 import os
 from typing import Any
 
+from hf_lightning.arguments import shown
 from hf_lightning.checkpointing.files import write_json
 
 log = logging.getLogger(__name__)
@@ -118,8 +119,8 @@ def finished_run_metrics(
         "run folder is unchanged",
         ckpt_path,
         int(finished.get("global_step", 0)),
-        cfg.trainer.get("max_steps"),
-        cfg.trainer.get("max_epochs"),
+        shown(cfg.trainer.get("max_steps")),
+        shown(cfg.trainer.get("max_epochs")),
     )
     return {k: float(v) for k, v in finished.items()}
 

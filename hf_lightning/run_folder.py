@@ -20,7 +20,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from hf_lightning.arguments import flatten
+from hf_lightning.arguments import flatten, shown
 from hf_lightning.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -205,7 +205,7 @@ def config_differences(saved: DictConfig, current: DictConfig) -> list[str]:
         for k in sorted(set(old) | set(new)):
             if k in MAY_CHANGE or old.get(k) == new.get(k):
                 continue
-            diffs.append(f"{k}: {old.get(k)!r} -> {new.get(k)!r}")
+            diffs.append(f"{k}: {shown(old.get(k))} -> {shown(new.get(k))}")
     return diffs
 
 
@@ -277,6 +277,73 @@ def check_same_run(run_dir: str, current: DictConfig, ckpt_dir: str | None = Non
             f"ckpt_path=last: hydra.run.dir={run_dir} holds a different run ({'; '.join(diffs)}). Resume it "
             "with its own settings, or start a new run folder from its weights and state with "
             f"ckpt_path={os.path.join(ckpt_dir or os.path.join(run_dir, 'checkpoints'), 'last.ckpt')}"
+        )
+
+
+# the model settings that may differ between a run and its evaluation: where the weights come from and how the
+# model runs (load_model_weights refuses weights of another shape), not what the model is
+EVALUATE_MAY_CHANGE = (
+    "model.name_or_path",
+    "model.tokenizer_name_or_path",
+    "model.revision",
+    "model.attn_implementation",
+    "model.gradient_checkpointing",
+    "model.compile",
+)
+
+
+def checkpoint_run(ckpt_path: str) -> str | None:
+    """The run folder of the run whose checkpoint the file ``ckpt_path`` is: the folder above its checkpoint
+    folder when that holds a run's ``.hydra/config.yaml`` (the default ``RUN/checkpoints``, also of a copied
+    run folder), else the run that its checkpoint folder's owner lock records
+    (``callbacks.model_checkpoint.dirpath`` outside the run); ``None`` when neither says."""
+    from hf_lightning.run_lock import checkpoint_folder_writer
+
+    folder = os.path.dirname(os.path.realpath(ckpt_path))
+    parent = os.path.dirname(folder)
+    if os.path.isfile(os.path.join(parent, ".hydra", "config.yaml")):
+        return parent
+    return checkpoint_folder_writer(folder)
+
+
+def check_checkpoint_of_run(
+    run_dir: str, ckpt_path: str | None, current: DictConfig, ckpt_dir: str | None = None
+) -> None:
+    """``evaluate hydra.run.dir=RUN ckpt_path=FILE`` where ``RUN`` holds a training run: ``FILE`` must be a
+    checkpoint of that run, and the model settings those of its ``.hydra/config.yaml``; the evaluation's
+    files (``eval_metrics.json``, ``predictions.jsonl``) go into ``RUN`` as that run's. A folder without a
+    training run (a new output folder) takes any checkpoint, and a file in the run's checkpoint folder
+    (``ckpt_dir``) is the run's.
+
+    Raises:
+        ConfigError: the checkpoint was written by another run (names both folders), or the model settings
+        differ from the run's (lists them).
+    """
+    saved_file = os.path.join(run_dir, ".hydra", "config.yaml")
+    if not ckpt_path or not os.path.isfile(saved_file):
+        return
+    own = ckpt_dir is not None and _inside(str(ckpt_path), ckpt_dir)  # the run's checkpoint folder
+    owner = None if own else checkpoint_run(str(ckpt_path))
+    if owner and os.path.realpath(owner) != os.path.realpath(run_dir):
+        raise ConfigError(
+            f"ckpt_path={ckpt_path} is a checkpoint of the run in {owner}, not of the run in "
+            f"hydra.run.dir={run_dir}, which this evaluation would write its eval_metrics.json and "
+            f"predictions.jsonl into as that run's; evaluate it in its own run folder (hydra.run.dir={owner} "
+            "ckpt_path=last, with that run's overrides), or in a new folder (hydra.run.dir=NEW "
+            f"ckpt_path={ckpt_path})"
+        )
+    saved = OmegaConf.load(saved_file)
+    diffs = []
+    for key in ("model", "peft"):
+        old, new = _settings(_select(saved, key), key), _settings(_select(current, key), key)
+        for k in sorted(set(old) | set(new)):
+            if k not in EVALUATE_MAY_CHANGE and old.get(k) != new.get(k):
+                diffs.append(f"{k}: {shown(old.get(k))} -> {shown(new.get(k))}")
+    if diffs:
+        raise ConfigError(
+            f"ckpt_path={ckpt_path}: the run in hydra.run.dir={run_dir} was trained with other model "
+            f"settings ({'; '.join(diffs)}); evaluate it with that run's overrides "
+            f"({run_dir}/.hydra/overrides.yaml)"
         )
 
 

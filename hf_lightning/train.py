@@ -20,6 +20,7 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig
 
+from hf_lightning.arguments import counted, shown
 from hf_lightning.cli import hide_library_warnings
 from hf_lightning.config.build import in_multirun
 from hf_lightning.errors import ConfigError, HFLightningError
@@ -157,8 +158,8 @@ def _fit(
             "metrics.csv, hf_model/ and final_metrics.json are unchanged",
             ckpt_path,
             trainer.global_step,
-            cfg.trainer.get("max_steps"),
-            cfg.trainer.get("max_epochs"),
+            shown(cfg.trainer.get("max_steps")),
+            shown(cfg.trainer.get("max_epochs")),
         )
         return previous, objects  # the finished run's own final metrics stay (and are what a sweep reads)
     _validate_final_weights(trainer, module, datamodule)
@@ -202,7 +203,7 @@ def _fit(
     )
     start = module.fit_start_step or 0
     steps = (
-        f"{trainer.global_step} optimizer steps"
+        counted(trainer.global_step, "optimizer step")
         if not start
         else f"optimizer steps {start} -> {trainer.global_step} (a resume: {trainer.global_step - start} "
         "in this command, whose time and tokens follow)"

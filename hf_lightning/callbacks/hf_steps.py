@@ -29,6 +29,7 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from hf_lightning.arguments import counted
 from hf_lightning.callbacks.final_validation import is_final_step
 from hf_lightning.compat import (
     acts_after_every_validation,
@@ -118,7 +119,7 @@ class HFSteps(L.Callback):
             trainer.log_every_n_steps = self.steps["logging"]
         self._seen = trainer.global_step
         if trainer.is_global_zero:
-            log.info("HF step schedule over %s optimizer steps: %s", total, self.describe())
+            log.info("HF step schedule over %s: %s", counted(total, "optimizer step"), self.describe())
 
     def describe(self) -> str:
         """One line: when this run evaluates, saves and logs."""
@@ -126,15 +127,14 @@ class HFSteps(L.Callback):
         parts = []
         for kind, strategy in (("eval", s.eval_strategy), ("save", s.save_strategy)):
             if strategy == "steps":
-                parts.append(f"{kind} every {self.steps.get(kind)} steps and at the last")
+                parts.append(f"{kind} every {_every(self.steps.get(kind))} and at the last")
             elif strategy is not None:
                 parts.append(
                     f"{kind} {'every epoch and at the last step' if strategy == 'epoch' else 'never'}"
                 )
         if self.steps.get("logging") is not None:
-            parts.append(
-                f"log every {self.steps['logging']} steps" + (", and step 1" if s.logging_first_step else "")
-            )
+            first = ", and step 1" if s.logging_first_step else ""
+            parts.append(f"log every {_every(self.steps['logging'])}{first}")
         return "; ".join(parts)
 
     # ------------------------------------------------------------------------------------- per step
@@ -194,3 +194,8 @@ class HFSteps(L.Callback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.evaluated_steps = list(state_dict.get("evaluated_steps", []))
         self.saved_steps = list(state_dict.get("saved_steps", []))
+
+
+def _every(steps: Any) -> str:
+    """``step`` for 1, ``2 steps``: the interval of ``every ...``."""
+    return "step" if steps == 1 else f"{steps} steps"

@@ -257,9 +257,14 @@ class NonFiniteGuard(L.Callback):
         if not self._add_skipped_count(trainer.lightning_module):
             _log_metric(trainer, "train/skipped_steps", self.skipped_steps, step)
         if self._consecutive >= self.max_consecutive_skips:
-            raise TrainingError(
-                f"{where}: {self._consecutive} optimizer steps in a row had a non-finite loss or gradient "
+            skipped = (
+                "1 optimizer step had a non-finite loss or gradient and was skipped "
+                if self._consecutive == 1
+                else f"{self._consecutive} optimizer steps in a row had a non-finite loss or gradient "
                 "and were skipped "
+            )
+            raise TrainingError(
+                f"{where}: {skipped}"
                 f"(callbacks.nonfinite_guard.max_consecutive_skips={self.max_consecutive_skips}): the run "
                 f"has diverged. {causes}"
             )

@@ -111,6 +111,8 @@ def build(cfg: DictConfig, purpose: Purpose = "train", checked: bool = False, sc
     data_kwargs: dict[str, Any] = {}
     if purpose == "evaluate":
         data_kwargs = _evaluate_data(cfg)
+    elif purpose == "train":
+        data_kwargs = _overfit_data(trainer)
     datamodule = instantiate(cfg.data, _convert_="all")(tokenizer=tokenizer, **data_kwargs)
     id2label = None
     classes_first = loader.task == "sequence_classification" and not loader.settings.get("id2label")
@@ -168,6 +170,29 @@ def _train_trainer(cfg: DictConfig, schedule: Any = None) -> Any:
     trainer = lightning_object(cfg.trainer, "trainer", callbacks=callbacks, logger=loggers or False, **extra)
     refuse_multirun_relaunch(trainer, in_multirun())
     return trainer
+
+
+def _overfit_data(trainer: Any) -> dict[str, Any]:
+    """``trainer.overfit_batches=N`` as Lightning means it, on our loaders: the first N training batches of
+    every epoch, in order (``data.shuffle=false``), and N validation batches (``limit_train_batches`` /
+    ``limit_val_batches``, which Lightning set from it). Lightning's own way, swapping each loader's sampler
+    for a ``SequentialSampler`` at fit, would drop our samplers (one global order, ranks, resume) and fails
+    on the accumulation-window loader; so the Trainer keeps the limits and leaves the loaders to the
+    DataModule. Said in one INFO line."""
+    n = getattr(trainer, "overfit_batches", 0)
+    if not n:
+        return {}
+    some = ("the first batch" if n == 1 else f"the first {n} batches") if isinstance(n, int) else f"{n:g}"
+    log.info(
+        "trainer.overfit_batches=%s: every epoch trains on %s of the training data, the same ones in order "
+        "(data.shuffle=false, as Lightning's overfit_batches turns shuffling off), and validates on %s of "
+        "the validation data",
+        n,
+        some,
+        some,
+    )
+    trainer.overfit_batches = 0  # the limits above stay: only Lightning's sampler swap is left out
+    return {"shuffle": False}
 
 
 def _evaluate_trainer(cfg: DictConfig) -> Any:

@@ -153,7 +153,9 @@ def resolve_schedule(cfg: Mapping[str, Any], given: Iterable[str] | None = None)
         save_strategy, save_steps = eval_strategy, eval_steps
         log.info(
             "checkpoints follow the evaluations (%s): set save_strategy / save_steps for another schedule",
-            f"every {eval_steps} steps" if eval_strategy == "steps" else "every epoch",
+            ("every step" if eval_steps == 1 else f"every {eval_steps} steps")
+            if eval_strategy == "steps"
+            else "every epoch",
         )
     if get("load_best_model_at_end"):
         errors += _load_best_errors(eval_strategy, eval_steps, save_strategy, save_steps)

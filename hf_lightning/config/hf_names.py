@@ -125,7 +125,7 @@ OURS: dict[str, _Key] = {
 }
 
 _HUB = "no upload to the Hub here: hf_model/ is a save_pretrained folder to push yourself"
-_EVAL = "validation runs every trainer.val_check_interval batches and at the end of training"
+_EVAL = "validation runs every trainer.val_check_interval micro-batches and at the end of training"
 # HF field -> why it has no key here
 NOT_HONOURED: dict[str, str] = {
     "optim_target_modules": "no GaLore/APOLLO optimizers here",

@@ -38,6 +38,7 @@ from hf_lightning.arguments import (
     devices_ok,
     get_dotted,
     one_of,
+    shown,
 )
 from hf_lightning.config.cross_fields import cross_field_errors
 from hf_lightning.config.hf_args import HF_RUN_KEYS
@@ -80,9 +81,10 @@ def _some_training(value: Any) -> bool:
 
 
 def _validation_interval(value: Any) -> bool:
-    """``trainer.val_check_interval``: optimizer steps (an integer >= 1, or a whole float Lightning reads as
-    one), a fraction of the epoch in (0, 1], or Lightning's time-based forms (a string or a mapping, which
-    Lightning checks)."""
+    """``trainer.val_check_interval``: training batches, i.e. micro-batches (an integer >= 1, or a whole
+    float Lightning reads as one; ``trainer.accumulate_grad_batches`` of them make one optimizer step), a
+    fraction of the epoch in (0, 1], or Lightning's time-based forms (a string or a mapping, which Lightning
+    checks)."""
     if value is None or isinstance(value, (str, Mapping)):
         return True
     if _int(value):
@@ -166,12 +168,14 @@ OVERLAY: dict[str, Allowed] = {
     # at every step
     "trainer.val_check_interval": Allowed(
         _validation_interval,
-        "null (once per epoch), an integer >= 1 (optimizer steps), a fraction of the epoch in (0, 1], or a "
-        "time ('DD:HH:MM:SS'); no validation: trainer.limit_val_batches=0",
+        "null (once per epoch), an integer >= 1 (training micro-batches: trainer.accumulate_grad_batches of "
+        "them are one optimizer step; eval_steps counts optimizer steps), a fraction of the epoch in (0, 1], "
+        "or a time ('DD:HH:MM:SS'); no validation: trainer.limit_val_batches=0",
     ),
     "trainer.check_val_every_n_epoch": Allowed(
         lambda v: v is None or (_int(v) and v >= 1),
-        "null (trainer.val_check_interval counts steps across epochs) or an integer >= 1; no validation: "
+        "null (trainer.val_check_interval counts micro-batches across epochs) or an integer >= 1; no "
+        "validation: "
         "trainer.limit_val_batches=0",
     ),
     "trainer.log_every_n_steps": POSITIVE_INT,
@@ -324,9 +328,9 @@ def node_errors(node: Mapping[str, Any], target: Callable, group: str, skip: Ite
         broken = [rule for rule in constraints(hints[key]) if not rule(value)]
         hint = hints[key].__origin__ if constraints(hints[key]) else hints[key]  # Annotated[T, ...] -> T
         if broken:
-            errors.append(f"{group}.{key}={value!r}: allowed values: {broken[0].text}")
+            errors.append(f"{group}.{key}={shown(value)}: allowed values: {broken[0].text}")
         elif type_ok(value, hint) is False:
-            errors.append(f"{group}.{key}={value!r}: allowed values: {_describe(hint)}")
+            errors.append(f"{group}.{key}={shown(value)}: allowed values: {_describe(hint)}")
     return errors
 
 
@@ -428,7 +432,7 @@ def validate_config(cfg: DictConfig, purpose: str = "train") -> None:
         if isinstance(written, str) and written.strip("${}") in OVERLAY:
             continue  # data.seed: ${seed}: the rule of the key it repeats says it
         if value is not MISSING and not rule(value):
-            errors.append(f"{key}={value!r}: allowed values: {rule.text}")
+            errors.append(f"{key}={shown(value)}: allowed values: {rule.text}")
     for group, target, skip in _untargeted_groups():
         if isinstance(c.get(group), Mapping):
             errors += node_errors(c[group], target, group, skip)

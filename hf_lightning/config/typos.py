@@ -12,7 +12,9 @@ A setting whose value is a mapping of free keys (a ``_target_`` argument typed a
 ``scheduler.kwargs``, ``optim.kwargs``, ``data.rename_columns``, ``model.config``, ...) takes every spelling
 of a new key: ``scheduler.kwargs={num_decay_steps: 100}`` and ``scheduler.kwargs.num_decay_steps=100``, which
 Hydra refuses because the key is new, are given to Hydra as ``++KEY=VALUE`` (add or override), the spelling
-it takes (:func:`mapping_spellings`). What the mapping's keys may be is checked where they are used.
+it takes (:func:`mapping_spellings`), and a mapping given whole replaces the shipped one. What the mapping's
+keys may be is checked where they are used. An argument of a ``_target_`` that the YAML leaves out
+(``trainer.overfit_batches=2``) is added as with a ``+``.
 """
 
 from __future__ import annotations
@@ -110,11 +112,16 @@ def mapping_spellings(args: Sequence[str], config_name: str = "train") -> list[s
     a string): ``scheduler.kwargs``, ``optim.kwargs``, ``data.rename_columns``, ``model.config``,
     ``model.id2label``, ``trainer.strategy.config``, ``logger.mlflow.tags``. Hydra's ``KEY=VALUE`` may not
     add a key to the composed config, so ``scheduler.kwargs={num_decay_steps: 100}`` and
-    ``scheduler.kwargs.num_decay_steps=100`` fail with ``Could not override`` where ``+`` or ``++`` works;
-    the value a mapping is given merges into the default one, as Hydra merges every mapping override
-    (``model.config={hidden_size: 64}`` keeps the other ``model.config`` keys). Overrides of other keys,
-    and a command line that does not compose for another reason, are left as they are (for
-    :func:`misspelt_override` and Hydra).
+    ``scheduler.kwargs.num_decay_steps=100`` fail with ``Could not override`` where ``+`` or ``++`` works.
+    A mapping given whole replaces the composed one (``~KEY +KEY=VALUE``): what the user wrote is what
+    runs, where Hydra alone would merge it into the shipped entries (``data.rename_columns={text: sentence}``
+    under ``+experiment=classification`` would keep the experiment's ``category: label``); one entry is
+    changed by its dotted key (``model.config.hidden_size=64`` keeps the other ``model.config`` keys).
+
+    An argument of a node's ``_target_`` that the shipped YAML leaves out (``trainer.overfit_batches=2``,
+    any ``lightning.Trainer`` argument) is given as ``+KEY=VALUE``: the schema takes it, so it needs no
+    ``+``. Overrides of other keys, and a command line that does not compose for another reason, are left
+    as they are (for :func:`misspelt_override` and Hydra).
 
     Args:
         args: the command line after the module name (``sys.argv[1:]``).
@@ -143,22 +150,40 @@ def _spelled(args: Sequence[str], config_name: str) -> tuple[list[str], bool]:
     if parsed is None:
         return args, False
     plain = {j for j, o in enumerate(parsed) if not (o.is_add() or o.is_force_add() or o.is_delete())}
+    # a mapping given whole (data.rename_columns={text: sentence}): composed without it, to see what it
+    # replaces
+    whole = {j for j in plain if not parsed[j].is_sweep_override() and isinstance(parsed[j].value(), Mapping)}
+    kept = [j for j, o in enumerate(parsed) if not o.is_sweep_override() and j not in whole]
     try:
         composed, refused = _compose_without_refused(
-            [args[i] for i, o in zip(overrides, parsed, strict=True) if not o.is_sweep_override()],
-            [j for j, o in enumerate(parsed) if not o.is_sweep_override()],
-            plain,
-            config_name,
+            [args[overrides[j]] for j in kept], kept, plain, config_name
         )
     except Exception:  # another composition failure: misspelt_override or Hydra says it
         return args, False
     from hf_lightning.arguments import MISSING, get_dotted
 
+    replaced: dict[int, list[str]] = {}  # position in args -> what stands there instead
+    unsettled = False  # a whole mapping given to a key that is not a mapping setting: Hydra decides
     for j, o in enumerate(parsed):
-        absent = o.is_sweep_override() and get_dotted(composed, o.key_or_group) is MISSING
-        if j in plain and (j in refused or absent) and _in_a_mapping_setting(composed, o.key_or_group):
-            args[overrides[j]] = "++" + args[overrides[j]]
-    return args, not refused and not any(o.is_sweep_override() for o in parsed)
+        if j not in plain:
+            continue
+        key, line = o.key_or_group, args[overrides[j]]
+        shipped = get_dotted(composed, key)
+        if _in_a_mapping_setting(composed, key):
+            if j in whole and isinstance(shipped, Mapping) and shipped:
+                replaced[overrides[j]] = [f"~{key}", f"+{line}"]  # what the user wrote, not a merge
+            elif (
+                (j in whole and shipped is not None)  # an empty mapping, or none yet: added
+                or j in refused
+                or (o.is_sweep_override() and shipped is MISSING)
+            ):
+                replaced[overrides[j]] = [f"++{line}"]
+        elif j in whole:
+            unsettled = True
+        elif (j in refused or o.is_sweep_override()) and _a_signature_argument(composed, key):
+            replaced[overrides[j]] = [f"+{line}"]  # trainer.overfit_batches=2: Lightning's, not in the YAML
+    args = [x for i, a in enumerate(args) for x in replaced.get(i, [a])]
+    return args, not refused and not unsettled and not any(o.is_sweep_override() for o in parsed)
 
 
 def _compose_without_refused(
@@ -213,6 +238,29 @@ def _in_a_mapping_setting(c: Mapping[str, Any], key: str) -> bool:
     return False
 
 
+def _a_signature_argument(c: Mapping[str, Any], key: str) -> bool:
+    """Whether the dotted ``key`` names an argument of its parent node's ``_target_`` that the composed config
+    ``c`` does not hold (``trainer.overfit_batches``: a ``lightning.Trainer`` argument the shipped YAML leaves
+    out), one the schema takes under that node."""
+    import inspect
+
+    from hf_lightning.arguments import get_dotted
+    from hf_lightning.config.schema import SUPPLIED, target_signature
+
+    parent, _, leaf = key.rpartition(".")
+    node = get_dotted(c, parent) if parent else None
+    if not isinstance(node, Mapping) or "_target_" not in node or leaf in node or leaf.startswith("_"):
+        return False
+    target, error = target_signature(node, parent)
+    if error is not None or leaf in SUPPLIED.get(parent, ()):
+        return False
+    try:
+        param = inspect.signature(target).parameters.get(leaf)
+    except (TypeError, ValueError):  # no signature to read: the schema has nothing to check it against
+        return False
+    return param is not None and param.kind in (param.POSITIONAL_OR_KEYWORD, param.KEYWORD_ONLY)
+
+
 def composition_line(err: Exception, overrides: Sequence[str]) -> str | None:
     """One line for Hydra's multi-line composition errors a newcomer meets first, or ``None``:
 
@@ -220,7 +268,8 @@ def composition_line(err: Exception, overrides: Sequence[str]) -> str | None:
       (did you mean experiment=sft?); allowed values: classification, clm, seq2seq, sft``;
     - a group that is not in the defaults list given without ``+`` (``experiment=sft``): ``use
       +experiment=sft``;
-    - a ``+`` on a key the config already holds (``+trainer.max_steps=5``): drop the ``+``.
+    - a ``+`` on a key the config already holds (``+trainer.max_steps=5``): drop the ``+``;
+    - a group given twice (``+experiment=sft +experiment=classification``): give one.
     """
     from hydra.errors import ConfigCompositionException, MissingConfigException
 
@@ -238,11 +287,36 @@ def composition_line(err: Exception, overrides: Sequence[str]) -> str | None:
         group = found.group(1)
         value = next((a.split("=", 1)[1] for a in overrides if a.split("=", 1)[0] == group), "...")
         return f"{group}={value}: {group} is not in the defaults, so it takes a leading +: +{group}={value}"
+    found = re.search(r"Multiple values for (\S+?)\.", text)
+    if found:  # +experiment=sft +experiment=classification: Hydra advises editing a config file
+        return twice_given_line(overrides, found.group(1)) or f"{found.group(1)}: given twice; give one"
     found = re.search(r"An item is already at '([^']+)'", text)
     if found:
         key = found.group(1)
         value = next((a.split("=", 1)[1] for a in overrides if a.lstrip("+").split("=", 1)[0] == key), "...")
         return f"+{key}={value}: {key} is already in the config, so it is set without the +: {key}={value}"
+    return None
+
+
+# the groups a command line names once: a second experiment replaces the first (``experiment=...``) or fails
+# in Hydra's words (``+experiment=...``), and experiments do not combine
+ONCE_GROUPS = ("experiment",)
+
+
+def twice_given_line(args: Sequence[str], group: str | None = None) -> str | None:
+    """``+experiment=sft and +experiment=classification: experiment is one choice, given twice; ...`` for a
+    group of :data:`ONCE_GROUPS` (or ``group``) that the command line names with two or more options, in any
+    spelling (``+``, ``++`` or none: Hydra silently takes the last of ``+experiment=sft
+    experiment=classification``); ``None`` otherwise. A sweep (``+experiment=sft,clm``) is one override."""
+    groups = (group,) if group else ONCE_GROUPS
+    for name in groups:
+        given = [a for a in args if not a.startswith("-") and a.lstrip("+").split("=", 1)[0] == name]
+        if len({a.lstrip("+").split("=", 1)[-1] for a in given}) > 1:
+            times = "twice" if len(given) == 2 else f"{len(given)} times"
+            return (
+                f"{' and '.join(given)}: {name} is one choice, given {times}; give one +{name}=NAME (the "
+                f"{name} options do not combine: each is a whole run)"
+            )
     return None
 
 
@@ -284,10 +358,10 @@ def unknown_key_line(c: Mapping[str, Any], key: str, purpose: str = "train") -> 
 
 
 def _under_a_value(c: Mapping[str, Any], key: str) -> str | None:
-    """``unknown config key data.validation_path.a: data.validation_path is a value (None), not a node with
+    """``unknown config key data.validation_path.a: data.validation_path is a value (null), not a node with
     keys`` for a ``key`` below a plain value of ``c`` (Hydra: ``Could not override``, exit 1); ``None`` where
     no part of the key is a plain value."""
-    from hf_lightning.arguments import MISSING, get_dotted
+    from hf_lightning.arguments import MISSING, get_dotted, shown
 
     parts = key.split(".")
     for n in range(1, len(parts)):
@@ -297,8 +371,8 @@ def _under_a_value(c: Mapping[str, Any], key: str) -> str | None:
         if not isinstance(value, Mapping):
             head = ".".join(parts[:n])
             return (
-                f"unknown config key {key}: {head} is a value ({value!r}), not a node with keys; set it as "
-                f"{head}=..."
+                f"unknown config key {key}: {head} is a value ({shown(value)}), not a node with keys; set it "
+                f"as {head}=..."
             )
     return None
 
@@ -318,6 +392,9 @@ def checked_command_line(args: Sequence[str], config_name: str, purpose: str) ->
     """
     from hf_lightning.errors import ConfigError
 
+    line = twice_given_line(args)
+    if line:
+        raise ConfigError(line)
     args, composed = _spelled(args, config_name)
     line = None if composed else misspelt_override(args, config_name, purpose)
     if line:

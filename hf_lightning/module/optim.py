@@ -25,7 +25,7 @@ from typing import Annotated, Any
 import torch
 from torch import nn
 
-from hf_lightning.arguments import BETAS, FINITE_NON_NEGATIVE, NON_NEGATIVE, POSITIVE, Allowed
+from hf_lightning.arguments import BETAS, FINITE_NON_NEGATIVE, NON_NEGATIVE, POSITIVE, Allowed, shown
 from hf_lightning.errors import ConfigError
 from hf_lightning.module.schedules import SCHEDULERS, build_scheduler  # noqa: F401  (re-exported)
 
@@ -252,7 +252,7 @@ def build_optimizer(
     else:
         if name not in SPECS:
             raise ConfigError(
-                f"optim.name={name!r}; expected one of {list(OPTIMIZERS)} (or optim.name=null with "
+                f"optim.name={shown(name)}; expected one of {list(OPTIMIZERS)} (or optim.name=null with "
                 "optim.optimizer._target_=<an optimizer class>)"
             )
         spec = SPECS[name]
@@ -278,7 +278,7 @@ def build_optimizer(
             raise ConfigError(f"optim.kwargs.{key} is given twice (also optim.{key} or by {label}); keep one")
         if not (open_kwargs or key in accepted):
             raise ConfigError(
-                f"optim.kwargs.{key}={value!r}: {label} takes no {key!r} "
+                f"optim.kwargs.{key}={shown(value)}: {label} takes no {key!r} "
                 f"(it takes: {', '.join(sorted(accepted - set(OWNED)))})"
             )
     for key in set(fixed) & set(OWNED):

@@ -14,6 +14,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from hf_lightning.arguments import counted
+
 log = logging.getLogger(__name__)
 
 INF = float("inf")
@@ -75,23 +77,23 @@ def report(plan: RunPlan, max_epochs: int | None) -> None:
     ``max_epochs`` ending the run before ``max_steps``, and the steps whose window is short."""
     if plan.max_steps != -1 and plan.epoch_steps < plan.max_steps:
         log.warning(
-            "trainer.max_epochs=%s ends this run after %d optimizer steps, before trainer.max_steps=%d "
+            "trainer.max_epochs=%s ends this run after %s, before trainer.max_steps=%d "
             "(Lightning stops at the first limit reached); set trainer.max_epochs=null to run %d steps",
             max_epochs,
-            plan.epoch_steps,
+            counted(plan.epoch_steps, "optimizer step"),
             plan.max_steps,
             plan.max_steps,
         )
     if plan.short_steps:
         log.warning(
             "gradient-accumulation windows: trainer.accumulate_grad_batches=%d, but an epoch has %d "
-            "micro-batches on this process, so its last window holds %d: %d of this run's %d optimizer steps "
+            "micro-batches on this process, so its last window holds %d: %d of this run's %s "
             "are short (each normalised by its own target count, as HF Trainer does)",
             plan.accumulation,
             plan.batches_per_epoch,
             plan.short_window,
             plan.short_steps,
-            plan.total_steps,
+            counted(plan.total_steps, "optimizer step"),
         )
 
 

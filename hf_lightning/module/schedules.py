@@ -18,7 +18,7 @@ from typing import Annotated, Any
 
 import torch
 
-from hf_lightning.arguments import NON_NEGATIVE_INT, UNIT_INTERVAL, one_of
+from hf_lightning.arguments import NON_NEGATIVE_INT, UNIT_INTERVAL, counted, one_of, shown
 from hf_lightning.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -96,7 +96,7 @@ def build_scheduler(
     from transformers import get_scheduler
 
     if name not in SCHEDULERS:
-        raise ConfigError(f"scheduler.name={name!r}; expected one of {list(SCHEDULERS)}")
+        raise ConfigError(f"scheduler.name={shown(name)}; expected one of {list(SCHEDULERS)}")
     if warmup_steps < 0 or not 0 <= warmup_ratio <= 1:
         raise ConfigError(
             f"scheduler.warmup_steps must be >= 0 and scheduler.warmup_ratio in [0, 1], "
@@ -126,11 +126,11 @@ def build_scheduler(
         )
     elif warmup and math.isfinite(num_training_steps) and warmup >= num_training_steps:
         log.warning(
-            "scheduler.warmup_steps / warmup_ratio give %d warm-up steps, the whole run of %d optimizer "
-            "steps: the learning rate rises to the end and never reaches optim.lr; lower "
-            "scheduler.warmup_steps, or set scheduler.warmup_steps=0 and a scheduler.warmup_ratio",
-            warmup,
-            num_training_steps,
+            "scheduler.warmup_steps / warmup_ratio give %s, the whole run of %s: the learning rate rises "
+            "to the end and never reaches optim.lr; lower scheduler.warmup_steps, or set "
+            "scheduler.warmup_steps=0 and a scheduler.warmup_ratio",
+            counted(warmup, "warm-up step"),
+            counted(num_training_steps, "optimizer step"),
         )
     try:
         scheduler = get_scheduler(
@@ -163,13 +163,13 @@ def _warn_overlong_decay(
     after_warmup = scheduler.lr_lambdas[0](warmup)
     log.warning(
         "scheduler.kwargs.num_decay_steps=%d does not fit the run: %d warm-up%s and %d decay steps are more "
-        "than its %d optimizer steps, so the decay starts part-way through and the rate after the warm-up is "
+        "than its %s, so the decay starts part-way through and the rate after the warm-up is "
         "%.3g of optim.lr; set scheduler.kwargs.num_decay_steps=%d or lower",
         decay,
         warmup,
         f", {stable} stable" if stable else "",
         decay,
-        int(num_training_steps),
+        counted(int(num_training_steps), "optimizer step"),
         after_warmup,
         max(int(num_training_steps) - warmup - stable, 0),
     )

@@ -180,8 +180,10 @@ class TrainLog:
 
     def _say_row(self, metrics: Mapping[str, float]) -> None:
         """One INFO line per ``train/loss`` row: ``step 4 of 20: train/loss=5.9149 lr=0.00045
-        grad_norm=2.061 epoch=0`` (HF ``Trainer`` prints the same dict every ``logging_steps``)."""
-        total = self.trainer.max_steps
+        grad_norm=2.061 epoch=0`` (HF ``Trainer`` prints the same dict every ``logging_steps``). The total is
+        the run's planned optimizer steps (``trainer.max_epochs`` with ``trainer.max_steps=-1`` too); a stream
+        of unknown length gives none."""
+        total = getattr(self, "planned_steps", None) or self.trainer.max_steps
         step = f"step {self.global_step}" + (f" of {total}" if total and total > 0 else "")
         values = " ".join(f"{k}={v:.5g}" for k, v in metrics.items() if k != "epoch")
         log.info("%s: %s epoch=%d", step, values, int(metrics.get("epoch", 0)))

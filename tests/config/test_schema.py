@@ -226,9 +226,10 @@ LIGHTNING_KNOBS = [
     ("data.seed=-3", "data.seed=-3: allowed values: an integer >= 0"),
     (
         "trainer.val_check_interval=0",
-        "trainer.val_check_interval=0: allowed values: null (once per epoch), an "
-        "integer >= 1 (optimizer steps), a fraction of the epoch in (0, 1], or a time ('DD:HH:MM:SS'); no "
-        "validation: trainer.limit_val_batches=0",
+        "trainer.val_check_interval=0: allowed values: null (once per epoch), an integer >= 1 (training "
+        "micro-batches: trainer.accumulate_grad_batches of them are one optimizer step; eval_steps counts "
+        "optimizer steps), a fraction of the epoch in (0, 1], or a time ('DD:HH:MM:SS'); no validation: "
+        "trainer.limit_val_batches=0",
     ),
     (
         "trainer.val_check_interval=0.0",
@@ -242,7 +243,7 @@ LIGHTNING_KNOBS = [
     (
         "trainer.check_val_every_n_epoch=0",
         "trainer.check_val_every_n_epoch=0: allowed values: null "
-        "(trainer.val_check_interval counts steps across epochs) or an integer >= 1",
+        "(trainer.val_check_interval counts micro-batches across epochs) or an integer >= 1",
     ),
     ("trainer.check_val_every_n_epoch=-1", "trainer.check_val_every_n_epoch=-1: allowed values: null"),
     ("trainer.log_every_n_steps=0", "trainer.log_every_n_steps=0: allowed values: an integer >= 1"),
@@ -284,6 +285,21 @@ LIGHTNING_KNOBS = [
 def test_a_lightning_knob_it_would_fail_on_is_refused_by_the_schema(compose_cfg, override, expected):
     extra = ["callbacks=early_stopping"] if override.startswith("callbacks.early_stopping") else []
     assert expected in rejected(compose_cfg, *extra, override)
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("trainer.max_steps=null", "trainer.max_steps=null: allowed values: -1 (no limit) or an integer"),
+        ("optim.lr=null", "optim.lr=null: allowed values: a finite number >= 0"),
+        ("data.max_length=null", "data.max_length=null: allowed values: an integer >= 1"),
+        ("data.shuffle=null", "data.shuffle=null: allowed values: bool"),
+    ],
+)
+def test_a_null_value_is_said_as_the_command_line_spells_it(compose_cfg, override, expected):
+    """Before: ``trainer.max_steps=None: ...``, Python's spelling of what the user typed as null."""
+    message = rejected(compose_cfg, override)
+    assert expected in message and "None" not in message
 
 
 @pytest.mark.parametrize(

@@ -149,8 +149,12 @@ def test_a_mapping_setting_takes_every_spelling_of_a_new_key(key, sub, value, sp
 
     override = spelling.format(key=key, sub=sub, value=value)
     args = check_command_line(["+experiment=sft", override])  # no exit: every spelling is taken
-    # the expected config: Hydra's own composition of the spelling it documents for adding a key
-    assert _hydra_composes(args) == _hydra_composes(["+experiment=sft", f"++{key}.{sub}={value}"])
+    # the expected config: Hydra's own composition of the spelling it documents for adding a key; a mapping
+    # given whole without a + replaces a shipped one (model.config), Hydra's ~KEY then +KEY
+    expected = [f"++{key}.{sub}={value}"]
+    if spelling == "{key}={{{sub}: {value}}}" and key == "model.config":
+        expected = [f"~{key}", f"+{key}={{{sub}: {value}}}"]
+    assert _hydra_composes(args) == _hydra_composes(["+experiment=sft", *expected])
 
 
 @pytest.mark.parametrize("key, sub, value", MAPPINGS)
@@ -166,7 +170,9 @@ def test_hydra_itself_refuses_the_plain_spellings(key, sub, value):
             _hydra_composes(["+experiment=sft", f"{key}={{{sub}: {value}}}"])
 
 
-def test_a_whole_mapping_merges_into_the_default_one_as_hydra_merges_mappings():
+def test_a_whole_mapping_replaces_the_default_one():
+    """What the user wrote is what runs (before: merged, as Hydra merges mappings: the YAML's min_lr_rate kept
+    beside the two keys given)."""
     from hf_lightning.config.typos import checked_command_line
 
     args = checked_command_line(
@@ -174,8 +180,12 @@ def test_a_whole_mapping_merges_into_the_default_one_as_hydra_merges_mappings():
         "train",
         "train",
     )
-    # scheduler/cosine_with_min_lr.yaml's kwargs, plus the two keys (a hand-written expectation)
-    assert _hydra_composes(args)["scheduler"]["kwargs"] == {"min_lr_rate": 0.1, "min_lr": 1e-5, "x": 1}
+    assert _hydra_composes(args)["scheduler"]["kwargs"] == {"min_lr": 1e-5, "x": 1}
+    # one key by its dotted name: the YAML's other keys stay
+    args = checked_command_line(
+        ["+experiment=sft", "scheduler=cosine_with_min_lr", "scheduler.kwargs.x=1"], "train", "train"
+    )
+    assert _hydra_composes(args)["scheduler"]["kwargs"] == {"min_lr_rate": 0.1, "x": 1}
 
 
 @pytest.mark.parametrize(
@@ -226,6 +236,6 @@ def test_a_key_below_a_plain_value_is_one_line():
     # Hydra: "Could not override 'data.validation_path.a'", exit 1; with a +, it would make the path a mapping
     line = misspelt_override(["+experiment=sft", "data.validation_path.a=b"])
     assert line == (
-        "unknown config key data.validation_path.a: data.validation_path is a value (None), not a node with "
+        "unknown config key data.validation_path.a: data.validation_path is a value (null), not a node with "
         "keys; set it as data.validation_path=..."
     )

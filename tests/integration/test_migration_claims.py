@@ -94,3 +94,33 @@ def test_a_collator_of_your_own_after_setup(word_tokenizer):
         assert torch.all(batch["labels"][:, :2] == -100)
         # still counted for the window: the loss stays HF's (causal targets are labels[:, 1:] != -100)
         assert batch["num_items_in_batch"] == int((batch["labels"][:, 1:] != -100).sum())
+
+
+def test_val_check_interval_counts_the_micro_batches_its_messages_name(word_tokenizer):
+    """``trainer.val_check_interval=2`` under ``accumulate_grad_batches=2`` validates after every optimizer
+    step (2 micro-batches), not every second one: the unit the schema's message and the README name."""
+    from hf_lightning.config.schema import OVERLAY
+
+    said = OVERLAY["trainer.val_check_interval"].text
+    unit = (
+        "an integer >= 1 (training micro-batches: trainer.accumulate_grad_batches of them are one optimizer "
+    )
+    assert unit in said
+    assert "optimizer steps)" not in said.split("eval_steps")[0]  # the optimizer steps are eval_steps' unit
+    data = HFDataModule(
+        word_tokenizer,
+        path=datasets.Dataset.from_dict({"text": TEXTS}),
+        validation_split=0.2,
+        per_device_train_batch_size=1,
+        max_length=16,
+    )
+    record = Record()
+    fit(
+        data,
+        record,
+        max_steps=4,
+        accumulate_grad_batches=2,
+        val_check_interval=2,
+        check_val_every_n_epoch=None,
+    )
+    assert record.validated_at == [1, 2, 3, 4]

@@ -129,3 +129,49 @@ def test_a_run_without_a_checkpoint_has_nothing_to_evaluate(tmp_path):
         "(step000002.ckpt is damaged: it is empty (0 bytes), not a checkpoint); evaluate its export with "
         f"model.name_or_path={run / 'hf_model'}"
     )
+
+
+def trained_run(run_dir, text_file, seed: int, *overrides: str):
+    """A training run's folder as evaluate meets it: ``.hydra/config.yaml`` and ``checkpoints/last.ckpt``."""
+    saved = run_dir / ".hydra" / "config.yaml"
+    saved.parent.mkdir(parents=True)
+    OmegaConf.save(compose_evaluate(run_dir, text_file, f"seed={seed}", *overrides), saved)
+    save_weights(run_dir, text_file, seed, run_dir / "checkpoints" / "last.ckpt", 2)
+    return run_dir / "checkpoints" / "last.ckpt"
+
+
+def test_another_runs_checkpoint_is_refused_naming_both_folders(tmp_path, text_file):
+    """Before: the weights of run B were evaluated and written into run A's folder as A's results."""
+    run_a, run_b = tmp_path / "a", tmp_path / "b"
+    trained_run(run_a, text_file, 3)
+    other = trained_run(run_b, text_file, 4)
+    (run_a / "eval_metrics.json").write_text('{"val/loss": 1.5}')  # A's own evaluation, kept
+    with pytest.raises(ConfigError) as err:
+        evaluate(compose_evaluate(run_a, text_file, f"ckpt_path={other}"))
+    assert str(err.value) == (
+        f"ckpt_path={other} is a checkpoint of the run in {run_b}, not of the run in hydra.run.dir={run_a}, "
+        "which this evaluation would write its eval_metrics.json and predictions.jsonl into as that run's; "
+        f"evaluate it in its own run folder (hydra.run.dir={run_b} ckpt_path=last, with that run's "
+        f"overrides), or in a new folder (hydra.run.dir=NEW ckpt_path={other})"
+    )
+    assert (run_a / "eval_metrics.json").read_text() == '{"val/loss": 1.5}'
+    assert not (run_a / "predictions.jsonl").exists()
+    # each named fix evaluates: its own folder, or a folder without a run
+    assert evaluate(compose_evaluate(run_b, text_file, "ckpt_path=last"))["val/loss"] > 0
+    assert evaluate(compose_evaluate(tmp_path / "new", text_file, f"ckpt_path={other}"))["val/loss"] > 0
+
+
+def test_the_runs_checkpoint_with_other_model_settings_is_refused_naming_them(tmp_path, text_file):
+    """Same shapes, another model (before: its weights evaluated under a model the run never trained)."""
+    run = tmp_path / "run"
+    last = trained_run(run, text_file, 3)
+    with pytest.raises(ConfigError) as err:
+        evaluate(compose_evaluate(run, text_file, "ckpt_path=last", "+model.config.rms_norm_eps=0.001"))
+    assert str(err.value) == (
+        f"ckpt_path={last}: the run in hydra.run.dir={run} was trained with other model settings "
+        f"(model.config.rms_norm_eps: null -> 0.001); evaluate it with that run's overrides "
+        f"({run}/.hydra/overrides.yaml)"
+    )
+    # how the model runs may change (load_model_weights refuses weights of another shape)
+    eager = "model.attn_implementation=eager"
+    assert evaluate(compose_evaluate(run, text_file, "ckpt_path=last", eager))["val/loss"] > 0

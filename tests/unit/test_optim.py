@@ -84,7 +84,7 @@ def test_any_optimizer_class_by_target_with_partial(model):
         ({"name": "adamw", "momentum": 0.9}, "optim.momentum=0.9 does not apply to optim.name=adamw"),
         (
             {"name": "adamw", "kwargs": {"nesterov": True}},
-            "optim.kwargs.nesterov=True: optim.name=adamw takes no",
+            "optim.kwargs.nesterov=true: optim.name=adamw takes no",
         ),
         ({"name": "sgd", "kwargs": {"lr": 1.0}}, "optim.kwargs.lr: set by optim.lr"),
         (
@@ -109,7 +109,7 @@ def test_any_optimizer_class_by_target_with_partial(model):
             {"name": None, "optimizer": {"_target_": "torch.optim.NAdam", "lr": 1.0}},
             "optim.optimizer.lr: set by optim.lr",
         ),
-        ({"name": None}, r"optim.name=None; expected one of \['adamw'"),
+        ({"name": None}, r"optim.name=null; expected one of \['adamw'"),
     ],
 )
 def test_optimizer_refusals_are_one_line(model, kwargs, message):
@@ -205,6 +205,17 @@ def test_a_warmup_as_long_as_the_run_is_said(model, caplog, warmup):
     assert max(rates) < 1e-3
     lines = [r.getMessage() for r in caplog.records if "warm-up steps, the whole run" in r.getMessage()]
     assert len(lines) == 1 and "of 20 optimizer steps: the learning rate rises to the end" in lines[0]
+
+
+def test_a_one_step_run_all_warm_up_is_said_in_the_singular(model, caplog):
+    """Before: ``give 1 warm-up steps, the whole run of 1 optimizer steps``."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    with caplog.at_level(logging.WARNING):
+        build_scheduler(optimizer, 1, name="linear", warmup_steps=1)
+    assert (
+        "scheduler.warmup_steps / warmup_ratio give 1 warm-up step, the whole run of 1 optimizer step: the "
+        "learning rate rises to the end and never reaches optim.lr"
+    ) in caplog.text
 
 
 def test_a_warmup_shorter_than_the_run_says_nothing(model, caplog):
