@@ -151,8 +151,12 @@ def _spelled(args: Sequence[str], config_name: str) -> tuple[list[str], bool]:
         return args, False
     plain = {j for j, o in enumerate(parsed) if not (o.is_add() or o.is_force_add() or o.is_delete())}
     # a mapping given whole (data.rename_columns={text: sentence}): composed without it, to see what it
-    # replaces
-    whole = {j for j in plain if not parsed[j].is_sweep_override() and isinstance(parsed[j].value(), Mapping)}
+    # replaces (in every spelling: KEY=, +KEY=, ++KEY=; Hydra merges the last two into the shipped entries)
+    whole = {
+        j
+        for j, o in enumerate(parsed)
+        if not o.is_delete() and not o.is_sweep_override() and isinstance(o.value(), Mapping)
+    }
     kept = [j for j, o in enumerate(parsed) if not o.is_sweep_override() and j not in whole]
     try:
         composed, refused = _compose_without_refused(
@@ -165,9 +169,12 @@ def _spelled(args: Sequence[str], config_name: str) -> tuple[list[str], bool]:
     replaced: dict[int, list[str]] = {}  # position in args -> what stands there instead
     unsettled = False  # a whole mapping given to a key that is not a mapping setting: Hydra decides
     for j, o in enumerate(parsed):
-        if j not in plain:
-            continue
         key, line = o.key_or_group, args[overrides[j]]
+        if j not in plain:
+            shipped = get_dotted(composed, key) if j in whole else None
+            if isinstance(shipped, Mapping) and shipped and _in_a_mapping_setting(composed, key):
+                replaced[overrides[j]] = [f"~{key}", f"+{line.lstrip('+')}"]  # +KEY={...}: not a merge either
+            continue
         shipped = get_dotted(composed, key)
         if _in_a_mapping_setting(composed, key):
             if j in whole and isinstance(shipped, Mapping) and shipped:

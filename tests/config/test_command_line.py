@@ -129,6 +129,14 @@ def test_a_mapping_given_whole_replaces_the_shipped_one():
     ]
     # before: {category: label, text: sentence}, the experiment's entry kept
     assert printed_config(*args)["data"]["rename_columns"] == {"text": "sentence"}
+    # Hydra merges +KEY={...} and ++KEY={...} into the shipped entries too: the same replacement
+    for plus in ("+", "++"):
+        given = ["+experiment=classification", f"{plus}data.rename_columns={{text: sentence}}"]
+        assert checked_command_line(given, "train", "train") == args[:1] + [
+            "~data.rename_columns",
+            "+data.rename_columns={text: sentence}",
+        ]
+        assert printed_config(*given)["data"]["rename_columns"] == {"text": "sentence"}
     # one entry by its dotted key: the shipped entries stay
     dotted = printed_config("+experiment=classification", "data.rename_columns.text=sentence")
     assert dotted["data"]["rename_columns"] == {"category": "label", "text": "sentence"}

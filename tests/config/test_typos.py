@@ -150,9 +150,9 @@ def test_a_mapping_setting_takes_every_spelling_of_a_new_key(key, sub, value, sp
     override = spelling.format(key=key, sub=sub, value=value)
     args = check_command_line(["+experiment=sft", override])  # no exit: every spelling is taken
     # the expected config: Hydra's own composition of the spelling it documents for adding a key; a mapping
-    # given whole without a + replaces a shipped one (model.config), Hydra's ~KEY then +KEY
+    # given whole (with a + or without) replaces a shipped one (model.config), Hydra's ~KEY then +KEY
     expected = [f"++{key}.{sub}={value}"]
-    if spelling == "{key}={{{sub}: {value}}}" and key == "model.config":
+    if spelling.endswith("{key}={{{sub}: {value}}}") and key == "model.config":
         expected = [f"~{key}", f"+{key}={{{sub}: {value}}}"]
     assert _hydra_composes(args) == _hydra_composes(["+experiment=sft", *expected])
 
