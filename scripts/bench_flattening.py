@@ -1,6 +1,6 @@
 """Per-batch cost of our ``PaddingFreeCollator`` against a wrapper of transformers'
-``DataCollatorWithFlattening`` with our checks around it (issue 16: wrap the library's collator unless that
-costs over 10% per batch).
+``DataCollatorWithFlattening`` with our checks around it (the rule: wrap the library's collator unless
+that costs over 10% per batch).
 
     python scripts/bench_flattening.py
 

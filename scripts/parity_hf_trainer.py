@@ -17,9 +17,9 @@ marked ``accepts_loss_kwargs = False`` (HF then divides each micro-batch mean by
 ``HFLightningModule(use_model_loss=True, model_accepts_loss_kwargs=False)``, our documented HF fallback.
 
 Compared per optimizer step: the logged loss (HF ``loss`` vs our ``train/loss``: both the mean of the step's
-window loss), ``grad_norm`` (both before clipping) and the learning rate. transformers >= 4.51 logs the rate
-used in the step (read before ``lr_scheduler.step()``; transformers PR #36973); older releases logged the next
-step's rate, so against those only the rates shifted by one step would match. Then every final weight.
+window loss), ``grad_norm`` (both before clipping) and the learning rate. transformers logs the rate used in
+the step (read before ``lr_scheduler.step()``); older releases logged the next step's rate, so against
+those only the rates shifted by one step would match. Then every final weight.
 
 Prints both loss columns side by side and the maximum differences; ``--out DIR`` also writes ``report.json``
 (every column) and both final state dicts (``hf_weights.pt``, ``ours_weights.pt``) for the parity test.

@@ -1,4 +1,4 @@
-"""The files a batch passes through, from ``data.path`` to ``loss.backward()`` (issue 16's measure).
+"""The files a batch passes through, from ``data.path`` to ``loss.backward()``.
 
     python scripts/trace_batch_path.py [--json OUT] [OVERRIDES...]
     python scripts/trace_batch_path.py +experiment=clm data.path=../shared/data/c4-demo/c4_demo.jsonl \\

@@ -17,7 +17,7 @@ log = logging.getLogger(__name__)
 class LoadBestModel(L.Callback):
     """Keep the best saved model by ``monitor`` as HF ``Trainer`` does, and load it before the export.
 
-    HF's rule (``Trainer._determine_best_metric`` and ``_save_checkpoint``, transformers 5.24): after every
+    HF's rule (``Trainer._determine_best_metric`` and ``_save_checkpoint``): after every
     evaluation the metric is compared strictly (``<`` for ``mode="min"``, ``>`` for ``"max"``) with the best
     so far; at every save, the best evaluation's checkpoint becomes the best model *if that step was saved*. A
     best evaluation at a step without a checkpoint (``eval_steps=10, save_steps=20``, best at step 30)

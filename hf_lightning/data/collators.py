@@ -15,10 +15,10 @@ announced once at WARNING and left out, never dropped silently.
 Ours rather than HF's: ``DataCollatorWithPadding`` / ``DataCollatorForSeq2Seq`` pad labels under their own
 key only and answer a key that cannot be batched with the tokenizer's ``ValueError``. A wrapper of
 ``DataCollatorWithFlattening`` (our checks of empty, text, ragged and padded rows, then HF's collator) costs
-2.1x the CPU time per batch of ours (1,896 vs 896 us, GSM8K rows, batches of 16: ``python
-scripts/bench_flattening.py``); HF's collator also fills positions token by token in Python, ignores an
-``attention_mask`` (it would flatten padding) and the ``position_ids`` of packed rows (document boundaries
-lost). Outputs are equal (``tests/unit/test_collators.py``).
+more CPU time per batch than ours (``python scripts/bench_flattening.py`` measures both); HF's collator also
+fills positions token by token in Python, ignores an ``attention_mask`` (it would flatten padding) and the
+``position_ids`` of packed rows (document boundaries lost). Outputs are equal
+(``tests/unit/test_collators.py``).
 
 Documents kept apart by ``position_ids``: ``transformers`` (``masking_utils._preprocess_mask_arguments``)
 derives a block-diagonal causal mask from ``position_ids`` (a new sequence wherever the position does not grow

@@ -591,8 +591,9 @@ class DataLoaderHooks:
 
         Lightning's default walks the batch with ``apply_to_collection``, whose fast path needs a dict of
         tensors only; the window counts (``int``) send every batch down its slow path (ABC ``isinstance``
-        checks per value, per micro-batch: 94 us against 16 us here). Any other batch type keeps Lightning's
-        behaviour. Here rather than in the LightningModule: Lightning warns on every fit when both define it.
+        checks per value, per micro-batch; docs/benchmarks.md has the timing). Any other batch type keeps
+        Lightning's behaviour. Here rather than in the LightningModule: Lightning warns on every fit when both
+        define it.
         """
         kind = type(batch)
         if kind is not dict and kind is not WindowBatch:

@@ -219,7 +219,7 @@ class HFLightningModule(
         """The loss Lightning back-propagates for one micro-batch: every factor of the step's loss scale.
 
         HF ``Trainer.training_step`` / ``compute_loss`` with the count of ``get_batch_samples``, step by step
-        (transformers 5.24 function names). The gradient applied is exactly d(window loss)/dθ, with
+        (HF's function names). The gradient applied is exactly d(window loss)/dθ, with
         window loss = Σ loss terms over the window's micro-batches and ranks / ``num_items_in_batch``.
         Returns a 0-dim float tensor.
         """

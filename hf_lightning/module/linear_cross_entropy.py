@@ -30,11 +30,10 @@ import torch.nn.functional as F
 from hf_lightning.batch import IGNORE_INDEX
 
 #: float32 bytes of one chunk's logits, per device type: rows per chunk = bytes // (4 x vocabulary), at least
-#: 16. CPU: measured with scripts/bench_memory.py (one step of 2,048 tokens, vocabulary 128,256, hidden 64):
-#: 32 MiB was the fastest of 16/32/64/128 MiB (16 MiB ~12 % slower: every chunk reads the whole head again),
-#: and at or below 32 MiB glibc reuses the freed chunk from its heap instead of mapping fresh pages for every
-#: chunk. CUDA: not measured yet; large enough that the head's matrix products are not bound by reading the
-#: weight once per chunk (512 rows of a 128,256 vocabulary), as Liger sizes its chunks.
+#: 16. CPU: 32 MiB, the fastest of the sizes compared by scripts/bench_memory.py (docs/benchmarks.md; smaller
+#: chunks read the whole head more often), and at or below 32 MiB glibc reuses the freed chunk from its heap
+#: instead of mapping fresh pages for every chunk. CUDA: large enough that the head's matrix products are not
+#: bound by reading the weight once per chunk (512 rows of a 128,256 vocabulary), as Liger sizes its chunks.
 CHUNK_BYTES = {"cpu": 32 * 2**20, "cuda": 256 * 2**20}
 DEFAULT_CHUNK_BYTES = 64 * 2**20
 

@@ -119,7 +119,7 @@ def loss_shifts_labels(model: Any) -> bool:
     model is not encoder-decoder. ``loss_function`` maps ``loss_type`` through ``LOSS_MAPPING`` and falls back
     to ``ForCausalLMLoss`` when ``loss_type`` is unset or unknown: ``GPT2LMHeadModel`` (no ``ForCausalLM`` in
     its class name, so ``loss_type is None``) shifts its labels. HF ``Trainer``'s ``_loss_shifts_labels``
-    skips that fallback (transformers 5.24) and then counts ``num_items_in_batch`` without the shift, one
+    skips that fallback and then counts ``num_items_in_batch`` without the shift, one
     extra target per row, so its logged GPT-2 loss is lower than the token mean. A module that is not a
     ``PreTrainedModel`` (no ``loss_type``) counts as causal unless its config says ``is_encoder_decoder``: a
     ``forward`` that returns ``(B, L, V)`` logits is a causal LM unless told otherwise (pass ``causal=False``

@@ -194,7 +194,7 @@ class TrainLog:
         ``train/loss`` rows, the evaluation rows (:mod:`~hf_lightning.module.eval_steps`) and the
         :class:`~hf_lightning.callbacks.NonFiniteGuard` counters.
 
-        Why not ``self.log`` (checked against Lightning 2.6's ``_LoggerConnector``, issue 16):
+        Why not ``self.log`` (what Lightning's ``_LoggerConnector`` does with it):
 
         - Lightning writes a step's logged values after every ``on_train_batch_end`` hook has run, i.e. after
           ``ModelCheckpoint`` / ``Preemption`` saved the checkpoint of that step. The row of step N must be on

@@ -1,5 +1,5 @@
-"""A config group named on the command line wins over what ``+experiment=...`` sets for the same keys (issue
-17 item 5): Hydra merges the experiment last, so without this ``trainer=debug`` would lose to sft silently."""
+"""A config group named on the command line wins over what ``+experiment=...`` sets for the same keys:
+Hydra merges the experiment last, so without this ``trainer=debug`` would lose to sft silently."""
 
 from __future__ import annotations
 

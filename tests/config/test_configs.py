@@ -280,7 +280,7 @@ def _build_experiment(cfg):
         assert isinstance(instantiate(cfg.data, _convert_="all")(tokenizer=tokenizer), HFDataModule)
     except ConfigError as err:
         if f"data.format={cfg.data.format!r}" in str(err):
-            pytest.skip(f"HFDataModule has no {cfg.data.format!r} format yet (issue 4, data side): {err}")
+            pytest.skip(f"HFDataModule has no {cfg.data.format!r} format yet: {err}")
         raise
 
 

@@ -1,5 +1,5 @@
 """The top level of a config is closed: a key is a group, one of the run's settings, or refused in one line;
-an HF ``TrainingArguments`` name is refused with our key for it (issue 17 item 1)."""
+an HF ``TrainingArguments`` name is refused with our key for it."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""A config option whose optional package is missing stops with one line naming the package and the extra
-(issue 14, item 11).
+"""A config option whose optional package is missing stops with one line naming the package and the extra.
 
 Before: ``strategy=deepspeed_zero2`` without deepspeed gave Hydra's multi-line "Error in call to target" (exit
 1); ``logger=tensorboard`` / ``wandb`` a traceback after the run had started (exit 1);

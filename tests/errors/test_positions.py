@@ -1,4 +1,4 @@
-"""``data.max_length`` longer than the model's positions (issue 14, item 9).
+"""``data.max_length`` longer than the model's positions.
 
 Before: a GPT-2 with ``n_positions=128`` and the clm default ``max_length=512`` passed setup, then the first
 step died with ``IndexError: index out of range in self`` in the position embedding (exit 1 from the command

@@ -1,4 +1,4 @@
-"""A tiny GPT-2 model folder and documents of a known token count, for the CLI log tests (issue 17).
+"""A tiny GPT-2 model folder and documents of a known token count, for the CLI log tests.
 
 GPT-2 (``GPT2LMHeadModel``) is the model of the migration tutorial; its ``forward`` is one of those that warn
 about padding without an ``attention_mask``, and its pad token is its EOS. Every document here is exactly

@@ -1,4 +1,4 @@
-"""Issue 16's measure, kept: the files a batch passes through from ``data.path`` to ``backward``
+"""The files a batch passes through from ``data.path`` to ``backward``
 (``scripts/trace_batch_path.py``, which runs a real one-step training under the profiler) stay at most 10, for
 the default layout (packed per batch) and the padded one. The trace must see the loss and a collator, so an
 empty or broken trace cannot pass."""

@@ -122,7 +122,7 @@ def test_file_without_expected_fields(tmp_path):
     bad = tmp_path / "fields.jsonl"
     bad.write_text('{"question": "a", "answer": "b"}\n{"question": "c", "answer": "d"}\n')
     err = _bad(tmp_path, f"data.path={bad}")
-    # the format is told from the columns (issue 17 item 6): none fits, so the line names them and a rename
+    # the format is told from the columns: none fits, so the line names them and a rename
     assert "cannot tell the data format from the columns ['question', 'answer']" in err
     assert "+data.rename_columns='{question: prompt, answer: completion}'" in err
 

@@ -1,4 +1,4 @@
-"""Two-process CPU DDP through the CLI prints one run (issue 17, item 9): rank 0 speaks for it, one ``done:``
+"""Two-process CPU DDP through the CLI prints one run: rank 0 speaks for it, one ``done:``
 line with the run's totals (both ranks' real tokens: 2 steps x 2 ranks x 2 packed rows x (40 + EOS) tokens,
 counted by hand), no line said by each rank, and no Lightning ``sync_dist`` advice for validation values that
 are already synced."""

@@ -1,4 +1,4 @@
-"""DDP with fewer validation rows than ranks, or unequal shares (issue 14, item 8): two real gloo processes.
+"""DDP with fewer validation rows than ranks, or unequal shares: two real gloo processes.
 
 Before: 8 rows, the default 5% hold-out (1 validation row) and 2 ranks died in Lightning with
 "`EpochDataLoader` within local rank has zero length" and a traceback per rank (exit 1). Now the empty rank

@@ -1,4 +1,4 @@
-"""Two real gloo DDP processes x 2 DataLoader workers on a stream of 8 JSON Lines files (issue 19 item 6):
+"""Two real gloo DDP processes x 2 DataLoader workers on a stream of 8 JSON Lines files:
 each of the 4 readers reads its own files, every row is trained on exactly once in the epoch (by content), and
 both ranks run the same number of steps (shorter readers end with masked copies)."""
 

@@ -1,4 +1,4 @@
-"""A chat template whose end-of-turn generation cannot stop on (issue 17, item 8).
+"""A chat template whose end-of-turn generation cannot stop on.
 
 The sft run's ChatML template on GPT-2's tokenizer: ``<|im_end|>`` is 7 BPE tokens; the run says so at setup
 in a WARNING naming the text, its pieces and the fix. With ``<|im_end|>`` added as a special token (one token,

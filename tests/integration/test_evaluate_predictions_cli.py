@@ -1,4 +1,4 @@
-"""``python -m hf_lightning.evaluate`` on a file (issue 17, item 12): no train split is prepared or logged,
+"""``python -m hf_lightning.evaluate`` on a file: no train split is prepared or logged,
 ``predictions.jsonl`` holds each row's prompt and reference text beside the reply, and ``generate=true``
 generates in left-padded batches whose greedy replies equal HF ``generate`` run on one prompt at a time."""
 

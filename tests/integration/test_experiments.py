@@ -59,7 +59,7 @@ def _skip_unless_format(fmt: str) -> None:
         HFDataModule(tokenizer=_Tok(), format=fmt)
     except ConfigError as err:
         if f"data.format={fmt!r}" in str(err):
-            pytest.skip(f"needs the {fmt!r} format and collator of HFDataModule (issue 4, data side): {err}")
+            pytest.skip(f"needs the {fmt!r} format and collator of HFDataModule: {err}")
         raise
 
 
@@ -106,7 +106,7 @@ def test_experiment_runs_two_steps(experiment, compose_cfg, shared_data, tmp_pat
         _skip_unless_format(cfg.data.format)
     if cfg.model.task == "sequence_classification" and not _classification_loss_is_cross_entropy():
         pytest.skip(
-            "needs the sequence-classification loss of HFLightningModule (issue 3, loss side): compute_loss "
+            "needs the sequence-classification loss of HFLightningModule: compute_loss "
             "treats 1-D class labels as causal tokens (shifted), so the classifier's loss is not its "
             "cross-entropy"
         )

@@ -1,8 +1,8 @@
-"""The shipped experiments read the format from the column names (issue 17, item 6), and the README's rename
-override runs as written (item 7): GSM8K's ``question/answer`` under ``+experiment=clm`` is refused naming the
+"""The shipped experiments read the format from the column names, and the README's rename override
+runs as written: GSM8K's ``question/answer`` under ``+experiment=clm`` is refused naming the
 columns, what fits and the override; with that override (taken from README.md) it trains on the completions;
 ShareGPT ``conversations`` under ``+experiment=sft`` trains; a forced ``data.format`` that the columns do not
-fit is refused naming the format they do fit. Each refusal is one line, printed once (item 11)."""
+fit is refused naming the format they do fit. Each refusal is one line, printed once."""
 
 from __future__ import annotations
 

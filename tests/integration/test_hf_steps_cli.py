@@ -1,4 +1,4 @@
-"""``eval_steps``, ``save_steps``, ``logging_steps`` as a user runs them (issue 17, item 3).
+"""``eval_steps``, ``save_steps``, ``logging_steps`` as a user runs them.
 
 10 training rows, micro-batch 2, accumulation 2: 5 micro-batches per epoch, so 3 optimizer steps per epoch
 (the last window a single micro-batch); 8 steps in all. HF's rule (``DefaultFlowCallback``): evaluations at 2,

@@ -1,4 +1,4 @@
-"""``python -m hf_lightning.migrate`` on dumps written by transformers itself (issue 17, item 2).
+"""``python -m hf_lightning.migrate`` on dumps written by transformers itself.
 
 Each test builds ``TrainingArguments`` here and saves both forms a user has: the JSON of ``to_json_string()``
 and the ``training_args.bin`` that ``Trainer.save_model`` writes. The expected overrides are read from the

@@ -1,8 +1,8 @@
 """A run ended by ``trainer.max_steps`` in the middle of an epoch and continued with a larger ``max_steps``
-goes on with the rest of that epoch (issue 14, item 5), and a ``trainer.max_steps`` given on the command line
-wins over an epoch count the command line did not give (item 6).
+goes on with the rest of that epoch, and a ``trainer.max_steps`` given on the command line
+wins over an epoch count the command line did not give.
 
-The job of issue 14: 40 rows in micro-batches of 2 with accumulation 2, so an epoch is 20 micro-batches, 10
+The job: 40 rows in micro-batches of 2 with accumulation 2, so an epoch is 20 micro-batches, 10
 optimizer steps; shuffled. The reference is the run that never stopped (12 steps straight); the stopped run
 ends at step 7 (14 micro-batches into epoch 0) and is continued with ``trainer.max_steps=12 ckpt_path=last``:
 the weights must be bit-identical and every step logged once, steps 1-10 in epoch 0. HF ``Trainer`` does the
@@ -44,8 +44,8 @@ def max_difference(a_dir, b_dir) -> float:
 
 @pytest.fixture(scope="module")
 def straight12(text_file, tmp_path_factory):  # noqa: F811
-    """12 steps without a stop; ``max_epochs=null``, so no epoch count ends it (the rule of item 6 not
-    involved)."""
+    """12 steps without a stop; ``max_epochs=null``, so no epoch count ends it (the command-line
+    ``max_steps`` rule not involved)."""
     folder = tmp_path_factory.mktemp("straight12") / "run"
     run(folder, text_file, "trainer.max_epochs=null")
     return folder
@@ -65,7 +65,7 @@ CONTINUED = {
         "trainer.max_epochs=null",
         "callbacks.model_checkpoint.every_n_train_steps=3",
     ),
-    # the clm experiment's max_epochs=1: the command line's max_steps wins over it (item 6)
+    # the clm experiment's max_epochs=1: the command line's max_steps wins over it
     "clm_default_max_epochs": (),
 }
 

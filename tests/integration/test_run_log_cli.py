@@ -1,5 +1,4 @@
-"""What a run prints with its output going to a file, as under ``nohup`` or SLURM (issue 17, items 10, 11, 13,
-14).
+"""What a run prints with its output going to a file, as under ``nohup`` or SLURM.
 
 One packed GPT-2 run of 2 steps x 4 rows, every row a 40-token document plus its EOS: 2 x 4 x 41 = 328 real
 tokens, counted by hand. Checked: no progress bar in the output (stdout is a pipe here), none of the listed

@@ -1,5 +1,4 @@
-"""The validation of the final weights competes for ``checkpoints/best.ckpt`` like any other (issue 14, item
-7).
+"""The validation of the final weights competes for ``checkpoints/best.ckpt`` like any other.
 
 HF ``Trainer`` and ``train()`` run the same job side by side: one tiny Llama saved to a folder (both load it),
 the same 30 text rows in order, AdamW, a linear schedule over 13 steps, clipping at 1.0, an evaluation every

@@ -1,6 +1,6 @@
 """The tutorial model of docs/migration.md (GPT-2 from a config) against HF ``Trainer`` on the same rows.
 
-transformers 5.24 decides whether labels are shifted from ``model.loss_type``; ``GPT2LMHeadModel`` has none,
+HF ``Trainer`` decides whether labels are shifted from ``model.loss_type``; ``GPT2LMHeadModel`` has none,
 so ``Trainer`` counts ``num_items_in_batch`` as every ``labels != -100`` (one target too many per row) while
 the model's loss still compares logit ``t`` with label ``t + 1``. Its logged ``loss`` and ``eval_loss`` are
 therefore the token sum over that larger count. hf_lightning divides by the real number of targets. With

@@ -1,5 +1,5 @@
 """HF's ``eval_steps``, ``save_steps``, ``logging_steps`` and ``load_best_model_at_end``, side by side with HF
-``Trainer`` (issue 17, items 3 and 4).
+``Trainer``.
 
 One job on both sides: a tiny Llama saved to a folder, 30 rows of real web text (shared/data c4-demo) in
 order, micro-batch 2 x accumulation 2 (15 micro-batches, so 8 optimizer steps per epoch, the last window of

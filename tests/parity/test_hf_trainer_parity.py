@@ -7,9 +7,9 @@ itself: per-step loss, grad_norm and learning rate, and every final weight, with
 
 Logged values and what they mean on each side: HF ``loss`` is the sum of the micro-batch losses of the steps
 since the last log divided by their number, so with ``logging_steps=1`` it is the step's window loss, like our
-``train/loss``. Both ``grad_norm`` are the total norm before clipping. HF's ``learning_rate`` has been the
-rate used in the step since transformers 4.51 (read before ``lr_scheduler.step()``, PR #36973); before that it
-was the next step's rate, which only the shifted column would match. This runs against transformers 5.x.
+``train/loss``. Both ``grad_norm`` are the total norm before clipping. HF's ``learning_rate`` is the rate
+used in the step (read before ``lr_scheduler.step()``); older releases logged the next step's rate, which
+only the shifted column would match.
 """
 
 from __future__ import annotations

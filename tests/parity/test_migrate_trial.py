@@ -1,4 +1,4 @@
-"""The issue 17 trial, as a user runs it: an HF ``Trainer`` job with ``eval_steps``, ``save_steps``,
+"""The migration trial, as a user runs it: an HF ``Trainer`` job with ``eval_steps``, ``save_steps``,
 ``logging_steps``, ``load_best_model_at_end`` and ``metric_for_best_model``; its ``training_args.bin``
 (written by transformers beside a checkpoint) converted by ``python -m hf_lightning.migrate``; the printed
 command run as is (plus the model and data words); HF's evaluation steps, saved steps and best step come out.

@@ -1,5 +1,5 @@
-"""DeepSpeed steps at the end of our accumulation windows, the short last window of an epoch included (issue
-14, item 15), proved on CPU with the engine emulated (``tests/deepspeed_emulation.py``: deepspeed needs CUDA).
+"""DeepSpeed steps at the end of our accumulation windows, the short last window of an epoch included,
+proved on CPU with the engine emulated (``tests/deepspeed_emulation.py``: deepspeed needs CUDA).
 
 5 micro-batches per epoch, 2 epochs, accumulation 2. By hand: windows of 2, 2, 1 micro-batches per epoch, so 6
 optimizer steps, and a linear schedule over 6 steps from lr 0.01 uses 0.01 x (1 - i/6) at step i. Lightning's

@@ -1,4 +1,4 @@
-"""``lightning.Trainer.validate()`` / ``.test()`` return the metrics (issue 14, item 14).
+"""``lightning.Trainer.validate()`` / ``.test()`` return the metrics.
 
 Lightning users read the list of dicts these calls return. HFLightningModule writes its evaluation metrics to
 the loggers itself (at HF's step), so Lightning's own collection stayed empty and both calls returned

@@ -177,8 +177,7 @@ def test_eval_shards_cover_every_example_once():
                 ExactDistributedSampler(range(n), world, r, shuffle=False, top_up=False) for r in range(world)
             ]
             shards = [list(s) for s in samplers]
-            # strided (what gather() undoes); a rank with no example gets one placeholder, ~0 (issue 14 item
-            # 8)
+            # strided (what gather() undoes); a rank with no example gets one placeholder, ~0
             assert shards == [list(range(r, n, world)) or ([~0] if n else []) for r in range(world)]
             assert sorted(i for s in shards for i in s if i >= 0) == list(range(n))
             assert [len(s) for s in samplers] == [len(s) for s in shards]

@@ -1,4 +1,4 @@
-"""A ``datasets.Dataset`` with a transform or a format is trained on what its rows return (issue 14, item 10).
+"""A ``datasets.Dataset`` with a transform or a format is trained on what its rows return.
 
 Before: ``set_transform`` tokenizing on access crashed at setup with ``KeyError: 'text'`` (the format was read
 off the stored columns, ``Dataset.map`` handed over the transformed ones); a transform that renames columns

@@ -1,6 +1,6 @@
-"""The HF run-level keys (``eval_steps``, ``save_steps``, ...): HF's rules, worked by hand (issue 17, item 3).
+"""The HF run-level keys (``eval_steps``, ``save_steps``, ...): HF's rules, worked by hand.
 
-Expected step lists follow ``DefaultFlowCallback.on_step_end`` / ``on_epoch_end`` of transformers 5.24 read by
+Expected step lists follow ``DefaultFlowCallback.on_step_end`` / ``on_epoch_end`` of transformers, read by
 hand: multiples of the interval over the whole run, plus the final step; ``epoch``: each epoch's last step
 plus the final step; a ratio ``r < 1`` is ``ceil(max_steps * r)`` (``TrainerState.compute_steps``).
 """

@@ -1,5 +1,4 @@
-"""``LoadBestModel`` keeps HF's rule for the best model (issue 17, item 4): a real Lightning fit of a tiny
-Llama.
+"""``LoadBestModel`` keeps HF's rule for the best model: a real Lightning fit of a tiny Llama.
 
 HF (``_determine_best_metric`` + ``_save_checkpoint``): a strictly better evaluation records its step; at each
 save, that step's checkpoint becomes the best model if it was saved. The expected best model is worked out

@@ -1,5 +1,4 @@
-"""What hf_lightning adds to every micro-batch, counted in tensor operations (issue 19, item 3: a cheaper
-loop).
+"""What hf_lightning adds to every micro-batch, counted in tensor operations.
 
 Timing a loop in a test would be flaky; the number of torch calls is not. Counted with a ``TorchFunctionMode``
 (every ``torch.*`` function and ``Tensor`` method call) during a real fit, outside the model's forward and the

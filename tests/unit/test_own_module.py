@@ -136,8 +136,8 @@ class TrainModes(L.Callback):
 
 
 def test_the_readme_module_trains_a_loaded_model_with_dropout_on(word_tokenizer, tmp_path):
-    # from_pretrained returns the model in eval mode and Lightning 2.2+ keeps each submodule's mode (it calls
-    # no .train() at fit start, only warns): before, the README's module fine-tuned it with dropout off
+    # from_pretrained returns the model in eval mode and Lightning keeps each submodule's mode (it calls no
+    # .train() at fit start, only warns): before, the README's module fine-tuned it with dropout off
     from transformers import AutoModelForCausalLM
 
     tiny_llama(len(word_tokenizer), attention_dropout=0.1).save_pretrained(tmp_path)

@@ -1,4 +1,4 @@
-"""The evaluation placeholder of a rank with no example (issue 14, item 8) adds nothing.
+"""The evaluation placeholder of a rank with no example adds nothing.
 
 Two real processes are in ``tests/integration/test_ddp_small_validation.py``; here one process checks the
 pieces: the sampler and the stream give an empty rank one masked copy, the collator marks it, and a

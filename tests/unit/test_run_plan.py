@@ -1,7 +1,7 @@
-"""The run's step counts and the lines that report what it does not get as configured (issue 14, items 6 and
-12): short accumulation windows (one WARNING with the configured and effective lengths and how many steps are
-short), ``max_epochs`` ending a run before ``max_steps``, and a command-line ``max_steps`` winning over an
-epoch count nobody gave."""
+"""The run's step counts and the lines that report what it does not get as configured: short accumulation
+windows (one WARNING with the configured and effective lengths and how many steps are short),
+``max_epochs`` ending a run before ``max_steps``, and a command-line ``max_steps`` winning over an epoch count
+nobody gave."""
 
 from __future__ import annotations
 

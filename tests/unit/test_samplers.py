@@ -110,8 +110,7 @@ def test_drop_last_leaves_out_the_tail_and_evaluation_splits_without_padding(n, 
     evaluation = _coverage(n, world, shuffle=False, top_up=False)
     assert sorted(i for p in evaluation for i in p if i >= 0) == list(range(n))
     assert evaluation[0][:2] == [0, world][: len(evaluation[0][:2])]
-    # a rank with no example evaluates one placeholder (~0), every other rank only real examples (issue 14
-    # item 8)
+    # a rank with no example evaluates one placeholder (~0), every other rank only real examples
     assert [p for p in evaluation if any(i < 0 for i in p)] == [[~0]] * max(world - n, 0)
 
 

@@ -1,4 +1,4 @@
-"""Streams split by shards (issue 19 item 6): a multi-file JSON Lines stream read by ranks x workers gives
+"""Streams split by shards: a multi-file JSON Lines stream read by ranks x workers gives
 each reader only its own files, every row exactly once per epoch, the same number of examples per reader
 (masked copies at the tail), and a resume that continues where it stopped; too few or uneven shards keep the
 split by rows, said in one line."""

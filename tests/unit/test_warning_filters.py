@@ -1,4 +1,4 @@
-"""Warnings (issue 16): the library installs no process-wide filter; the commands install theirs.
+"""Warnings: the library installs no process-wide filter; the commands install theirs.
 
 ``lightning_module.py`` used to install three ``warnings.filterwarnings`` at import time, hiding them from
 every application that imported ``hf_lightning``; one of them hid the warning Lightning gives on every fit
