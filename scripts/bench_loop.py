@@ -374,7 +374,7 @@ def main() -> None:
             f"{args.rounds} interleaved rounds; ratios: median of per-round ratios"
         )
         print(table(header, rows))
-    print("goals (issue 19): b/a <= 1.10 (overhead model), <= 1.02 (compute model); b/c <= 0.95 on both")
+    print("goals: b/a <= 1.10 (overhead model), <= 1.02 (compute model); b/c <= 0.95 on both")
     print(
         "\nThroughput callback: CPU time in its hooks / step CPU time (b lean + callback), median and max of "
         "rounds"
