@@ -64,7 +64,7 @@ def test_a_file_with_its_classes_in_another_column_names_the_fix_and_the_fix_run
     )
     assert fixed.returncode == 0, fixed.stderr[-3000:]
     log = (run_dir / "train.log").read_text()
-    assert "done: 1 optimizer steps" in log
+    assert "done: 1 optimizer step in" in log
     # the command line binds the model it builds before the columns are pruned
     assert NO_MODEL not in log and NO_MODEL not in fixed.stderr
 
