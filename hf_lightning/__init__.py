@@ -3,8 +3,8 @@
 The library imports and runs without Hydra; only the entry points (``hf_lightning.train``) use it.
 """
 
+from hf_lightning.core.errors import ConfigError, DataError, HFLightningError, ModelError, TrainingError
 from hf_lightning.data import HFDataModule
-from hf_lightning.errors import ConfigError, DataError, HFLightningError, ModelError, TrainingError
 from hf_lightning.module import HFLightningModule
 
 __all__ = [

@@ -20,9 +20,9 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig
 
-from hf_lightning.batch import IGNORE_INDEX
-from hf_lightning.cli import hide_library_warnings
-from hf_lightning.errors import ConfigError, HFLightningError
+from hf_lightning.cli.process import hide_library_warnings
+from hf_lightning.core.batch import IGNORE_INDEX
+from hf_lightning.core.errors import ConfigError, HFLightningError
 
 log = logging.getLogger("hf_lightning.evaluate")
 
@@ -96,7 +96,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     from hf_lightning.checkpointing.resume import resolve_ckpt_path
     from hf_lightning.checkpointing.weights import load_model_weights
     from hf_lightning.config.build import build
-    from hf_lightning.run_folder import check_checkpoint_of_run, checkpoint_dir
+    from hf_lightning.run.folder import check_checkpoint_of_run, checkpoint_dir
 
     out_dir = cfg.output_dir
     # `last` as train reads it: the run folder's (or callbacks.model_checkpoint.dirpath's) newest checkpoint
@@ -164,7 +164,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="evaluate")
 def main(cfg: DictConfig) -> None:
-    from hf_lightning.cli_output import report_error
+    from hf_lightning.cli.output import report_error
 
     hide_library_warnings()
     try:
@@ -175,7 +175,7 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    from hf_lightning.cli_output import quiet_known_noise
+    from hf_lightning.cli.output import quiet_known_noise
 
     quiet_known_noise()
     from hf_lightning.config.typos import exit_on_misspelt_override

@@ -17,8 +17,8 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig
 
-from hf_lightning.cli import hide_library_warnings
-from hf_lightning.errors import HFLightningError
+from hf_lightning.cli.process import hide_library_warnings
+from hf_lightning.core.errors import HFLightningError
 
 
 def first_batch(cfg: DictConfig) -> tuple[Any, Any]:
@@ -49,7 +49,7 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    from hf_lightning.cli_output import quiet_known_noise
+    from hf_lightning.cli.output import quiet_known_noise
 
     quiet_known_noise()
     from hf_lightning.config.typos import exit_on_misspelt_override

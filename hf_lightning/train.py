@@ -20,10 +20,10 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig
 
-from hf_lightning.arguments import counted, shown
-from hf_lightning.cli import hide_library_warnings
+from hf_lightning.cli.process import hide_library_warnings
 from hf_lightning.config.build import in_multirun
-from hf_lightning.errors import ConfigError, HFLightningError
+from hf_lightning.core.arguments import counted, shown
+from hf_lightning.core.errors import ConfigError, HFLightningError
 
 log = logging.getLogger("hf_lightning.train")
 
@@ -41,11 +41,11 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
     """
     from hf_lightning.checkpointing import find_resume_checkpoint
     from hf_lightning.checkpointing.files import remove_leftovers
-    from hf_lightning.cli_output import begin_job
+    from hf_lightning.cli.output import begin_job
     from hf_lightning.config.build import check
-    from hf_lightning.run_end import finished_run_metrics
-    from hf_lightning.run_folder import check_run_folder, checkpoint_dir
-    from hf_lightning.run_lock import (
+    from hf_lightning.run.end import finished_run_metrics
+    from hf_lightning.run.folder import check_run_folder, checkpoint_dir
+    from hf_lightning.run.lock import (
         hold_checkpoint_folder,
         hold_run_folder,
         release_checkpoint_folder,
@@ -111,17 +111,17 @@ def _fit(
 ) -> tuple[dict[str, float], dict[str, Any]]:
     """``fit`` the built objects; the final metrics."""
     from hf_lightning.checkpointing.weights import summarize_load_error, weights_mismatch_message
-    from hf_lightning.cli_output import job_seconds
-    from hf_lightning.errors import ModelError
-    from hf_lightning.faults import explain_faults
-    from hf_lightning.run_end import (
+    from hf_lightning.cli.output import job_seconds
+    from hf_lightning.core.errors import ModelError
+    from hf_lightning.run.end import (
         finish_run,
         finished_metrics,
         newest_logged,
         run_tokens_per_s,
         write_final_metrics,
     )
-    from hf_lightning.run_folder import checkpoint_dir
+    from hf_lightning.run.faults import explain_faults
+    from hf_lightning.run.folder import checkpoint_dir
 
     trainer, datamodule, module, model = run.trainer, run.datamodule, run.module, run.model
     model_path = cfg.model.get("name_or_path")
@@ -318,7 +318,7 @@ def _report_log_file_errors() -> None:
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> float | None:
-    from hf_lightning.cli_output import begin_job, log_early_notes, report_error, speak_for_the_run
+    from hf_lightning.cli.output import begin_job, log_early_notes, report_error, speak_for_the_run
 
     hide_library_warnings()
     begin_job(cli=True)
@@ -345,8 +345,8 @@ def check_command_line(args: list[str]) -> list[str]:
     :func:`~hf_lightning.config.typos.mapping_spellings`)."""
     import shutil
 
+    from hf_lightning.config.optional import check_command_line as check_plugins
     from hf_lightning.config.typos import checked_command_line
-    from hf_lightning.optional import check_command_line as check_plugins
 
     try:
         check_plugins(args)
@@ -365,7 +365,7 @@ def check_command_line(args: list[str]) -> list[str]:
 
 
 if __name__ == "__main__":
-    from hf_lightning.cli_output import quiet_known_noise
+    from hf_lightning.cli.output import quiet_known_noise
 
     quiet_known_noise()
     sys.argv[1:] = check_command_line(sys.argv[1:])

@@ -51,7 +51,7 @@ from bench_support import (
     tiny_llama,
 )
 
-from hf_lightning.batch import padding_mask
+from hf_lightning.core.batch import padding_mask
 from hf_lightning.data.model_facts import binding_from_trainer
 
 MICRO_BATCH = 4  # --micro-batch

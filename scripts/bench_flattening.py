@@ -16,8 +16,8 @@ import torch
 from bench_support import gpt2_tokenizer, gsm8k_tokenized, set_threads
 from transformers import DataCollatorWithFlattening
 
+from hf_lightning.core.errors import DataError
 from hf_lightning.data.collators import PaddingFreeCollator, checked_column, flatten_rows
-from hf_lightning.errors import DataError
 
 
 class Wrapped:

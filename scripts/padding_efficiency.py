@@ -4,7 +4,7 @@
 
 GSM8K rows become prompt/completion (question / answer), tokenized with the shared GPT-2 tokenizer; one epoch
 of each training loader is read and its real tokens divided by the slots of its batches (B x padded length; a
-padding-free batch is one row with no padding). Padding follows ``hf_lightning.batch.padding_mask``.
+padding-free batch is one row with no padding). Padding follows ``hf_lightning.core.batch.padding_mask``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import time
 from bench_support import gpt2_tokenizer, gsm8k_prompt_completion, table
 
 from hf_lightning import HFDataModule
-from hf_lightning.batch import padding_mask
+from hf_lightning.core.batch import padding_mask
 
 LAYOUTS = {
     "random": {},

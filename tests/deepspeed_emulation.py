@@ -87,7 +87,7 @@ def fake_deepspeed() -> types.ModuleType:
     """A ``deepspeed`` module whose ``initialize`` returns an :class:`EmulatedEngine` (kept in
     ``.engines``)."""
     ds = types.ModuleType("deepspeed")
-    # a spec, so that importlib.util.find_spec (hf_lightning.optional.is_missing) finds it as installed
+    # a spec, so that importlib.util.find_spec (hf_lightning.config.optional.is_missing) finds it as installed
     ds.__spec__ = importlib.machinery.ModuleSpec("deepspeed", None)
     ds.__version__ = "0.16.0"
     ds.engines = []

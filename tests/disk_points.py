@@ -74,7 +74,7 @@ class DiskFault(L.Callback):
                 io.save_checkpoint, lambda *a, **k: trainer.global_step == self.step
             )
         if self.write == "final_metrics":  # after the final validation and the export, as the last write
-            import hf_lightning.run_end as run_end
+            import hf_lightning.run.end as run_end
 
             run_end.write_json = self._before(
                 run_end.write_json, lambda path, *a, **k: str(path).endswith("final_metrics.json")

@@ -96,7 +96,7 @@ def fill_frozen(module: Any, checkpoint: dict[str, Any]) -> None:
     saved = checkpoint[KEY].get("base_fingerprint")
     adapter = is_adapter_model(getattr(module, "model", None))
     if saved is not None and adapter and not same_base(saved, base_fingerprint(module)):
-        from hf_lightning.errors import ModelError
+        from hf_lightning.core.errors import ModelError
 
         base = checkpoint[KEY].get("base_model") or "a base built from model.config"
         raise ModelError(
@@ -109,7 +109,7 @@ def fill_frozen(module: Any, checkpoint: dict[str, Any]) -> None:
         now = adapter_settings_of(module.model)
         wrong = [k for k in COMPUTE_SETTINGS if k in saved_settings and saved_settings[k] != now[k]]
         if wrong:
-            from hf_lightning.errors import ConfigError
+            from hf_lightning.core.errors import ConfigError
 
             raise ConfigError(
                 "; ".join(

@@ -27,7 +27,7 @@ def _base_source(model: Any) -> str | None:
     name = getattr(model.get_base_model().config, "name_or_path", None)
     if not name:
         return None
-    from hf_lightning.hub import looks_like_hub_id
+    from hf_lightning.models.hub import looks_like_hub_id
 
     if os.path.isdir(name):
         return os.path.abspath(name)

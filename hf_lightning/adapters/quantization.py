@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from hf_lightning.adapters.settings import AdapterSettings
-from hf_lightning.errors import ConfigError
+from hf_lightning.core.errors import ConfigError
 
 
 def qlora_refusal(settings: AdapterSettings | None, accelerator: Any, cuda_available: bool) -> str | None:

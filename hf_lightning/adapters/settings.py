@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from hf_lightning.errors import ConfigError
+from hf_lightning.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@ mode."""
 
 from __future__ import annotations
 
-from hf_lightning.errors import ConfigError
+from hf_lightning.core.errors import ConfigError
 from hf_lightning.module.schedules import metric_key
 
 

@@ -29,7 +29,6 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from hf_lightning.arguments import counted
 from hf_lightning.callbacks.final_validation import is_final_step
 from hf_lightning.compat import (
     acts_after_every_validation,
@@ -39,6 +38,7 @@ from hf_lightning.compat import (
     total_batch_index,
 )
 from hf_lightning.config.hf_args import StepSchedule
+from hf_lightning.core.arguments import counted
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import lightning as L
 
-from hf_lightning.errors import ConfigError
+from hf_lightning.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

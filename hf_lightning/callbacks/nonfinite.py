@@ -8,10 +8,10 @@ loss from the log); one NaN step makes every weight NaN, and the checkpoints sav
   no op and no host sync per micro-batch) and the total gradient norm, read together once per step
   (``on_before_optimizer_step``; with :class:`~hf_lightning.HFLightningModule` the norm is the same pass as
   the clipping's and the log line's);
-- non-finite → ``on_nonfinite="stop"`` raises :class:`~hf_lightning.errors.TrainingError` before the update
-  (the weights and the last checkpoint stay as they were), ``"skip"`` drops the window's gradients (every
-  included), counts the step in ``skipped_steps`` and goes on; ``max_consecutive_skips`` skipped steps in a
-  row stop the run. The skipped step's loss and gradient norm stay out of the train log (no NaN in a row:
+- non-finite → ``on_nonfinite="stop"`` raises :class:`~hf_lightning.core.errors.TrainingError` before the
+  update (the weights and the last checkpoint stay as they were), ``"skip"`` drops the window's gradients
+  (every included), counts the step in ``skipped_steps`` and goes on; ``max_consecutive_skips`` skipped steps
+  in a row stop the run. The skipped step's loss and gradient norm stay out of the train log (no NaN in a row:
   :meth:`HFLightningModule.skip_step_in_log <hf_lightning.module.train_log.TrainLog.skip_step_in_log>`);
 - after each update, before any callback can save it, the weights themselves (``on_train_batch_end``, one
   max-abs reduction per tensor and one host sync per step): an update that overflows a weight to inf/NaN while
@@ -38,7 +38,7 @@ import lightning as L
 import torch
 
 from hf_lightning.compat import foreach_norm
-from hf_lightning.errors import ConfigError, TrainingError
+from hf_lightning.core.errors import ConfigError, TrainingError
 from hf_lightning.module.grad_norm import gradients_outside_params, params_with_grad
 
 log = logging.getLogger(__name__)

@@ -8,7 +8,7 @@ so the interval covers the device work it reports. Time spent in validation is l
 Definitions, per log interval (all ranks summed):
 
 - ``throughput/tokens_per_s``: real (non-padding) input tokens per second. Padding follows
-  :func:`~hf_lightning.batch.padding_mask` (``attention_mask == 0``; for packed rows without one, the
+  :func:`~hf_lightning.core.batch.padding_mask` (``attention_mask == 0``; for packed rows without one, the
   trailing pad tokens whose labels are -100).
 - ``throughput/padded_tokens_per_s``: input slots (``B x L``) per second, padding included.
 - ``throughput/samples_per_s``: sequences per second: batch rows, or the documents of packed / padding-free
@@ -32,8 +32,8 @@ from typing import Any
 import lightning as L
 import torch
 
-from hf_lightning.batch import padding_mask
-from hf_lightning.errors import ConfigError
+from hf_lightning.core.batch import padding_mask
+from hf_lightning.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -5,11 +5,11 @@ is written under a temporary name beginning with :data:`TMP_PREFIX` in the same 
 and renamed over its final name (``os.replace``, atomic on POSIX within one filesystem), so a reader sees the
 old version or the new one, never a mix. A folder (``hf_model/``) is written whole under a temporary name and
 renamed into place. A process killed half-way leaves only a temporary entry, which the next start in that
-folder removes (:func:`remove_leftovers`); the folder's owner lock (:mod:`hf_lightning.run_lock`) guarantees
+folder removes (:func:`remove_leftovers`); the folder's owner lock (:mod:`hf_lightning.run.lock`) guarantees
 no other live process is writing it.
 
 A write that fails on the disk (full, quota, read-only, permissions) becomes one
-:class:`~hf_lightning.errors.TrainingError` naming the path, the reason and the free space
+:class:`~hf_lightning.core.errors.TrainingError` naming the path, the reason and the free space
 (:func:`write_failure_message`). torch's zip writer reports such a failure as a ``RuntimeError`` ("unexpected
 pos"): :class:`RecordingWriter` keeps the ``OSError`` underneath it.
 """
@@ -145,7 +145,7 @@ def write_json(path: str, value: Any, what: str, then: str = "") -> None:
         TrainingError: the disk refused the write (:func:`write_failure_message`; the previous file is
         intact).
     """
-    from hf_lightning.errors import TrainingError
+    from hf_lightning.core.errors import TrainingError
 
     try:
         with atomic_file(path) as fh:
@@ -190,7 +190,7 @@ def atomic_folder(path: str) -> Iterator[str]:
 
 def remove_leftovers(*folders: str) -> list[str]:
     """Remove the temporary entries (:data:`TMP_PREFIX`) a killed process left in ``folders``; returns them.
-    Only safe while this process owns the run folder (:mod:`hf_lightning.run_lock`)."""
+    Only safe while this process owns the run folder (:mod:`hf_lightning.run.lock`)."""
     removed = []
     for folder in folders:
         if not os.path.isdir(folder):

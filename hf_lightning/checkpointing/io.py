@@ -30,7 +30,7 @@ from hf_lightning.checkpointing.files import (
     fsync_folder,
     write_failure_message,
 )
-from hf_lightning.errors import ConfigError, TrainingError
+from hf_lightning.core.errors import ConfigError, TrainingError
 
 CHECKSUM_SUFFIX = ".sha256"
 _VERIFIED: dict[tuple[str, int, int], bool] = {}  # (path, size, mtime_ns) -> matched: each file hashed once

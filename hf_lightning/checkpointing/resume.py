@@ -18,7 +18,7 @@ import os
 import torch
 
 from hf_lightning.checkpointing.io import checksum_problem
-from hf_lightning.errors import ConfigError
+from hf_lightning.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -106,8 +106,8 @@ def newest_intact(
 
 def note(message: str) -> None:
     """A ``hf_lightning: note: ...`` line on stderr, once, and in the log file
-    (:func:`hf_lightning.cli_output.note`)."""
-    from hf_lightning.cli_output import note as say
+    (:func:`hf_lightning.cli.output.note`)."""
+    from hf_lightning.cli.output import note as say
 
     say(message, log)
 

@@ -2,8 +2,9 @@
 
 ``load_state_dict(strict=False)`` alone would leave every missing layer at its random init and say nothing (a
 checkpoint of a 2-layer run evaluated with a 3-layer model folder scored as if it were that run's model); a
-shape mismatch would end in a raw ``RuntimeError``. Both become one :class:`~hf_lightning.errors.ModelError`
-naming the checkpoint, the model folder and the first keys at fault.
+shape mismatch would end in a raw ``RuntimeError``. Both become one
+:class:`~hf_lightning.core.errors.ModelError` naming the checkpoint, the model folder and the first keys at
+fault.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 
 import torch
 
-from hf_lightning.errors import ConfigError, ModelError
+from hf_lightning.core.errors import ConfigError, ModelError
 
 MODEL_PREFIX = "model."  # HFLightningModule keeps the HF model under .model
 

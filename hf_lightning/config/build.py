@@ -1,12 +1,12 @@
 """The one builder: a composed config in, the objects of a run out, for ``train``, ``evaluate`` and
 ``inspect_batch`` alike.
 
-Every group names what it builds with ``_target_`` (``model``: :class:`~hf_lightning.models.ModelLoader`;
-``data``, ``module``, ``optim``, ``scheduler``: partials, completed here with what only the builder has: the
-tokenizer, the model, the optimizer). Order, cheapest checks first: :func:`check` (the schema pass, HF's
-``max_steps`` rule, missing packages), the seed, the Trainer (a multirun that would relaunch the command line
-is refused here), then tokenizer, data, model and module. What differs between the purposes is only the
-Trainer:
+Every group names what it builds with ``_target_`` (``model``:
+:class:`~hf_lightning.models.loading.ModelLoader`; ``data``, ``module``, ``optim``, ``scheduler``: partials,
+completed here with what only the builder has: the tokenizer, the model, the optimizer). Order, cheapest
+checks first: :func:`check` (the schema pass, HF's ``max_steps`` rule, missing packages), the seed, the
+Trainer (a multirun that would relaunch the command line is refused here), then tokenizer, data, model and
+module. What differs between the purposes is only the Trainer:
 
 ========== =================================================================================================
 train      ``trainer`` as configured, with the ``callbacks``, ``logger`` and the best-model checkpoint
@@ -25,7 +25,7 @@ from typing import Any, Literal
 from omegaconf import DictConfig, OmegaConf
 
 from hf_lightning.config.instantiate import instantiate, lightning_object, resolve_function
-from hf_lightning.errors import ConfigError
+from hf_lightning.core.errors import ConfigError
 
 log = logging.getLogger("hf_lightning.build")
 
@@ -65,9 +65,9 @@ def check(cfg: DictConfig, purpose: Purpose = "train") -> Any:
     """
     from hf_lightning.config.choices import apply_group_precedence, say
     from hf_lightning.config.hf_args import prepare_schedule
+    from hf_lightning.config.optional import check_config as check_optional_packages
     from hf_lightning.config.run_length import apply_max_steps_precedence, command_line_overrides
     from hf_lightning.config.schema import validate_config
-    from hf_lightning.optional import check_config as check_optional_packages
 
     overrides = command_line_overrides()
     say(apply_group_precedence(cfg, overrides))  # a group named on the command line wins over the experiment
@@ -147,7 +147,7 @@ def build(cfg: DictConfig, purpose: Purpose = "train", checked: bool = False, sc
 def _train_trainer(cfg: DictConfig, schedule: Any = None) -> Any:
     from hf_lightning.callbacks.final_validation import FinalValidation
     from hf_lightning.checkpointing import AtomicCheckpointIO
-    from hf_lightning.cli_output import progress_bar
+    from hf_lightning.cli.output import progress_bar
     from hf_lightning.strategies import refuse_multirun_relaunch
 
     callbacks = [
@@ -196,8 +196,8 @@ def _overfit_data(trainer: Any) -> dict[str, Any]:
 
 
 def _evaluate_trainer(cfg: DictConfig) -> Any:
-    from hf_lightning.arguments import world_size
-    from hf_lightning.cli_output import progress_bar
+    from hf_lightning.cli.output import progress_bar
+    from hf_lightning.core.arguments import world_size
 
     devices, nodes = cfg.trainer.get("devices", 1), cfg.trainer.get("num_nodes", 1)
     processes = world_size(devices, nodes)

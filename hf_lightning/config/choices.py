@@ -23,7 +23,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from hf_lightning.arguments import MISSING, flatten, get_dotted
+from hf_lightning.core.arguments import MISSING, flatten, get_dotted
 
 CONF_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
 # groups whose options are not config keys of the run

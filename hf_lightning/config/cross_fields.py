@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from hf_lightning.errors import ConfigError
+from hf_lightning.core.errors import ConfigError
 
 
 def cross_field_errors(c: Mapping[str, Any]) -> list[str]:

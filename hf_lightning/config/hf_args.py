@@ -21,7 +21,7 @@ from typing import Any
 
 from omegaconf import DictConfig, open_dict
 
-from hf_lightning.errors import ConfigError
+from hf_lightning.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ field of the installed ``transformers.TrainingArguments`` is in :data:`OURS` or 
 checks it, so a new transformers field shows up as one failing test). Names that are ours too (``seed``,
 ``output_dir``, and :data:`~hf_lightning.config.hf_args.HF_RUN_KEYS`: ``eval_steps``,
 ``metric_for_best_model``, ...) are accepted by the schema before this table is read. TODO (coordinator):
-:mod:`hf_lightning.migrate_fields` holds a second table of the same fields for ``python -m
+:mod:`hf_lightning.migrate.fields` holds a second table of the same fields for ``python -m
 hf_lightning.migrate``; one of the two should read the other.
 """
 
@@ -45,7 +45,7 @@ def _warmup(v: Any) -> str:
 def _optim_args(v: Any) -> str:
     """HF's ``optim_args`` string (``"k=v,k2=v2"``) as the mapping ``optim.kwargs`` (which takes the string
     too, but a shell and Hydra's parser split it at its commas and equals signs)."""
-    from hf_lightning.errors import ConfigError
+    from hf_lightning.core.errors import ConfigError
     from hf_lightning.module.optim import parse_optim_args
 
     try:

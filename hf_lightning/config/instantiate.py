@@ -8,7 +8,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from hf_lightning.errors import ConfigError
+from hf_lightning.core.errors import ConfigError
 
 
 def resolve_function(path: str, key: str) -> Any:
@@ -31,7 +31,7 @@ def instantiate(node: Any, **kwargs: Any) -> Any:
     from hydra.errors import InstantiationException
     from hydra.utils import instantiate as hydra_instantiate
 
-    from hf_lightning.optional import explain_instantiation_error
+    from hf_lightning.config.optional import explain_instantiation_error
 
     try:
         return hydra_instantiate(node, **kwargs)
@@ -55,7 +55,7 @@ def lightning_object(node: DictConfig, key: str, **kwargs: Any) -> Any:
     from hydra.errors import InstantiationException
     from hydra.utils import instantiate as hydra_instantiate
 
-    from hf_lightning.optional import explain_instantiation_error
+    from hf_lightning.config.optional import explain_instantiation_error
 
     try:
         return hydra_instantiate(node, **kwargs)

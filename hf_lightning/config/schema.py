@@ -5,10 +5,10 @@ Config keys equal constructor argument names, so the signature a node's ``_targe
 the signature's annotations (``int``, ``float``, ``bool``, ``str``, ``Literal[...]``, unions of them). The top
 level is closed too: the groups and :data:`RUN_SETTINGS` (HF ``TrainingArguments`` names get our key for them,
 :mod:`hf_lightning.config.hf_names`). Value rules (a batch size >= 1, an optimizer from a closed list) are in
-the signatures too (``lr: Annotated[float, FINITE_NON_NEGATIVE]``, :mod:`hf_lightning.arguments`), or in
+the signatures too (``lr: Annotated[float, FINITE_NON_NEGATIVE]``, :mod:`hf_lightning.core.arguments`), or in
 :data:`OVERLAY` for signatures that do not carry them (Lightning's); rules between keys are in
-:func:`cross_field_errors`. Every problem found is reported in one :class:`~hf_lightning.errors.ConfigError`
-whose message names each key, its value and the allowed values.
+:func:`cross_field_errors`. Every problem found is reported in one
+:class:`~hf_lightning.core.errors.ConfigError` whose message names each key, its value and the allowed values.
 
 This is the "equivalent validation pass" to dataclasses in Hydra's ConfigStore: a dataclass per group would
 repeat every constructor signature and drift from it; binding the signatures cannot drift.
@@ -26,7 +26,9 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from hf_lightning.arguments import (
+from hf_lightning.config.cross_fields import cross_field_errors
+from hf_lightning.config.hf_args import HF_RUN_KEYS
+from hf_lightning.core.arguments import (
     ACCELERATORS,
     MISSING,
     NON_NEGATIVE_INT,
@@ -40,9 +42,7 @@ from hf_lightning.arguments import (
     one_of,
     shown,
 )
-from hf_lightning.config.cross_fields import cross_field_errors
-from hf_lightning.config.hf_args import HF_RUN_KEYS
-from hf_lightning.errors import ConfigError
+from hf_lightning.core.errors import ConfigError
 
 # The top level of a composed config, one list: the groups (each bound to the signature its ``_target_``
 # names) and the run's own settings. A key added at the top level by a new feature goes here.
@@ -354,8 +354,8 @@ def _target_nodes(cfg: Mapping[str, Any]) -> Iterable[tuple[str, Mapping[str, An
 def target_signature(node: Mapping[str, Any], name: str) -> tuple[Callable | None, str | None]:
     """``(callable whose signature binds the node, None)`` for a node's ``_target_``, or ``(None, error)``.
 
-    A class binds its ``__init__``; a class that keeps its settings for later (:class:`~hf_lightning.models.
-    ModelLoader`) names the function they are for in ``settings_of``.
+    A class binds its ``__init__``; a class that keeps its settings for later
+    (:class:`~hf_lightning.models.loading.ModelLoader`) names the function they are for in ``settings_of``.
     """
     from hydra.utils import get_object
 

@@ -164,7 +164,7 @@ def _spelled(args: Sequence[str], config_name: str) -> tuple[list[str], bool]:
         )
     except Exception:  # another composition failure: misspelt_override or Hydra says it
         return args, False
-    from hf_lightning.arguments import MISSING, get_dotted
+    from hf_lightning.core.arguments import MISSING, get_dotted
 
     replaced: dict[int, list[str]] = {}  # position in args -> what stands there instead
     unsettled = False  # a whole mapping given to a key that is not a mapping setting: Hydra decides
@@ -227,8 +227,8 @@ def _compose_without_refused(
 def _in_a_mapping_setting(c: Mapping[str, Any], key: str) -> bool:
     """Whether the dotted ``key`` is a mapping setting of ``c`` (see :func:`mapping_spellings`) or lies
     inside one."""
-    from hf_lightning.arguments import get_dotted
     from hf_lightning.config.schema import SUPPLIED, is_mapping_setting, target_signature
+    from hf_lightning.core.arguments import get_dotted
 
     parts = key.split(".")
     for n in range(1, len(parts) + 1):
@@ -251,8 +251,8 @@ def _a_signature_argument(c: Mapping[str, Any], key: str) -> bool:
     out), one the schema takes under that node."""
     import inspect
 
-    from hf_lightning.arguments import get_dotted
     from hf_lightning.config.schema import SUPPLIED, target_signature
+    from hf_lightning.core.arguments import get_dotted
 
     parent, _, leaf = key.rpartition(".")
     node = get_dotted(c, parent) if parent else None
@@ -332,8 +332,8 @@ def unknown_key_line(c: Mapping[str, Any], key: str, purpose: str = "train") -> 
     a dotted ``key`` of the config ``c`` that its node does not take (``None`` where the node takes any key:
     the schema's line, :func:`~hf_lightning.config.schema.check_keys`, for a node with a ``_target_``).
     A top-level key gets :func:`~hf_lightning.config.schema.top_level_errors`'s line (HF names included)."""
-    from hf_lightning.arguments import get_dotted
     from hf_lightning.config.schema import SUPPLIED, node_errors, target_signature, top_level_errors
+    from hf_lightning.core.arguments import get_dotted
 
     parent, _, leaf = key.rpartition(".")
     first = key.split(".", 1)[0]
@@ -368,7 +368,7 @@ def _under_a_value(c: Mapping[str, Any], key: str) -> str | None:
     """``unknown config key data.validation_path.a: data.validation_path is a value (null), not a node with
     keys`` for a ``key`` below a plain value of ``c`` (Hydra: ``Could not override``, exit 1); ``None`` where
     no part of the key is a plain value."""
-    from hf_lightning.arguments import MISSING, get_dotted, shown
+    from hf_lightning.core.arguments import MISSING, get_dotted, shown
 
     parts = key.split(".")
     for n in range(1, len(parts)):
@@ -397,7 +397,7 @@ def checked_command_line(args: Sequence[str], config_name: str, purpose: str) ->
     Raises:
         ConfigError: the override that does not compose, in one line.
     """
-    from hf_lightning.errors import ConfigError
+    from hf_lightning.core.errors import ConfigError
 
     line = twice_given_line(args)
     if line:
@@ -414,7 +414,7 @@ def exit_on_misspelt_override(args: Sequence[str], config_name: str, purpose: st
     command line to give Hydra (``sys.argv[1:]``)."""
     import sys
 
-    from hf_lightning.errors import ConfigError
+    from hf_lightning.core.errors import ConfigError
 
     try:
         return checked_command_line(args, config_name, purpose)

@@ -19,10 +19,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from hf_lightning.batch import IGNORE_INDEX
+from hf_lightning.core.batch import IGNORE_INDEX
+from hf_lightning.core.errors import DataError
 from hf_lightning.data.end_of_turn import REPLY_MARKER, end_of_turn_text
 from hf_lightning.data.row_report import EMPTY, NO_ASSISTANT, NO_ASSISTANT_TOKEN, target_cause
-from hf_lightning.errors import DataError
 
 GENERATION_BLOCK = re.compile(r"\{%-?\s*generation\s*-?%\}")
 ROLES = ("system", "user", "assistant")

@@ -33,10 +33,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from hf_lightning.batch import IGNORE_INDEX
 from hf_lightning.compat import attention_backend, selection_indices
+from hf_lightning.core.batch import IGNORE_INDEX
+from hf_lightning.core.errors import ConfigError, DataError
 from hf_lightning.data.model_facts import forward_parameters
-from hf_lightning.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
 

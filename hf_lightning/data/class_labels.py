@@ -31,8 +31,8 @@ from typing import Any
 
 import datasets
 
+from hf_lightning.core.errors import DataError
 from hf_lightning.data.file_errors import non_utf8_error
-from hf_lightning.errors import DataError
 
 __all__ = ["ClassLabels", "check_head", "encode_labels", "label_column_name", "read_labels"]
 

@@ -54,9 +54,9 @@ from typing import Any
 
 import torch
 
-from hf_lightning.batch import IGNORE_INDEX
+from hf_lightning.core.batch import IGNORE_INDEX
+from hf_lightning.core.errors import DataError
 from hf_lightning.data.packing import best_fit_decreasing
-from hf_lightning.errors import DataError
 
 log = logging.getLogger(__name__)
 

@@ -44,6 +44,7 @@ from hf_lightning.compat import (
     epoch_being_trained,
     epochs_processed,
 )
+from hf_lightning.core.errors import ConfigError
 from hf_lightning.data.checks import check_fits_one_batch
 from hf_lightning.data.placeholder import PlaceholderAwareCollator
 from hf_lightning.data.sampling import (
@@ -58,7 +59,6 @@ from hf_lightning.data.sampling import (
 )
 from hf_lightning.data.sources import is_stream
 from hf_lightning.data.streams import ShardedStream, stream_batches
-from hf_lightning.errors import ConfigError
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

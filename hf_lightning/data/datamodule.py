@@ -27,6 +27,7 @@ from typing import Any
 import datasets
 import lightning as L
 
+from hf_lightning.core.errors import ConfigError
 from hf_lightning.data.chat import require_chat_template
 from hf_lightning.data.checks import (
     DEFAULT_MAX_ROW_BYTES,
@@ -68,7 +69,6 @@ from hf_lightning.data.sources import (
     load_validation,
 )
 from hf_lightning.data.tokenize import prepare_split
-from hf_lightning.errors import ConfigError
 
 log = logging.getLogger(__name__)
 # stages that read only the validation split (trainer.validate / test / predict)
@@ -213,7 +213,7 @@ class HFDataModule(DataLoaderHooks, ModelBinding, L.LightningDataModule):
                 f"data.{key} applies to worker processes only; set data.num_workers > 0 or unset it"
             )
         if isinstance(tokenizer, (str, os.PathLike)):  # a folder or hub id, as a config gives it
-            from hf_lightning.models import tokenizer_from
+            from hf_lightning.models.loading import tokenizer_from
 
             tokenizer = tokenizer_from(tokenizer, "data.tokenizer")
         check_pad_token(tokenizer)

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from hf_lightning.batch import IGNORE_INDEX, padding_mask
+from hf_lightning.core.batch import IGNORE_INDEX, padding_mask
 
 OPEN, CLOSE = "[[", "]]"
 

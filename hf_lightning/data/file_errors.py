@@ -19,7 +19,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from hf_lightning.errors import DataError
+from hf_lightning.core.errors import DataError
 
 EXCERPT = 80
 

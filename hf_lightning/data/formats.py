@@ -29,7 +29,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from hf_lightning.batch import IGNORE_INDEX
+from hf_lightning.core.batch import IGNORE_INDEX
+from hf_lightning.core.errors import DataError
 from hf_lightning.data.chat import chat_labels, tokenize_chat, tokenize_sharegpt
 from hf_lightning.data.pretokenized import truncate_tokenized
 from hf_lightning.data.row_report import (
@@ -41,7 +42,6 @@ from hf_lightning.data.row_report import (
     special_ids,
     target_cause,
 )
-from hf_lightning.errors import DataError
 
 __all__ = ["FORMATS", "SOURCE_COLUMNS", "TOKENIZERS", "chat_labels", "tokenize_chat"]
 

@@ -48,6 +48,7 @@ from typing import Any, Literal
 import torch
 
 from hf_lightning.compat import attention_backend
+from hf_lightning.core.errors import ConfigError
 from hf_lightning.data.checks import packed_sequences_isolated
 from hf_lightning.data.collators import (
     BatchPackingCollator,
@@ -61,7 +62,6 @@ from hf_lightning.data.packing import UNPACKED, RowPlan, best_fit_decreasing
 from hf_lightning.data.sampling import length_grouped_indices, sequence_lengths
 from hf_lightning.data.sources import is_stream
 from hf_lightning.data.task_collators import ClassificationCollator, Seq2SeqCollator
-from hf_lightning.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from hf_lightning.compat import unwrap_compiled
-from hf_lightning.errors import DataError
+from hf_lightning.core.errors import DataError
 
 log = logging.getLogger(__name__)
 

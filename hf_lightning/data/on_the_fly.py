@@ -12,11 +12,11 @@ from typing import Any
 
 from torch.utils.data import Dataset
 
+from hf_lightning.core.errors import DataError
 from hf_lightning.data.formats import TOKENIZERS, check_columns
 from hf_lightning.data.packing import UNPACKED, RowPlan
 from hf_lightning.data.row_report import ALL_PADDING, EMPTY, REPORT_COLUMNS, RowReport
 from hf_lightning.data.sampling import mask_example
-from hf_lightning.errors import DataError
 
 __all__ = ["ExampleProcessor", "ProcessedDataset", "scan_torch_dataset"]
 

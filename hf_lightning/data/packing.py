@@ -49,6 +49,7 @@ import datasets
 import numpy as np
 import pyarrow.compute as pc
 
+from hf_lightning.core.errors import ConfigError
 from hf_lightning.data.checks import check_sequence_isolation
 from hf_lightning.data.formats import CAUSAL_FORMATS
 from hf_lightning.data.model_facts import forward_parameters
@@ -60,7 +61,6 @@ from hf_lightning.data.packing_engine import (
     to_dataset,
     token_columns,
 )
-from hf_lightning.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -208,8 +208,8 @@ def packing_config_errors(data: Mapping[str, Any], model: Mapping[str, Any]) -> 
     """
     if not data.get("packing"):
         return []
-    from hf_lightning.errors import HFLightningError
-    from hf_lightning.models import is_encoder_decoder
+    from hf_lightning.core.errors import HFLightningError
+    from hf_lightning.models.loading import is_encoder_decoder
 
     task = model.get("task", "causal_lm")
     try:

@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from datasets.fingerprint import generate_random_fingerprint
 
-from hf_lightning.batch import IGNORE_INDEX
+from hf_lightning.core.batch import IGNORE_INDEX
 
 #: the type of every packed column: token ids, labels and positions all fit in int32
 PACKED_TYPE = pa.int32()

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from hf_lightning.batch import PLACEHOLDER_KEY
+from hf_lightning.core.batch import PLACEHOLDER_KEY
 from hf_lightning.data.sampling import PlaceholderRow
 
 __all__ = ["PLACEHOLDER_KEY", "PlaceholderAwareCollator"]

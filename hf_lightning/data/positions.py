@@ -25,8 +25,8 @@ from typing import Any
 import datasets
 from torch import nn
 
+from hf_lightning.core.errors import ConfigError
 from hf_lightning.data.sampling import sequence_lengths
-from hf_lightning.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

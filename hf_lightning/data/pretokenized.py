@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from hf_lightning.batch import IGNORE_INDEX
+from hf_lightning.core.batch import IGNORE_INDEX
+from hf_lightning.core.errors import DataError
 from hf_lightning.data.row_report import (
     ALL_PADDING,
     CLASS_IGNORED,
@@ -20,7 +21,6 @@ from hf_lightning.data.row_report import (
     has_target,
     target_cause,
 )
-from hf_lightning.errors import DataError
 
 
 def _flat(x: Any) -> list:

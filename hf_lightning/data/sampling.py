@@ -71,7 +71,7 @@ import torch
 from torch.utils.data import Dataset, DistributedSampler
 from transformers.trainer_pt_utils import get_length_grouped_indices
 
-from hf_lightning.batch import IGNORE_INDEX, MICRO_ITEMS_KEY, NUM_ITEMS_KEY, WINDOW_LENGTH_KEY
+from hf_lightning.core.batch import IGNORE_INDEX, MICRO_ITEMS_KEY, NUM_ITEMS_KEY, WINDOW_LENGTH_KEY
 
 log = logging.getLogger(__name__)
 

@@ -29,6 +29,7 @@ from typing import Any
 import datasets
 import torch
 
+from hf_lightning.core.errors import ConfigError, DataError
 from hf_lightning.data.checks import DEFAULT_MAX_ROW_BYTES, check_line_sizes, check_row_sizes
 from hf_lightning.data.file_errors import drop_reader_error_logs, explain_load_error, read_error
 from hf_lightning.data.formats import (
@@ -39,7 +40,6 @@ from hf_lightning.data.formats import (
     rename_hint,
     spare_columns,
 )
-from hf_lightning.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
 
@@ -183,8 +183,8 @@ def _load_hub(repo_id: str, name: str | None, revision: str | None, streaming: b
     Raises:
         DataError: the id is neither cached nor reachable, or the config ``name`` does not exist (one line).
     """
-    from hf_lightning.hub import hub_error_message
-    from hf_lightning.model_files import is_hub_failure
+    from hf_lightning.models.files import is_hub_failure
+    from hf_lightning.models.hub import hub_error_message
 
     try:
         return datasets.load_dataset(repo_id, name, revision=revision, streaming=streaming)
@@ -217,7 +217,7 @@ def load_source(
         streaming: read a file lazily (``load_dataset(..., streaming=True)``) or a ``save_to_disk`` folder
             as ``Dataset.to_iterable_dataset()``; the result is a ``datasets.IterableDataset``.
         name / revision: a hub dataset's config name and revision (``load_dataset``'s ``name`` and
-            ``revision``), when ``source`` is a hub id (:func:`hf_lightning.hub.looks_like_hub_id`).
+            ``revision``), when ``source`` is a hub id (:func:`hf_lightning.models.hub.looks_like_hub_id`).
         max_row_bytes: the most bytes one row may hold (``data.max_row_bytes``; ``None``: no bound), checked
             on the lines of a JSON Lines or CSV file before it is read and on the text of each row of a
             ``datasets.Dataset`` (:mod:`~hf_lightning.data.checks`).
@@ -238,7 +238,7 @@ def load_source(
             "a datasets.Dataset/IterableDataset (or a dict of them) or a torch Dataset/IterableDataset"
         ) from err
     if not os.path.exists(path):
-        from hf_lightning.hub import looks_like_hub_id
+        from hf_lightning.models.hub import looks_like_hub_id
 
         if looks_like_hub_id(path):
             loaded = _load_hub(path, name, revision, streaming)

@@ -10,9 +10,9 @@ from typing import Any
 
 import torch
 
-from hf_lightning.batch import IGNORE_INDEX
+from hf_lightning.core.batch import IGNORE_INDEX
+from hf_lightning.core.errors import DataError
 from hf_lightning.data.collators import ExtraKeys, as_row, pad_rows, round_up
-from hf_lightning.errors import DataError
 
 
 class ClassificationCollator:

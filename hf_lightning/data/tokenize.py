@@ -29,6 +29,7 @@ import datasets
 import pyarrow.compute as pc
 
 from hf_lightning.compat import selection_indices
+from hf_lightning.core.errors import DataError
 from hf_lightning.data.file_errors import csv_line_of_row, is_json_lines, jsonl_line_of_row, non_utf8_error
 from hf_lightning.data.formats import SOURCE_COLUMNS, TOKENIZERS, check_columns
 from hf_lightning.data.model_facts import Columns, check_inputs_survive
@@ -36,7 +37,6 @@ from hf_lightning.data.on_the_fly import ExampleProcessor, fn_kwargs_for, scan_t
 from hf_lightning.data.packing import UNPACKED, RowPlan
 from hf_lightning.data.row_report import REPORT_COLUMNS, RowReport, jsonl_lines, row_numbers
 from hf_lightning.data.sources import is_stream
-from hf_lightning.errors import DataError
 
 __all__ = ["prepare_split", "prune_dataset", "tokenize_dataset"]
 
@@ -60,7 +60,7 @@ class RowError(DataError):
 @functools.cache
 def tokenizing_code(package: Path = PACKAGE) -> str:
     """A sha256 of the code that turns rows into tokens: the sources of ``package``'s ``data/*.py`` and
-    ``batch.py``, and the ``transformers`` and ``tokenizers`` versions (chat templates, offsets).
+    ``core/batch.py``, and the ``transformers`` and ``tokenizers`` versions (chat templates, offsets).
 
     ``Dataset.map`` keys its cache on the data, the arguments and the map function, which ``datasets`` hashes
     by its module and name, not its code; passed as an argument of the map function, this digest makes rows
@@ -70,7 +70,7 @@ def tokenizing_code(package: Path = PACKAGE) -> str:
     import transformers
 
     digest = hashlib.sha256(f"{transformers.__version__} {tokenizers.__version__}".encode())
-    for path in [*sorted((package / "data").glob("*.py")), package / "batch.py"]:
+    for path in [*sorted((package / "data").glob("*.py")), package / "core" / "batch.py"]:
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()
 

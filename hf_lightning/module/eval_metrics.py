@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torchmetrics import Metric
 
-from hf_lightning.batch import IGNORE_INDEX
+from hf_lightning.core.batch import IGNORE_INDEX
 
 log = logging.getLogger(__name__)
 

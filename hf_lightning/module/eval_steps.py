@@ -12,9 +12,9 @@ from torch import nn
 from torchmetrics import Metric
 from torchmetrics.classification import MulticlassF1Score
 
-from hf_lightning.batch import PLACEHOLDER_KEY
 from hf_lightning.compat import evaluation_results
-from hf_lightning.errors import ConfigError
+from hf_lightning.core.batch import PLACEHOLDER_KEY
+from hf_lightning.core.errors import ConfigError
 from hf_lightning.module.eval_metrics import (
     PredictionCollector,
     TokenAccuracy,

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hf_lightning.batch import IGNORE_INDEX
+from hf_lightning.core.batch import IGNORE_INDEX
 from hf_lightning.module.linear_cross_entropy import (
     LogitTransform,
     default_chunk_size,

@@ -13,11 +13,11 @@ import torch
 from torch import nn
 
 from hf_lightning.adapters.checkpoint import AdapterCheckpointState
-from hf_lightning.batch import MICRO_ITEMS_KEY, NUM_ITEMS_KEY, WINDOW_LENGTH_KEY
 from hf_lightning.compat import attached_trainer
+from hf_lightning.core.batch import MICRO_ITEMS_KEY, NUM_ITEMS_KEY, WINDOW_LENGTH_KEY
+from hf_lightning.core.errors import ConfigError
 from hf_lightning.data.model_facts import forward_parameters
-from hf_lightning.errors import ConfigError
-from hf_lightning.models import pretrained_causal_lm
+from hf_lightning.models.loading import pretrained_causal_lm
 from hf_lightning.module.eval_steps import EvalStepsMixin
 from hf_lightning.module.grad_norm import SharedGradNorm, StepGradNorm
 from hf_lightning.module.lean_loss import LeanLoss, arguments_reason, strategy_reason
@@ -69,7 +69,7 @@ class HFLightningModule(
     Args:
         model: an ``nn.Module`` whose ``forward(**batch)`` returns an object with ``.logits`` ``(B, L, V)``
             (or ``(B, C)`` for sequence classification); or the folder or hub id of a causal LM
-            (:func:`~hf_lightning.models.pretrained_causal_lm`), so that a config can name it.
+            (:func:`~hf_lightning.models.loading.pretrained_causal_lm`), so that a config can name it.
         tokenizer: saved next to the model by the export callback (optional: the data has its own).
         optim: keyword arguments of :func:`~hf_lightning.module.optim.build_optimizer` (``name``, ``lr``,
             ...); a ``torch.optim.Optimizer`` class or partial (a ``_target_`` node with ``_partial_: true``;

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from hf_lightning.batch import IGNORE_INDEX
+from hf_lightning.core.batch import IGNORE_INDEX
 
 #: float32 bytes of one chunk's logits, per device type: rows per chunk = bytes // (4 x vocabulary), at least
 #: 16. CPU: 32 MiB, the fastest of the sizes compared by scripts/bench_memory.py (docs/benchmarks.md; smaller

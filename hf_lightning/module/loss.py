@@ -22,9 +22,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from hf_lightning.batch import IGNORE_INDEX, MICRO_ITEMS_KEY, PLACEHOLDER_KEY, WINDOW_KEYS
 from hf_lightning.compat import loss_is_causal_lm
-from hf_lightning.errors import ConfigError, ModelError
+from hf_lightning.core.batch import IGNORE_INDEX, MICRO_ITEMS_KEY, PLACEHOLDER_KEY, WINDOW_KEYS
+from hf_lightning.core.errors import ConfigError, ModelError
 
 
 def count_loss_items(batch: Mapping[str, torch.Tensor], causal: bool = True) -> int:

@@ -25,8 +25,8 @@ from typing import Annotated, Any
 import torch
 from torch import nn
 
-from hf_lightning.arguments import BETAS, FINITE_NON_NEGATIVE, NON_NEGATIVE, POSITIVE, Allowed, shown
-from hf_lightning.errors import ConfigError
+from hf_lightning.core.arguments import BETAS, FINITE_NON_NEGATIVE, NON_NEGATIVE, POSITIVE, Allowed, shown
+from hf_lightning.core.errors import ConfigError
 from hf_lightning.module.schedules import SCHEDULERS, build_scheduler  # noqa: F401  (re-exported)
 
 NO_DECAY_PATTERNS = [r"bias", r"layernorm", r"rmsnorm", r"(?:^|\.)norm(?:$|\.)", r"_norm(?:$|\.)"]

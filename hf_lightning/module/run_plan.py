@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from hf_lightning.arguments import counted
+from hf_lightning.core.arguments import counted
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +144,7 @@ def check_validation_interval(
     Raises:
         ConfigError: the interval, the epoch's batches and the settings that work instead.
     """
-    from hf_lightning.errors import ConfigError
+    from hf_lightning.core.errors import ConfigError
 
     on = limit_val_batches is None or limit_val_batches > 0
     if not isinstance(interval, int) or isinstance(interval, bool) or every_n_epoch is None or not on:

@@ -18,8 +18,8 @@ from typing import Annotated, Any
 
 import torch
 
-from hf_lightning.arguments import NON_NEGATIVE_INT, UNIT_INTERVAL, counted, one_of, shown
-from hf_lightning.errors import ConfigError
+from hf_lightning.core.arguments import NON_NEGATIVE_INT, UNIT_INTERVAL, counted, one_of, shown
+from hf_lightning.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

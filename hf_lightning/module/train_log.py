@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from hf_lightning.compat import attached_trainer, is_last_batch
-from hf_lightning.loggers import adopt_csv_header
+from hf_lightning.run.loggers import adopt_csv_header
 
 log = logging.getLogger(__name__)
 
@@ -210,7 +210,7 @@ class TrainLog:
 
         The cost is the same as Lightning's: one ``log_metrics`` and one ``save`` per row, on log steps only
         (Lightning's ``log_metrics`` also calls ``save`` after every write), plus the first line of a CSV
-        logger's file read (:func:`~hf_lightning.loggers.adopt_csv_header`: a ``trainer.test`` under
+        logger's file read (:func:`~hf_lightning.run.loggers.adopt_csv_header`: a ``trainer.test`` under
         ``ddp_spawn`` writes from a new process whose logger has not seen the training columns)."""
         clean = {k: float(v) for k, v in metrics.items() if v is not None}
         self.last_logged.update(clean)

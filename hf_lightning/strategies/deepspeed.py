@@ -33,16 +33,16 @@ from typing import Any
 
 from lightning.pytorch.strategies import DeepSpeedStrategy
 
-from hf_lightning.arguments import MISSING as _MISSING
-from hf_lightning.arguments import PRECISIONS as _PRECISIONS
-from hf_lightning.arguments import get_dotted as _get
-from hf_lightning.arguments import set_dotted as _set
-from hf_lightning.arguments import world_size
 from hf_lightning.compat import closes_accumulation_window
-from hf_lightning.errors import ConfigError
+from hf_lightning.core.arguments import MISSING as _MISSING
+from hf_lightning.core.arguments import PRECISIONS as _PRECISIONS
+from hf_lightning.core.arguments import get_dotted as _get
+from hf_lightning.core.arguments import set_dotted as _set
+from hf_lightning.core.arguments import world_size
+from hf_lightning.core.errors import ConfigError
 
 STAGES = (2, 3)
-# the project's precisions (hf_lightning.arguments) that DeepSpeed runs: no float64
+# the project's precisions (hf_lightning.core.arguments) that DeepSpeed runs: no float64
 PRECISIONS = tuple(p for p in _PRECISIONS if not p.startswith("64"))
 # sections of a user JSON that would take over what our own config owns
 OWNED_SECTIONS = {"optimizer": "optim.*", "scheduler": "scheduler.*"}
@@ -250,7 +250,7 @@ def deepspeed_strategy(
         offload_parameters,
         config,
     )
-    from hf_lightning.optional import is_missing, missing_message
+    from hf_lightning.config.optional import is_missing, missing_message
 
     if is_missing("deepspeed"):
         raise ConfigError(missing_message(f"strategy=deepspeed_zero{stage}", "deepspeed"))

@@ -14,7 +14,7 @@ from typing import Any
 from torch import nn
 
 from hf_lightning.compat import no_split_modules
-from hf_lightning.errors import ConfigError
+from hf_lightning.core.errors import ConfigError
 
 SHARDING_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD")
 STATE_DICT_TYPES = ("full", "sharded")

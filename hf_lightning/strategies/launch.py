@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from hf_lightning.compat import uses_script_launcher
-from hf_lightning.errors import ConfigError
+from hf_lightning.core.errors import ConfigError
 
 
 def relaunches_command_line(trainer: Any) -> bool:

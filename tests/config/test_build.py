@@ -11,7 +11,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from hf_lightning.config.compose import CONF_DIR
-from hf_lightning.errors import ConfigError
+from hf_lightning.core.errors import ConfigError
 from tests.conftest import SHRINK
 
 EXPERIMENTS = ("clm", "sft", "seq2seq", "classification")
@@ -36,7 +36,7 @@ def text_file(tmp_path):
 def test_every_group_names_what_it_builds(compose_cfg, experiment):
     cfg = compose_cfg(*([f"+experiment={experiment}"] if experiment else []))
     expected = {
-        "model": ("hf_lightning.models.ModelLoader", False),
+        "model": ("hf_lightning.models.loading.ModelLoader", False),
         "data": ("hf_lightning.HFDataModule", True),
         "optim": ("hf_lightning.module.optim.build_optimizer", True),
         "scheduler": ("hf_lightning.module.optim.build_scheduler", True),
@@ -126,7 +126,7 @@ def test_inspect_builds_one_cpu_process_whatever_the_trainer_says(compose_cfg, t
 def test_a_run_saved_before_the_groups_had_targets_is_the_same_run():
     """``ckpt_path=last`` compares identity settings; ``_target_``/``_partial_`` say how a node is built, not
     what the run is, so a run folder written before they existed still resumes."""
-    from hf_lightning.run_folder import config_differences
+    from hf_lightning.run.folder import config_differences
 
     settings = {
         "model": {"name_or_path": None, "task": "causal_lm"},
@@ -138,7 +138,7 @@ def test_a_run_saved_before_the_groups_had_targets_is_the_same_run():
     }
     saved = OmegaConf.create(settings)
     current = OmegaConf.create(settings)
-    current.model._target_ = "hf_lightning.models.ModelLoader"
+    current.model._target_ = "hf_lightning.models.loading.ModelLoader"
     for group, target in (("data", "hf_lightning.HFDataModule"), ("optim", "x.build_optimizer")):
         current[group]._target_ = target
         current[group]._partial_ = True

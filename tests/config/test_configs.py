@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 
 from hf_lightning.config import validate_config
 from hf_lightning.config.compose import CONF_DIR
-from hf_lightning.errors import ConfigError
+from hf_lightning.core.errors import ConfigError
 
 # a file the experiments need but that no test should depend on: any path works for composing
 DUMMY_DATA = "dummy.jsonl"
@@ -219,7 +219,7 @@ def _build_adapters(cfg):
 
 
 def _build_model(cfg):
-    from hf_lightning.models import ModelLoader
+    from hf_lightning.models.loading import ModelLoader
 
     loader = instantiate(cfg.model, _convert_="all")  # the group's _target_
     assert isinstance(loader, ModelLoader)
@@ -258,8 +258,8 @@ def _build_optimizer_and_scheduler(cfg):
 def _build_experiment(cfg):
     """Everything an experiment describes except the data files: trainer, loggers, callbacks, model,
     module."""
+    from hf_lightning.core.errors import ConfigError
     from hf_lightning.data import HFDataModule
-    from hf_lightning.errors import ConfigError
     from hf_lightning.module import HFLightningModule
 
     if cfg.model.get("task") == "sequence_classification":
@@ -288,7 +288,7 @@ def test_model_group_builds_the_named_architectures(compose_cfg):
     """The three model options give the head their task names, from the pretrained weights where promised."""
     from safetensors.torch import load_file
 
-    from hf_lightning.models import resolve_name_or_path
+    from hf_lightning.models.loading import resolve_name_or_path
 
     llama, _ = _build_model(compose_cfg(*_tiny_model_cfg()))
     assert type(llama).__name__ == "LlamaForCausalLM"

@@ -7,7 +7,7 @@ import pytest
 from hydra.utils import instantiate
 
 from hf_lightning.config import validate_config
-from hf_lightning.errors import ConfigError
+from hf_lightning.core.errors import ConfigError
 
 EXPERIMENTS = ("sft", "clm", "seq2seq", "classification")
 

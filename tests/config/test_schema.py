@@ -8,7 +8,7 @@ import json
 import pytest
 
 from hf_lightning.config import validate_config
-from hf_lightning.errors import ConfigError
+from hf_lightning.core.errors import ConfigError
 
 
 def rejected(compose_cfg, *overrides) -> str:

@@ -14,7 +14,7 @@ from omegaconf import OmegaConf, open_dict
 from hf_lightning.config import validate_config
 from hf_lightning.config.hf_names import GONE, NOT_HONOURED, OURS, hf_name_error
 from hf_lightning.config.schema import EVALUATE_SETTINGS, GROUPS, RUN_SETTINGS
-from hf_lightning.errors import ConfigError
+from hf_lightning.core.errors import ConfigError
 
 
 def refusal(cfg, purpose="train") -> str:

@@ -10,7 +10,7 @@ import pytest
 from hf_lightning.config.compose import compose_train
 from hf_lightning.config.schema import validate_config
 from hf_lightning.config.typos import misspelt_override
-from hf_lightning.errors import ConfigError
+from hf_lightning.core.errors import ConfigError
 
 
 def _schema_says(*overrides: str) -> str:

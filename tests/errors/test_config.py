@@ -19,7 +19,7 @@ from hf_lightning.callbacks.best_model import resolve_monitor
 from hf_lightning.checkpointing import find_resume_checkpoint
 from hf_lightning.config.schema import check_keys
 from hf_lightning.module.optim import build_optimizer, build_scheduler
-from hf_lightning.run_folder import RunFolderGuard, check_run_folder
+from hf_lightning.run.folder import RunFolderGuard, check_run_folder
 from tests.data_support import PadOnly, tiny_llama
 from tests.errors.support import fit, remount_read_only, tiny_filesystem
 
@@ -305,7 +305,7 @@ def test_a_resume_says_each_note_once_and_writes_it_into_the_log_file(tmp_path, 
     ``train.log``. Each note is now on stderr once, and in the log file once it exists."""
     from hydra.core.utils import configure_log
 
-    from hf_lightning.cli_output import log_early_notes
+    from hf_lightning.cli.output import log_early_notes
 
     run_dir = tmp_path / "run"
     plant_run(run_dir, "trainer.max_steps=10")

@@ -2,8 +2,8 @@
 
 Random datasets (lengths 0..max, random label masks, random packing) go through the DataModule, the collators,
 the samplers and the loss. The property everywhere: either the result is right (checked against an independent
-count or computation), or the failure is an :class:`~hf_lightning.errors.HFLightningError` whose message names
-the data. Random constructor arguments and config overrides are in ``test_fuzz_settings.py``.
+count or computation), or the failure is an :class:`~hf_lightning.core.errors.HFLightningError` whose message
+names the data. Random constructor arguments and config overrides are in ``test_fuzz_settings.py``.
 """
 
 from __future__ import annotations

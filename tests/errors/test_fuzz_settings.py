@@ -1,5 +1,6 @@
 """Hypothesis-driven random settings: junk ``HFDataModule`` constructor arguments and random config overrides
-either build what they name or fail with an :class:`~hf_lightning.errors.HFLightningError` naming the key.
+either build what they name or fail with an :class:`~hf_lightning.core.errors.HFLightningError` naming the
+key.
 """
 
 from __future__ import annotations

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from hf_lightning.errors import ConfigError
-from hf_lightning.optional import check_command_line, check_config
+from hf_lightning.config.optional import check_command_line, check_config
+from hf_lightning.core.errors import ConfigError
 from tests.errors.support import one_line_error, run_train_cli
 
 REPO = Path(__file__).resolve().parents[2]
@@ -118,7 +118,7 @@ def test_a_hydra_plugin_choice_without_its_package(monkeypatch, args, blocked, w
 
 def test_every_plugin_option_shipped_is_known():
     """Each shipped config that selects a Hydra sweeper or launcher plugin is in the table (none can rot)."""
-    from hf_lightning.optional import OPTIONS
+    from hf_lightning.config.optional import OPTIONS
 
     conf = REPO / "hf_lightning" / "conf"
     shipped = {("hparams_search", p.stem) for p in (conf / "hparams_search").glob("*.yaml")}

@@ -23,8 +23,8 @@ import torch
 import transformers as T
 
 from hf_lightning import HFDataModule
+from hf_lightning.core.errors import ConfigError
 from hf_lightning.data.positions import check_positions, position_limit
-from hf_lightning.errors import ConfigError
 from tests.data_support import make_word_tokenizer
 from tests.errors.support import fit, one_line_error, run_train_cli
 

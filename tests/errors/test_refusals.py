@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 from hf_lightning import ConfigError, DataError, HFDataModule, ModelError, TrainingError
 from hf_lightning.callbacks import NonFiniteGuard
 from hf_lightning.checkpointing import AtomicCheckpointIO, find_resume_checkpoint
-from hf_lightning.run_folder import check_run_folder, checkpoint_dir, config_differences
+from hf_lightning.run.folder import check_run_folder, checkpoint_dir, config_differences
 from tests.data_support import tiny_llama
 from tests.errors.support import write_jsonl
 from tests.errors.test_config import compose_train, guard_exit, plant_run
@@ -145,7 +145,7 @@ def test_a_gpu_accelerator_without_a_gpu_is_one_config_error(compose_cfg):
 
 @pytest.mark.skipif(importlib.util.find_spec("flash_attn") is not None, reason="flash-attn is installed")
 def test_a_missing_attention_package_is_named(word_tokenizer, tmp_path):
-    from hf_lightning.models import build_model
+    from hf_lightning.models.loading import build_model
 
     config = {
         "hidden_size": 16,

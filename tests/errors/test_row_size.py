@@ -133,7 +133,7 @@ def test_a_saved_folder_read_as_a_stream_is_judged_before_it_streams(word_tokeni
 
 def test_the_limit_is_a_data_key_of_the_schema(compose_cfg, tmp_path):
     from hf_lightning.config.build import build
-    from hf_lightning.errors import ConfigError
+    from hf_lightning.core.errors import ConfigError
 
     path = write_jsonl(tmp_path / "long.jsonl", [*TEXT_ROWS[:20], {"text": "a b " * 400}])
     run = build(compose_cfg("+experiment=clm", f"data.path={path}", "data.max_row_bytes=1024"), "train")

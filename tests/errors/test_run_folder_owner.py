@@ -24,8 +24,8 @@ import pytest
 import torch
 
 from hf_lightning import ConfigError
-from hf_lightning.run_folder import RunFolderGuard
-from hf_lightning.run_lock import (
+from hf_lightning.run.folder import RunFolderGuard
+from hf_lightning.run.lock import (
     LOCK_FILE,
     hold_checkpoint_folder,
     hold_run_folder,

@@ -21,7 +21,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from hf_lightning import ConfigError, DataError, HFDataModule, ModelError
 from hf_lightning.data.checks import packed_sequences_isolated
-from hf_lightning.models import load_model_and_tokenizer
+from hf_lightning.models.loading import load_model_and_tokenizer
 from tests.data_support import make_word_tokenizer, tiny_llama
 from tests.errors.support import CHAT_ROW, TEXT_ROWS, fit, write_jsonl
 

@@ -21,7 +21,7 @@ from lightning.pytorch.loggers import CSVLogger
 from hf_lightning import ConfigError, TrainingError
 from hf_lightning.callbacks import NonFiniteGuard
 from hf_lightning.checkpointing import AtomicCheckpointIO
-from hf_lightning.faults import explain_faults, out_of_memory_message
+from hf_lightning.run.faults import explain_faults, out_of_memory_message
 from tests.errors.support import ROWS, run
 
 

@@ -81,7 +81,7 @@ def test_evaluate_honours_trainer_precision(tmp_path, text_file):
     """The same saved weights evaluated in float32 and in bfloat16 (``trainer.precision=bf16-true``: bf16
     weights) give close but different losses; before the one builder, evaluate ignored the precision (equal
     losses)."""
-    from hf_lightning.models import load_model_and_tokenizer
+    from hf_lightning.models.loading import load_model_and_tokenizer
 
     small = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2}
     model, tokenizer = load_model_and_tokenizer(config={**small, "num_key_value_heads": 2})

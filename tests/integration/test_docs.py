@@ -96,7 +96,7 @@ def test_the_docs_name_commands():
 @pytest.mark.parametrize("source,command,error", documented_commands())
 def test_every_documented_command_composes_and_passes_the_schema(source, command, error):
     from hf_lightning.config import validate_config
-    from hf_lightning.errors import ConfigError
+    from hf_lightning.core.errors import ConfigError
 
     entry, overrides = overrides_of(command)
     purpose = "evaluate" if entry == "evaluate" else "train"
@@ -175,7 +175,7 @@ def test_every_override_in_the_tables_exists(span):
     """Each span composes onto ``+experiment=sft`` (or the experiment it names) and passes the schema's key
     check."""
     from hf_lightning.config import validate_config
-    from hf_lightning.errors import ConfigError
+    from hf_lightning.core.errors import ConfigError
 
     words = span.split()
     cfg = compose(

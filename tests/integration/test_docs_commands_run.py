@@ -42,7 +42,7 @@ TUTORIAL_FILES = ("gpt2-qa", "qa_train.jsonl", "qa_val.jsonl", "outputs/qa")
 def _names_a_hub_id(command: str) -> bool:
     """Whether the command reads a hub id (``Qwen/...``, ``HuggingFaceH4/...``): those commands run in
     ``test_docs_hub.py``, against hub caches that test lays out (this machine is offline)."""
-    from hf_lightning.hub import looks_like_hub_id
+    from hf_lightning.models.hub import looks_like_hub_id
 
     for word in shlex.split(command):
         key, _, value = word.partition("=")

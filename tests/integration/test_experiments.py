@@ -49,8 +49,8 @@ def data_overrides(experiment: str, shared: str, tmp_path: Path) -> list[str]:
 
 
 def _skip_unless_format(fmt: str) -> None:
+    from hf_lightning.core.errors import ConfigError
     from hf_lightning.data import HFDataModule
-    from hf_lightning.errors import ConfigError
 
     class _Tok:
         pad_token_id = 0
@@ -123,7 +123,7 @@ def test_experiment_runs_two_steps(experiment, compose_cfg, shared_data, tmp_pat
 
     import transformers
 
-    from hf_lightning.models import TASKS
+    from hf_lightning.models.loading import TASKS
 
     auto = getattr(transformers, TASKS[cfg.model.task])
     exported = auto.from_pretrained(tmp_path / "hf_model")

@@ -8,7 +8,7 @@ import torch
 from hf_lightning.adapters import AdapterSettings, apply_adapters
 from hf_lightning.adapters.checkpoint import KEY, drop_frozen, fill_frozen
 from hf_lightning.config import validate_config
-from hf_lightning.errors import ConfigError
+from hf_lightning.core.errors import ConfigError
 from tests.parity.tiny_llama_case import make_model, make_rows
 
 
@@ -138,7 +138,7 @@ def test_peft_keys_are_checked(compose_cfg):
 def test_an_adapter_checkpoint_on_another_base_is_refused():
     """The checkpoint leaves the base out; put on another base (here another init seed) it is refused, not
     run."""
-    from hf_lightning.errors import ModelError
+    from hf_lightning.core.errors import ModelError
     from hf_lightning.module import HFLightningModule
 
     module = HFLightningModule(lora_model(seed=0))

@@ -1,12 +1,12 @@
-"""The argument facts defined once (``hf_lightning.arguments``): the schema and the DeepSpeed config read the
-same device count and the same precisions, so a value one accepts the other cannot refuse or misread."""
+"""The argument facts defined once (``hf_lightning.core.arguments``): the schema and the DeepSpeed config read
+the same device count and the same precisions, so a value one accepts the other cannot refuse or misread."""
 
 from __future__ import annotations
 
 import pytest
 
-from hf_lightning import arguments
-from hf_lightning.errors import ConfigError
+from hf_lightning.core import arguments
+from hf_lightning.core.errors import ConfigError
 from hf_lightning.strategies import deepspeed
 
 DEVICES = [1, 2, "2", "0,1", " 3 ", [0], [0, 2], "auto", -1, "-1", 0, "0", [], "", "a,b", -2, True, 1.5, [-1]]

@@ -1,7 +1,7 @@
 import pytest
 
 from hf_lightning.callbacks.best_model import resolve_monitor
-from hf_lightning.errors import ConfigError
+from hf_lightning.core.errors import ConfigError
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import datasets
 
 from hf_lightning import HFDataModule
-from hf_lightning.batch import MICRO_ITEMS_KEY, NUM_ITEMS_KEY, WINDOW_LENGTH_KEY
+from hf_lightning.core.batch import MICRO_ITEMS_KEY, NUM_ITEMS_KEY, WINDOW_LENGTH_KEY
 from tests.data_support import tiny_llama
 
 

@@ -182,7 +182,7 @@ def test_seq2seq_collator_names_an_example_without_input_ids():
 def test_rows_torch_would_silently_reshape_are_refused(junk):
     """torch reads [""] as an empty row and sizes [[], [0]] by its first row (dropping the 0); found by the
     fuzz test once it required junk to be rejected."""
-    from hf_lightning.errors import DataError
+    from hf_lightning.core.errors import DataError
 
     with pytest.raises(DataError, match="a token row must be a list of integer ids"):
         PaddingCollator(pad_token_id=0)([{"input_ids": [1, 2]}, {"input_ids": junk}])

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from hf_lightning.errors import ConfigError
+from hf_lightning.core.errors import ConfigError
 from hf_lightning.strategies.deepspeed import deepspeed_config, world_size
 
 

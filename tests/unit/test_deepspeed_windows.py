@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from hf_lightning import HFDataModule, HFLightningModule
-from hf_lightning.batch import WINDOW_LENGTH_KEY
+from hf_lightning.core.batch import WINDOW_LENGTH_KEY
 from tests import deepspeed_emulation
 from tests.data_support import PadOnly
 from tests.parity.tiny_llama_case import make_model, make_rows

@@ -50,7 +50,7 @@ def test_chat_replies_still_end_with_im_end(default_tokenizer):
 
 
 def test_a_model_built_on_it_stops_on_the_eos_and_the_end_of_turn(default_tokenizer):
-    from hf_lightning.models import build_model
+    from hf_lightning.models.loading import build_model
 
     tok = default_tokenizer
     model = build_model(

@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 
 from hf_lightning.config.build import build
 from hf_lightning.config.compose import CONF_DIR
-from hf_lightning.errors import ConfigError
+from hf_lightning.core.errors import ConfigError
 from hf_lightning.evaluate import evaluate
 from tests.conftest import SHRINK
 

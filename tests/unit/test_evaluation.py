@@ -148,7 +148,7 @@ def test_batch_eval_metrics_calls_per_batch_and_logs_the_last_result():
 
 
 def test_batch_eval_metrics_requires_compute_result():
-    from hf_lightning.errors import ConfigError
+    from hf_lightning.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="compute_result"):
         HFLightningModule(TableLM(), compute_metrics=lambda p: {}, batch_eval_metrics=True)

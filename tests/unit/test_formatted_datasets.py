@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from hf_lightning import HFDataModule
-from hf_lightning.errors import DataError
+from hf_lightning.core.errors import DataError
 from tests.data_support import make_word_tokenizer
 
 TOK = make_word_tokenizer()

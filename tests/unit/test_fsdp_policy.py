@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
-from hf_lightning.errors import ConfigError
+from hf_lightning.core.errors import ConfigError
 from hf_lightning.module import HFLightningModule
 from hf_lightning.strategies import NoSplitModulesPolicy
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from hf_lightning.batch import IGNORE_INDEX
+from hf_lightning.core.batch import IGNORE_INDEX
 from hf_lightning.evaluate import generate_replies, prompt_and_reference
 from tests.data_support import tiny_llama
 

@@ -11,7 +11,7 @@ import pytest
 
 from hf_lightning.callbacks.hf_steps import fires
 from hf_lightning.config.hf_args import StepSchedule, resolve_schedule
-from hf_lightning.errors import ConfigError
+from hf_lightning.core.errors import ConfigError
 
 
 def schedule_steps(strategy, every, steps_per_epoch, max_steps):

@@ -12,8 +12,8 @@ import json
 import pytest
 import torch
 
-from hf_lightning.errors import DataError, ModelError
-from hf_lightning.hub import looks_like_hub_id
+from hf_lightning.core.errors import DataError, ModelError
+from hf_lightning.models.hub import looks_like_hub_id
 from tests.hub_support import SHA, lay_out_dataset, lay_out_model, save_tiny_llama
 
 
@@ -53,7 +53,7 @@ def test_a_model_id_loads_from_the_hub_cache(hub_cache, tmp_path, default_tokeni
     """The snapshot's weights and tokenizer, read back by id (offline): the same tensors as the folder's."""
     from transformers import AutoModelForCausalLM
 
-    from hf_lightning.models import load_model_and_tokenizer
+    from hf_lightning.models.loading import load_model_and_tokenizer
 
     hub, _ = hub_cache
     folder = save_tiny_llama(tmp_path / "tiny", default_tokenizer)
@@ -68,7 +68,7 @@ def test_a_model_id_loads_from_the_hub_cache(hub_cache, tmp_path, default_tokeni
 
 
 def test_a_revision_and_a_separate_tokenizer_id(hub_cache, tmp_path, default_tokenizer):
-    from hf_lightning.models import load_model_and_tokenizer
+    from hf_lightning.models.loading import load_model_and_tokenizer
 
     hub, _ = hub_cache
     folder = save_tiny_llama(tmp_path / "tiny", default_tokenizer)
@@ -84,7 +84,7 @@ def test_a_revision_and_a_separate_tokenizer_id(hub_cache, tmp_path, default_tok
 
 
 def test_a_missing_model_id_is_one_line_naming_the_id_the_cache_and_hf_download(hub_cache):
-    from hf_lightning.models import load_model_and_tokenizer
+    from hf_lightning.models.loading import load_model_and_tokenizer
 
     hub, _ = hub_cache
     with pytest.raises(ModelError) as caught:
@@ -99,7 +99,7 @@ def test_a_missing_model_id_is_one_line_naming_the_id_the_cache_and_hf_download(
 
 def test_local_folder_messages_are_kept(tmp_path):
     """A path that cannot be a hub id keeps the local-folder messages (docs/errors.md)."""
-    from hf_lightning.models import load_model_and_tokenizer
+    from hf_lightning.models.loading import load_model_and_tokenizer
 
     with pytest.raises(ModelError, match="not a folder"):
         load_model_and_tokenizer(str(tmp_path / "nowhere"))

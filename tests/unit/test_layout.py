@@ -16,10 +16,10 @@ from transformers.masking_utils import sdpa_mask
 
 import hf_lightning.data.layout as layout_module
 from hf_lightning import HFDataModule, HFLightningModule
-from hf_lightning.batch import padding_mask
+from hf_lightning.core.batch import padding_mask
+from hf_lightning.core.errors import ConfigError
 from hf_lightning.data.collators import BatchPackingCollator, PaddingFreeCollator
 from hf_lightning.data.layout import choose_layout
-from hf_lightning.errors import ConfigError
 from hf_lightning.module.loss import count_loss_items
 from tests.data_support import PadOnly, tiny_llama
 

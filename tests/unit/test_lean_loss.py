@@ -20,7 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from hf_lightning import HFLightningModule
-from hf_lightning.batch import MICRO_ITEMS_KEY
+from hf_lightning.core.batch import MICRO_ITEMS_KEY
 from hf_lightning.module.lean_loss import strategy_reason
 from hf_lightning.module.linear_cross_entropy import LogitTransform
 from tests.data_support import tiny_llama

@@ -19,7 +19,7 @@ from hf_lightning import HFDataModule, HFLightningModule
 from hf_lightning.callbacks.hf_steps import HFSteps
 from hf_lightning.callbacks.load_best import LoadBestModel
 from hf_lightning.config.hf_args import StepSchedule
-from hf_lightning.errors import ConfigError
+from hf_lightning.core.errors import ConfigError
 from tests.data_support import tiny_llama
 
 TEXTS = [" ".join("abcdefghijklmnopqrstuvwxyz"[i % 9 : i % 9 + i % 6 + 3]) for i in range(24)]

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from hf_lightning import HFDataModule
-from hf_lightning.errors import ConfigError
+from hf_lightning.core.errors import ConfigError
 
 N = 10
 SEED = 3

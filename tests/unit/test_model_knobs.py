@@ -7,8 +7,8 @@ import logging
 import pytest
 import torch
 
-from hf_lightning.errors import ModelError
-from hf_lightning.models import build_model, is_encoder_decoder, resolve_name_or_path
+from hf_lightning.core.errors import ModelError
+from hf_lightning.models.loading import build_model, is_encoder_decoder, resolve_name_or_path
 
 LLAMA = {
     "hidden_size": 32,
@@ -92,7 +92,7 @@ def test_package_folders_and_encoder_decoder_detection(tmp_path):
 
 def test_a_model_without_name_or_path_says_its_weights_are_random(default_tokenizer, caplog):
     # a new user running the shipped experiments trains a randomly initialised tiny Llama: the log says so
-    with caplog.at_level(logging.INFO, logger="hf_lightning.models"):
+    with caplog.at_level(logging.INFO, logger="hf_lightning.models.loading"):
         model = build_model(default_tokenizer, config=LLAMA)
     n = sum(p.numel() for p in model.parameters())
     said = [r.getMessage() for r in caplog.records if "random weights" in r.getMessage()]

@@ -140,7 +140,7 @@ def test_the_schema_refuses_a_bad_num_proc(compose_cfg, value):
 
 def test_trl_dataset_num_proc_gets_our_key():
     from hf_lightning.migrate import default_arguments
-    from hf_lightning.migrate_fields import convert
+    from hf_lightning.migrate.fields import convert
 
     assert hf_name_error("dataset_num_proc", 4) == "dataset_num_proc is TRL's name: use data.num_proc=4"
     defaults = default_arguments("out")  # an SFTConfig dump: TrainingArguments' fields and TRL's
@@ -161,7 +161,7 @@ def test_a_stream_says_num_proc_does_not_apply(word_tokenizer, caplog):
 
 
 def test_a_run_resumes_with_another_num_proc(tmp_path):
-    from hf_lightning.run_folder import RunFolderGuard
+    from hf_lightning.run.folder import RunFolderGuard
     from tests.errors.test_config import compose_train, plant_run
 
     run_dir = tmp_path / "run"

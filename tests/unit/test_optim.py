@@ -13,7 +13,7 @@ import pytest
 import torch
 from transformers import Trainer, TrainingArguments, get_scheduler
 
-from hf_lightning.errors import ConfigError
+from hf_lightning.core.errors import ConfigError
 from hf_lightning.module.optim import build_optimizer, parse_optim_args
 from hf_lightning.module.schedules import build_scheduler, metric_key, step_on_validation
 from tests.data_support import tiny_llama

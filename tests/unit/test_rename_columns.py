@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from hf_lightning.core.errors import DataError
 from hf_lightning.data import HFDataModule
-from hf_lightning.errors import DataError
 
 
 def write_csv(path, header, rows):

@@ -12,8 +12,8 @@ import lightning as L
 import pytest
 
 from hf_lightning import HFDataModule, HFLightningModule
-from hf_lightning.batch import WINDOW_LENGTH_KEY
 from hf_lightning.config.run_length import apply_max_steps_precedence
+from hf_lightning.core.batch import WINDOW_LENGTH_KEY
 from hf_lightning.module.run_plan import plan_run
 from tests.data_support import PadOnly, tiny_llama
 
@@ -147,7 +147,7 @@ def test_a_validation_interval_longer_than_the_epoch_is_one_config_error_before_
     """8 rows in micro-batches of 2: 4 batches per epoch (by hand). Lightning counts a
     ``val_check_interval`` within each epoch and raises a ``ValueError`` at the start of ``fit`` for 5; here
     it is one ConfigError with what works instead, before any step. 4 runs."""
-    from hf_lightning.errors import ConfigError
+    from hf_lightning.core.errors import ConfigError
 
     with pytest.raises(ConfigError) as err:
         fit(tmp_path, 8, 1, max_steps=3, val_check_interval=5)

@@ -18,7 +18,7 @@ import pytest
 from lightning.pytorch.loggers import CSVLogger
 
 from hf_lightning import HFLightningModule
-from hf_lightning.loggers import ResumableCSVLogger
+from hf_lightning.run.loggers import ResumableCSVLogger
 from tests.data_support import tiny_llama
 
 

@@ -13,7 +13,7 @@ import torch
 from hf_lightning import HFDataModule, HFLightningModule
 from hf_lightning.callbacks import Throughput
 from hf_lightning.callbacks.throughput import batch_counts, dense_peak_flops, model_flop_constants
-from hf_lightning.errors import ConfigError
+from hf_lightning.core.errors import ConfigError
 from tests.data_support import PadOnly, tiny_llama
 
 

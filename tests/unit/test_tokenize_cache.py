@@ -47,7 +47,8 @@ def test_rows_tokenized_by_other_code_are_not_served_from_the_cache(word_tokeniz
 def test_the_digest_follows_the_tokenizing_sources(tmp_path):
     package = tmp_path / "hf_lightning"
     shutil.copytree(PACKAGE / "data", package / "data", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(PACKAGE / "batch.py", package / "batch.py")
+    (package / "core").mkdir()
+    shutil.copy(PACKAGE / "core" / "batch.py", package / "core" / "batch.py")
     digest = tokenizing_code.__wrapped__  # uncached: the files change below
     assert digest(package) == tokenizing_code()
     chat = package / "data" / "chat.py"

@@ -4,7 +4,7 @@
 every application that imported ``hf_lightning``; one of them hid the warning Lightning gives on every fit
 where both the LightningModule and the DataModule define ``transfer_batch_to_device``. The hook is now the
 DataModule's alone, so Lightning has nothing to warn about, and the two remaining filters live in
-``hf_lightning/cli.py``.
+``hf_lightning/cli/process.py``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import lightning as L
 import torch
 
 from hf_lightning import HFDataModule, HFLightningModule
-from hf_lightning.cli import HIDDEN_WARNINGS, hide_library_warnings
+from hf_lightning.cli.process import HIDDEN_WARNINGS, hide_library_warnings
 from tests.data_support import PadOnly
 from tests.unit.hand_case import TableLM
 from tests.unit.test_evaluation import ROWS

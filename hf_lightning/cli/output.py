@@ -8,7 +8,7 @@ Hydra has configured logging (:func:`speak_for_the_run`); never at library impor
 - transformers' "We strongly recommend passing in an `attention_mask`": packed and padding-free batches carry
   ``position_ids`` without an ``attention_mask`` on purpose (the positions separate the documents).
 - Lightning's "Checkpoint directory ... exists and is not empty": a fresh run into a folder that holds a run
-  is refused before any work (:mod:`hf_lightning.run_folder`), so it can only be a resume, where it is
+  is refused before any work (:mod:`hf_lightning.run.folder`), so it can only be a resume, where it is
   expected.
 - Ranks other than 0 of a multi-process run print errors only: rank 0 speaks for the run on the console
   (Lightning relaunches the command line per rank, and every rank would print each line); each rank's own log

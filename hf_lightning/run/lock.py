@@ -25,7 +25,7 @@ import contextlib
 import fcntl
 import os
 
-from hf_lightning.errors import ConfigError
+from hf_lightning.core.errors import ConfigError
 
 LOCK_FILE = ".hf_lightning.lock"
 _HELD: dict[str, int] = {}  # real path of a locked folder -> the open lock file descriptor

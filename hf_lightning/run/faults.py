@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from hf_lightning.errors import TrainingError
+from hf_lightning.core.errors import TrainingError
 
 _TRIED_GPU = re.compile(r"Tried to allocate ([\d.]+ [KMGT]?i?B)")
 _TRIED_CPU = re.compile(r"you tried to allocate (\d+) bytes")

@@ -3,7 +3,7 @@ supports, how ``trainer.devices`` counts processes, the dotted-key lookup in nes
 rules (:class:`Allowed`) that constructor signatures carry in their annotations for the schema to read.
 
 The schema pass (:mod:`hf_lightning.config.schema`), the DeepSpeed config
-(:mod:`hf_lightning.strategies.deepspeed`) and the run-folder identity check (:mod:`hf_lightning.run_folder`)
+(:mod:`hf_lightning.strategies.deepspeed`) and the run-folder identity check (:mod:`hf_lightning.run.folder`)
 all read these; none keeps its own copy.
 """
 

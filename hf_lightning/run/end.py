@@ -15,8 +15,8 @@ import logging
 import os
 from typing import Any
 
-from hf_lightning.arguments import shown
 from hf_lightning.checkpointing.files import write_json
+from hf_lightning.core.arguments import shown
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ def finished_metrics(output_dir: str, step: int) -> dict[str, float] | None:
 
 def newest_logged(path: str) -> dict[str, float]:
     """The newest value of every column of ``metrics.csv`` (what the run that never stopped returns)."""
-    from hf_lightning.loggers import read_rows
+    from hf_lightning.run.loggers import read_rows
 
     if not os.path.isfile(path):
         return {}
@@ -70,7 +70,7 @@ def finish_run(
     collectives); rank 0 writes.
     """
     from hf_lightning.callbacks.hf_export import HFExport
-    from hf_lightning.loggers import logged_at
+    from hf_lightning.run.loggers import logged_at
 
     step = trainer.global_step
     csv_path = os.path.join(output_dir, "metrics.csv")
@@ -105,7 +105,7 @@ def finished_run_metrics(
     """The final metrics of a finished run that this resume (same run length) would not train: said, and the
     folder left exactly as it was (the run-folder guard kept Hydra from rewriting ``.hydra/`` and
     ``train.log``)."""
-    from hf_lightning.run_folder import finished_resume, take_finished
+    from hf_lightning.run.folder import finished_resume, take_finished
 
     answered, finished = take_finished(output_dir)
     own = ckpt_path is not None and os.path.dirname(os.path.realpath(ckpt_path)) == os.path.realpath(ckpt_dir)

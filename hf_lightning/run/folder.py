@@ -20,16 +20,16 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from hf_lightning.arguments import flatten, shown
-from hf_lightning.errors import ConfigError
+from hf_lightning.core.arguments import flatten, shown
+from hf_lightning.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
 
 def note(message: str) -> None:
     """A ``hf_lightning: note: ...`` line on stderr, once, and in the log file
-    (:func:`hf_lightning.cli_output.note`)."""
-    from hf_lightning.cli_output import note as say
+    (:func:`hf_lightning.cli.output.note`)."""
+    from hf_lightning.cli.output import note as say
 
     say(message, log)
 
@@ -127,7 +127,7 @@ def check_run_folder(
         outside it holds checkpoints (names ``callbacks.model_checkpoint.dirpath``, its checkpoints and the
         run folder of the run that wrote them, when recorded), and this run would start at step 0.
     """
-    from hf_lightning.run_lock import checkpoint_folder_writer
+    from hf_lightning.run.lock import checkpoint_folder_writer
 
     weights_only = weights_only and ckpt_path is not None  # without a checkpoint there are no weights to load
     if ckpt_path is not None and not weights_only:
@@ -297,7 +297,7 @@ def checkpoint_run(ckpt_path: str) -> str | None:
     folder when that holds a run's ``.hydra/config.yaml`` (the default ``RUN/checkpoints``, also of a copied
     run folder), else the run that its checkpoint folder's owner lock records
     (``callbacks.model_checkpoint.dirpath`` outside the run); ``None`` when neither says."""
-    from hf_lightning.run_lock import checkpoint_folder_writer
+    from hf_lightning.run.lock import checkpoint_folder_writer
 
     folder = os.path.dirname(os.path.realpath(ckpt_path))
     parent = os.path.dirname(folder)
@@ -357,7 +357,7 @@ def finished_resume(run_dir: str, current: DictConfig, resolved: str | None) -> 
     finds out). The run-folder guard's answer is kept for ``train()`` (:func:`take_finished`), since Hydra
     rewrites the saved config in between."""
     from hf_lightning.checkpointing.resume import checkpoint_problem
-    from hf_lightning.run_end import METRICS_FILE, finished_metrics
+    from hf_lightning.run.end import METRICS_FILE, finished_metrics
 
     saved_file = os.path.join(run_dir, ".hydra", "config.yaml")
     if resolved is None or not os.path.isfile(os.path.join(run_dir, METRICS_FILE)):
@@ -412,7 +412,7 @@ except ImportError:  # hydra is an entry-point dependency only
 class RunFolderGuard(_HydraCallback):  # type: ignore[misc,valid-type]
     """Hydra callback (``hydra.callbacks.run_folder``): check ``hydra.run.dir`` before Hydra writes into it.
 
-    Takes the owner locks (:mod:`hf_lightning.run_lock`) of the run folder and of an existing checkpoint
+    Takes the owner locks (:mod:`hf_lightning.run.lock`) of the run folder and of an existing checkpoint
     folder first (a new checkpoint folder is created and locked after the checks), then refuses, with
     ``hf_lightning: error: ...`` and exit status 2: an unwritable folder; a run or checkpoint folder another
     process is writing; a run starting at step 0 (fresh, or ``resume_weights_only``) in a folder holding a
@@ -433,7 +433,7 @@ class RunFolderGuard(_HydraCallback):  # type: ignore[misc,valid-type]
         if not self.enabled:
             return
         from hf_lightning.checkpointing.resume import find_resume_checkpoint, remember_resolved
-        from hf_lightning.run_lock import hold_checkpoint_folder, hold_run_folder
+        from hf_lightning.run.lock import hold_checkpoint_folder, hold_run_folder
 
         run_dir = str(config.hydra.run.dir)
         ckpt_path = config.get("ckpt_path")
@@ -469,7 +469,7 @@ class RunFolderGuard(_HydraCallback):  # type: ignore[misc,valid-type]
             sys.exit(2)
 
     def on_run_end(self, config: DictConfig, **kwargs: Any) -> None:
-        from hf_lightning.run_lock import release_checkpoint_folder, release_run_folder
+        from hf_lightning.run.lock import release_checkpoint_folder, release_run_folder
 
         if self.enabled:
             if self._checkpoint_folder is not None:

@@ -8,8 +8,8 @@ import logging
 import os
 from typing import Any
 
-from hf_lightning.errors import ModelError
-from hf_lightning.hub import hub_error_message, looks_like_hub_id
+from hf_lightning.core.errors import ModelError
+from hf_lightning.models.hub import hub_error_message, looks_like_hub_id
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ HUB_ERRORS = ("HfHubHTTPError", "LocalEntryNotFoundError", "OfflineModeIsEnabled
 
 def is_hub_failure(err: BaseException) -> bool:
     """Whether a loader's exception is about reaching the hub or its cache (not about a file's content)."""
-    from hf_lightning.hub import _causes
+    from hf_lightning.models.hub import _causes
 
     for e in _causes(err):
         if any(c.__name__ in HUB_ERRORS or c.__name__.endswith("NotFoundError") for c in type(e).__mro__):
@@ -89,7 +89,7 @@ def from_pretrained(auto_class: Any, path: str, key: str = "model.name_or_path",
     Raises:
         ModelError: weights that are truncated or corrupt, a config naming an unknown architecture, or weights
             that do not fit the config (the loader's reason is kept); a hub id that is neither cached nor
-            reachable (:func:`hf_lightning.hub.hub_error_message`).
+            reachable (:func:`hf_lightning.models.hub.hub_error_message`).
     """
     try:
         return auto_class.from_pretrained(path, **kwargs)

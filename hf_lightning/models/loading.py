@@ -10,16 +10,16 @@ import os
 from collections.abc import Mapping
 from typing import Annotated, Any
 
-from hf_lightning.arguments import OPTIONAL_POSITIVE_INT, one_of
-from hf_lightning.errors import ConfigError, ModelError
-from hf_lightning.hub import hub_error_message, looks_like_hub_id
-from hf_lightning.model_files import (
+from hf_lightning.core.arguments import OPTIONAL_POSITIVE_INT, one_of
+from hf_lightning.core.errors import ConfigError, ModelError
+from hf_lightning.models.files import (
     attention_error,
     check_config_json,
     check_folder,
     from_pretrained,
     is_hub_failure,
 )
+from hf_lightning.models.hub import hub_error_message, looks_like_hub_id
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ def resolve_name_or_path(name_or_path: str | os.PathLike | None) -> str | None:
     except (ImportError, ValueError):
         spec = None
     if spec is None or not spec.submodule_search_locations:
-        from hf_lightning.optional import check_model_package
+        from hf_lightning.config.optional import check_model_package
 
         try:
             check_model_package(path)  # names the package and the extra that installs it

@@ -3,7 +3,7 @@ line.
 
 ``ARGS`` is either the JSON that ``TrainingArguments.to_json_string()`` writes, or the ``training_args.bin``
 that HF ``Trainer`` saves beside its checkpoints. Prints, on stdout, the ``python -m hf_lightning.train``
-command that runs the same schedule (see :mod:`hf_lightning.migrate_fields` for each field), then, as ``#``
+command that runs the same schedule (see :mod:`hf_lightning.migrate.fields` for each field), then, as ``#``
 comment lines, every field away from HF's default that hf_lightning cannot honour, with why. ``OVERRIDE``
 words (the model and data, which ``TrainingArguments`` does not hold: ``model.name_or_path=DIR
 data.path=FILE``) are appended to the command. ``--experiment NAME`` picks the experiment (default ``clm``).
@@ -25,7 +25,7 @@ import shlex
 import sys
 from typing import Any
 
-from hf_lightning.errors import ConfigError, HFLightningError
+from hf_lightning.core.errors import ConfigError, HFLightningError
 
 EXPERIMENTS = ("clm", "sft", "seq2seq", "classification")
 
@@ -107,7 +107,7 @@ def command(path: str, experiment: str = "clm", extra: list[str] | None = None) 
     Raises:
         ConfigError: bad input (see :func:`load_arguments`).
     """
-    from hf_lightning.migrate_fields import convert
+    from hf_lightning.migrate.fields import convert
 
     args = load_arguments(path)
     overrides, dropped, notes = convert(args, default_arguments(str(args.get("output_dir") or "run")))
