@@ -4,8 +4,8 @@ gets it.
 The same Hydra config as ``python -m hf_lightning.train`` (``conf/train.yaml``) and the same overrides. The
 model, tokenizer, DataModule and LightningModule come from the builder training uses
 (:func:`hf_lightning.config.build.build`, ``purpose="inspect"``), attached to a one-process CPU
-``lightning.Trainer`` that is never fitted (so pruning reads the model's ``forward``, and the window count
-uses ``trainer.accumulate_grad_batches``); the first batch of the training loader (rank 0) is printed with
+``lightning.Trainer`` that is never fitted (so pruning reads the model's ``forward``, and a window holds
+``data.gradient_accumulation_steps`` micro-batches); the first batch of the training loader (rank 0) is printed with
 :func:`~hf_lightning.data.describe.describe_batch`.
 """
 
@@ -29,9 +29,17 @@ def first_batch(cfg: DictConfig) -> tuple[Any, Any]:
     """
     from hf_lightning.config.build import build
 
+    from hf_lightning.core.batch import MICRO_ITEMS_KEY, NUM_ITEMS_KEY, WINDOW_LENGTH_KEY, Window
+
     datamodule = build(cfg, "inspect").datamodule
     datamodule.setup("fit")
-    return next(iter(datamodule.train_dataloader())), datamodule
+    batch = next(iter(datamodule.train_dataloader()))
+    if isinstance(batch, Window):  # the first micro-batch of the first window, with the window's counts
+        counts = {WINDOW_LENGTH_KEY: len(batch)}
+        if batch.counts is not None:
+            counts = {NUM_ITEMS_KEY: batch.num_items_in_batch, MICRO_ITEMS_KEY: batch.counts[0], **counts}
+        batch = {**batch.micro_batches[0], **counts}
+    return batch, datamodule
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")

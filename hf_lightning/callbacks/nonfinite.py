@@ -282,11 +282,11 @@ class NonFiniteGuard(L.Callback):
         if not reasons:
             return
         self.exploding_steps += 1
-        clip = trainer.gradient_clip_val
+        clip = getattr(trainer.lightning_module, "max_grad_norm", None)
         after = (
-            f"clipped to trainer.gradient_clip_val={clip:g} before the update"
+            f"clipped to module.max_grad_norm={clip:g} before the update"
             if clip
-            else ("not clipped (set trainer.gradient_clip_val to bound such updates)")
+            else ("not clipped (set module.max_grad_norm to bound such updates)")
         )
         log.warning(
             "optimizer step %d: gradient norm %.4g is %s; %s", step, norm, " and ".join(reasons), after

@@ -20,6 +20,7 @@ KEY = "hf_lightning"
 
 def _signature(trainer: L.Trainer) -> dict[str, Any]:
     return {
+        "gradient_accumulation_steps": getattr(trainer.datamodule, "gradient_accumulation_steps", 1),
         "accumulate_grad_batches": trainer.accumulate_grad_batches,
         **data_signature(trainer.datamodule, trainer.world_size),
     }

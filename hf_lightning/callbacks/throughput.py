@@ -32,7 +32,7 @@ from typing import Any
 import lightning as L
 import torch
 
-from hf_lightning.core.batch import padding_mask
+from hf_lightning.core.batch import Window, padding_mask
 from hf_lightning.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -191,11 +191,13 @@ class Throughput(L.Callback):
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        for i, value in enumerate(batch_counts(batch, self.pad_token_id, self._flops is not None)):
-            if isinstance(value, torch.Tensor):
-                self._queued[i].append(value)
-            elif value is not None:
-                self._host[i] += value
+        # a training batch is one micro-batch, or a window of them (HFLightningModule)
+        for micro in batch if isinstance(batch, Window) else (batch,):
+            for i, value in enumerate(batch_counts(micro, self.pad_token_id, self._flops is not None)):
+                if isinstance(value, torch.Tensor):
+                    self._queued[i].append(value)
+                elif value is not None:
+                    self._host[i] += value
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._val_start = time.perf_counter()

@@ -11,7 +11,7 @@ module. What differs between the purposes is only the Trainer:
 ========== =================================================================================================
 train      ``trainer`` as configured, with the ``callbacks``, ``logger`` and the best-model checkpoint
 evaluate   ``trainer``'s accelerator, precision and limits on one device; no callbacks, logger or checkpoints
-inspect    one CPU process, never fitted (so the data side reads the model and ``accumulate_grad_batches``)
+inspect    one CPU process, never fitted (so the data side reads the model)
 ========== =================================================================================================
 """
 

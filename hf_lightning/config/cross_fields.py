@@ -47,8 +47,8 @@ def cross_field_errors(c: Mapping[str, Any]) -> list[str]:
             deepspeed_config(
                 strategy.get("stage", 2),
                 strategy.get("micro_batch_size"),
-                strategy.get("accumulate_grad_batches"),
-                strategy.get("gradient_clip_val"),
+                strategy.get("gradient_accumulation_steps"),
+                strategy.get("max_grad_norm"),
                 strategy.get("precision"),
                 strategy.get("devices", 1),
                 strategy.get("num_nodes", 1),

@@ -81,10 +81,9 @@ def _some_training(value: Any) -> bool:
 
 
 def _validation_interval(value: Any) -> bool:
-    """``trainer.val_check_interval``: training batches, i.e. micro-batches (an integer >= 1, or a whole
-    float Lightning reads as one; ``trainer.accumulate_grad_batches`` of them make one optimizer step), a
-    fraction of the epoch in (0, 1], or Lightning's time-based forms (a string or a mapping, which Lightning
-    checks)."""
+    """``trainer.val_check_interval``: training batches, i.e. optimizer steps (an integer >= 1, or a whole
+    float Lightning reads as one), a fraction of the epoch in (0, 1], or Lightning's time-based forms (a string
+    or a mapping, which Lightning checks)."""
     if value is None or isinstance(value, (str, Mapping)):
         return True
     if _int(value):
@@ -142,7 +141,7 @@ OVERLAY: dict[str, Allowed] = {
         ),
         "null or a mapping {source column: new name}",
     ),
-    "trainer.accumulate_grad_batches": POSITIVE_INT,
+    "data.gradient_accumulation_steps": POSITIVE_INT,
     "trainer.max_steps": Allowed(
         lambda v: _int(v) and (v == -1 or v >= 1), "-1 (no limit) or an integer >= 1"
     ),
@@ -153,10 +152,7 @@ OVERLAY: dict[str, Allowed] = {
     "trainer.devices": Allowed(devices_ok, "an integer >= 1, -1, 'auto', or a list of device indices"),
     "trainer.accelerator": one_of(ACCELERATORS),
     "trainer.precision": Allowed(lambda v: str(v) in PRECISIONS, ", ".join(PRECISIONS)),
-    "trainer.gradient_clip_val": Allowed(
-        lambda v: v is None or (_num(v) and v >= 0), "null or a number >= 0"
-    ),
-    "trainer.gradient_clip_algorithm": one_of(("norm", "value")),
+    "module.max_grad_norm": Allowed(lambda v: v is None or (_num(v) and v >= 0), "null or a number >= 0"),
     "trainer.limit_train_batches": Allowed(
         _some_training,
         "null (every batch), a fraction in (0, 1] or a count >= 1: 0 trains nothing (to only evaluate, use "
@@ -168,13 +164,13 @@ OVERLAY: dict[str, Allowed] = {
     # at every step
     "trainer.val_check_interval": Allowed(
         _validation_interval,
-        "null (once per epoch), an integer >= 1 (training micro-batches: trainer.accumulate_grad_batches of "
-        "them are one optimizer step; eval_steps counts optimizer steps), a fraction of the epoch in (0, 1], "
-        "or a time ('DD:HH:MM:SS'); no validation: trainer.limit_val_batches=0",
+        "null (once per epoch), an integer >= 1 (optimizer steps: each training batch is one; eval_steps "
+        "counts them over the whole run), a fraction of the epoch in (0, 1], or a time ('DD:HH:MM:SS'); no "
+        "validation: trainer.limit_val_batches=0",
     ),
     "trainer.check_val_every_n_epoch": Allowed(
         lambda v: v is None or (_int(v) and v >= 1),
-        "null (trainer.val_check_interval counts micro-batches across epochs) or an integer >= 1; no "
+        "null (trainer.val_check_interval counts optimizer steps across epochs) or an integer >= 1; no "
         "validation: "
         "trainer.limit_val_batches=0",
     ),
@@ -433,6 +429,7 @@ def validate_config(cfg: DictConfig, purpose: str = "train") -> None:
             continue  # data.seed: ${seed}: the rule of the key it repeats says it
         if value is not MISSING and not rule(value):
             errors.append(f"{key}={shown(value)}: allowed values: {rule.text}")
+    errors += moved_trainer_keys(c)
     for group, target, skip in _untargeted_groups():
         if isinstance(c.get(group), Mapping):
             errors += node_errors(c[group], target, group, skip)
@@ -453,6 +450,37 @@ def validate_config(cfg: DictConfig, purpose: str = "train") -> None:
                 seen.add(key)
                 unique.append(e)
         raise ConfigError("; ".join(unique))
+
+
+#: Lightning Trainer arguments that do not apply to ``HFLightningModule`` (it steps each accumulation window
+#: itself, and Lightning refuses them then): ``key -> (whether a value is harmless, what to set instead)``
+NOT_FOR_WINDOWS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "trainer.accumulate_grad_batches": (
+        lambda v: v in (None, 1),
+        "the accumulation window is data.gradient_accumulation_steps (HF's gradient_accumulation_steps): set "
+        "data.gradient_accumulation_steps={value} instead",
+    ),
+    "trainer.gradient_clip_val": (
+        lambda v: v is None,
+        "clipping is module.max_grad_norm (HF's max_grad_norm, by norm): set module.max_grad_norm={value} "
+        "instead (null: no clipping)",
+    ),
+    "trainer.gradient_clip_algorithm": (
+        lambda v: v is None,
+        "clipping is module.max_grad_norm, by the gradients' total 2-norm (HF's max_grad_norm); value "
+        "clipping is not offered: remove the key",
+    ),
+}
+
+
+def moved_trainer_keys(c: Mapping[str, Any]) -> list[str]:
+    """One error per :data:`NOT_FOR_WINDOWS` key the resolved config ``c`` sets to a value that would act."""
+    errors = []
+    for key, (harmless, fix) in NOT_FOR_WINDOWS.items():
+        value = get_dotted(c, key)
+        if value is not MISSING and not harmless(value):
+            errors.append(f"{key}={shown(value)}: {fix.format(value=shown(value))}")
+    return errors
 
 
 # the groups hf_lightning.config.build instantiates from their _target_

@@ -3,12 +3,13 @@
 Both packages import these names from here, so neither imports the other.
 
 - ``IGNORE_INDEX``: the label value that receives no loss term (HF's and PyTorch's ``-100``).
-- The window keys the accumulation-window loader attaches to every training micro-batch (HF
-  ``Trainer.get_batch_samples`` counts a whole window before its first forward): ``num_items_in_batch`` (the
-  window's target count, an ``int``), ``num_items_in_micro_batch`` (this micro-batch's own count) and
-  ``num_batches_in_window`` (the window's number of micro-batches). The module needs the last two for HF's
-  fallback (a per-batch mean divided by the window length) and to skip a micro-batch without targets; reading
-  them from a device tensor would cost a host-device sync per micro-batch.
+- :class:`Window`: one optimizer step's training batch, the accumulation window's micro-batches with their
+  target counts (HF ``Trainer.get_batch_samples`` counts a whole window before its first forward), what
+  ``HFLightningModule.training_step`` receives.
+- The window keys the micro-batch loader of a module on Lightning's automatic optimization attaches to every
+  training micro-batch: ``num_items_in_batch`` (the window's target count, an ``int``),
+  ``num_items_in_micro_batch`` (this micro-batch's own count) and ``num_batches_in_window`` (the window's
+  number of micro-batches).
 - ``PLACEHOLDER_KEY``: marks an evaluation batch that only stands for a rank with no example
   (:mod:`~hf_lightning.data.placeholder`); the module leaves it out of metrics and predictions.
 - :func:`padding_mask`: which positions of a batch are padding (the real-token counts of the throughput
@@ -17,7 +18,8 @@ Both packages import these names from here, so neither imports the other.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -28,6 +30,35 @@ NUM_ITEMS_KEY = "num_items_in_batch"
 MICRO_ITEMS_KEY = "num_items_in_micro_batch"
 WINDOW_LENGTH_KEY = "num_batches_in_window"
 WINDOW_KEYS = (NUM_ITEMS_KEY, MICRO_ITEMS_KEY, WINDOW_LENGTH_KEY)
+
+
+@dataclass(frozen=True)
+class Window:
+    """The training batch of one optimizer step: its accumulation window.
+
+    Attributes:
+        micro_batches: the window's collated micro-batches (dicts of CPU tensors), in order; at most HF's
+            ``gradient_accumulation_steps`` of them (fewer for the last window of an epoch).
+        counts: each micro-batch's number of label targets (host ``int``,
+            :func:`~hf_lightning.module.loss.count_loss_items`), or ``None`` when nothing counts them.
+
+    ``num_items_in_batch`` is the window's target count on this process, ``sum(counts)`` (``None`` when not
+    counted); the module sums it across ranks.
+    """
+
+    micro_batches: Sequence[dict[str, Any]]
+    counts: Sequence[int] | None = None
+
+    @property
+    def num_items_in_batch(self) -> int | None:
+        return None if self.counts is None else int(sum(self.counts))
+
+    def __len__(self) -> int:
+        return len(self.micro_batches)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return iter(self.micro_batches)
+
 
 #: batch key (a Python ``bool``, never a model input) marking a batch made only of placeholder rows
 PLACEHOLDER_KEY = "placeholder_batch"

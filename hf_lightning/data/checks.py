@@ -79,6 +79,7 @@ def check_arguments(group: str, arguments: dict[str, tuple[Any, str]]) -> None:
 DATA_ARGUMENTS = {
     "per_device_train_batch_size": "positive int",
     "per_device_eval_batch_size": "positive int",
+    "gradient_accumulation_steps": "positive int",
     "max_length": "positive int",
     "shuffle_buffer_size": "positive int",
     "validation_split": "fraction",

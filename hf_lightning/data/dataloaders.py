@@ -44,6 +44,7 @@ from hf_lightning.compat import (
     epoch_being_trained,
     epochs_processed,
 )
+from hf_lightning.core.batch import Window
 from hf_lightning.core.errors import ConfigError
 from hf_lightning.data.checks import check_fits_one_batch
 from hf_lightning.data.placeholder import PlaceholderAwareCollator
@@ -54,6 +55,7 @@ from hf_lightning.data.sampling import (
     ResumableLoader,
     TopUpDataset,
     WindowBatch,
+    WindowLoader,
     sequence_lengths,
     warn_no_count,
 )
@@ -372,6 +374,10 @@ class DataLoaderHooks:
         self._saved_signature = state_dict.get("signature")
 
     def _accumulation(self) -> int:
+        """Micro-batches per optimizer step: ``gradient_accumulation_steps`` for a module that steps windows,
+        else Lightning's ``accumulate_grad_batches``."""
+        if self.gradient_accumulation_steps > 1 or self._binding().steps_windows:
+            return self.gradient_accumulation_steps
         trainer = getattr(self, "trainer", None)
         return int(getattr(trainer, "accumulate_grad_batches", 1) or 1) if trainer is not None else 1
 
@@ -516,31 +522,47 @@ class DataLoaderHooks:
         )
 
     def train_dataloader(self) -> Any:
-        """Micro-batches of ``per_device_train_batch_size`` examples, this rank's share of the epoch's order.
+        """This rank's share of the epoch's order, in micro-batches of ``per_device_train_batch_size``
+        examples.
 
-        Wrapped in :class:`~hf_lightning.data.sampling.AccumulationWindowLoader` when a ``count_loss_items``
-        is bound (the window keys above). Under a Lightning trainer without one (your own LightningModule),
-        wrapped in :class:`~hf_lightning.data.sampling.ResumableLoader`, so that a run resumed inside an epoch
-        continues it; without a trainer the loader itself (its position: :meth:`state_dict`).
+        For a module that steps windows (``steps_windows`` bound, :class:`HFLightningModule`): one
+        :class:`~hf_lightning.core.batch.Window` of ``gradient_accumulation_steps`` micro-batches per optimizer
+        step, with their target counts (:class:`~hf_lightning.data.sampling.WindowLoader`), resumed in windows.
+        Otherwise micro-batches: wrapped in :class:`~hf_lightning.data.sampling.AccumulationWindowLoader` when
+        a ``count_loss_items`` is bound (the window keys above); under a Lightning trainer without one (your
+        own LightningModule), in :class:`~hf_lightning.data.sampling.ResumableLoader`, so that a run resumed
+        inside an epoch continues it; without a trainer the loader itself (its position: :meth:`state_dict`).
 
         Raises:
-            ConfigError: a stream of unknown length without ``trainer.max_steps``.
+            ConfigError: a stream of unknown length without ``trainer.max_steps``;
+                ``gradient_accumulation_steps > 1`` for a module on Lightning's automatic optimization.
         """
         if self.train_dataset is None:
             self.setup("fit")
         loader = self._loader(self.train_dataset, "train")
-        count = self._binding().count_loss_items
+        binding = self._binding()
+        count = binding.count_loss_items
         trainer = getattr(self, "trainer", None)
+        if binding.steps_windows:
+            return WindowLoader(
+                loader,
+                self.gradient_accumulation_steps,
+                count,
+                max_windows=(lambda: trainer.num_training_batches) if trainer is not None else None,
+                progress=self._fit_progress(trainer) if trainer is not None else None,
+            )
+        if self.gradient_accumulation_steps > 1:
+            raise ConfigError(
+                f"data.gradient_accumulation_steps={self.gradient_accumulation_steps} needs a module that steps "
+                "accumulation windows (HFLightningModule); a module on Lightning's automatic optimization "
+                "accumulates with Trainer(accumulate_grad_batches=N): set that, and "
+                "data.gradient_accumulation_steps=1"
+            )
         if trainer is None:
             # bound but not fitting (inspect a batch): windows of accumulate_grad_batches=1
             return loader if count is None else AccumulationWindowLoader(loader, 1, count)
 
-        def progress() -> tuple[int, int]:
-            # the epoch being trained: current_epoch counts it as done already when a checkpoint is written
-            # after training stopped in its middle (at on_train_end), epochs started minus one does not
-            # (Lightning's loop progress, read through hf_lightning.compat)
-            return epoch_being_trained(trainer), batches_processed(trainer)
-
+        progress = self._fit_progress(trainer)
         if count is None:
             if trainer.is_global_zero and not self._said_no_count:
                 self._said_no_count = True
@@ -559,6 +581,18 @@ class DataLoaderHooks:
             max_batches=lambda: trainer.num_training_batches,
             progress=progress,
         )
+
+    @staticmethod
+    def _fit_progress(trainer: Any) -> Callable[[], tuple[int, int]]:
+        """``() -> (epoch being trained, training batches processed in it)``, read when a checkpoint is saved."""
+
+        def progress() -> tuple[int, int]:
+            # the epoch being trained: current_epoch counts it as done already when a checkpoint is written
+            # after training stopped in its middle (at on_train_end), epochs started minus one does not
+            # (Lightning's loop progress, read through hf_lightning.compat)
+            return epoch_being_trained(trainer), batches_processed(trainer)
+
+        return progress
 
     def val_dataloader(self) -> Any:
         """Batches of ``per_device_eval_batch_size`` examples in dataset order, this rank's share without any
@@ -596,6 +630,8 @@ class DataLoaderHooks:
         define it.
         """
         kind = type(batch)
+        if kind is Window:
+            return batch  # the module moves each micro-batch as it computes it
         if kind is not dict and kind is not WindowBatch:
             return super().transfer_batch_to_device(batch, device, dataloader_idx)
         if self._count_use is not None:

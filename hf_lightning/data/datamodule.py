@@ -95,6 +95,11 @@ class HFDataModule(DataLoaderHooks, ModelBinding, L.LightningDataModule):
             with ``packing`` the row length (``wrapped`` truncates no document, ``bfd`` truncates longer
             ones).
         per_device_train_batch_size / per_device_eval_batch_size: examples (packed rows) per micro-batch.
+        gradient_accumulation_steps: micro-batches per optimizer step (HF's name). For a module that steps
+            windows (``HFLightningModule``) each training batch is a :class:`~hf_lightning.core.batch.Window` of
+            this many micro-batches (the last of an epoch may hold fewer); a module on Lightning's automatic
+            optimization gets micro-batches and accumulates with ``Trainer(accumulate_grad_batches=...)``
+            instead, so this must stay 1 for it.
         shuffle: random training order (seeded by ``seed + epoch``, the same on every rank).
         group_by_length: HF's mega-batch length grouping (map-style), a bounded sort buffer (streams).
         packing: ``False``, ``"bfd"`` (``True`` means ``"bfd"``) or ``"wrapped"`` (causal formats, map-style);
@@ -176,6 +181,7 @@ class HFDataModule(DataLoaderHooks, ModelBinding, L.LightningDataModule):
         max_length: int = 512,
         per_device_train_batch_size: int = 8,
         per_device_eval_batch_size: int = 8,
+        gradient_accumulation_steps: int = 1,
         shuffle: bool = True,
         group_by_length: bool = False,
         packing: Packing = False,
@@ -226,6 +232,7 @@ class HFDataModule(DataLoaderHooks, ModelBinding, L.LightningDataModule):
         self.max_length = max_length
         self.per_device_train_batch_size = per_device_train_batch_size
         self.per_device_eval_batch_size = per_device_eval_batch_size
+        self.gradient_accumulation_steps = gradient_accumulation_steps
         self.shuffle = shuffle
         self.group_by_length = group_by_length
         self.packing = packing_strategy(packing)  # the value only; the rules: check_packing at setup

@@ -140,6 +140,7 @@ class Binding:
     forward_kwargs: dict[str, Any] = field(default_factory=dict)
     metrics: bool = False
     handles_placeholder_batches: bool = False
+    steps_windows: bool = False
 
 
 def binding_from_trainer(trainer: Any) -> Binding:
@@ -158,10 +159,16 @@ def make_binding(
     forward_kwargs: Mapping[str, Any] | None = None,
     metrics: bool = False,
     handles_placeholder_batches: bool = False,
+    steps_windows: bool = False,
 ) -> Binding:
     """A :class:`Binding` of :meth:`HFDataModule.bind`'s arguments (described there)."""
     return Binding(
-        model, count_loss_items, dict(forward_kwargs or {}), bool(metrics), bool(handles_placeholder_batches)
+        model,
+        count_loss_items,
+        dict(forward_kwargs or {}),
+        bool(metrics),
+        bool(handles_placeholder_batches),
+        bool(steps_windows),
     )
 
 
@@ -179,6 +186,7 @@ class ModelBinding:
         forward_kwargs: Mapping[str, Any] | None = None,
         metrics: bool = False,
         handles_placeholder_batches: bool = False,
+        steps_windows: bool = False,
     ) -> ModelBinding:
         """Tell the data what it needs from the model side; whoever builds both calls it once, before ``fit``.
 
@@ -196,6 +204,9 @@ class ModelBinding:
             metrics: evaluation computes metrics, so an evaluation batch must carry a label key.
             handles_placeholder_batches: mark an empty rank's stand-in batch
             (:mod:`~hf_lightning.data.placeholder`).
+            steps_windows: the module's ``training_step`` takes one
+                :class:`~hf_lightning.core.batch.Window` per optimizer step and steps it itself
+                (:class:`HFLightningModule` does); otherwise training batches are micro-batches.
 
         Without a call, :meth:`setup` and the loaders ask the trainer's LightningModule, once per call, for
         these arguments through its ``data_binding()`` method, if it has one (:class:`HFLightningModule` does:
@@ -212,6 +223,7 @@ class ModelBinding:
             forward_kwargs=forward_kwargs,
             metrics=metrics,
             handles_placeholder_batches=handles_placeholder_batches,
+            steps_windows=steps_windows,
         )
         return self
 

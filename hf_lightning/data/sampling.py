@@ -71,7 +71,7 @@ import torch
 from torch.utils.data import Dataset, DistributedSampler
 from transformers.trainer_pt_utils import get_length_grouped_indices
 
-from hf_lightning.core.batch import IGNORE_INDEX, MICRO_ITEMS_KEY, NUM_ITEMS_KEY, WINDOW_LENGTH_KEY
+from hf_lightning.core.batch import IGNORE_INDEX, MICRO_ITEMS_KEY, NUM_ITEMS_KEY, WINDOW_LENGTH_KEY, Window
 
 log = logging.getLogger(__name__)
 
@@ -421,6 +421,68 @@ class AccumulationWindowLoader(ResumableLoader):
             for batch, count in zip(window, counts):
                 keys = {NUM_ITEMS_KEY: total, MICRO_ITEMS_KEY: count, WINDOW_LENGTH_KEY: len(window)}
                 yield WindowBatch(batch, **keys)
+
+
+class WindowLoader(ResumableLoader):
+    """Wraps a train dataloader of micro-batches and yields one :class:`~hf_lightning.core.batch.Window` per
+    optimizer step (and resumes as :class:`ResumableLoader`, in windows).
+
+    Args:
+        loader: any iterable of dict batches (usually a ``torch.utils.data.DataLoader``).
+        gradient_accumulation_steps: micro-batches per window (HF's name); must be >= 1. The last window of
+            an epoch holds the micro-batches left (HF ``Trainer`` cuts its windows per epoch the same way).
+        count_fn: ``batch -> int``, the label targets of one micro-batch
+            (:func:`hf_lightning.module.loss.count_loss_items`); ``None``: windows carry no count.
+        max_windows: optional ``() -> int | float``, read at the start of each epoch: how many windows the
+            training loop will consume (``trainer.num_training_batches``, ``limit_train_batches`` included):
+            no micro-batch past it is read or counted.
+        progress: optional ``() -> (epoch, windows consumed in that epoch)``, read when a checkpoint is saved;
+            on resume the epoch continues after those windows.
+
+    ``len()`` is the epoch's number of windows, ``ceil(micro-batches / gradient_accumulation_steps)``.
+
+    Raises:
+        ValueError: ``gradient_accumulation_steps < 1``.
+        TypeError: a micro-batch is not a mapping.
+    """
+
+    def __init__(
+        self,
+        loader: Iterable[Mapping[str, Any]],
+        gradient_accumulation_steps: int,
+        count_fn: Callable[[Mapping[str, Any]], int] | None = None,
+        max_windows: Callable[[], int | float] | None = None,
+        progress: Callable[[], tuple[int, int]] | None = None,
+    ) -> None:
+        if gradient_accumulation_steps < 1:
+            raise ValueError(f"gradient_accumulation_steps must be >= 1, got {gradient_accumulation_steps}")
+        super().__init__(loader, progress)
+        self.gradient_accumulation_steps = gradient_accumulation_steps
+        self.count_fn = count_fn
+        self.max_windows = max_windows
+
+    def __len__(self) -> int:
+        return math.ceil(len(self.loader) / self.gradient_accumulation_steps)  # type: ignore[arg-type]
+
+    def __iter__(self) -> Iterator[Window]:
+        # a generator: the body runs at the first next(), after Lightning has called set_epoch
+        k = self.gradient_accumulation_steps
+        start = self._start()
+        limit = self.max_windows() if self.max_windows is not None else float("inf")
+        iterator = self._iterator(start * k)
+        done = start
+        while done < limit:
+            micro = list(itertools.islice(iterator, k))
+            if not micro:
+                return
+            for batch in micro:
+                if not isinstance(batch, Mapping):
+                    raise TypeError(
+                        f"the training collator must return a mapping of tensors (got {type(batch).__name__})"
+                    )
+            counts = [self.count_fn(batch) for batch in micro] if self.count_fn is not None else None
+            done += 1
+            yield Window(micro, counts)
 
 
 # ------------------------------------------------------------------ whether the module uses the count

@@ -46,7 +46,7 @@ REASONS = {
     "neftune_noise_alpha": "NEFTune noise is not supported",
     "torch_empty_cache_steps": "not supported",
     "auto_find_batch_size": "not supported: set data.per_device_train_batch_size and "
-    "trainer.accumulate_grad_batches",
+    "data.gradient_accumulation_steps",
     "log_on_each_node": "rank 0 logs for the run",
     "logging_nan_inf_filter": "non-finite losses stop the run "
     "(callbacks.nonfinite_guard.on_nonfinite=stop|skip)",
@@ -160,7 +160,7 @@ def _batches(take, changed, out, dropped, notes) -> None:
     out += [
         f"data.per_device_train_batch_size={train}",
         f"data.per_device_eval_batch_size={evaluation}",
-        f"trainer.accumulate_grad_batches={accumulation}",
+        f"data.gradient_accumulation_steps={accumulation}",
     ]
 
 
@@ -191,7 +191,7 @@ def _optimizer(take, changed, out, dropped, notes) -> None:
     if changed("adam_epsilon") and "eps" in knobs:
         out.append(f"optim.eps={_num(eps)}")
     (clip,) = take("max_grad_norm")
-    out.append(f"trainer.gradient_clip_val={_num(clip) if clip else 'null'}")
+    out.append(f"module.max_grad_norm={_num(clip) if clip else 'null'}")
 
 
 def _schedule(take, changed, out, dropped, notes) -> None:

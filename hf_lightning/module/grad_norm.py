@@ -1,9 +1,9 @@
 """One gradient-norm pass per optimizer step, shared by the log line, the clipping and the non-finite guard.
 
 Three readers want the total gradient 2-norm of a step: the ``grad_norm`` log column (HF logs the value
-``clip_grad_norm_`` returns: the norm before clipping), Lightning's norm clipping
-(``torch.nn.utils.clip_grad_norm_`` on every step when ``trainer.gradient_clip_val`` is set, HF's
-``max_grad_norm=1.0`` default) and :class:`~hf_lightning.callbacks.NonFiniteGuard`. Each computing its own is
+``clip_grad_norm_`` returns: the norm before clipping), norm clipping (``torch.nn.utils.clip_grad_norm_`` on
+every step at ``module.max_grad_norm``, HF's ``max_grad_norm=1.0`` default) and
+:class:`~hf_lightning.callbacks.NonFiniteGuard`. Each computing its own is
 up to three passes over every gradient per step (and, on a GPU, one reduction kernel chain each).
 :class:`StepGradNorm` computes it once, on the first request of the step, and clips with that value
 (``torch.nn.utils.clip_grads_with_norm_``: the second half of ``clip_grad_norm_``, so the result is
@@ -54,9 +54,12 @@ class StepGradNorm:
     def reset(self) -> None:
         self._norm, self._done, self._clipped = None, False, False
 
-    def get(self, trainer: L.Trainer, optimizer: torch.optim.Optimizer) -> torch.Tensor | None:
+    def get(
+        self, trainer: L.Trainer, optimizer: torch.optim.Optimizer, max_norm: float | None = None
+    ) -> torch.Tensor | None:
         """The step's total 2-norm over the optimizer's gradients: a 0-dim float tensor on their device, or
-        ``None`` when there is none to read (no gradient, or DeepSpeed). No host sync."""
+        ``None`` when there is none to read (no gradient, or DeepSpeed). No host sync. ``max_norm``: the
+        step's clipping norm (FSDP clips while it computes the norm)."""
         if not self._done:
             self._done = True
             if gradients_outside_params(trainer):
@@ -64,8 +67,7 @@ class StepGradNorm:
             elif isinstance(trainer.strategy, FSDPStrategy):
                 # FSDP computes the global norm only while clipping: clip to the configured norm (or to inf,
                 # which multiplies by 1) so that the gradients are in their final state once the norm exists
-                max_norm = _norm_clip_value(trainer) or math.inf
-                self._norm = trainer.strategy.model.clip_grad_norm_(max_norm)
+                self._norm = trainer.strategy.model.clip_grad_norm_(max_norm or math.inf)
                 self._clipped = True
             else:
                 grads = [p.grad for p in params_with_grad(optimizer)]
@@ -86,20 +88,11 @@ class StepGradNorm:
             return False
         if getattr(plugin, "scaler", None) is not None and unscales_gradients_itself(optimizer):
             return False
-        norm = self.get(trainer, optimizer)
+        norm = self.get(trainer, optimizer, max_norm)
         params = params_with_grad(optimizer)  # none left when NonFiniteGuard dropped this step's gradients
         if norm is not None and params and not self._clipped:
             torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
         return True
-
-
-def _norm_clip_value(trainer: L.Trainer) -> float | None:
-    """``trainer.gradient_clip_val`` when it clips by norm, else ``None``."""
-    value: Any = trainer.gradient_clip_val
-    algorithm = trainer.gradient_clip_algorithm
-    if not value or (algorithm is not None and algorithm != "norm"):  # a str enum: compares by value
-        return None
-    return float(value)
 
 
 class SharedGradNorm:
@@ -113,22 +106,12 @@ class SharedGradNorm:
         column, norm clipping and :class:`~hf_lightning.callbacks.NonFiniteGuard`
         (:mod:`hf_lightning.module.grad_norm`). ``None`` without gradients or under DeepSpeed. Valid between
         ``backward`` and ``optimizer.step``."""
-        return self._grad_norm.get(self.trainer, optimizer)
+        return self._grad_norm.get(self.trainer, optimizer, getattr(self, "max_grad_norm", None))
 
-    def configure_gradient_clipping(
-        self,
-        optimizer: torch.optim.Optimizer,
-        gradient_clip_val: float | None = None,
-        gradient_clip_algorithm: str | None = None,
-    ) -> None:
-        """Norm clipping with the step's shared norm (``clip_grad_norm_``'s result, one pass fewer); under
-        FSDP through the root module's ``clip_grad_norm_``. Value clipping and the cases the shared norm
-        cannot serve keep Lightning's ``clip_gradients``."""
-        by_norm = gradient_clip_algorithm is None or gradient_clip_algorithm == "norm"
-        if (
-            gradient_clip_val
-            and by_norm
-            and self._grad_norm.clip(self.trainer, optimizer, float(gradient_clip_val))
-        ):
-            return
-        super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
+    def clip_step_gradients(self, optimizer: torch.optim.Optimizer, max_norm: float) -> None:
+        """Clip the step's gradients to total 2-norm ``max_norm`` with the shared norm (``clip_grad_norm_``'s
+        result, one pass fewer); under FSDP through the root module's ``clip_grad_norm_``; where the shared
+        norm cannot serve, Lightning's ``clip_gradients`` (the precision plugin's, a no-op under DeepSpeed,
+        whose engine clips at ``gradient_clipping``). Call after AMP's unscale (``on_before_optimizer_step``)."""
+        if not self._grad_norm.clip(self.trainer, optimizer, float(max_norm)):
+            self.clip_gradients(optimizer, gradient_clip_val=float(max_norm), gradient_clip_algorithm="norm")

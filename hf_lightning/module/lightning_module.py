@@ -14,7 +14,7 @@ from torch import nn
 
 from hf_lightning.adapters.checkpoint import AdapterCheckpointState
 from hf_lightning.compat import attached_trainer
-from hf_lightning.core.batch import MICRO_ITEMS_KEY, NUM_ITEMS_KEY, WINDOW_LENGTH_KEY
+from hf_lightning.core.batch import MICRO_ITEMS_KEY, Window
 from hf_lightning.core.errors import ConfigError
 from hf_lightning.data.model_facts import forward_parameters
 from hf_lightning.models.loading import pretrained_causal_lm
@@ -36,6 +36,7 @@ from hf_lightning.module.optim import make_optimizer
 from hf_lightning.module.run_plan import training_steps
 from hf_lightning.module.schedules import is_metric_driven, make_scheduler, metric_key, step_on_validation
 from hf_lightning.module.train_log import TrainLog, warn_empty_window
+from hf_lightning.strategies.gradient_sync import gradient_sync
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +109,10 @@ class HFLightningModule(
             back to the logits); ``compute_loss`` then returns outputs whose ``logits`` is ``None``.
         metric_for_best_model: the logged metric (HF's name, ``loss`` -> ``val/loss``) that steps a
             ``reduce_lr_on_plateau`` / ``greedy`` schedule after each validation, as HF does.
+        max_grad_norm: HF's ``max_grad_norm``: before each optimizer step the gradients' total 2-norm is
+            clipped to it (``torch.nn.utils.clip_grad_norm_``); ``None`` or 0: no clipping. Lightning's
+            ``Trainer(gradient_clip_val=...)`` does not apply (this module steps its windows itself) and
+            Lightning refuses it.
 
     Raises:
         ConfigError: conflicting or out-of-range loss arguments (named); a metric-driven schedule without
@@ -150,9 +155,20 @@ class HFLightningModule(
         batch_eval_metrics: bool = False,
         lean_loss: bool = True,
         metric_for_best_model: str | None = None,
+        max_grad_norm: float | None = 1.0,
     ) -> None:
         super().__init__()
         check_loss_arguments(compute_loss_func, use_model_loss, label_smoothing_factor)
+        if max_grad_norm is not None and (
+            isinstance(max_grad_norm, bool) or not isinstance(max_grad_norm, (int, float)) or max_grad_norm < 0
+        ):
+            raise ConfigError(
+                f"module.max_grad_norm={max_grad_norm!r}; allowed values: null (no clipping) or a number >= 0"
+            )
+        #: HF's max_grad_norm: the total gradient 2-norm each step is clipped to (``None`` or 0: no clipping)
+        self.max_grad_norm = float(max_grad_norm) if max_grad_norm else None
+        # training_step steps each accumulation window itself (Lightning's manual optimization)
+        self.automatic_optimization = False
         if isinstance(model, (str, os.PathLike)):  # a folder or hub id, as a config gives it
             model = pretrained_causal_lm(model, "module.model")
         self.model = model
@@ -181,8 +197,6 @@ class HFLightningModule(
             compute_metrics, preprocess_logits_for_metrics, eval_accumulation_steps, batch_eval_metrics
         )
         self._init_train_log()
-        self._window: tuple[int, int] | None = None
-        self._window_count: Count | None = None
         self._grad_norm = StepGradNorm()
         #: the optimizer step this process's fit started from (``None``: training never started, e.g. a resume
         #: of a run that had already reached its end)
@@ -201,6 +215,7 @@ class HFLightningModule(
             "forward_kwargs": self.forward_kwargs,
             "metrics": self.compute_metrics is not None,
             "handles_placeholder_batches": self.handles_placeholder_batches,
+            "steps_windows": True,
         }
 
     @property
@@ -215,73 +230,107 @@ class HFLightningModule(
         self.lean.say(trainer is None or trainer.is_global_zero)
 
     # ------------------------------------------------------------------------------- the step's loss
-    def training_step(self, batch: Mapping[str, Any], batch_idx: int) -> torch.Tensor:
-        """The loss Lightning back-propagates for one micro-batch: every factor of the step's loss scale.
+    def training_step(self, batch: Window | Mapping[str, Any], batch_idx: int) -> torch.Tensor:
+        """One optimizer step over one accumulation window: every factor of the step's loss scale.
 
-        HF ``Trainer.training_step`` / ``compute_loss`` with the count of ``get_batch_samples``, step by step
-        (HF's function names). The gradient applied is exactly d(window loss)/dθ, with
+        HF ``Trainer``'s inner loop for one step (``get_batch_samples``, ``training_step`` / ``compute_loss``
+        per micro-batch, clipping at ``max_grad_norm``, ``optimizer.step``, ``lr_scheduler.step``), on
+        Lightning's manual optimization. The gradient applied is exactly d(window loss)/dθ, with
         window loss = Σ loss terms over the window's micro-batches and ranks / ``num_items_in_batch``.
-        Returns a 0-dim float tensor.
-        """
-        k, world = self.trainer.accumulate_grad_batches, self.trainer.world_size
-        # (1) the count, HF get_batch_samples: label targets (labels != -100; labels[..., 1:] when the loss
-        #     shifts) over the whole window, counted on the host by data.sampling.AccumulationWindowLoader
-        #     before the window's first forward. None: the batches carry no count (HF's "not counted")
-        # (2) summed across ranks when average_tokens_across_devices (HF: gather + sum), once per window
-        across = self.average_tokens_across_devices and world > 1
-        count = self._window_count_of(batch, batch_idx, across)
-        # (3) compute_loss returns this micro-batch's share: its summed loss / count (HF's compute_loss)
-        scaled = self.loss_is_share and count is not None
-        if not scaled and batch.get(MICRO_ITEMS_KEY) == 0:
-            # the fallback's mean over no targets is NaN (it would poison the weights): this one adds 0
-            share = logits_of(self(batch)).sum() * 0.0
-        else:
-            share, _ = self.compute_loss(batch, count if scaled else None)
-        if not scaled:
-            # HF's fallback: a micro-batch mean / the window's length (current_gradient_accumulation_steps)
-            share = share / _window_length(batch, batch_idx, self.trainer)
-        # (4) HF's compute_loss multiplies by the number of processes when the count spans ranks: DDP, FSDP
-        #     and DeepSpeed average gradients over ranks. The log gets the same: its mean over ranks is the
-        #     window loss
-        rank_factor = world if scaled and self.average_tokens_across_devices else 1
-        self.add_window_share(share.detach() * rank_factor if rank_factor != 1 else share.detach())
-        # (5) Lightning's automatic optimization divides by k, always k (a short last window, DeepSpeed too:
-        #     HFDeepSpeedStrategy passes scale_wrt_gas=False so the engine does not divide again, as HF):
-        #     cancel it
-        return share * (k * rank_factor)
 
-    def _window_count_of(self, batch: Mapping[str, Any], batch_idx: int, across: bool) -> Count | None:
+        Args:
+            batch: a :class:`~hf_lightning.core.batch.Window` (:class:`~hf_lightning.HFDataModule`'s training
+                batches); a plain dict batch is a window of one micro-batch without a count (HF's fallback).
+
+        Returns:
+            The window's loss on this process (0-dim float tensor, detached; its mean over ranks is the
+            window loss).
+        """
+        window = batch if isinstance(batch, Window) else Window([dict(batch)], None)
+        world = self.trainer.world_size
+        # (1) the count, HF get_batch_samples: the window's label targets, counted on the host when the window
+        #     was formed; (2) summed across ranks (average_tokens_across_devices), one collective per window
+        count = self._window_count(window, self.average_tokens_across_devices and world > 1)
+        # (3) compute_loss returns each micro-batch's share: its summed loss / count (else HF's fallback: its
+        #     mean / the window's length)
+        scaled = self.loss_is_share and count is not None
+        # (4) DDP, FSDP and DeepSpeed average gradients over ranks; a count that spans ranks is multiplied
+        #     back, as HF's compute_loss does
+        factor = world if scaled and self.average_tokens_across_devices else 1
+        loss = torch.zeros((), device=self.device)
+        last = len(window) - 1
+        for i, micro in enumerate(window):
+            micro = self._to_device(micro, window.counts[i] if window.counts is not None else None)
+            if scaled:
+                share = self.compute_loss(micro, count)[0] * factor
+            elif window.counts is not None and window.counts[i] == 0:
+                share = logits_of(self(micro)).sum() * 0.0  # the fallback's mean over no targets is NaN
+            else:
+                share = self.compute_loss(micro, None)[0] / len(window)
+            # (5) gradients reduced across ranks at the window's last backward only
+            with gradient_sync(self.trainer.strategy, sync=i == last):
+                self.manual_backward(share)
+            loss = loss + share.detach()
+        self.add_window_share(loss)
+        # (6) one update: on_before_optimizer_step reads the gradient norm and clips it to max_grad_norm (after
+        #     AMP's unscale), then the optimizer steps, the gradients go, the schedule moves on
+        optimizer = self.optimizers()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        self._step_schedule()
+        return loss
+
+    def _window_count(self, window: Window, across: bool) -> Count | None:
         """The window's target count, at least 1: a host ``int``, or a 0-dim tensor summed across ranks when
-        ``across`` (one collective per window, cached). ``None`` when the batch carries no count."""
-        if NUM_ITEMS_KEY not in batch:
+        ``across``. ``None`` when the window carries no count."""
+        local = window.num_items_in_batch
+        if local is None:
             if not self._warned_unwrapped:
                 log.warning(
                     "training batches carry no num_items_in_batch (the train dataloader is not an "
-                    "HFDataModule one, nor wrapped in hf_lightning.data.sampling.AccumulationWindowLoader): "
-                    "each micro-batch is normalised by its own count and divided by the window length, HF's "
-                    "fallback, which weights targets unequally"
+                    "HFDataModule one, nor wrapped in hf_lightning.data.sampling.WindowLoader): each "
+                    "micro-batch is normalised by its own count, HF's fallback, which weights targets unequally"
                 )
                 self._warned_unwrapped = True
             return None
-        window = (self.current_epoch, batch_idx // self.trainer.accumulate_grad_batches)
-        if window != self._window:
-            self._window = window
-            local = int(batch[NUM_ITEMS_KEY])
-            if across:
-                count = self.trainer.strategy.reduce(torch.tensor(local, device=self.device), reduce_op="sum")
-                self.check_window_count(self.global_step + 1, count)  # read at the next row: no sync here
-                self._window_count = count.clamp(min=1)
-            else:
-                if local == 0:
-                    world = self.trainer.world_size
-                    warn_empty_window(self.global_step + 1, rank=self.global_rank if world > 1 else None)
-                self._window_count = max(local, 1)
-        return self._window_count
+        if across:
+            count = self.trainer.strategy.reduce(torch.tensor(local, device=self.device), reduce_op="sum")
+            self.check_window_count(self.global_step + 1, count)  # read at the next row: no sync here
+            return count.clamp(min=1)
+        if local == 0:
+            world = self.trainer.world_size
+            warn_empty_window(self.global_step + 1, rank=self.global_rank if world > 1 else None)
+        return max(local, 1)
+
+    def _to_device(self, micro: Mapping[str, Any], count: int | None) -> dict[str, Any]:
+        """One micro-batch on the module's device (only the one being computed), with its own target count
+        (``num_items_in_micro_batch``, host ``int``: the lean head skips rows without targets without a
+        host-device sync)."""
+        device = self.device
+        non_blocking = device.type not in ("cpu", "mps")
+        moved = {
+            k: v.to(device, non_blocking=non_blocking) if isinstance(v, torch.Tensor) else v
+            for k, v in micro.items()
+        }
+        if count is not None:
+            moved[MICRO_ITEMS_KEY] = count
+        return moved
+
+    def _step_schedule(self) -> None:
+        """The learning-rate schedule after an optimizer step (a metric-driven one waits for validation)."""
+        for config in self.trainer.lr_scheduler_configs:
+            if not is_metric_driven(config.scheduler):
+                config.scheduler.step()
 
     # ------------------------------------------------------------------------------ fit and optimizer
     def on_fit_start(self) -> None:
         if self._fallback_reason is not None and self.trainer.is_global_zero:
             log.warning(FALLBACK_WARNING, self._fallback_reason)
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        super().on_before_optimizer_step(optimizer)  # the train log's lr and gradient norm
+        if self.max_grad_norm is not None:
+            self.clip_step_gradients(optimizer, self.max_grad_norm)
 
     def on_train_start(self) -> None:
         self._steps_seen = self.global_step  # a resumed run starts at its checkpoint's step
@@ -320,12 +369,6 @@ class HFLightningModule(
             return {"optimizer": optimizer, "lr_scheduler": config}
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
-    def lr_scheduler_step(self, scheduler: Any, metric: Any) -> None:
-        """Lightning's per-step call; a metric-driven schedule waits for the validation instead."""
-        if is_metric_driven(scheduler):
-            return
-        super().lr_scheduler_step(scheduler, metric)
-
     def on_validation_epoch_end(self) -> None:
         super().on_validation_epoch_end()
         trainer = self.trainer
@@ -341,12 +384,3 @@ class HFLightningModule(
         first and when windows are shorter than asked)."""
         return training_steps(self.trainer)
 
-
-def _window_length(batch: Mapping[str, Any], batch_idx: int, trainer: Any) -> int:
-    """Micro-batches in this batch's window: HF's ``current_gradient_accumulation_steps``."""
-    if WINDOW_LENGTH_KEY in batch:
-        return int(batch[WINDOW_LENGTH_KEY])
-    k = trainer.accumulate_grad_batches
-    total = trainer.num_training_batches
-    start = batch_idx // k * k
-    return k if not math.isfinite(total) else int(min(k, total - start))

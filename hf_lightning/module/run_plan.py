@@ -1,10 +1,11 @@
 """How many optimizer steps a run takes, how many of them close a short accumulation window, and the log lines
 that say so.
 
-Lightning steps the optimizer after every ``accumulate_grad_batches`` micro-batches and after the last
-micro-batch of an epoch, so an epoch of ``B`` micro-batches takes ``ceil(B / k)`` steps and, when ``B % k !=
-0``, its last window holds ``B % k`` micro-batches (HF ``Trainer`` cuts its windows per epoch the same way).
-The run ends at ``trainer.max_steps`` or after ``trainer.max_epochs`` epochs, whichever comes first.
+Each training batch is one accumulation window of ``k = data.gradient_accumulation_steps`` micro-batches, cut
+per epoch, so an epoch of ``B`` micro-batches takes ``ceil(B / k)`` steps and, when ``B % k != 0``, its last
+window holds ``B % k`` micro-batches (HF ``Trainer`` cuts its windows per epoch the same way);
+``trainer.limit_train_batches`` counts windows. The run ends at ``trainer.max_steps`` or after
+``trainer.max_epochs`` epochs, whichever comes first.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ class RunPlan:
 
     Attributes:
         batches_per_epoch: micro-batches per epoch on this process (``inf``: a stream of unknown length).
-        accumulation: ``accumulate_grad_batches``.
+        accumulation: ``gradient_accumulation_steps``.
         steps_per_epoch: optimizer steps per epoch, ``ceil(batches_per_epoch / accumulation)``.
         epoch_steps: steps the epoch limit allows (``inf`` without one).
         max_steps: ``trainer.max_steps`` (``-1``: none).
@@ -44,8 +45,10 @@ class RunPlan:
     @property
     def short_window(self) -> int:
         """Micro-batches in the last window of an epoch when it is shorter than ``accumulation`` (else 0)."""
-        if not math.isfinite(self.batches_per_epoch):
-            return 0
+        if not math.isfinite(self.batches_per_epoch) or self.steps_per_epoch * self.accumulation < (
+            self.batches_per_epoch
+        ):
+            return 0  # a stream of unknown length, or limit_train_batches ends the epoch before its last window
         return int(self.batches_per_epoch) % self.accumulation
 
     @property
@@ -57,15 +60,25 @@ class RunPlan:
         return int(self.total_steps // self.steps_per_epoch)
 
 
-def plan_run(batches_per_epoch: float, accumulation: int, max_epochs: int | None, max_steps: int) -> RunPlan:
+def plan_run(
+    batches_per_epoch: float,
+    accumulation: int,
+    max_epochs: int | None,
+    max_steps: int,
+    limit: int | float | None = None,
+) -> RunPlan:
     """The :class:`RunPlan` of ``batches_per_epoch`` micro-batches per epoch (``inf`` if unknown) with
     Lightning's resolved limits (``max_epochs`` ``-1`` or ``None``: no epoch limit; ``max_steps`` ``-1``: no
-    step limit).
+    step limit; ``limit``: ``trainer.limit_train_batches``, a count or fraction of an epoch's windows).
 
     Example: 5 micro-batches per epoch, accumulation 2, 2 epochs: windows of 2, 2, 1 per epoch, 3 steps per
     epoch, 6 in all, 2 of them short.
     """
     steps_per_epoch = math.ceil(batches_per_epoch / accumulation) if math.isfinite(batches_per_epoch) else INF
+    if isinstance(limit, int):
+        steps_per_epoch = min(steps_per_epoch, limit)
+    elif limit is not None and steps_per_epoch != INF:
+        steps_per_epoch = int(steps_per_epoch * limit)
     epochs = INF if max_epochs in (None, -1) else max(max_epochs, 1)
     epoch_steps = steps_per_epoch * epochs if epochs != INF else INF
     total = min(epoch_steps, max_steps) if max_steps != -1 else epoch_steps
@@ -86,7 +99,7 @@ def report(plan: RunPlan, max_epochs: int | None) -> None:
         )
     if plan.short_steps:
         log.warning(
-            "gradient-accumulation windows: trainer.accumulate_grad_batches=%d, but an epoch has %d "
+            "gradient-accumulation windows: data.gradient_accumulation_steps=%d, but an epoch has %d "
             "micro-batches on this process, so its last window holds %d: %d of this run's %s "
             "are short (each normalised by its own target count, as HF Trainer does)",
             plan.accumulation,
@@ -117,18 +130,16 @@ def training_steps(trainer: Any) -> float:
     except TypeError:  # a stream of unknown length
         batches = None
     batches = INF if batches is None else batches
-    limit = trainer.limit_train_batches
-    if isinstance(limit, int):
-        batches = min(batches, limit)
-    elif limit is not None and batches != INF:
-        batches = int(batches * limit)
+    accumulation = int(getattr(datamodule, "gradient_accumulation_steps", 1) or 1)
+    plan = plan_run(
+        batches, accumulation, trainer.max_epochs, trainer.max_steps, trainer.limit_train_batches
+    )
     check_validation_interval(  # a time-based interval leaves Lightning's val_check_interval unset
         getattr(trainer, "val_check_interval", None),
-        batches,
+        plan.steps_per_epoch,
         trainer.check_val_every_n_epoch,
         trainer.limit_val_batches,
     )
-    plan = plan_run(batches, trainer.accumulate_grad_batches, trainer.max_epochs, trainer.max_steps)
     if trainer.is_global_zero:
         report(plan, trainer.max_epochs)
     return plan.total_steps
@@ -137,8 +148,8 @@ def training_steps(trainer: Any) -> float:
 def check_validation_interval(
     interval: Any, batches: float, every_n_epoch: int | None, limit_val_batches: float | None
 ) -> None:
-    """Refuse a ``trainer.val_check_interval`` count larger than an epoch's ``batches`` (micro-batches on this
-    process) while validation counts within epochs (``check_val_every_n_epoch`` set) and is on: Lightning's
+    """Refuse a ``trainer.val_check_interval`` count larger than an epoch's ``batches`` (training batches, i.e.
+    optimizer steps, on this process) while validation counts within epochs (``check_val_every_n_epoch`` set) and is on: Lightning's
     ``fit_loop.setup_data`` rule, whose ``ValueError`` would come as a traceback once ``fit`` has started.
 
     Raises:
@@ -151,8 +162,8 @@ def check_validation_interval(
         return
     if interval > batches:
         raise ConfigError(
-            f"trainer.val_check_interval={interval} is more than the {int(batches)} training batches of an "
+            f"trainer.val_check_interval={interval} is more than the {int(batches)} optimizer steps of an "
             f"epoch on this process, and Lightning counts it within each epoch; use at most {int(batches)}, "
-            "a fraction of the epoch (0.5), trainer.check_val_every_n_epoch=null to count batches across "
+            "a fraction of the epoch (0.5), trainer.check_val_every_n_epoch=null to count steps across "
             f"epochs, or eval_steps={interval} (optimizer steps over the whole run, HF's)"
         )

@@ -75,7 +75,7 @@ def out_of_memory_message(
     if stage == "training" and b and b > 1:
         half, double = b // 2, accumulate_grad_batches * 2
         fixes.append(
-            f"set {key}={half} and trainer.accumulate_grad_batches={double}: "
+            f"set {key}={half} and data.gradient_accumulation_steps={double}: "
             f"{half * double} examples per optimizer step per device"
             + (
                 " as now"
@@ -134,7 +134,7 @@ def explain_faults(trainer: Any, datamodule: Any = None) -> Iterator[None]:
                     "per_device_train_batch_size" if training else "per_device_eval_batch_size",
                     None,
                 ),
-                int(getattr(trainer, "accumulate_grad_batches", 1) or 1),
+                int(getattr(datamodule, "gradient_accumulation_steps", 1) or 1),
                 getattr(datamodule, "max_length", None),
                 stage=stage,
                 device=str(device) if device is not None else None,

@@ -36,7 +36,7 @@ def note(message: str) -> None:
 
 # the settings that make a run what it is; anything else (max_steps, logging, loader workers, eval batch size,
 # callbacks) may change when a run is resumed
-IDENTITY = ("model", "data", "optim", "scheduler", "module", "seed", "trainer.accumulate_grad_batches")
+IDENTITY = ("model", "data", "optim", "scheduler", "module", "seed")
 MAY_CHANGE = (
     "data.num_workers",
     "data.pin_memory",

@@ -5,22 +5,16 @@ DeepSpeed reads those numbers from its own JSON; HF ``Trainer`` fills ``"auto"``
 by interpolation), so the two can never disagree, and a user JSON that sets one of them to a different value
 is refused before anything is built.
 
-Loss scaling: Lightning divides the ``training_step`` loss by ``accumulate_grad_batches``, and
-``DeepSpeedEngine.backward`` divides it by ``gradient_accumulation_steps`` again unless it is called with
-``scale_wrt_gas=False`` (HF ``Trainer`` passes ``False`` too). :class:`HFDeepSpeedStrategy` passes ``False``,
-so the gradient that reaches the optimizer is the one the module's loss defines, as under DDP.
+Loss scaling: ``DeepSpeedEngine.backward`` divides the loss by ``gradient_accumulation_steps`` unless it is
+called with ``scale_wrt_gas=False`` (HF ``Trainer`` passes ``False`` too). :class:`HFDeepSpeedStrategy` passes
+``False``, so the gradient that reaches the optimizer is the one the module's loss defines, as under DDP.
 
-Accumulation windows: left to itself the engine steps when its own micro-step counter, which runs across
-epochs, reaches a multiple of ``gradient_accumulation_steps``, and Lightning (which then lets the engine own
-accumulation) never closes the short last window of an epoch. With 5 micro-batches per epoch and accumulation
-2, the engine would step after micro-batches 2, 4, 6, 8, 10 (its third window spanning two epochs), Lightning
-would count 4 steps and step the schedule 4 times, and
-:class:`~hf_lightning.data.sampling.AccumulationWindowLoader` would normalise 6 windows of 2, 2, 1
-micro-batches. :class:`LightningWindows` makes the engine follow Lightning's windows, as HF ``Trainer``
-(through accelerate) does: Lightning runs the windows as under DDP (the short one included), the engine is
-told before every backward whether this micro-batch closes a window (``set_gradient_accumulation_boundary``),
-and ``engine.step()`` is called once per window. Count, step count and learning-rate schedule then agree with
-the engine's updates: 6 in the example.
+Accumulation windows: each training batch is one window (``HFLightningModule`` steps it, Lightning's
+``accumulate_grad_batches`` is 1), and the engine is told which backward closes it
+(:meth:`HFDeepSpeedStrategy.block_backward_sync`), so ``engine.step()`` updates once per window, the short
+last window of an epoch included. The engine itself is configured with one micro-batch per step
+(``gradient_accumulation_steps`` 1 and ``train_batch_size`` = micro-batch x devices, the values Lightning's
+strategy checks), while the accumulation is ours.
 """
 
 from __future__ import annotations
@@ -28,12 +22,12 @@ from __future__ import annotations
 import copy
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 from lightning.pytorch.strategies import DeepSpeedStrategy
 
-from hf_lightning.compat import closes_accumulation_window
 from hf_lightning.core.arguments import MISSING as _MISSING
 from hf_lightning.core.arguments import PRECISIONS as _PRECISIONS
 from hf_lightning.core.arguments import get_dotted as _get
@@ -63,8 +57,8 @@ def _precision_sections(precision: str) -> dict[str, dict[str, Any]]:
 def deepspeed_config(
     stage: int,
     micro_batch_size: int,
-    accumulate_grad_batches: int,
-    gradient_clip_val: float | None,
+    gradient_accumulation_steps: int,
+    max_grad_norm: float | None,
     precision: str,
     devices: Any = 1,
     num_nodes: int = 1,
@@ -76,8 +70,8 @@ def deepspeed_config(
 
     Derived fields (HF ``Trainer``'s ``"auto"`` fields): ``train_micro_batch_size_per_gpu`` =
     ``data.per_device_train_batch_size``; ``gradient_accumulation_steps`` =
-    ``trainer.accumulate_grad_batches``; ``train_batch_size`` = micro-batch x accumulation x devices x nodes
-    (omitted when the device count is ``auto``); ``gradient_clipping`` = ``trainer.gradient_clip_val`` (``0``
+    ``data.gradient_accumulation_steps``; ``train_batch_size`` = micro-batch x accumulation x devices x nodes
+    (omitted when the device count is ``auto``); ``gradient_clipping`` = ``module.max_grad_norm`` (``0``
     = off); ``bf16.enabled`` / ``fp16.enabled`` from ``trainer.precision``; ``zero_optimization.stage``.
     ZeRO-3 also sets ``stage3_gather_16bit_weights_on_model_save`` so that the HF export can consolidate the
     weights.
@@ -96,14 +90,14 @@ def deepspeed_config(
         raise ConfigError(f"strategy.stage={stage!r}; allowed values: {list(STAGES)}")
     for key, value in (
         ("data.per_device_train_batch_size", micro_batch_size),
-        ("trainer.accumulate_grad_batches", accumulate_grad_batches),
+        ("data.gradient_accumulation_steps", gradient_accumulation_steps),
     ):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ConfigError(f"{key}={value!r}; allowed values: an integer >= 1")
-    clip = 0.0 if gradient_clip_val is None else float(gradient_clip_val)
+    clip = 0.0 if max_grad_norm is None else float(max_grad_norm)
     if clip < 0:
         raise ConfigError(
-            f"trainer.gradient_clip_val={gradient_clip_val!r}; allowed values: null or a number >= 0"
+            f"module.max_grad_norm={max_grad_norm!r}; allowed values: null or a number >= 0"
         )
     try:
         world = world_size(devices, num_nodes)
@@ -126,7 +120,7 @@ def deepspeed_config(
         zero["stage3_gather_16bit_weights_on_model_save"] = True
     derived: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": micro_batch_size,
-        "gradient_accumulation_steps": accumulate_grad_batches,
+        "gradient_accumulation_steps": gradient_accumulation_steps,
         "gradient_clipping": clip,
         **_precision_sections(precision),
         "zero_optimization": zero,
@@ -134,12 +128,12 @@ def deepspeed_config(
         "zero_allow_untested_optimizer": True,
     }
     if world is not None:
-        derived["train_batch_size"] = micro_batch_size * accumulate_grad_batches * world
+        derived["train_batch_size"] = micro_batch_size * gradient_accumulation_steps * world
     owners = {
         "train_micro_batch_size_per_gpu": "data.per_device_train_batch_size",
-        "gradient_accumulation_steps": "trainer.accumulate_grad_batches",
-        "train_batch_size": "data.per_device_train_batch_size x trainer.accumulate_grad_batches x devices",
-        "gradient_clipping": "trainer.gradient_clip_val",
+        "gradient_accumulation_steps": "data.gradient_accumulation_steps",
+        "train_batch_size": "data.per_device_train_batch_size x data.gradient_accumulation_steps x devices",
+        "gradient_clipping": "module.max_grad_norm",
         "bf16.enabled": "trainer.precision",
         "fp16.enabled": "trainer.precision",
         "zero_optimization.stage": "strategy (deepspeed_zero2 / deepspeed_zero3)",
@@ -191,40 +185,35 @@ def _read_user_config(user_config: str | Mapping[str, Any]) -> dict[str, Any]:
     return data
 
 
-class LightningWindows:
-    """Strategy mixin: a DeepSpeed-style engine (``self.model``) steps at the end of Lightning's accumulation
-    windows.
+class HFDeepSpeedStrategy(DeepSpeedStrategy):
+    """Lightning's ``DeepSpeedStrategy`` whose engine steps once per accumulation window, as the module says.
 
-    ``handles_gradient_accumulation`` is ``False``, so Lightning runs forward/backward alone inside a window
-    and calls ``optimizer_step`` (DeepSpeed's precision plugin: ``engine.step()``) at its last micro-batch,
-    the short last window of an epoch included; before each backward the engine's boundary is set to whether
-    this micro-batch closes its window (DeepSpeed's ``set_gradient_accumulation_boundary``, the call
-    accelerate's ``DeepSpeedEngineWrapper.backward`` makes for HF ``Trainer``), and ``scale_wrt_gas=False``
-    keeps the module's loss as it is (see the module docstring).
+    ``HFLightningModule.training_step`` runs the window's backwards and one ``optimizer.step()`` (DeepSpeed's
+    precision plugin: ``engine.step()``); the backwards before the window's last run inside
+    :meth:`block_backward_sync`, which tells the engine they do not close its window
+    (``set_gradient_accumulation_boundary(False)``, the call accelerate's ``DeepSpeedEngineWrapper.backward``
+    makes for HF ``Trainer``); the last one closes it. ``scale_wrt_gas=False`` keeps the module's loss as it
+    is (see the module docstring).
     """
 
-    @property
-    def handles_gradient_accumulation(self) -> bool:
-        return False
+    @contextmanager
+    def block_backward_sync(self) -> Iterator[None]:
+        self.model.set_gradient_accumulation_boundary(False)
+        try:
+            yield
+        finally:
+            self.model.set_gradient_accumulation_boundary(True)
 
     def backward(self, closure_loss: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
-        # Lightning's own decision for this micro-batch: the same rule as AccumulationWindowLoader's windows
-        closes_window = closes_accumulation_window(self.lightning_module.trainer)
-        self.model.set_gradient_accumulation_boundary(closes_window)
         kwargs.setdefault("scale_wrt_gas", False)
         return super().backward(closure_loss, optimizer, *args, **kwargs)
-
-
-class HFDeepSpeedStrategy(LightningWindows, DeepSpeedStrategy):
-    """Lightning's ``DeepSpeedStrategy`` stepping the engine at Lightning's accumulation windows, with
-    ``backward(..., scale_wrt_gas=False)`` (:class:`LightningWindows`; see the module docstring)."""
 
 
 def deepspeed_strategy(
     stage: int,
     micro_batch_size: int,
-    accumulate_grad_batches: int,
-    gradient_clip_val: float | None,
+    gradient_accumulation_steps: int,
+    max_grad_norm: float | None,
     precision: str,
     devices: Any = 1,
     num_nodes: int = 1,
@@ -241,8 +230,8 @@ def deepspeed_strategy(
     derived = deepspeed_config(
         stage,
         micro_batch_size,
-        accumulate_grad_batches,
-        gradient_clip_val,
+        gradient_accumulation_steps,
+        max_grad_norm,
         precision,
         devices,
         num_nodes,
@@ -254,7 +243,9 @@ def deepspeed_strategy(
 
     if is_missing("deepspeed"):
         raise ConfigError(missing_message(f"strategy=deepspeed_zero{stage}", "deepspeed"))
-    # Lightning refuses a config that holds gradient_accumulation_steps and sets it from the Trainer's
-    # accumulate_grad_batches, the very value it was derived from: leave it to Lightning
+    # the engine sees one micro-batch per step (the window is ours, see the module docstring): Lightning sets
+    # its gradient_accumulation_steps from the Trainer's accumulate_grad_batches (1) and refuses one given
     derived.pop("gradient_accumulation_steps", None)
+    if "train_batch_size" in derived:
+        derived["train_batch_size"] //= gradient_accumulation_steps
     return HFDeepSpeedStrategy(config=derived)
