@@ -32,7 +32,7 @@ WINDOW_LENGTH_KEY = "num_batches_in_window"
 WINDOW_KEYS = (NUM_ITEMS_KEY, MICRO_ITEMS_KEY, WINDOW_LENGTH_KEY)
 
 
-@dataclass(frozen=True)
+@dataclass
 class Window:
     """The training batch of one optimizer step: its accumulation window.
 

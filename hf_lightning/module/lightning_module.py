@@ -323,6 +323,30 @@ class HFLightningModule(
                 config.scheduler.step()
 
     # ------------------------------------------------------------------------------ fit and optimizer
+    def configure_callbacks(self) -> list[L.Callback]:
+        """No callbacks of its own. Refuses, before Lightning's own check does in its words, the ``Trainer``
+        arguments that cannot apply to a module that steps its windows itself.
+
+        Raises:
+            ConfigError: ``Trainer(accumulate_grad_batches > 1)`` (the window is the DataModule's
+                ``gradient_accumulation_steps``) or ``Trainer(gradient_clip_val=...)`` (``max_grad_norm``).
+        """
+        trainer = self.trainer
+        if trainer.accumulate_grad_batches > 1:
+            raise ConfigError(
+                f"Trainer(accumulate_grad_batches={trainer.accumulate_grad_batches}): HFLightningModule steps "
+                "each accumulation window itself; set HFDataModule(gradient_accumulation_steps="
+                f"{trainer.accumulate_grad_batches}) (data.gradient_accumulation_steps, HF's name) and leave "
+                "the Trainer's at 1"
+            )
+        if trainer.gradient_clip_val:
+            raise ConfigError(
+                f"Trainer(gradient_clip_val={trainer.gradient_clip_val}): HFLightningModule clips at its "
+                f"max_grad_norm (HF's name, module.max_grad_norm); set HFLightningModule(max_grad_norm="
+                f"{trainer.gradient_clip_val}) and leave the Trainer's unset"
+            )
+        return []
+
     def on_fit_start(self) -> None:
         if self._fallback_reason is not None and self.trainer.is_global_zero:
             log.warning(FALLBACK_WARNING, self._fallback_reason)

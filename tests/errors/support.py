@@ -95,10 +95,13 @@ def run(tmp_path, word_tokenizer, callbacks, max_steps=6, accumulate=1, optim=No
         validation_split=0.0,
         shuffle=False,
         per_device_train_batch_size=2,
+        gradient_accumulation_steps=accumulate,
     )
-    t = trainer(
-        tmp_path, max_steps=max_steps, accumulate_grad_batches=accumulate, callbacks=callbacks, **kwargs
-    )
+    if "gradient_clip_val" in kwargs:
+        module.max_grad_norm = kwargs.pop("gradient_clip_val")
+    else:
+        module.max_grad_norm = None
+    t = trainer(tmp_path, max_steps=max_steps, callbacks=callbacks, **kwargs)
     return t, module, dm
 
 

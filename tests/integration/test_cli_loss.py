@@ -31,7 +31,7 @@ def run(run_dir: Path, micro_batch: int, accumulation: int) -> list[dict]:
         "data.shuffle=false",
         "data.max_length=160",
         f"data.per_device_train_batch_size={micro_batch}",
-        f"trainer.accumulate_grad_batches={accumulation}",
+        f"data.gradient_accumulation_steps={accumulation}",
         "trainer.max_steps=4",
         "scheduler=constant",
         "optim.lr=1e-3",

@@ -42,7 +42,7 @@ def common(files, run_dir):
         "data.shuffle=false",
         "data.max_length=32",
         "data.per_device_train_batch_size=2",
-        "trainer.accumulate_grad_batches=2",
+        "data.gradient_accumulation_steps=2",
         "trainer.max_steps=8",
         "trainer.enable_progress_bar=false",
         "callbacks.model_checkpoint.save_top_k=-1",

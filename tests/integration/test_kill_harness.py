@@ -126,7 +126,7 @@ def cli(run_dir: Path, data: Path, *overrides: str):
         f"trainer.max_steps={MAX_STEPS}",
         "trainer.max_epochs=null",
         f"trainer.log_every_n_steps={LOG_EVERY}",
-        "trainer.accumulate_grad_batches=2",
+        "data.gradient_accumulation_steps=2",
         "trainer.limit_val_batches=1",
         "trainer.val_check_interval=null",
         "trainer.check_val_every_n_epoch=1",

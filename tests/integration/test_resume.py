@@ -126,7 +126,7 @@ SIGTERM_AT_7 = (
 CASES = {
     "shuffled": [],
     "group_by_length": ["data.group_by_length=true"],
-    "accumulation_across_epochs": ["trainer.accumulate_grad_batches=2", "trainer.max_epochs=3"],
+    "accumulation_across_epochs": ["data.gradient_accumulation_steps=2", "trainer.max_epochs=3"],
     "streaming": ["data.streaming=true"],
     "workers": ["data.num_workers=2"],
 }

@@ -21,7 +21,7 @@ from tests.integration.test_resume import cli, text_file, train_rows, weights  #
 
 pytestmark = pytest.mark.slow
 
-JOB = ("trainer.accumulate_grad_batches=2", "callbacks.model_checkpoint.every_n_train_steps=null")
+JOB = ("data.gradient_accumulation_steps=2", "callbacks.model_checkpoint.every_n_train_steps=null")
 
 
 def run(run_dir, data, *overrides):

@@ -141,7 +141,7 @@ def test_final_validation_competes_for_best_like_hf_trainer(job, compose_cfg, tm
         f"trainer.val_check_interval={EVAL_EVERY}",
         "trainer.check_val_every_n_epoch=null",
         "trainer.limit_val_batches=null",
-        "trainer.gradient_clip_val=1.0",
+        "module.max_grad_norm=1.0",
         f"optim.lr={LR}",
         "optim.weight_decay=0.0",
         "scheduler.name=linear",

@@ -199,6 +199,7 @@ def run_lightning_step(
         optim={"name": "sgd", "lr": 0.1},
         scheduler={"name": "constant"},
         average_tokens_across_devices=average_tokens,
+        max_grad_norm=None,
         **module_kwargs,
     )
     module.lean.chunk_size = chunk_size
@@ -210,6 +211,7 @@ def run_lightning_step(
         per_device_train_batch_size=micro_batch,
         shuffle=False,
         max_length=64,
+        gradient_accumulation_steps=accumulation,
     )
     strategy = "auto" if devices == 1 else DDPStrategy(start_method="spawn", process_group_backend="gloo")
     trainer = L.Trainer(
@@ -217,7 +219,6 @@ def run_lightning_step(
         devices=devices,
         strategy=strategy,
         max_steps=1,
-        accumulate_grad_batches=accumulation,
         logger=CSVLogger(str(outdir), name="", version=""),
         log_every_n_steps=1,
         enable_checkpointing=False,
@@ -226,7 +227,6 @@ def run_lightning_step(
         limit_val_batches=0,
         num_sanity_val_steps=0,
         use_distributed_sampler=False,
-        gradient_clip_val=None,
         callbacks=[CaptureGradients(outdir)],
     )
     trainer.fit(module, datamodule=data)

@@ -77,12 +77,14 @@ def table_datamodule(rows, micro_batch: int):
 
 
 def fit(module, datamodule, accumulation: int, logdir, max_steps: int = -1, callbacks=()) -> list[dict]:
-    """A real ``lightning.Trainer`` run (CPU, one process); returns the ``train/loss`` rows of metrics.csv."""
+    """A real ``lightning.Trainer`` run (CPU, one process), windows of ``accumulation`` micro-batches, no
+    clipping; returns the ``train/loss`` rows of metrics.csv."""
+    datamodule.gradient_accumulation_steps = accumulation
+    module.max_grad_norm = None
     trainer = L.Trainer(
         accelerator="cpu",
         max_steps=max_steps,
         max_epochs=1,
-        accumulate_grad_batches=accumulation,
         logger=CSVLogger(logdir, name="", version=""),
         log_every_n_steps=1,
         enable_checkpointing=False,
@@ -91,7 +93,6 @@ def fit(module, datamodule, accumulation: int, logdir, max_steps: int = -1, call
         limit_val_batches=0,
         num_sanity_val_steps=0,
         use_distributed_sampler=False,
-        gradient_clip_val=None,
         callbacks=list(callbacks),
     )
     trainer.fit(module, datamodule=datamodule)

@@ -31,7 +31,7 @@ def test_the_schema_and_deepspeed_agree_on_devices(devices):
     """Before: the schema refused ``"0"`` and ``[]`` while DeepSpeed's own parser read them as 0 devices
     (``train_batch_size=0``)."""
     args = dict(
-        stage=2, micro_batch_size=2, accumulate_grad_batches=3, gradient_clip_val=1.0, precision="bf16-mixed"
+        stage=2, micro_batch_size=2, gradient_accumulation_steps=3, max_grad_norm=1.0, precision="bf16-mixed"
     )
     try:
         config = deepspeed.deepspeed_config(**args, devices=devices, num_nodes=2)

@@ -14,8 +14,8 @@ def derive(**overrides):
     args = dict(
         stage=2,
         micro_batch_size=4,
-        accumulate_grad_batches=8,
-        gradient_clip_val=1.0,
+        gradient_accumulation_steps=8,
+        max_grad_norm=1.0,
         precision="bf16-mixed",
         devices=2,
         num_nodes=2,
@@ -59,7 +59,7 @@ def test_stage3_gathers_16bit_weights_for_the_export_and_offloads():
 
 
 def test_no_clipping_and_unknown_world_size():
-    cfg = derive(gradient_clip_val=None, devices="auto")
+    cfg = derive(max_grad_norm=None, devices="auto")
     assert cfg["gradient_clipping"] == 0.0
     assert "train_batch_size" not in cfg  # known only once Lightning has counted the devices
 
@@ -112,13 +112,13 @@ def test_user_mapping_is_not_modified():
     ("field", "value", "owner"),
     [
         ({"train_micro_batch_size_per_gpu": 16}, 16, "data.per_device_train_batch_size"),
-        ({"gradient_accumulation_steps": 2}, 2, "trainer.accumulate_grad_batches"),
+        ({"gradient_accumulation_steps": 2}, 2, "data.gradient_accumulation_steps"),
         (
             {"train_batch_size": 64},
             64,
-            "data.per_device_train_batch_size x trainer.accumulate_grad_batches x devices",
+            "data.per_device_train_batch_size x data.gradient_accumulation_steps x devices",
         ),
-        ({"gradient_clipping": 0.5}, 0.5, "trainer.gradient_clip_val"),
+        ({"gradient_clipping": 0.5}, 0.5, "module.max_grad_norm"),
         ({"fp16": {"enabled": True}}, True, "trainer.precision"),
         ({"zero_optimization": {"stage": 3}}, 3, "strategy (deepspeed_zero2 / deepspeed_zero3)"),
     ],
@@ -141,9 +141,9 @@ def test_bad_inputs(tmp_path):
     with pytest.raises(ConfigError, match=r"strategy.stage=1; allowed values: \[2, 3\]"):
         derive(stage=1)
     with pytest.raises(
-        ConfigError, match="trainer.accumulate_grad_batches=0; allowed values: an integer >= 1"
+        ConfigError, match="data.gradient_accumulation_steps=0; allowed values: an integer >= 1"
     ):
-        derive(accumulate_grad_batches=0)
+        derive(gradient_accumulation_steps=0)
     with pytest.raises(ConfigError, match="needs ZeRO stage 3"):
         derive(offload_parameters=True)
     with pytest.raises(ConfigError, match="no such file"):

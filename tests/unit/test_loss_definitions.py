@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader
 
 from hf_lightning import ConfigError, HFLightningModule
 from hf_lightning.data.collators import PaddingCollator
-from hf_lightning.data.sampling import AccumulationWindowLoader
+from hf_lightning.data.sampling import WindowLoader
 from tests.unit.hand_case import ROWS, TableLM, W, exact_loss, fallback_loss, fit, table_datamodule
 
 LOGGER = "hf_lightning.module.lightning_module"
@@ -183,15 +183,16 @@ class WindowedRows(L.LightningDataModule):
     def __init__(self, rows, micro_batch: int) -> None:
         super().__init__()
         self.rows, self.micro_batch = rows, micro_batch
+        self.gradient_accumulation_steps = 1
 
     def train_dataloader(self):
         trainer = self.trainer
         loader = DataLoader(self.rows, batch_size=self.micro_batch, collate_fn=PaddingCollator(0))
-        return AccumulationWindowLoader(
+        return WindowLoader(
             loader,
-            trainer.accumulate_grad_batches,
+            self.gradient_accumulation_steps,
             trainer.lightning_module.count_loss_items,
-            max_batches=lambda: trainer.num_training_batches,
+            max_windows=lambda: trainer.num_training_batches,
         )
 
 
@@ -231,8 +232,8 @@ def test_a_window_without_targets_has_zero_loss_and_zero_gradient(tmp_path, capl
     assert [int(r["step"]) for r in logged] == [1, 2, 3]
     assert losses[1] == 0.0 and all(torch.isfinite(torch.tensor(losses)))
     assert torch.equal(record.grads[1], torch.zeros(2, 2))
-    assert torch.equal(record.weights[1], record.weights[3])  # SGD without momentum: step 2 moved nothing
-    assert not torch.equal(torch.tensor(W), record.weights[1])  # step 1 did move
+    assert torch.equal(record.weights[0], record.weights[1])  # SGD without momentum: step 2 moved nothing
+    assert not torch.equal(torch.tensor(W), record.weights[0])  # step 1 did move
     messages = [r.getMessage() for r in caplog.records if "no label targets" in r.getMessage()]
     assert len(messages) == 1 and messages[0].startswith("optimizer step 2:")
 
@@ -266,7 +267,8 @@ def test_a_model_loss_that_is_missing_is_an_error(tmp_path):
 
 
 def test_no_window_count_is_hf_not_counted_path(tmp_path, caplog):
-    """A plain DataLoader (no look-ahead): each micro-batch normalised by its own count / window length."""
+    """A plain DataLoader (no windows): each batch is a window of one micro-batch, normalised by its own
+    count."""
 
     class Plain(L.LightningDataModule):
         def train_dataloader(self):
@@ -274,8 +276,8 @@ def test_no_window_count_is_hf_not_counted_path(tmp_path, caplog):
 
     module = HFLightningModule(TableLM(), **sgd())
     with caplog.at_level(logging.WARNING, logger=LOGGER):
-        logged = fit(module, Plain(), 2, tmp_path)
-    assert [float(r["train/loss"]) for r in logged] == pytest.approx([fallback_loss([ROWS[:2], ROWS[2:]])])
+        logged = fit(module, Plain(), 1, tmp_path, max_steps=1)
+    assert [float(r["train/loss"]) for r in logged] == pytest.approx([fallback_loss([ROWS[:2]])])
     assert sum("carry no num_items_in_batch" in r.getMessage() for r in caplog.records) == 1
 
 

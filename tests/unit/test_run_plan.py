@@ -13,7 +13,6 @@ import pytest
 
 from hf_lightning import HFDataModule, HFLightningModule
 from hf_lightning.config.run_length import apply_max_steps_precedence
-from hf_lightning.core.batch import WINDOW_LENGTH_KEY
 from hf_lightning.module.run_plan import plan_run
 from tests.data_support import PadOnly, tiny_llama
 
@@ -45,7 +44,7 @@ class WindowLengths(L.Callback):
         self.lengths: list[int] = []
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        self.lengths.append(batch[WINDOW_LENGTH_KEY])
+        self.lengths.append(len(batch))
 
 
 def fit(tmp_path, rows: int, accumulation: int, **limits):
@@ -53,12 +52,16 @@ def fit(tmp_path, rows: int, accumulation: int, **limits):
     seen."""
     source = datasets.Dataset.from_list([{"input_ids": [4 + i % 20, 5, 6, 7]} for i in range(rows)])
     data = HFDataModule(
-        PadOnly(), path=source, format="tokenized", validation_split=0.0, per_device_train_batch_size=2
+        PadOnly(),
+        path=source,
+        format="tokenized",
+        validation_split=0.0,
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=accumulation,
     )
     seen = WindowLengths()
     trainer = L.Trainer(
         accelerator="cpu",
-        accumulate_grad_batches=accumulation,
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
@@ -71,11 +74,7 @@ def fit(tmp_path, rows: int, accumulation: int, **limits):
         tiny_llama().train(), optim={"name": "sgd", "lr": 0.01}, scheduler={"name": "constant"}
     )
     trainer.fit(module, datamodule=data)
-    windows, i = [], 0  # the window lengths as the loader cut them
-    while i < len(seen.lengths):
-        windows.append(seen.lengths[i])
-        i += seen.lengths[i]
-    return trainer, windows
+    return trainer, seen.lengths  # the window lengths as the loader cut them
 
 
 def warnings_of(caplog, text):
@@ -90,7 +89,7 @@ def test_short_windows_are_one_warning_with_their_count(tmp_path, caplog, rows, 
     assert short and len(set(short)) == 1  # observed: the last window of each epoch
     lines = warnings_of(caplog, "gradient-accumulation windows")
     assert len(lines) == 1, lines
-    assert f"trainer.accumulate_grad_batches={accumulation}" in lines[0]
+    assert f"data.gradient_accumulation_steps={accumulation}" in lines[0]
     assert f"its last window holds {short[0]}" in lines[0]
     assert f"{len(short)} of this run's {trainer.global_step} optimizer steps are short" in lines[0]
 
@@ -152,9 +151,9 @@ def test_a_validation_interval_longer_than_the_epoch_is_one_config_error_before_
     with pytest.raises(ConfigError) as err:
         fit(tmp_path, 8, 1, max_steps=3, val_check_interval=5)
     assert str(err.value) == (
-        "trainer.val_check_interval=5 is more than the 4 training batches of an epoch on this process, and "
+        "trainer.val_check_interval=5 is more than the 4 optimizer steps of an epoch on this process, and "
         "Lightning counts it within each epoch; use at most 4, a fraction of the epoch (0.5), "
-        "trainer.check_val_every_n_epoch=null to count batches across epochs, or eval_steps=5 (optimizer "
+        "trainer.check_val_every_n_epoch=null to count steps across epochs, or eval_steps=5 (optimizer "
         "steps over the whole run, HF's)"
     )
     trainer, _ = fit(tmp_path, 8, 1, max_steps=3, val_check_interval=4)
