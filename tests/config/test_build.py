@@ -119,7 +119,7 @@ def test_inspect_builds_one_cpu_process_whatever_the_trainer_says(compose_cfg, t
 
     cfg = compose_cfg("+experiment=clm", f"data.path={text_file}", "data.gradient_accumulation_steps=3")
     run = build(cfg, "inspect")
-    assert run.trainer.num_devices == 1 and run.trainer.accumulate_grad_batches == 3
+    assert run.trainer.num_devices == 1 and run.datamodule.gradient_accumulation_steps == 3
     assert run.datamodule.trainer is run.trainer and run.trainer.lightning_module is run.module
 
 

@@ -32,8 +32,8 @@ def rejected(compose_cfg, *overrides) -> str:
             "data.per_device_eval_batch_size=0: allowed values: an integer >= 1",
         ),
         (
-            ["trainer.accumulate_grad_batches=0"],
-            "trainer.accumulate_grad_batches=0: allowed values: an integer >= 1",
+            ["data.gradient_accumulation_steps=0"],
+            "data.gradient_accumulation_steps=0: allowed values: an integer >= 1",
         ),
         (
             ["optim.name=adam"],
@@ -110,13 +110,13 @@ def test_every_problem_in_one_message(compose_cfg):
     message = rejected(
         compose_cfg,
         "data.per_device_train_batch_size=-1",
-        "trainer.accumulate_grad_batches=0",
+        "data.gradient_accumulation_steps=0",
         "optim.name=lion",
     )
     assert message.count("; ") == 2
     for key in (
         "data.per_device_train_batch_size=-1",
-        "trainer.accumulate_grad_batches=0",
+        "data.gradient_accumulation_steps=0",
         "optim.name='lion'",
     ):
         assert key in message
@@ -175,9 +175,9 @@ def test_the_schema_runs_before_the_model_is_built(compose_cfg, tmp_path):
     from hf_lightning.train import train
 
     cfg = compose_cfg(
-        "+experiment=sft", f"model.name_or_path={tmp_path / 'absent'}", "trainer.accumulate_grad_batches=0"
+        "+experiment=sft", f"model.name_or_path={tmp_path / 'absent'}", "data.gradient_accumulation_steps=0"
     )
-    with pytest.raises(ConfigError, match="trainer.accumulate_grad_batches=0") as info:
+    with pytest.raises(ConfigError, match="data.gradient_accumulation_steps=0") as info:
         train(cfg)
     assert "absent" not in str(info.value)
     assert not any(tmp_path.iterdir())  # no run folder content: not even a checkpoint directory
@@ -226,10 +226,9 @@ LIGHTNING_KNOBS = [
     ("data.seed=-3", "data.seed=-3: allowed values: an integer >= 0"),
     (
         "trainer.val_check_interval=0",
-        "trainer.val_check_interval=0: allowed values: null (once per epoch), an integer >= 1 (training "
-        "micro-batches: trainer.accumulate_grad_batches of them are one optimizer step; eval_steps counts "
-        "optimizer steps), a fraction of the epoch in (0, 1], or a time ('DD:HH:MM:SS'); no validation: "
-        "trainer.limit_val_batches=0",
+        "trainer.val_check_interval=0: allowed values: null (once per epoch), an integer >= 1 (optimizer "
+        "steps: each training batch is one; eval_steps counts them over the whole run), a fraction of the "
+        "epoch in (0, 1], or a time ('DD:HH:MM:SS'); no validation: trainer.limit_val_batches=0",
     ),
     (
         "trainer.val_check_interval=0.0",
@@ -243,7 +242,7 @@ LIGHTNING_KNOBS = [
     (
         "trainer.check_val_every_n_epoch=0",
         "trainer.check_val_every_n_epoch=0: allowed values: null "
-        "(trainer.val_check_interval counts micro-batches across epochs) or an integer >= 1",
+        "(trainer.val_check_interval counts optimizer steps across epochs) or an integer >= 1",
     ),
     ("trainer.check_val_every_n_epoch=-1", "trainer.check_val_every_n_epoch=-1: allowed values: null"),
     ("trainer.log_every_n_steps=0", "trainer.log_every_n_steps=0: allowed values: an integer >= 1"),

@@ -31,7 +31,7 @@ def refusal(cfg, purpose="train") -> str:
         ("+num_train_epochs=1", "num_train_epochs is HF's name: use trainer.max_epochs=1"),
         (
             "+gradient_accumulation_steps=4",
-            "gradient_accumulation_steps is HF's name: use trainer.accumulate_grad_batches=4",
+            "gradient_accumulation_steps is HF's name: use data.gradient_accumulation_steps=4",
         ),
         ("+bf16=true", "bf16 is HF's name: use trainer.precision=bf16-mixed"),
         ("+adam_beta2=0.95", "adam_beta2 is HF's name: use optim.betas=[0.9,0.95]"),

@@ -145,19 +145,21 @@ def test_output_folder_loses_write_permission_at_save_time(tmp_path, word_tokeni
 
 # ------------------------------------------------------------------------------------------ signals
 class SendSignal(L.Callback):
-    """Send ``signum`` to this process during micro-batch ``batch`` (inside an accumulation window)."""
+    """Send ``signum`` to this process at backward number ``backward`` (0-based, counted over the run: inside
+    an accumulation window)."""
 
-    def __init__(self, signum, batch) -> None:
-        self.signum, self.batch = signum, batch
+    def __init__(self, signum, backward) -> None:
+        self.signum, self.backward, self.seen = signum, backward, 0
 
-    def on_train_batch_start(self, trainer, module, batch, batch_idx):
-        if batch_idx == self.batch:
+    def on_before_backward(self, trainer, module, loss):
+        if self.seen == self.backward:
             os.kill(os.getpid(), self.signum)
+        self.seen += 1
 
 
 def test_ctrl_c_saves_at_the_step_boundary_then_stops(tmp_path, word_tokenizer, caplog):
-    """SIGINT (Ctrl-C) sent during micro-batch 2, the first of window 2 with accumulation 2: the window
-    finishes, step 2 is saved, the run stops cleanly, and the previous handler is back. (SIGTERM through the
+    """SIGINT (Ctrl-C) sent at the first backward of window 2 (accumulation 2): the window finishes, step 2
+    is saved, the run stops cleanly, and the previous handler is back. (SIGTERM through the
     command line, with an exact resume afterwards, is
     tests/integration/test_resume.py::test_sigterm_saves_at_the_next_step_and_resumes.)"""
     signum = signal.SIGINT

@@ -234,7 +234,7 @@ def test_exploding_gradient_norm_is_reported(tmp_path, word_tokenizer, caplog):
     assert len(reports) == 1
     assert reports[0].startswith("optimizer step 5: gradient norm ")
     assert "the median" in reports[0] and reports[0].endswith(
-        "clipped to trainer.gradient_clip_val=1 before the update"
+        "clipped to module.max_grad_norm=1 before the update"
     )
 
 
@@ -244,7 +244,7 @@ def test_gradient_norm_threshold(tmp_path, word_tokenizer, caplog):
     with caplog.at_level(logging.WARNING, logger="hf_lightning"):
         t.fit(module, datamodule=dm)
     assert guard.exploding_steps == 2
-    assert "is above grad_norm_threshold=1e-09; not clipped (set trainer.gradient_clip_val" in caplog.text
+    assert "is above grad_norm_threshold=1e-09; not clipped (set module.max_grad_norm" in caplog.text
 
 
 @pytest.mark.parametrize(
@@ -281,7 +281,7 @@ def test_gpu_out_of_memory_message_gives_the_exact_trade():
     assert message == (
         "out of memory on cuda:0 during training (an allocation of 2.00 GiB failed; 70.00 GiB allocated, "
         "77.50 GiB reserved of 79.19 GiB). To fit: set data.per_device_train_batch_size=8 and "
-        "trainer.accumulate_grad_batches=4: 32 examples per optimizer step per device as now, and the same "
+        "data.gradient_accumulation_steps=4: 32 examples per optimizer step per device as now, and the same "
         "loss and gradients, because the loss is normalised over the whole accumulation window; lower "
         "data.max_length (now 2048) or set data.padding_free=true (no padding tokens); use "
         "trainer.precision=bf16-mixed; enable gradient checkpointing on the model; or shard the model across "
@@ -315,7 +315,7 @@ def test_real_allocation_failure_in_fit_becomes_a_hint(tmp_path, word_tokenizer)
         t.fit(module, datamodule=dm)
     assert str(err.value).startswith(
         "out of memory on cpu during training (an allocation of 1048576.00 GiB failed). To fit: set "
-        "data.per_device_train_batch_size=1 and trainer.accumulate_grad_batches=2: 2 examples per optimizer "
+        "data.per_device_train_batch_size=1 and data.gradient_accumulation_steps=2: 2 examples per optimizer "
         "step per device as now"
     )
     assert "can't allocate memory" in str(err.value.__cause__)

@@ -83,13 +83,14 @@ def test_a_batch_without_input_ids_is_named():
 
 
 class _Batches(L.Callback):
-    """Keeps every training batch as the module sees it (independent count)."""
+    """Keeps every training micro-batch as the module sees it (independent count)."""
 
     def __init__(self):
         self.batches = []
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        self.batches.append({k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in batch.items()})
+        for micro in batch:  # a window of micro-batches
+            self.batches.append({k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in micro.items()})
 
 
 @pytest.mark.parametrize("packing", [False, "bfd"])
@@ -112,6 +113,7 @@ def test_logged_row_matches_the_batches(tmp_path, packing):
         max_length=24,
         packing=packing,
         shuffle=False,
+        gradient_accumulation_steps=2,
     )
     module = HFLightningModule(tiny_llama(vocab_size=32), optim={"lr": 1e-3}, scheduler={"name": "constant"})
     seen, meter = _Batches(), Throughput(pad_token_id=0, peak_flops=1e12)
@@ -119,7 +121,6 @@ def test_logged_row_matches_the_batches(tmp_path, packing):
     trainer = L.Trainer(
         accelerator="cpu",
         max_steps=4,
-        accumulate_grad_batches=2,
         log_every_n_steps=4,
         logger=logger,
         enable_progress_bar=False,
