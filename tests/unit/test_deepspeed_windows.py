@@ -2,11 +2,9 @@
 proved on CPU with the engine emulated (``tests/deepspeed_emulation.py``: deepspeed needs CUDA).
 
 5 micro-batches per epoch, 2 epochs, accumulation 2. By hand: windows of 2, 2, 1 micro-batches per epoch, so 6
-optimizer steps, and a linear schedule over 6 steps from lr 0.01 uses 0.01 x (1 - i/6) at step i. Lightning's
-``DeepSpeedStrategy`` left the accumulation to the engine, which stepped whenever its own micro-step counter
-(running across epochs) hit a multiple of 2: after micro-batches 2, 4, 6, 8, 10, one window spanning the two
-epochs, while Lightning counted 4 steps (and stepped the schedule 4 times) and the loss was normalised over 6
-windows.
+optimizer steps, and a linear schedule over 6 steps from lr 0.01 uses 0.01 x (1 - i/6) at step i. Left to
+itself the engine steps whenever its own micro-step counter (running across epochs) hits a multiple of 2:
+after micro-batches 2, 4, 6, 8, 10, one window spanning the two epochs.
 """
 
 from __future__ import annotations
@@ -17,7 +15,6 @@ import pytest
 import torch
 
 from hf_lightning import HFDataModule, HFLightningModule
-from hf_lightning.core.batch import WINDOW_LENGTH_KEY
 from tests import deepspeed_emulation
 from tests.data_support import PadOnly
 from tests.parity.tiny_llama_case import make_model, make_rows
@@ -27,13 +24,13 @@ ROWS, MICRO_BATCH, ACCUMULATION, EPOCHS = 10, 2, 2, 2
 
 
 class Windows(L.Callback):
-    """The window length the loader attached to each micro-batch, in order."""
+    """The length of each training batch's window, in order."""
 
     def __init__(self) -> None:
         self.lengths: list[int] = []
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        self.lengths.append(batch[WINDOW_LENGTH_KEY])
+        self.lengths.append(len(batch))
 
 
 def fit(strategy, state):
@@ -46,6 +43,7 @@ def fit(strategy, state):
         # the loss from the logits on both sides: DeepSpeed may shard the head, so the lean loss is off there,
         # and a chunked loss sums in another order (equal to rounding, not bit for bit)
         lean_loss=False,
+        max_grad_norm=1.0,
     )
     data = HFDataModule(
         PadOnly(),
@@ -55,6 +53,7 @@ def fit(strategy, state):
         per_device_train_batch_size=MICRO_BATCH,
         max_length=64,
         seed=0,
+        gradient_accumulation_steps=ACCUMULATION,
     )
     windows = Windows()
     trainer = L.Trainer(
@@ -62,8 +61,6 @@ def fit(strategy, state):
         devices=1,
         strategy=strategy,
         max_epochs=EPOCHS,
-        accumulate_grad_batches=ACCUMULATION,
-        gradient_clip_val=1.0,
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
@@ -78,11 +75,11 @@ def fit(strategy, state):
 
 
 def cut(lengths: list[int]) -> list[list[int]]:
-    """Micro-batch indices grouped into the windows whose lengths the loader attached."""
+    """Micro-batch indices grouped into windows of these lengths."""
     out, i = [], 0
-    while i < len(lengths):
-        out.append(list(range(i, i + lengths[i])))
-        i += lengths[i]
+    for n in lengths:
+        out.append(list(range(i, i + n)))
+        i += n
     return out
 
 
@@ -96,8 +93,8 @@ def test_the_engine_steps_at_our_windows_with_the_schedule_of_their_count(monkey
     strategy = deepspeed_strategy(
         stage=2,
         micro_batch_size=MICRO_BATCH,
-        accumulate_grad_batches=ACCUMULATION,
-        gradient_clip_val=1.0,
+        gradient_accumulation_steps=ACCUMULATION,
+        max_grad_norm=1.0,
         precision="32-true",
         devices=1,
     )
@@ -129,8 +126,8 @@ def test_our_deepspeed_strategy_counts_as_deepspeed(monkeypatch):
     strategy = deepspeed_strategy(
         stage=2,
         micro_batch_size=2,
-        accumulate_grad_batches=2,
-        gradient_clip_val=1.0,
+        gradient_accumulation_steps=2,
+        max_grad_norm=1.0,
         precision="32-true",
         devices=1,
     )

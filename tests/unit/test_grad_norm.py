@@ -1,13 +1,15 @@
 """One gradient-norm pass per optimizer step, shared by the log line, norm clipping and ``NonFiniteGuard``.
 
 Each case trains a real tiny Llama with a real ``lightning.Trainer`` twice on the same rows: once with the
-shared norm (the default) and once with the pre-sharing behaviour (Lightning's own ``clip_grad_norm_``, the
-guard's and the log line's own passes: a module whose ``step_gradient_norm`` is absent). The weights after
+shared norm (the default) and once with the pre-sharing behaviour (``torch.nn.utils.clip_grad_norm_``'s own
+pass, the guard's and the log line's own passes: a module whose ``step_gradient_norm`` is absent). The weights after
 every step must be bit-identical, the logged ``grad_norm`` must equal an independent ``clip_grad_norm_`` of
 the same gradients, and the number of ``get_total_norm`` calls per step must drop from three to one.
 """
 
 from __future__ import annotations
+
+import re
 
 import datasets
 import lightning as L
@@ -35,11 +37,9 @@ class Unshared(HFLightningModule):
         self._last_lr = optimizer.param_groups[0]["lr"]
         grads = [p.grad for p in self.parameters() if p.grad is not None]
         self._last_grad_norm = torch.nn.utils.get_total_norm(grads)
-
-    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
-        L.LightningModule.configure_gradient_clipping(
-            self, optimizer, gradient_clip_val, gradient_clip_algorithm
-        )
+        # what Lightning's precision plugin clipped: the optimizer's parameters, in its order
+        params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
 
 
 class Record(L.Callback):
@@ -92,6 +92,7 @@ def train(tmp_path, word_tokenizer, cls, monkeypatch, clip=0.05):
         tiny_llama(vocab_size=32),
         optim={"name": "adamw", "lr": 1e-2, "weight_decay": 0.1},
         scheduler={"name": "constant"},
+        max_grad_norm=clip,
     )
     dm = HFDataModule(
         tokenizer=word_tokenizer,
@@ -99,13 +100,12 @@ def train(tmp_path, word_tokenizer, cls, monkeypatch, clip=0.05):
         validation_split=0.0,
         shuffle=False,
         per_device_train_batch_size=2,
+        gradient_accumulation_steps=2,
     )
     record, logged = Record(), Logged()
     t = trainer(
         tmp_path / cls.__name__,
         max_steps=STEPS,
-        accumulate_grad_batches=2,
-        gradient_clip_val=clip,
         log_every_n_steps=1,
         callbacks=[record, NonFiniteGuard(grad_norm_spike=None), logged],
     )
@@ -132,30 +132,22 @@ def test_one_norm_pass_per_step_same_weights_and_logged_norm(tmp_path, word_toke
     assert shared_calls == STEPS
 
 
-def test_value_clipping_keeps_lightnings_path(tmp_path, word_tokenizer):
-    """Clipping by value is not a norm: Lightning's ``clip_grad_value_`` still runs."""
-    before, after = [], []
+@pytest.mark.parametrize(
+    "kwargs,says",
+    [
+        ({"gradient_clip_val": 1e-3}, "set HFLightningModule(max_grad_norm=0.001)"),
+        ({"accumulate_grad_batches": 2}, "set HFDataModule(gradient_accumulation_steps=2)"),
+    ],
+)
+def test_lightnings_clipping_and_accumulation_are_refused_naming_ours(tmp_path, word_tokenizer, kwargs, says):
+    """The module steps its windows itself: Lightning's clipping and accumulation cannot act, and are refused
+    in one line naming HF's keys before any step."""
+    from hf_lightning import ConfigError
 
-    def largest(module):
-        return max(float(p.grad.abs().max()) for p in module.parameters() if p.grad is not None)
-
-    class Spy(HFLightningModule):
-        def configure_gradient_clipping(
-            self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None
-        ):
-            before.append(largest(self))
-            super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
-            after.append(largest(self))
-
-    module = Spy(tiny_llama(vocab_size=32), optim={"name": "sgd", "lr": 0.1}, scheduler={"name": "constant"})
+    module = HFLightningModule(tiny_llama(vocab_size=32), optim={"name": "sgd"}, scheduler={"name": "constant"})
     dm = HFDataModule(
-        tokenizer=word_tokenizer,
-        path=datasets.Dataset.from_list(ROWS),
-        validation_split=0.0,
-        shuffle=False,
-        per_device_train_batch_size=2,
+        tokenizer=word_tokenizer, path=datasets.Dataset.from_list(ROWS), validation_split=0.0, shuffle=False
     )
-    t = trainer(tmp_path, max_steps=2, gradient_clip_val=1e-3, gradient_clip_algorithm="value")
-    t.fit(module, datamodule=dm)
-    assert len(after) == 2 and min(before) > 1e-2
-    assert after == pytest.approx([1e-3, 1e-3])
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        trainer(tmp_path, max_steps=2, **kwargs).fit(module, datamodule=dm)
+    assert module.global_step == 0
