@@ -262,7 +262,8 @@ class HFLightningModule(
         for i, micro in enumerate(window):
             micro = self._to_device(micro, window.counts[i] if window.counts is not None else None)
             if scaled:
-                share = self.compute_loss(micro, count)[0] * factor
+                share = self.compute_loss(micro, count)[0]
+                share = share * factor if factor != 1 else share
             elif window.counts is not None and window.counts[i] == 0:
                 share = logits_of(self(micro)).sum() * 0.0  # the fallback's mean over no targets is NaN
             else:
@@ -307,11 +308,14 @@ class HFLightningModule(
         (``num_items_in_micro_batch``, host ``int``: the lean head skips rows without targets without a
         host-device sync)."""
         device = self.device
-        non_blocking = device.type not in ("cpu", "mps")
-        moved = {
-            k: v.to(device, non_blocking=non_blocking) if isinstance(v, torch.Tensor) else v
-            for k, v in micro.items()
-        }
+        if device.type == "cpu":  # the loader's tensors are on the host already
+            moved = dict(micro)
+        else:
+            non_blocking = device.type != "mps"  # as Lightning: MPS copies are blocking
+            moved = {
+                k: v.to(device, non_blocking=non_blocking) if isinstance(v, torch.Tensor) else v
+                for k, v in micro.items()
+            }
         if count is not None:
             moved[MICRO_ITEMS_KEY] = count
         return moved

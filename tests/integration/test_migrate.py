@@ -83,7 +83,7 @@ def test_both_dumps_give_the_same_command_with_hf_values(dumps, capsys):
         "trainer.max_epochs=null",
         f"data.per_device_train_batch_size={args.per_device_train_batch_size}",
         f"data.per_device_eval_batch_size={args.per_device_eval_batch_size}",
-        f"trainer.accumulate_grad_batches={args.gradient_accumulation_steps}",
+        f"data.gradient_accumulation_steps={args.gradient_accumulation_steps}",
         f"optim.lr={args.learning_rate!r}",
         f"optim.betas=[{args.adam_beta1},{args.adam_beta2}]",
         f"scheduler.name={args.lr_scheduler_type.value}",
@@ -119,7 +119,7 @@ def test_the_command_composes_to_hf_values(dumps, capsys, tmp_path):
     cfg = compose_train([w for w in words if not w.startswith("hydra.")], output_dir=tmp_path)
     assert cfg.optim.lr == args.learning_rate and cfg.optim.betas == [args.adam_beta1, args.adam_beta2]
     assert cfg.scheduler.warmup_ratio == args.warmup_steps and cfg.scheduler.warmup_steps == 0
-    assert cfg.trainer.accumulate_grad_batches == args.gradient_accumulation_steps
+    assert cfg.data.gradient_accumulation_steps == args.gradient_accumulation_steps
     assert (cfg.eval_steps, cfg.save_steps, cfg.logging_steps) == (args.eval_steps, args.save_steps, 5)
     assert cfg.load_best_model_at_end is True and cfg.greater_is_better is False
 

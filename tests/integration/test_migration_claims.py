@@ -42,25 +42,20 @@ def fit(data, record, **trainer_args):
     return trainer
 
 
-def test_eval_steps_is_val_check_interval_times_accumulation(word_tokenizer):
-    """HF ``eval_steps=3`` with ``gradient_accumulation_steps=2``: ``val_check_interval=6`` micro-batches, and
-    ``check_val_every_n_epoch=None`` lets the count run across epoch ends (5 micro-batches per epoch here)."""
+def test_eval_steps_is_val_check_interval(word_tokenizer):
+    """HF ``eval_steps=3`` with ``gradient_accumulation_steps=2``: ``val_check_interval=3`` (each training batch
+    is one optimizer step), and ``check_val_every_n_epoch=None`` lets the count run across epoch ends (4
+    micro-batches, 2 steps per epoch here)."""
     data = HFDataModule(
         word_tokenizer,
         path=datasets.Dataset.from_dict({"text": TEXTS}),
         validation_split=0.2,
         per_device_train_batch_size=2,
         max_length=16,
+        gradient_accumulation_steps=2,
     )
     record = Record()
-    fit(
-        data,
-        record,
-        max_steps=9,
-        accumulate_grad_batches=2,
-        val_check_interval=6,
-        check_val_every_n_epoch=None,
-    )
+    fit(data, record, max_steps=9, val_check_interval=3, check_val_every_n_epoch=None)
     assert record.validated_at == [3, 6, 9]
 
 
@@ -90,37 +85,29 @@ def test_a_collator_of_your_own_after_setup(word_tokenizer):
     record = Record()
     fit(data, record, max_steps=2)
     assert len(record.batches) == 2
-    for batch in record.batches:
+    for window in record.batches:
+        (batch,) = window.micro_batches
         assert torch.all(batch["labels"][:, :2] == -100)
         # still counted for the window: the loss stays HF's (causal targets are labels[:, 1:] != -100)
-        assert batch["num_items_in_batch"] == int((batch["labels"][:, 1:] != -100).sum())
+        assert window.num_items_in_batch == int((batch["labels"][:, 1:] != -100).sum())
 
 
-def test_val_check_interval_counts_the_micro_batches_its_messages_name(word_tokenizer):
-    """``trainer.val_check_interval=2`` under ``accumulate_grad_batches=2`` validates after every optimizer
-    step (2 micro-batches), not every second one: the unit the schema's message and the README name."""
+def test_val_check_interval_counts_the_optimizer_steps_its_messages_name(word_tokenizer):
+    """``trainer.val_check_interval=2`` under ``gradient_accumulation_steps=2`` validates after every second
+    optimizer step (each training batch is a window of 2 micro-batches): the unit the schema's message and the
+    README name."""
     from hf_lightning.config.schema import OVERLAY
 
     said = OVERLAY["trainer.val_check_interval"].text
-    unit = (
-        "an integer >= 1 (training micro-batches: trainer.accumulate_grad_batches of them are one optimizer "
-    )
-    assert unit in said
-    assert "optimizer steps)" not in said.split("eval_steps")[0]  # the optimizer steps are eval_steps' unit
+    assert "an integer >= 1 (optimizer steps: each training batch is one;" in said
     data = HFDataModule(
         word_tokenizer,
         path=datasets.Dataset.from_dict({"text": TEXTS}),
         validation_split=0.2,
         per_device_train_batch_size=1,
         max_length=16,
+        gradient_accumulation_steps=2,
     )
     record = Record()
-    fit(
-        data,
-        record,
-        max_steps=4,
-        accumulate_grad_batches=2,
-        val_check_interval=2,
-        check_val_every_n_epoch=None,
-    )
-    assert record.validated_at == [1, 2, 3, 4]
+    fit(data, record, max_steps=4, val_check_interval=2, check_val_every_n_epoch=None)
+    assert record.validated_at == [2, 4]

@@ -79,6 +79,7 @@ def test_the_shipped_configs_instantiate_and_train_with_no_glue(model_dir, data_
             "data.path": data_file,
             "data.test_path": data_file,
             "data.max_length": 16,
+            "data.gradient_accumulation_steps": 2,
         }
     )
     dm = hydra.utils.instantiate(cfg.data)
@@ -90,7 +91,7 @@ def test_the_shipped_configs_instantiate_and_train_with_no_glue(model_dir, data_
     saved = transformers.AutoModelForCausalLM.from_pretrained(model_dir).state_dict()
     assert all(torch.equal(v, saved[k]) for k, v in module.model.state_dict().items())
 
-    trainer = small_trainer(max_steps=2, accumulate_grad_batches=2, limit_val_batches=1)
+    trainer = small_trainer(max_steps=2, limit_val_batches=1)
     trainer.fit(module, datamodule=dm)
     (tested,) = trainer.test(module, datamodule=dm, verbose=False)
     assert trainer.global_step == 2 and tested["test/loss"] > 0

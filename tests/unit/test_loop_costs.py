@@ -36,32 +36,42 @@ class CountCalls(TorchFunctionMode):
 
 
 def test_training_step_adds_at_most_three_tensor_ops_per_micro_batch(tmp_path, word_tokenizer):
-    # the step's own work around compute_loss: the detached share for the log, its sum over the window and
-    # the factor that undoes Lightning's division by k. It was nine (a multiply by a rank factor of 1, a
-    # padding mask, its inverse, a sum, a device move and an add per batch), then four (a real-token count
-    # that repeated the Throughput callback's)
+    # the window step's own work around compute_loss, backward and the update: per micro-batch the detached
+    # share and its sum over the window; per window the zero it starts from. It was nine per micro-batch (a
+    # multiply by a rank factor of 1, a padding mask, its inverse, a sum, a device move and an add per batch),
+    # then four (a real-token count that repeated the Throughput callback's), then three (the factor that
+    # undid Lightning's division by k)
     counter = CountCalls()
-
     seen = []
+
+    def off(fn):
+        def run(*args, **kwargs):
+            on, counter.on = counter.on, False
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                counter.on = on
+
+        return run
 
     class Counted(HFLightningModule):
         def training_step(self, batch, batch_idx):
-            # the first micro-batch of a window also reads the window count: the others are counted
-            counter.on, before = batch_idx % 4 != 0, len(counter.calls)
+            counter.on, before = True, len(counter.calls)
             try:
                 with counter:  # only around the step: the rest of the fit runs without the mode
                     return super().training_step(batch, batch_idx)
             finally:
-                if counter.on:
-                    seen.append(counter.calls[before:])
+                seen.append((len(batch), counter.calls[before:]))
                 counter.on = False
 
-        def compute_loss(self, batch, num_items_in_batch):
-            on, counter.on = counter.on, False
-            try:
-                return super().compute_loss(batch, num_items_in_batch)
-            finally:
-                counter.on = on
+        compute_loss = off(HFLightningModule.compute_loss)
+        manual_backward = off(HFLightningModule.manual_backward)
+        _step_schedule = off(HFLightningModule._step_schedule)
+
+        def optimizers(self, *args, **kwargs):
+            optimizer = super().optimizers(*args, **kwargs)
+            optimizer.step, optimizer.zero_grad = off(optimizer.step), off(optimizer.zero_grad)
+            return optimizer
 
     module = Counted(
         tiny_llama(vocab_size=32),
@@ -75,11 +85,12 @@ def test_training_step_adds_at_most_three_tensor_ops_per_micro_batch(tmp_path, w
         validation_split=0.0,
         shuffle=False,
         per_device_train_batch_size=1,
+        gradient_accumulation_steps=4,
     )
-    trainer(tmp_path, max_steps=2, accumulate_grad_batches=4).fit(module, datamodule=dm)
-    assert len(seen) == 6, seen  # 2 windows x 3 micro-batches after the first
-    for calls in seen:
-        assert len(calls) <= 3, calls
+    trainer(tmp_path, max_steps=2).fit(module, datamodule=dm)
+    assert [n for n, _ in seen] == [4, 4], seen
+    for n, calls in seen:
+        assert len(calls) <= 2 * n + 1, calls
 
 
 def test_nonfinite_guard_does_nothing_per_micro_batch_and_still_finds_a_nan():

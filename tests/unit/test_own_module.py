@@ -69,6 +69,9 @@ def readme_module() -> type:
 
 
 def first_step_grad_norm(module, tokenizer, caplog) -> float:
+    """The first optimizer step's gradient norm over windows of 2 micro-batches: Lightning's accumulation for a
+    module on automatic optimization, the DataModule's windows for HFLightningModule."""
+    windows = isinstance(module, HFLightningModule)
     dm = HFDataModule(
         tokenizer,
         path=datasets.Dataset.from_dict({"text": TEXTS}),
@@ -76,13 +79,14 @@ def first_step_grad_norm(module, tokenizer, caplog) -> float:
         shuffle=False,
         per_device_train_batch_size=2,
         max_length=16,
+        gradient_accumulation_steps=2 if windows else 1,
     )
     norms = GradNorms()
     trainer = L.Trainer(
         accelerator="cpu",
         devices=1,
         max_steps=1,
-        accumulate_grad_batches=2,
+        accumulate_grad_batches=1 if windows else 2,
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
