@@ -12,10 +12,15 @@ already seen.
 written inside the epoch (as a checkpoint saved at ``on_train_batch_end`` has them), so that Lightning
 restarts mid-epoch, sets the sampler to this epoch, and the train loader's own state (batches consumed) takes
 it from there.
+
+:func:`steps_windows_from_micro_batches` carries a checkpoint of the micro-batch loop (written before
+``HFLightningModule`` stepped its accumulation windows itself) over to the window loop's counts.
 """
 
 from __future__ import annotations
 
+import copy
+import math
 from typing import Any
 
 from hf_lightning.compat import batches_ready, epoch_progress_state, is_epoch_end
@@ -49,3 +54,35 @@ def reopen_stopped_epoch(checkpoint: dict[str, Any], trainer: Any) -> bool:
             counters["processed"] = counters["completed"] = open_epoch
             changed = True
     return changed
+
+
+def steps_windows_from_micro_batches(checkpoint: dict[str, Any], accumulation: int) -> bool:
+    """Rewrite the fit loop of a checkpoint written while Lightning counted micro-batches (automatic
+    optimization, ``accumulation`` micro-batches per optimizer step) into the counts of a module that steps one
+    accumulation window per training batch; ``True`` if changed.
+
+    Each window is one optimizer step, so the run's batches become its optimizer steps and the current
+    epoch's the ``ceil(micro-batches / accumulation)`` windows they filled (a checkpoint is written at a step
+    boundary; an epoch's last window may be short); the manual loop's step counter takes the automatic one's;
+    the train loader's ``batches_consumed`` becomes windows too. A checkpoint whose manual counter already ran
+    is left alone.
+    """
+    fit = (checkpoint.get("loops") or {}).get("fit_loop")
+    if not fit:
+        return False
+    automatic = fit.get("epoch_loop.automatic_optimization.optim_progress", {}).get("optimizer", {}).get("step")
+    manual = fit.get("epoch_loop.manual_optimization.optim_step_progress")
+    if not automatic or manual is None or manual["total"]["completed"] > 0:
+        return False
+    fit["epoch_loop.manual_optimization.optim_step_progress"] = copy.deepcopy(automatic)
+    steps = int(automatic["total"]["completed"])
+    batches = fit.get("epoch_loop.batch_progress") or {}
+    for name in ("ready", "started", "processed", "completed"):
+        if name in batches.get("total", {}):
+            batches["total"][name] = steps
+        if name in batches.get("current", {}):
+            batches["current"][name] = math.ceil(batches["current"][name] / accumulation)
+    for state in (fit.get("state_dict") or {}).get("combined_loader") or []:
+        if isinstance(state, dict) and "batches_consumed" in state:
+            state["batches_consumed"] = math.ceil(state["batches_consumed"] / accumulation)
+    return True

@@ -11,6 +11,7 @@ that ``train()`` repeats for callers that bypass Hydra.
 from __future__ import annotations
 
 import contextlib
+import copy
 import glob
 import logging
 import os
@@ -18,7 +19,7 @@ import sys
 import tempfile
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from hf_lightning.core.arguments import flatten, shown
 from hf_lightning.core.errors import ConfigError
@@ -197,8 +198,30 @@ def _settings(value: Any, prefix: str) -> dict[str, Any]:
     }
 
 
+#: keys of a run saved before the module stepped its accumulation windows itself -> today's names
+RENAMED = {
+    "trainer.accumulate_grad_batches": "data.gradient_accumulation_steps",
+    "trainer.gradient_clip_val": "module.max_grad_norm",
+}
+
+
+def _with_current_names(saved: DictConfig) -> DictConfig:
+    """``saved`` with every :data:`RENAMED` key it sets (and does not set under its new name) under its new
+    name, so that a run saved with them compares equal to the same run today."""
+    moved = [(old, new) for old, new in RENAMED.items() if OmegaConf.select(saved, old, default=None) is not None]
+    if not moved:
+        return saved
+    saved = copy.deepcopy(saved)
+    with open_dict(saved):
+        for old, new in moved:
+            if OmegaConf.select(saved, new, default=None) is None:
+                OmegaConf.update(saved, new, OmegaConf.select(saved, old), force_add=True)
+    return saved
+
+
 def config_differences(saved: DictConfig, current: DictConfig) -> list[str]:
     """``key: saved -> current`` for every identity setting (:data:`IDENTITY`) that differs."""
+    saved = _with_current_names(saved)
     diffs = []
     for key in IDENTITY:
         old, new = _settings(_select(saved, key), key), _settings(_select(current, key), key)

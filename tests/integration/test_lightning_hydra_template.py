@@ -227,7 +227,7 @@ def project(tmp_path, word_tokenizer):
         "data.per_device_train_batch_size=2",
         "data.per_device_eval_batch_size=2",
         "trainer.max_epochs=1",
-        "+trainer.accumulate_grad_batches=2",
+        "data.gradient_accumulation_steps=2",
         "+trainer.log_every_n_steps=1",
         "+trainer.num_sanity_val_steps=0",
         "+trainer.enable_progress_bar=false",

@@ -114,12 +114,12 @@ def test_hf_trainer_gpt2_loss_is_ours_times_its_count_ratio(tmp_path):
         tok,
         optim={"name": "adamw", "lr": 5e-3, "weight_decay": 0.0},
         scheduler={"name": "linear", "warmup_steps": 0},
+        max_grad_norm=1.0,
     )
     trainer = L.Trainer(
         accelerator="cpu",
         max_steps=STEPS,
         log_every_n_steps=1,
-        gradient_clip_val=1.0,
         limit_val_batches=0,
         logger=CSVLogger(tmp_path, name="ours", version=""),
         enable_checkpointing=False,

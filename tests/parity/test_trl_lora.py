@@ -119,6 +119,7 @@ def run_ours(tokenizer, rows, tmp_path):
         tokenizer=tokenizer,
         optim={"name": "adamw", "lr": LR, "weight_decay": 0.0},
         scheduler={"name": "linear", "warmup_steps": 0},
+        max_grad_norm=1.0,
     )
     data = HFDataModule(
         tokenizer,
@@ -128,14 +129,13 @@ def run_ours(tokenizer, rows, tmp_path):
         per_device_train_batch_size=MICRO,
         shuffle=False,
         max_length=64,
+        gradient_accumulation_steps=ACCUMULATION,
     )
     logdir = tmp_path / "ours"
     trainer = L.Trainer(
         accelerator="cpu",
         devices=1,
         max_epochs=1,
-        accumulate_grad_batches=ACCUMULATION,
-        gradient_clip_val=1.0,
         logger=CSVLogger(str(logdir), name="", version=""),
         log_every_n_steps=1,
         enable_checkpointing=False,
