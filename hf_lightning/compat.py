@@ -69,13 +69,6 @@ def total_batch_index(trainer: Any) -> int:
     return int(trainer.fit_loop.epoch_loop.total_batch_idx)
 
 
-def closes_accumulation_window(trainer: Any) -> bool:
-    """Whether the micro-batch being trained ends its gradient-accumulation window: ``not
-    fit_loop._should_accumulate()``, Lightning's own rule (every ``accumulate_grad_batches`` batches and at
-    the epoch's last batch). Needed by DeepSpeed's engine before its backward."""
-    return not trainer.fit_loop._should_accumulate()
-
-
 def validates_after_this_batch(trainer: Any) -> bool:
     """Whether Lightning's training epoch loop validates after the batch just trained, by its own rule
     (``epoch_loop._should_check_val_fx(fit_loop._data_fetcher)``: ``val_check_interval``, epoch end and a stop

@@ -5,8 +5,8 @@ The same Hydra config as ``python -m hf_lightning.train`` (``conf/train.yaml``) 
 model, tokenizer, DataModule and LightningModule come from the builder training uses
 (:func:`hf_lightning.config.build.build`, ``purpose="inspect"``), attached to a one-process CPU
 ``lightning.Trainer`` that is never fitted (so pruning reads the model's ``forward``, and a window holds
-``data.gradient_accumulation_steps`` micro-batches); the first batch of the training loader (rank 0) is printed with
-:func:`~hf_lightning.data.describe.describe_batch`.
+``data.gradient_accumulation_steps`` micro-batches); the first batch of the training loader (rank 0) is
+printed with :func:`~hf_lightning.data.describe.describe_batch`.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ def first_batch(cfg: DictConfig) -> tuple[Any, Any]:
         HFLightningError: bad config, data or model.
     """
     from hf_lightning.config.build import build
-
     from hf_lightning.core.batch import MICRO_ITEMS_KEY, NUM_ITEMS_KEY, WINDOW_LENGTH_KEY, Window
 
     datamodule = build(cfg, "inspect").datamodule

@@ -1,11 +1,12 @@
 """Evaluate, save and log at HF ``Trainer``'s optimizer steps (``eval_steps``, ``save_steps``,
 ``logging_steps``).
 
-Lightning's ``val_check_interval`` counts micro-batches (optimizer steps x ``accumulate_grad_batches``, which
-drifts whenever an epoch ends in a short accumulation window) and, with ``check_val_every_n_epoch`` set,
-restarts each epoch. HF counts optimizer steps over the whole run. :class:`HFSteps` decides at the end of
-every optimizer step, with the rules of ``DefaultFlowCallback.on_step_end`` / ``on_epoch_end`` (transformers
-5.24):
+With :class:`~hf_lightning.HFLightningModule` each training batch is one optimizer step, so Lightning's
+``val_check_interval`` counts the same steps as HF; but with ``check_val_every_n_epoch`` set it restarts each
+epoch, it never adds the final step, and ``ModelCheckpoint`` saves before the validation of its step. HF
+counts over the whole run, evaluates and saves at the final step, and saves after it evaluates.
+:class:`HFSteps` decides at the end of every optimizer step, with the rules of
+``DefaultFlowCallback.on_step_end`` / ``on_epoch_end`` (transformers 5.24):
 
 - ``steps``: at every multiple of ``eval_steps`` / ``save_steps``, and at the final step (HF evaluates and
   saves at ``max_steps`` when it is not a multiple);
@@ -58,9 +59,9 @@ class HFSteps(L.Callback):
     Args:
         schedule: the resolved HF keys (:func:`~hf_lightning.config.hf_args.resolve_schedule`).
 
-    Validation (``eval_strategy`` ``steps`` / ``epoch``): Lightning validates after a micro-batch when
+    Validation (``eval_strategy`` ``steps`` / ``epoch``): Lightning validates after a training batch when
     ``(batch index + 1) % trainer.val_check_batch == 0``; this sets ``trainer.val_check_batch`` (a Lightning
-    attribute without a public setter) after every micro-batch, so that exactly HF's steps pass. The config
+    attribute without a public setter) after every batch, so that exactly HF's steps pass. The config
     leaves ``trainer.val_check_interval`` to this callback
     (:func:`~hf_lightning.config.hf_args.apply_schedule`).
 
@@ -156,7 +157,7 @@ class HFSteps(L.Callback):
             save = fires(s.save_strategy, self.steps.get("save"), step, epoch_end, final)
         if self.schedule.eval_strategy in ("steps", "epoch"):
             index = total_batch_index(trainer) if trainer.check_val_every_n_epoch is None else batch_idx
-            # Lightning validates after this micro-batch iff (index + 1) % val_check_batch == 0
+            # Lightning validates after this batch iff (index + 1) % val_check_batch == 0
             trainer.val_check_batch = index + 1 if evaluate else index + 2
             if evaluate:
                 self.evaluated_steps.append(step)

@@ -10,7 +10,7 @@ import lightning as L
 import numpy as np
 import torch
 
-from hf_lightning.checkpointing.loop_state import reopen_stopped_epoch, steps_windows_from_micro_batches
+from hf_lightning.checkpointing.loop_state import reopen_stopped_epoch
 from hf_lightning.data.dataloaders import data_signature, describe_differences
 
 log = logging.getLogger(__name__)
@@ -81,14 +81,9 @@ class ResumeState(L.Callback):
         saved = dict(state["signature"])
         if "gradient_accumulation_steps" not in saved and not pl_module.automatic_optimization:
             # written by the micro-batch loop (Lightning's accumulation): its counts become windows
+            # (HFLightningModule.on_load_checkpoint has read its loop state as windows)
             accumulation = int(saved.pop("accumulate_grad_batches", 1) or 1)
             saved.update(gradient_accumulation_steps=accumulation, accumulate_grad_batches=1)
-            if steps_windows_from_micro_batches(checkpoint, accumulation):
-                log.info(
-                    "the checkpoint counts micro-batches (accumulation %d): its loop state is read as "
-                    "optimizer steps, one accumulation window per training batch",
-                    accumulation,
-                )
         self._saved_signature = saved
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

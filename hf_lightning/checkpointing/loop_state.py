@@ -58,8 +58,8 @@ def reopen_stopped_epoch(checkpoint: dict[str, Any], trainer: Any) -> bool:
 
 def steps_windows_from_micro_batches(checkpoint: dict[str, Any], accumulation: int) -> bool:
     """Rewrite the fit loop of a checkpoint written while Lightning counted micro-batches (automatic
-    optimization, ``accumulation`` micro-batches per optimizer step) into the counts of a module that steps one
-    accumulation window per training batch; ``True`` if changed.
+    optimization, ``accumulation`` micro-batches per optimizer step) into the counts of a module that steps
+    one accumulation window per training batch; ``True`` if changed.
 
     Each window is one optimizer step, so the run's batches become its optimizer steps and the current
     epoch's the ``ceil(micro-batches / accumulation)`` windows they filled (a checkpoint is written at a step
@@ -70,7 +70,9 @@ def steps_windows_from_micro_batches(checkpoint: dict[str, Any], accumulation: i
     fit = (checkpoint.get("loops") or {}).get("fit_loop")
     if not fit:
         return False
-    automatic = fit.get("epoch_loop.automatic_optimization.optim_progress", {}).get("optimizer", {}).get("step")
+    automatic = (
+        fit.get("epoch_loop.automatic_optimization.optim_progress", {}).get("optimizer", {}).get("step")
+    )
     manual = fit.get("epoch_loop.manual_optimization.optim_step_progress")
     if not automatic or manual is None or manual["total"]["completed"] > 0:
         return False

@@ -82,8 +82,8 @@ def _some_training(value: Any) -> bool:
 
 def _validation_interval(value: Any) -> bool:
     """``trainer.val_check_interval``: training batches, i.e. optimizer steps (an integer >= 1, or a whole
-    float Lightning reads as one), a fraction of the epoch in (0, 1], or Lightning's time-based forms (a string
-    or a mapping, which Lightning checks)."""
+    float Lightning reads as one), a fraction of the epoch in (0, 1], or Lightning's time-based forms (a
+    string or a mapping, which Lightning checks)."""
     if value is None or isinstance(value, (str, Mapping)):
         return True
     if _int(value):

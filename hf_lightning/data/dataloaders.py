@@ -526,8 +526,9 @@ class DataLoaderHooks:
         examples.
 
         For a module that steps windows (``steps_windows`` bound, :class:`HFLightningModule`): one
-        :class:`~hf_lightning.core.batch.Window` of ``gradient_accumulation_steps`` micro-batches per optimizer
-        step, with their target counts (:class:`~hf_lightning.data.sampling.WindowLoader`), resumed in windows.
+        :class:`~hf_lightning.core.batch.Window` of ``gradient_accumulation_steps`` micro-batches per
+        optimizer step, with their target counts (:class:`~hf_lightning.data.sampling.WindowLoader`), resumed
+        in windows.
         Otherwise micro-batches: wrapped in :class:`~hf_lightning.data.sampling.AccumulationWindowLoader` when
         a ``count_loss_items`` is bound (the window keys above); under a Lightning trainer without one (your
         own LightningModule), in :class:`~hf_lightning.data.sampling.ResumableLoader`, so that a run resumed
@@ -553,9 +554,9 @@ class DataLoaderHooks:
             )
         if self.gradient_accumulation_steps > 1:
             raise ConfigError(
-                f"data.gradient_accumulation_steps={self.gradient_accumulation_steps} needs a module that steps "
-                "accumulation windows (HFLightningModule); a module on Lightning's automatic optimization "
-                "accumulates with Trainer(accumulate_grad_batches=N): set that, and "
+                f"data.gradient_accumulation_steps={self.gradient_accumulation_steps} needs a module that "
+                "steps accumulation windows (HFLightningModule); a module on Lightning's automatic "
+                "optimization accumulates with Trainer(accumulate_grad_batches=N): set that, and "
                 "data.gradient_accumulation_steps=1"
             )
         if trainer is None:
@@ -584,7 +585,8 @@ class DataLoaderHooks:
 
     @staticmethod
     def _fit_progress(trainer: Any) -> Callable[[], tuple[int, int]]:
-        """``() -> (epoch being trained, training batches processed in it)``, read when a checkpoint is saved."""
+        """``() -> (epoch being trained, training batches processed in it)``, read when a checkpoint is
+        saved."""
 
         def progress() -> tuple[int, int]:
             # the epoch being trained: current_epoch counts it as done already when a checkpoint is written

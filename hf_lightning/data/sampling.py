@@ -26,24 +26,23 @@ The tail (``N`` not divisible by ``W``), training only:
 - ``drop_last=True``: the last ``N mod W`` positions of the order are left out this epoch (a new order next
   epoch), as ``DistributedSampler(drop_last=True)``; the ``DataLoader`` then drops each rank's partial batch.
 
-Gradient-accumulation windows (:class:`AccumulationWindowLoader`): count ``num_items_in_batch`` before the
-first forward of a step.
-
-Ours, because Lightning's loop has no hook for it: HF ``Trainer`` pulls the next
-``gradient_accumulation_steps`` batches from the iterator, counts their label targets, then runs the
-micro-steps (``Trainer.get_batch_samples``). Lightning's loop pulls one batch at a time, so
-:class:`AccumulationWindowLoader` does the look-ahead on the data side: it reads a whole window from the
-wrapped loader, counts it on the host (no device sync), and yields its batches with the count attached under
-``num_items_in_batch``.
+Gradient-accumulation windows: count ``num_items_in_batch`` before the first forward of a step. HF
+``Trainer`` pulls the next ``gradient_accumulation_steps`` batches from the iterator, counts their label
+targets, then runs the micro-steps (``Trainer.get_batch_samples``). :class:`WindowLoader` does the same on the
+data side: it yields one :class:`~hf_lightning.core.batch.Window` per optimizer step, the window's
+micro-batches counted on the host (no device sync), which ``HFLightningModule.training_step`` steps itself.
+For a module of one's own on Lightning's automatic optimization (Lightning pulls one micro-batch at a time),
+:class:`AccumulationWindowLoader` reads a whole window ahead and yields its micro-batches with the count
+attached under ``num_items_in_batch``.
 
 Resume inside an epoch (:class:`ResumableLoader`, the base of :class:`AccumulationWindowLoader`): Lightning
 saves a train loader's ``state_dict`` with its checkpoints; here it is the epoch and the batches consumed, and
 a restored loader continues the epoch after them.
 
-Windows are aligned with Lightning's optimizer steps: Lightning steps after batch index ``i`` when
-``(i + 1) % accumulate_grad_batches == 0`` or ``i`` is the last batch of the epoch (or of
-``limit_train_batches``). So a window never spans two epochs, and the last one of an epoch may be shorter; it
-is counted over the batches it really holds.
+A window never spans two epochs, and the last one of an epoch may be shorter (HF ``Trainer`` cuts them so); it
+is counted over the batches it really holds. For :class:`AccumulationWindowLoader` that is Lightning's own
+stepping rule: it steps after batch index ``i`` when ``(i + 1) % accumulate_grad_batches == 0`` or ``i`` is
+the last batch of the epoch (or of ``limit_train_batches``).
 
 Whether the LightningModule uses the window count (:class:`WindowBatch`, :class:`CountUse`): a module of
 one's own that returns ``outputs.loss`` (a mean over its micro-batch) gets HF's fallback instead of the
@@ -52,7 +51,7 @@ when a window is one micro-batch on one process, so nothing is said then; otherw
 :func:`warn_no_count` when no ``count_loss_items`` is bound (the batches carry no count), :data:`UNREAD` when
 the module's first ``training_step`` did not read the ``num_items_in_batch`` its batch carried (a
 :class:`WindowBatch` counts the reads of that key: ``batch["num_items_in_batch"]``, ``.get``, ``.pop``).
-``HFLightningModule`` reads it at the start of every window.
+``HFLightningModule`` steps :class:`WindowLoader`'s windows and reads their count itself.
 """
 
 from __future__ import annotations

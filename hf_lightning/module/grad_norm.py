@@ -18,7 +18,6 @@ itself): no norm.
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import lightning as L
 import torch
@@ -112,6 +111,7 @@ class SharedGradNorm:
         """Clip the step's gradients to total 2-norm ``max_norm`` with the shared norm (``clip_grad_norm_``'s
         result, one pass fewer); under FSDP through the root module's ``clip_grad_norm_``; where the shared
         norm cannot serve, Lightning's ``clip_gradients`` (the precision plugin's, a no-op under DeepSpeed,
-        whose engine clips at ``gradient_clipping``). Call after AMP's unscale (``on_before_optimizer_step``)."""
+        whose engine clips at ``gradient_clipping``). Call after AMP's unscale
+        (``on_before_optimizer_step``)."""
         if not self._grad_norm.clip(self.trainer, optimizer, float(max_norm)):
             self.clip_gradients(optimizer, gradient_clip_val=float(max_norm), gradient_clip_algorithm="norm")

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from hf_lightning.adapters.checkpoint import AdapterCheckpointState
+from hf_lightning.checkpointing.loop_state import steps_windows_from_micro_batches
 from hf_lightning.compat import attached_trainer
 from hf_lightning.core.batch import MICRO_ITEMS_KEY, Window
 from hf_lightning.core.errors import ConfigError
@@ -160,7 +161,9 @@ class HFLightningModule(
         super().__init__()
         check_loss_arguments(compute_loss_func, use_model_loss, label_smoothing_factor)
         if max_grad_norm is not None and (
-            isinstance(max_grad_norm, bool) or not isinstance(max_grad_norm, (int, float)) or max_grad_norm < 0
+            isinstance(max_grad_norm, bool)
+            or not isinstance(max_grad_norm, (int, float))
+            or max_grad_norm < 0
         ):
             raise ConfigError(
                 f"module.max_grad_norm={max_grad_norm!r}; allowed values: null (no clipping) or a number >= 0"
@@ -273,8 +276,8 @@ class HFLightningModule(
                 self.manual_backward(share)
             loss = loss + share.detach()
         self.add_window_share(loss)
-        # (6) one update: on_before_optimizer_step reads the gradient norm and clips it to max_grad_norm (after
-        #     AMP's unscale), then the optimizer steps, the gradients go, the schedule moves on
+        # (6) one update: on_before_optimizer_step reads the gradient norm and clips it to max_grad_norm
+        # (after AMP's unscale), then the optimizer steps, the gradients go, the schedule moves on
         optimizer = self.optimizers()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -290,7 +293,8 @@ class HFLightningModule(
                 log.warning(
                     "training batches carry no num_items_in_batch (the train dataloader is not an "
                     "HFDataModule one, nor wrapped in hf_lightning.data.sampling.WindowLoader): each "
-                    "micro-batch is normalised by its own count, HF's fallback, which weights targets unequally"
+                    "micro-batch is normalised by its own count, HF's fallback, which weights targets "
+                    "unequally"
                 )
                 self._warned_unwrapped = True
             return None
@@ -338,8 +342,8 @@ class HFLightningModule(
         trainer = self.trainer
         if trainer.accumulate_grad_batches > 1:
             raise ConfigError(
-                f"Trainer(accumulate_grad_batches={trainer.accumulate_grad_batches}): HFLightningModule steps "
-                "each accumulation window itself; set HFDataModule(gradient_accumulation_steps="
+                f"Trainer(accumulate_grad_batches={trainer.accumulate_grad_batches}): HFLightningModule "
+                "steps each accumulation window itself; set HFDataModule(gradient_accumulation_steps="
                 f"{trainer.accumulate_grad_batches}) (data.gradient_accumulation_steps, HF's name) and leave "
                 "the Trainer's at 1"
             )
@@ -359,6 +363,23 @@ class HFLightningModule(
         super().on_before_optimizer_step(optimizer)  # the train log's lr and gradient norm
         if self.max_grad_norm is not None:
             self.clip_step_gradients(optimizer, self.max_grad_norm)
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_load_checkpoint(checkpoint)
+        # a checkpoint of the micro-batch loop (before this module stepped its windows): its counts as windows
+        saved = (checkpoint.get("hf_lightning") or {}).get("signature") or {}
+        accumulation = (
+            saved.get("accumulate_grad_batches") if "gradient_accumulation_steps" not in saved else 1
+        )
+        trainer = attached_trainer(self)
+        if accumulation is None:  # no signature (a Trainer without ResumeState): this run's window
+            accumulation = getattr(getattr(trainer, "datamodule", None), "gradient_accumulation_steps", 1)
+        if steps_windows_from_micro_batches(checkpoint, int(accumulation or 1)):
+            log.info(
+                "the checkpoint counts micro-batches (accumulation %d): its loop state is read as optimizer "
+                "steps, one accumulation window per training batch",
+                accumulation,
+            )
 
     def on_train_start(self) -> None:
         self._steps_seen = self.global_step  # a resumed run starts at its checkpoint's step
@@ -411,4 +432,3 @@ class HFLightningModule(
         (:func:`~hf_lightning.module.run_plan.training_steps`, which logs when ``max_epochs`` ends the run
         first and when windows are shorter than asked)."""
         return training_steps(self.trainer)
-

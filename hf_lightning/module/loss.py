@@ -9,7 +9,7 @@ count (cheap, on the host, before the first forward of the step) and the sum of 
 inspecting the model: whether its loss shifts labels, and whether its ``forward`` honours
 ``num_items_in_batch``; which loss a module gets (:func:`loss_source`, :func:`loss_is_share`); and
 :class:`ComputeLoss`, HF's ``compute_loss`` for one micro-batch. How the micro-batch losses add up to the
-step's loss (the count across ranks, the fallback, the factors against Lightning and DDP) is decided in one
+step's loss (the count across ranks, the fallback, the factor against DDP's mean over ranks) is decided in one
 place: ``HFLightningModule.training_step``.
 """
 

@@ -48,7 +48,9 @@ class RunPlan:
         if not math.isfinite(self.batches_per_epoch) or self.steps_per_epoch * self.accumulation < (
             self.batches_per_epoch
         ):
-            return 0  # a stream of unknown length, or limit_train_batches ends the epoch before its last window
+            return (
+                0  # a stream of unknown length, or limit_train_batches ends the epoch before its last window
+            )
         return int(self.batches_per_epoch) % self.accumulation
 
     @property
@@ -131,9 +133,7 @@ def training_steps(trainer: Any) -> float:
         batches = None
     batches = INF if batches is None else batches
     accumulation = int(getattr(datamodule, "gradient_accumulation_steps", 1) or 1)
-    plan = plan_run(
-        batches, accumulation, trainer.max_epochs, trainer.max_steps, trainer.limit_train_batches
-    )
+    plan = plan_run(batches, accumulation, trainer.max_epochs, trainer.max_steps, trainer.limit_train_batches)
     check_validation_interval(  # a time-based interval leaves Lightning's val_check_interval unset
         getattr(trainer, "val_check_interval", None),
         plan.steps_per_epoch,
@@ -148,9 +148,10 @@ def training_steps(trainer: Any) -> float:
 def check_validation_interval(
     interval: Any, batches: float, every_n_epoch: int | None, limit_val_batches: float | None
 ) -> None:
-    """Refuse a ``trainer.val_check_interval`` count larger than an epoch's ``batches`` (training batches, i.e.
-    optimizer steps, on this process) while validation counts within epochs (``check_val_every_n_epoch`` set) and is on: Lightning's
-    ``fit_loop.setup_data`` rule, whose ``ValueError`` would come as a traceback once ``fit`` has started.
+    """Refuse a ``trainer.val_check_interval`` count larger than an epoch's ``batches`` (training batches,
+    i.e. optimizer steps, on this process) while validation counts within epochs (``check_val_every_n_epoch``
+    set) and is on: Lightning's ``fit_loop.setup_data`` rule, whose ``ValueError`` would come as a traceback
+    once ``fit`` has started.
 
     Raises:
         ConfigError: the interval, the epoch's batches and the settings that work instead.

@@ -208,7 +208,9 @@ RENAMED = {
 def _with_current_names(saved: DictConfig) -> DictConfig:
     """``saved`` with every :data:`RENAMED` key it sets (and does not set under its new name) under its new
     name, so that a run saved with them compares equal to the same run today."""
-    moved = [(old, new) for old, new in RENAMED.items() if OmegaConf.select(saved, old, default=None) is not None]
+    moved = [
+        (old, new) for old, new in RENAMED.items() if OmegaConf.select(saved, old, default=None) is not None
+    ]
     if not moved:
         return saved
     saved = copy.deepcopy(saved)

@@ -96,9 +96,7 @@ def deepspeed_config(
             raise ConfigError(f"{key}={value!r}; allowed values: an integer >= 1")
     clip = 0.0 if max_grad_norm is None else float(max_grad_norm)
     if clip < 0:
-        raise ConfigError(
-            f"module.max_grad_norm={max_grad_norm!r}; allowed values: null or a number >= 0"
-        )
+        raise ConfigError(f"module.max_grad_norm={max_grad_norm!r}; allowed values: null or a number >= 0")
     try:
         world = world_size(devices, num_nodes)
     except ValueError:

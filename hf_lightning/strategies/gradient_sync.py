@@ -1,8 +1,8 @@
 """Whether a backward inside an accumulation window reduces gradients across ranks.
 
 ``HFLightningModule.training_step`` runs every micro-batch's backward but the window's last one inside
-:func:`gradient_sync` with ``sync=False``: the strategy's own switch (``block_backward_sync``: DDP's and FSDP's
-``no_sync``, :class:`~hf_lightning.strategies.deepspeed.HFDeepSpeedStrategy`'s engine boundary), the
+:func:`gradient_sync` with ``sync=False``: the strategy's own switch (``block_backward_sync``: DDP's and
+FSDP's ``no_sync``, :class:`~hf_lightning.strategies.deepspeed.HFDeepSpeedStrategy`'s engine boundary), the
 context Lightning's automatic loop enters for the same purpose. One process, or a strategy without a switch:
 nothing to skip.
 """

@@ -43,8 +43,8 @@ def fit(data, record, **trainer_args):
 
 
 def test_eval_steps_is_val_check_interval(word_tokenizer):
-    """HF ``eval_steps=3`` with ``gradient_accumulation_steps=2``: ``val_check_interval=3`` (each training batch
-    is one optimizer step), and ``check_val_every_n_epoch=None`` lets the count run across epoch ends (4
+    """HF ``eval_steps=3`` with ``gradient_accumulation_steps=2``: ``val_check_interval=3`` (each training
+    batch is one optimizer step), and ``check_val_every_n_epoch=None`` lets the count run across epoch ends (4
     micro-batches, 2 steps per epoch here)."""
     data = HFDataModule(
         word_tokenizer,

@@ -37,7 +37,6 @@ class Tiny(L.LightningModule):
                 "ready": compat.batches_ready(trainer),
                 "epochs_processed": compat.epochs_processed(trainer),
                 "being_trained": compat.epoch_being_trained(trainer),
-                "closes_window": compat.closes_accumulation_window(trainer),
                 "total_index": compat.total_batch_index(trainer),
                 "attached": compat.attached_trainer(self) is trainer,
             }
@@ -133,13 +132,6 @@ def test_epochs_processed(fitted):
 def test_epoch_being_trained(fitted):
     seen, _ = fitted
     assert [s["being_trained"] for s in seen] == [s["epoch"] for s in seen] == sorted([0, 1] * BATCHES)
-
-
-def test_closes_accumulation_window(fitted):
-    """Windows of K batches, and the last (short) one of each epoch: Lightning's documented stepping rule."""
-    seen, _ = fitted
-    expected = [(i + 1) % K == 0 or i == BATCHES - 1 for i in range(BATCHES)] * EPOCHS
-    assert [s["closes_window"] for s in seen] == expected
 
 
 def test_total_batch_index(fitted):

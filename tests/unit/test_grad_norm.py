@@ -2,10 +2,9 @@
 
 Each case trains a real tiny Llama with a real ``lightning.Trainer`` twice on the same rows: once with the
 shared norm (the default) and once with the pre-sharing behaviour (``torch.nn.utils.clip_grad_norm_``'s own
-pass, the guard's and the log line's own passes: a module whose ``step_gradient_norm`` is absent). The weights after
-every step must be bit-identical, the logged ``grad_norm`` must equal an independent ``clip_grad_norm_`` of
-the same gradients, and the number of ``get_total_norm`` calls per step must drop from three to one.
-"""
+pass, the guard's and the log line's own passes: a module whose ``step_gradient_norm`` is absent). The weights
+after every step must be bit-identical, the logged ``grad_norm`` must equal an independent ``clip_grad_norm_``
+of the same gradients, and the number of ``get_total_norm`` calls per step must drop from three to one."""
 
 from __future__ import annotations
 
@@ -144,7 +143,9 @@ def test_lightnings_clipping_and_accumulation_are_refused_naming_ours(tmp_path, 
     in one line naming HF's keys before any step."""
     from hf_lightning import ConfigError
 
-    module = HFLightningModule(tiny_llama(vocab_size=32), optim={"name": "sgd"}, scheduler={"name": "constant"})
+    module = HFLightningModule(
+        tiny_llama(vocab_size=32), optim={"name": "sgd"}, scheduler={"name": "constant"}
+    )
     dm = HFDataModule(
         tokenizer=word_tokenizer, path=datasets.Dataset.from_list(ROWS), validation_split=0.0, shuffle=False
     )

@@ -69,8 +69,8 @@ def readme_module() -> type:
 
 
 def first_step_grad_norm(module, tokenizer, caplog) -> float:
-    """The first optimizer step's gradient norm over windows of 2 micro-batches: Lightning's accumulation for a
-    module on automatic optimization, the DataModule's windows for HFLightningModule."""
+    """The first optimizer step's gradient norm over windows of 2 micro-batches: Lightning's accumulation for
+    a module on automatic optimization, the DataModule's windows for HFLightningModule."""
     windows = isinstance(module, HFLightningModule)
     dm = HFDataModule(
         tokenizer,

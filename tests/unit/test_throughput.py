@@ -90,7 +90,9 @@ class _Batches(L.Callback):
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         for micro in batch:  # a window of micro-batches
-            self.batches.append({k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in micro.items()})
+            self.batches.append(
+                {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in micro.items()}
+            )
 
 
 @pytest.mark.parametrize("packing", [False, "bfd"])
