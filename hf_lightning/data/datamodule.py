@@ -98,8 +98,8 @@ class HFDataModule(DataLoaderHooks, ModelBinding, L.LightningDataModule):
         gradient_accumulation_steps: micro-batches per optimizer step (HF's name). For a module that steps
             windows (``HFLightningModule``) each training batch is a
             :class:`~hf_lightning.core.batch.Window` of this many micro-batches (the last of an epoch may
-            hold fewer); a module on Lightning's automatic optimization gets micro-batches and accumulates with ``Trainer(accumulate_grad_batches=...)``
-            instead, so this must stay 1 for it.
+            hold fewer); a module on Lightning's automatic optimization gets micro-batches and accumulates
+            with ``Trainer(accumulate_grad_batches=...)`` instead, so this must stay 1 for it.
         shuffle: random training order (seeded by ``seed + epoch``, the same on every rank).
         group_by_length: HF's mega-batch length grouping (map-style), a bounded sort buffer (streams).
         packing: ``False``, ``"bfd"`` (``True`` means ``"bfd"``) or ``"wrapped"`` (causal formats, map-style);
