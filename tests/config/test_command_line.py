@@ -54,6 +54,38 @@ def test_a_misspelt_trainer_argument_is_still_refused_naming_the_closest():
     )
 
 
+@pytest.mark.parametrize(
+    "override,says",
+    [
+        (
+            "trainer.accumulate_grad_batches=4",
+            "trainer.accumulate_grad_batches=4: the accumulation window is data.gradient_accumulation_steps "
+            "(HF's gradient_accumulation_steps): set data.gradient_accumulation_steps=4 instead",
+        ),
+        (
+            "trainer.gradient_clip_val=0.5",
+            "trainer.gradient_clip_val=0.5: clipping is module.max_grad_norm (HF's max_grad_norm, by norm): "
+            "set module.max_grad_norm=0.5 instead (null: no clipping)",
+        ),
+        (
+            "trainer.gradient_clip_algorithm=value",
+            "trainer.gradient_clip_algorithm='value': clipping is module.max_grad_norm, by the gradients' "
+            "total 2-norm (HF's max_grad_norm); value clipping is not offered: remove the key",
+        ),
+        ("module.max_grad_norm=-1", "module.max_grad_norm=-1: allowed values: null or a number >= 0"),
+        ("data.gradient_accumulation_steps=0", "data.gradient_accumulation_steps=0: allowed values:"),
+    ],
+)
+def test_lightnings_accumulation_and_clipping_keys_are_refused_naming_hfs(tmp_path, override, says):
+    """The module steps each accumulation window itself, so Lightning's accumulation and clipping cannot act
+    (Lightning refuses them under manual optimization, with a traceback once ``fit`` has started): one line
+    naming the key to set, exit 2, before any training."""
+    run = tmp_path / "run"
+    line = one_line_error(run_train_cli("+experiment=sft", override, f"hydra.run.dir={run}"))
+    assert line.startswith("hf_lightning: error: " + says), line
+    assert not (run / "checkpoints").exists()
+
+
 @pytest.mark.slow
 def test_trainer_overfit_batches_trains_on_that_many_batches_each_epoch(tmp_path):
     """8 rows, 2 held out, batch 2: 3 training batches an epoch; ``trainer.overfit_batches=2`` trains 2 each

@@ -205,3 +205,27 @@ def test_nothing_but_data_binding_is_read_from_the_module(word_tokenizer):
     assert dm._binding().model is None
     dm.bind(holder.model, count_loss_items=count_loss_items)
     assert dm._binding().model is holder.model
+
+
+def test_a_window_length_for_a_module_on_automatic_optimization_is_refused(word_tokenizer):
+    """Only a module that steps windows (``HFLightningModule``) takes ``gradient_accumulation_steps``; one on
+    Lightning's automatic optimization accumulates with the Trainer's ``accumulate_grad_batches``: one
+    ConfigError naming both, before any step."""
+    from hf_lightning import ConfigError
+
+    module = readme_module()(tiny_llama(len(word_tokenizer)))
+    dm = HFDataModule(
+        word_tokenizer,
+        path=datasets.Dataset.from_dict({"text": TEXTS}),
+        validation_split=0.0,
+        gradient_accumulation_steps=2,
+    )
+    trainer = L.Trainer(accelerator="cpu", max_steps=1, logger=False, enable_checkpointing=False)
+    with pytest.raises(ConfigError) as err:
+        trainer.fit(module, datamodule=dm)
+    assert str(err.value) == (
+        "data.gradient_accumulation_steps=2 needs a module that steps accumulation windows "
+        "(HFLightningModule); a module on Lightning's automatic optimization accumulates with "
+        "Trainer(accumulate_grad_batches=N): set that, and data.gradient_accumulation_steps=1"
+    )
+    assert trainer.global_step == 0
