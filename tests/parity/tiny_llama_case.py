@@ -146,7 +146,7 @@ def _counting_allreduce(state, bucket):
 
 class CaptureGradients(L.Callback):
     """Saves the gradient Lightning is about to step with (after accumulation and DDP's all-reduce, before
-    clipping) and, under DDP, how many all-reduce calls had run after each micro-batch."""
+    clipping) and, under DDP, how many all-reduce calls had run after each micro-batch's backward."""
 
     def __init__(self, outdir) -> None:
         self.outdir = str(outdir)
@@ -157,7 +157,7 @@ class CaptureGradients(L.Callback):
         if isinstance(model, torch.nn.parallel.DistributedDataParallel):
             model.register_comm_hook(None, _counting_allreduce)
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+    def on_after_backward(self, trainer, pl_module):
         self.syncs_after_batch.append(len(_SYNCS))
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer):
