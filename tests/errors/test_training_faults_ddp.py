@@ -27,11 +27,11 @@ BAD_STEP = 3
 class NaNLossOnRank0(HFLightningModule):
     """Rank 0's loss of step ``BAD_STEP`` is NaN; its gradients are not (the NaN is a constant)."""
 
-    def training_step(self, batch, batch_idx):
-        loss = super().training_step(batch, batch_idx)
+    def compute_loss(self, batch, num_items_in_batch):
+        loss, outputs = super().compute_loss(batch, num_items_in_batch)
         if self.global_rank == 0 and self.global_step == BAD_STEP - 1:
             loss = loss + torch.tensor(float("nan"), device=loss.device)
-        return loss
+        return loss, outputs
 
 
 class Record(L.Callback):

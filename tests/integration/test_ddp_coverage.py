@@ -25,10 +25,11 @@ class Record(L.Callback):
         self.batches = 0
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        self.batches += 1
-        for ids, labels, mask in zip(batch["input_ids"], batch["labels"], batch["attention_mask"]):
-            if labels[1:].ne(-100).any():  # a masked top-up has no target
-                self.rows.append(ids[mask.bool()].tolist())
+        for micro in batch:  # a window of micro-batches (one here: no accumulation)
+            self.batches += 1
+            for ids, labels, mask in zip(micro["input_ids"], micro["labels"], micro["attention_mask"]):
+                if labels[1:].ne(-100).any():  # a masked top-up has no target
+                    self.rows.append(ids[mask.bool()].tolist())
 
     def on_train_end(self, trainer, pl_module):
         path = self.folder / f"rank{trainer.global_rank}.json"

@@ -24,10 +24,11 @@ class Record(L.Callback):
         self.batches = 0
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        self.batches += 1
-        for ids, labels in zip(batch["input_ids"], batch["labels"]):
-            if labels.ne(-100).any():  # a masked copy has no target
-                self.rows.append(ids.tolist())
+        for micro in batch:  # a window of micro-batches (one here: no accumulation)
+            self.batches += 1
+            for ids, labels in zip(micro["input_ids"], micro["labels"]):
+                if labels.ne(-100).any():  # a masked copy has no target
+                    self.rows.append(ids.tolist())
 
     def on_train_end(self, trainer, pl_module):
         plan = trainer.train_dataloader.dataset.plan
