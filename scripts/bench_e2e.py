@@ -157,13 +157,14 @@ def run_ours(tok, rows, steps: int, warmup: int, max_length: int, **layout) -> t
                 stamps.append(clock())
 
     module = HFLightningModule(
-        model(len(tok)), tokenizer=tok, optim={"lr": LR}, scheduler={"name": "constant"}
+        model(len(tok)), tokenizer=tok, optim={"lr": LR}, scheduler={"name": "constant"}, max_grad_norm=1.0
     )
     dm = HFDataModule(
         tok,
         path=rows,
         validation_split=0.0,
         per_device_train_batch_size=MICRO_BATCH,
+        gradient_accumulation_steps=ACCUMULATION,
         max_length=max_length,
         seed=0,
         **layout,
@@ -177,8 +178,6 @@ def run_ours(tok, rows, steps: int, warmup: int, max_length: int, **layout) -> t
         L.Trainer(
             accelerator="cpu",
             max_steps=steps,
-            accumulate_grad_batches=ACCUMULATION,
-            gradient_clip_val=1.0,
             log_every_n_steps=10,
             default_root_dir=tmp,
             limit_val_batches=0,

@@ -12,14 +12,17 @@ same collator (``PaddingCollator``) and a loss log line (a host read) every 10 o
 
 (a) raw: ``DataLoader``; per window the label targets are counted on the host, each micro-batch adds
     ``sum(token CE) / count`` and calls ``backward``; then clip, step, zero_grad.
-(b) hf_lightning: ``HFLightningModule`` + ``HFDataModule`` + ``lightning.Trainer`` in process, with what a
-    user of ``python -m hf_lightning.train`` sees: the progress bar of ``conf/callbacks/default.yaml`` (tqdm,
-    redrawn once per optimizer step), Lightning's model summary, the TensorBoard logger and checkpointing;
-    ``log_every_n_steps=10``. "b lean": the same without progress bar, logger and model summary.
+(b) hf_lightning: ``HFLightningModule`` + ``HFDataModule(gradient_accumulation_steps=4)`` +
+    ``lightning.Trainer`` in process (the module steps each window itself, on Lightning's manual
+    optimization, and clips at ``max_grad_norm=1.0``), with what a user of ``python -m hf_lightning.train``
+    sees: the progress bar of ``conf/callbacks/default.yaml`` (tqdm, redrawn once per optimizer step),
+    Lightning's model summary, the TensorBoard logger and checkpointing; ``log_every_n_steps=10``.
+    "b lean": the same without progress bar, logger and model summary.
     "b plain": "b lean" with ``module.lean_loss=false`` (the loss from the full logits, as (a) and (c) compute
     it): the lean loss's own cost on each model.
     "b rich": (b) with Lightning's own default bar instead (with ``rich`` installed: ``RichProgressBar``,
-    redrawn every micro-batch), what a plain ``lightning.Trainer`` user gets.
+    redrawn every training batch: each is one optimizer step here), what a plain ``lightning.Trainer`` user
+    gets.
 (c) HF ``Trainer``: ``TrainingArguments(optim="adamw_torch", logging_steps=10, lr_scheduler_type="constant",
     save_strategy="no", report_to="none")`` and its defaults (tqdm bar); its model loss takes
     ``num_items_in_batch``.
@@ -168,12 +171,14 @@ def run_ours(
         optim={"name": "adamw", "lr": LR, "weight_decay": 0.0},
         scheduler={"name": "constant"},
         lean_loss=lean_loss,
+        max_grad_norm=1.0,
     )
     dm = HFDataModule(
         PadOnly(),
         path=rows,
         validation_split=0.0,
         per_device_train_batch_size=spec["batch"],
+        gradient_accumulation_steps=ACCUMULATION,
         max_length=spec["max_len"],
         seed=0,
     )
@@ -185,15 +190,11 @@ def run_ours(
         if not quiet and bar == "cli":
             from lightning.pytorch.callbacks import TQDMProgressBar
 
-            callbacks.append(
-                TQDMProgressBar(refresh_rate=ACCUMULATION)
-            )  # as conf/callbacks/default.yaml sets it
+            callbacks.append(TQDMProgressBar(refresh_rate=1))  # as conf/callbacks/default.yaml sets it
         trainer = L.Trainer(
             accelerator="gpu" if DEVICE == "cuda" else "cpu",
             devices=1,
             max_steps=steps,
-            accumulate_grad_batches=ACCUMULATION,
-            gradient_clip_val=1.0,
             log_every_n_steps=LOG_EVERY,
             default_root_dir=tmp,
             num_sanity_val_steps=0,

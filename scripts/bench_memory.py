@@ -159,6 +159,7 @@ def probe(side: str, case: str, steps: int) -> dict:
                 optim={"name": "adamw", "lr": LR},
                 scheduler={"name": "constant"},
                 lean_loss=side == "lean",
+                max_grad_norm=1.0,
             )
             dm = HFDataModule(
                 PadOnly(),
@@ -172,7 +173,6 @@ def probe(side: str, case: str, steps: int) -> dict:
                 accelerator="cpu",
                 devices=1,
                 max_steps=steps,
-                gradient_clip_val=1.0,
                 logger=False,
                 enable_checkpointing=False,
                 enable_progress_bar=False,

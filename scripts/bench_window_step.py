@@ -1,4 +1,4 @@
-"""Benchmark 1b, Lightning's own share of the loop: what a window-sized step would save.
+"""Benchmark 1b, Lightning's own share of the loop: what a window-sized step saves.
 
     python scripts/bench_window_step.py [--rounds 3] [--models overhead compute] [--steps N] [--warmup 2]
 
@@ -8,15 +8,15 @@ sides:
 (a) raw: ``bench_loop.run_raw``, the hand-written loop.
 (m) minimal Lightning, per micro-batch: a ``LightningModule`` of a few lines (the token loss from the logits,
     divided by the window count that the loader counted on the host, times ``k`` against Lightning's
-    division), automatic optimization with ``accumulate_grad_batches=4``: what Lightning itself costs per
-    micro-batch.
+    division), automatic optimization with Lightning's own ``accumulate_grad_batches=4``: what Lightning
+    itself costs per micro-batch.
 (w) minimal Lightning, per window: the same loss in ONE ``training_step`` per optimizer step (manual
     optimization, the loader yields the window's 4 micro-batches; ``manual_backward`` each, then clipping and
-    the step): what Lightning would cost if it ran once per optimizer step. A prototype for the measurement
-    only: no DDP ``no_sync``, no resume, no logging (see docs/benchmarks.md, "A window-sized step").
-(b) hf_lightning: ``bench_loop``'s "b lean" (``HFLightningModule`` + ``HFDataModule``, no bar/logger/summary),
-    and "b plain" the same with ``lean_loss=False`` (the loss from the logits, as (a), (m) and (w) compute
-    it).
+    the step). A minimal prototype, for the measurement only: no DDP ``no_sync``, no resume, no logging.
+    Since 2026-12 ``HFLightningModule`` ships this design (docs/benchmarks.md, "A window-sized step").
+(b) hf_lightning: ``bench_loop``'s "b lean" (``HFLightningModule`` + ``HFDataModule``, no bar/logger/summary;
+    one window per training step, as (w)), and "b plain" the same with ``lean_loss=False`` (the loss from the
+    logits, as (a), (m) and (w) compute it).
 
 Process CPU time per optimizer step, medians over interleaved rounds and medians of per-round ratios.
 """

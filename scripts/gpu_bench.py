@@ -70,7 +70,11 @@ def run(args, tok, rows, layout: str, compiled: bool) -> dict[str, float]:
         **layout_kw,
     )
     module = HFLightningModule(
-        model, tokenizer=tok, optim={"lr": 1e-4, "fused": True}, scheduler={"name": "constant"}
+        model,
+        tokenizer=tok,
+        optim={"lr": 1e-4, "fused": True},
+        scheduler={"name": "constant"},
+        max_grad_norm=1.0,
     )
     meter = Throughput()
     trainer = L.Trainer(
@@ -79,7 +83,6 @@ def run(args, tok, rows, layout: str, compiled: bool) -> dict[str, float]:
         plugins=[BF16MixedPrecision("cuda")],
         max_steps=args.steps,
         log_every_n_steps=max(args.steps // 4, 1),
-        gradient_clip_val=1.0,
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,

@@ -37,9 +37,10 @@ COMMON = [
     "scheduler.warmup_steps=0",
     "optim.lr=1e-3",
     "trainer.enable_progress_bar=false",
-    # accumulation 2: DeepSpeed's own accumulation and loss scaling are exercised, not just one micro-batch
+    # accumulation 2: the windows HFLightningModule steps (DDP/FSDP no_sync, DeepSpeed's boundary and loss
+    # scaling) are exercised, not just one micro-batch
     "data.per_device_train_batch_size=4",
-    "trainer.accumulate_grad_batches=2",
+    "data.gradient_accumulation_steps=2",
 ]
 RUNS = {
     "cpu_fp32": ["trainer.accelerator=cpu", "trainer.precision=32-true"],

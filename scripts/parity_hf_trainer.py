@@ -166,6 +166,7 @@ def run_ours(model, rows, args, workdir) -> list[dict]:
         optim={"name": "adamw", "lr": args.lr, "weight_decay": 0.01},
         scheduler={"name": "linear", "warmup_steps": args.warmup_steps},
         label_smoothing_factor=args.label_smoothing,
+        max_grad_norm=1.0,
         **extra,
     )
     data = HFDataModule(
@@ -174,6 +175,7 @@ def run_ours(model, rows, args, workdir) -> list[dict]:
         format="tokenized",
         validation_split=0.0,
         per_device_train_batch_size=args.micro_batch,
+        gradient_accumulation_steps=args.accumulation,
         shuffle=False,
         max_length=args.max_length,
     )
@@ -182,8 +184,6 @@ def run_ours(model, rows, args, workdir) -> list[dict]:
         accelerator="cpu",
         devices=1,
         max_epochs=1,
-        accumulate_grad_batches=args.accumulation,
-        gradient_clip_val=1.0,
         logger=CSVLogger(str(logdir), name="", version=""),
         log_every_n_steps=1,
         enable_checkpointing=False,

@@ -46,7 +46,11 @@ def main() -> int:
     kinds = (datasets.Dataset, datasets.IterableDataset, datasets.DatasetDict, Dataset, DataLoader, Sampler)
 
     def carries(value: Any) -> bool:
-        if isinstance(value, kinds) or type(value).__name__ in ("AccumulationWindowLoader", "ShardedStream"):
+        if isinstance(value, kinds) or type(value).__name__ in (
+            "AccumulationWindowLoader",
+            "WindowLoader",
+            "ShardedStream",
+        ):
             return True
         if isinstance(value, Mapping):
             return bool(COLUMNS & set(map(str, value)))
