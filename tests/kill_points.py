@@ -126,7 +126,6 @@ class KillAt(L.Callback):
         io_plugin.save_checkpoint = save_checkpoint
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._seen = trainer.global_step
         if self.point == "export_tokenizer":
             tokenizer = pl_module.tokenizer
             tokenizer.save_pretrained = lambda *a, **k: self._fire()
@@ -157,11 +156,17 @@ class KillAt(L.Callback):
         if self.point == "before_update" and trainer.global_step + 1 == self.step:
             self._fire()
 
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        self._backwards = 0  # a training batch is one window
+
+    def on_after_backward(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._backwards = getattr(self, "_backwards", 0) + 1
+        # the window's first micro-batch is done, its others are not (needs accumulation)
+        if self.point == "micro_batch" and trainer.global_step + 1 == self.step and self._backwards == 1:
+            self._fire()
+
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
         if self.point == "step_end" and trainer.global_step == self.step:
-            self._fire()
-        stepped, self._seen = trainer.global_step != getattr(self, "_seen", 0), trainer.global_step
-        if self.point == "micro_batch" and trainer.global_step + 1 == self.step and not stepped:
             self._fire()
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
