@@ -148,6 +148,7 @@ def run_ours(model, pad_id, train_rows, val_rows, optim, optim_args, scheduler, 
         # element, so the last-bit differences of the lean loss's summation order in near-zero gradients show
         # at 8e-5 there (measured: lean vs logits within hf_lightning); the lean loss has its own parity tests
         lean_loss=False,
+        max_grad_norm=None,  # HF's max_grad_norm=0.0 above: no clipping on either side
     )
     data = HFDataModule(
         SimpleNamespace(pad_token_id=pad_id),
