@@ -19,28 +19,7 @@ from typing import Any
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 
 # ------------------------------------------------------------------------------------- Lightning: fit loop
-# Lightning exposes no public view of where the fit loop stands inside an epoch; its progress objects
-# (``lightning.pytorch.loops.progress``) are attributes of the loops without a leading underscore but not part
-# of the documented API.
-
-
-def is_last_batch(trainer: Any) -> bool:
-    """Whether the batch being trained is the last of its epoch
-    (``fit_loop.epoch_loop.batch_progress.is_last_batch``, set by the data fetcher's look-ahead before the
-    batch's ``training_step``)."""
-    return bool(trainer.fit_loop.epoch_loop.batch_progress.is_last_batch)
-
-
-def batches_ready(trainer: Any) -> int:
-    """Batches of the current epoch fetched so far, the one being trained included
-    (``batch_progress.current.ready``)."""
-    return int(trainer.fit_loop.epoch_loop.batch_progress.current.ready)
-
-
-def is_epoch_end(trainer: Any) -> bool:
-    """Whether the optimizer step just taken is the last of its epoch (valid in ``on_train_batch_end``): the
-    loader ran out, or ``num_training_batches`` (``limit_train_batches`` included) were fetched."""
-    return is_last_batch(trainer) or batches_ready(trainer) >= trainer.num_training_batches
+# (read by the train loader of a module on Lightning's automatic optimization)
 
 
 def batches_processed(trainer: Any) -> int:
@@ -62,18 +41,9 @@ def epoch_being_trained(trainer: Any) -> int:
     return int(trainer.fit_loop.epoch_progress.current.started) - 1
 
 
-def total_batch_index(trainer: Any) -> int:
-    """Index of the batch being trained counted over the whole fit, all epochs
-    (``epoch_loop.total_batch_idx``): what Lightning's ``val_check_batch`` rule counts when
-    ``check_val_every_n_epoch`` is ``None``."""
-    return int(trainer.fit_loop.epoch_loop.total_batch_idx)
-
-
-def validates_after_this_batch(trainer: Any) -> bool:
-    """Whether Lightning's training epoch loop validates after the batch just trained, by its own rule
-    (``epoch_loop._should_check_val_fx(fit_loop._data_fetcher)``: ``val_check_interval``, epoch end and a stop
-    request, read as they stand)."""
-    return bool(trainer.fit_loop.epoch_loop._should_check_val_fx(trainer.fit_loop._data_fetcher))
+# ------------------------------------------------------------------------------ Lightning: checkpoint layout
+# The fit loop's counters inside a checkpoint (``checkpoint["loops"]``) are written by Lightning's loops'
+# ``state_dict``; their layout is not part of the documented API.
 
 
 def epoch_progress_state(checkpoint: dict[str, Any]) -> dict[str, Any] | None:

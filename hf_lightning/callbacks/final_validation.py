@@ -7,19 +7,20 @@ from typing import Any
 
 import lightning as L
 
-from hf_lightning.compat import is_epoch_end
+from hf_lightning.checkpointing.loop_state import ends_epoch
 
 log = logging.getLogger(__name__)
 
 
-def is_final_step(trainer: L.Trainer) -> bool:
-    """Whether the optimizer step just taken ends the run: ``trainer.max_steps`` reached, or the last batch of
-    the last epoch of ``trainer.max_epochs`` (valid in ``on_train_batch_end``)."""
+def is_final_step(trainer: L.Trainer, batch_idx: int) -> bool:
+    """Whether the optimizer step just taken (training batch ``batch_idx`` of its epoch) ends the run:
+    ``trainer.max_steps`` reached, or the last batch of the last epoch of ``trainer.max_epochs`` (valid in
+    ``on_train_batch_end``)."""
     if trainer.max_steps is not None and 0 < trainer.max_steps <= trainer.global_step:
         return True
     if trainer.max_epochs in (None, -1) or trainer.current_epoch + 1 < trainer.max_epochs:
         return False
-    return is_epoch_end(trainer)
+    return ends_epoch(trainer, batch_idx)
 
 
 class FinalValidation(L.Callback):
@@ -43,11 +44,13 @@ class FinalValidation(L.Callback):
         self._steps_seen = trainer.global_step
         self._final_step = None
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         if trainer.global_step == self._steps_seen:
             return  # inside an accumulation window
         self._steps_seen = trainer.global_step
-        if is_final_step(trainer):
+        if is_final_step(trainer, batch_idx):
             self._final_step = trainer.global_step
             trainer.should_stop = True
 

@@ -25,19 +25,15 @@ it.
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Any
 
 import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from hf_lightning.callbacks.final_validation import is_final_step
-from hf_lightning.compat import (
-    acts_after_every_validation,
-    is_epoch_end,
-    save_checkpoint_now,
-    stop_own_triggers,
-    total_batch_index,
-)
+from hf_lightning.checkpointing.loop_state import ends_epoch
+from hf_lightning.compat import acts_after_every_validation, save_checkpoint_now, stop_own_triggers
 from hf_lightning.config.hf_args import StepSchedule
 from hf_lightning.core.arguments import counted
 
@@ -151,14 +147,14 @@ class HFSteps(L.Callback):
         self._seen = step
         evaluate = save = False
         if stepped:
-            epoch_end, final = is_epoch_end(trainer), is_final_step(trainer)
+            epoch_end, final = ends_epoch(trainer, batch_idx), is_final_step(trainer, batch_idx)
             s = self.schedule
             evaluate = fires(s.eval_strategy, self.steps.get("eval"), step, epoch_end, final)
             save = fires(s.save_strategy, self.steps.get("save"), step, epoch_end, final)
         if self.schedule.eval_strategy in ("steps", "epoch"):
-            index = total_batch_index(trainer) if trainer.check_val_every_n_epoch is None else batch_idx
-            # Lightning validates after this batch iff (index + 1) % val_check_batch == 0
-            trainer.val_check_batch = index + 1 if evaluate else index + 2
+            # Lightning validates after this batch iff (batch index + 1) % val_check_batch == 0, whichever
+            # index it counts (the epoch's or the run's): 1 passes every index, sys.maxsize none
+            trainer.val_check_batch = 1 if evaluate else sys.maxsize
             if evaluate:
                 self.evaluated_steps.append(step)
         if save:

@@ -11,7 +11,7 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from hf_lightning.compat import last_saved_step, save_last_checkpoint, validates_after_this_batch
+from hf_lightning.compat import last_saved_step, save_last_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -44,26 +44,16 @@ def save_last(trainer: L.Trainer) -> str:
     return path
 
 
-def _validates_here_anyway(trainer: L.Trainer) -> bool:
-    """Whether Lightning would validate after this batch even without a stop (``val_check_interval``, epoch
-    end).
-
-    Lightning's own decision, asked with ``should_stop`` off
-    (:func:`~hf_lightning.compat.validates_after_this_batch`)."""
-    trainer.should_stop = False
-    try:
-        return validates_after_this_batch(trainer)
-    finally:
-        trainer.should_stop = True
-
-
 class Preemption(L.Callback):
     """Turn a cluster preemption (SIGTERM) or Ctrl-C (SIGINT) into a checkpoint at the next step boundary.
 
     Lightning's own SIGTERM handling raises at the end of the current micro-batch, which can be in the middle
     of a gradient-accumulation window; a checkpoint there cannot resume exactly. This callback replaces the
     handlers while training runs, waits for the optimizer step that closes the window, writes
-    ``last.ckpt``, and sets ``trainer.should_stop``; ``python -m hf_lightning.train`` then exits with status
+    ``last.ckpt``, and stops: after that step's own validation, if one is scheduled, and before the next
+    training batch, which a module with ``skips_training_when_preempted = True`` (``HFLightningModule``) skips
+    from ``on_train_batch_start``. Any other module stops at once through ``trainer.should_stop``, after which
+    Lightning validates once more. ``python -m hf_lightning.train`` then exits with status
     128 + the signal number (130 for Ctrl-C, 143 for SIGTERM: a script can tell a stopped run from a finished
     one) after a log line that says how to resume. A second
     signal of the same kind restores the default behaviour (kill at once).
@@ -76,6 +66,7 @@ class Preemption(L.Callback):
         self.received: int | None = None
         self._previous: dict[int, Any] = {}
         self._steps_seen = 0
+        self._stop_at_next_batch = False
 
     def _handler(self, signum: int, frame: Any) -> None:
         if self.received is not None:
@@ -90,6 +81,7 @@ class Preemption(L.Callback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._steps_seen = trainer.global_step
+        self._stop_at_next_batch = False
         for sig in SIGNALS:
             # outside the main thread (a spawned worker) signal() raises: Lightning's handlers stay
             with contextlib.suppress(ValueError):
@@ -99,6 +91,10 @@ class Preemption(L.Callback):
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous = {}
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        if self._stop_at_next_batch:
+            trainer.should_stop = True
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
         if trainer.global_step == self._steps_seen:
@@ -119,12 +115,13 @@ class Preemption(L.Callback):
         path = next(
             (c.last_model_path for c in saved if getattr(c, "last_model_path", None)), None
         ) or save_last(trainer)
-        trainer.should_stop = True
-        if not _validates_here_anyway(trainer):
-            # Lightning validates whenever a run is asked to stop: a row at the stop step that the run which
-            # never stopped does not have, and time taken from the preemption's grace period. This process
-            # ends here
-            trainer.limit_val_batches = 0
+        if getattr(pl_module, "skips_training_when_preempted", False):
+            # stop at the next batch's start, skipping it (the module's on_train_batch_start returns -1): this
+            # step's own validation, if scheduled, runs first; a stop requested now would make Lightning
+            # validate at this step too, a row the run that never stopped does not have
+            self._stop_at_next_batch = True
+        else:
+            trainer.should_stop = True  # Lightning validates once more at a stop
         # the signal number (truthy): the command exits with 128 + it, as a shell reports a killed command
         pl_module.preempted = self.received or signal.SIGTERM  # a rank that only heard of it from another
         log.warning(

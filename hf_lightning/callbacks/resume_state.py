@@ -10,7 +10,7 @@ import lightning as L
 import numpy as np
 import torch
 
-from hf_lightning.checkpointing.loop_state import reopen_stopped_epoch
+from hf_lightning.checkpointing.loop_state import ends_epoch, reopen_stopped_epoch
 from hf_lightning.data.dataloaders import data_signature, describe_differences
 
 log = logging.getLogger(__name__)
@@ -44,6 +44,17 @@ class ResumeState(L.Callback):
     does.
     """
 
+    def __init__(self) -> None:
+        self._epoch_open = False  # some batches of the current epoch trained, and not its last
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._epoch_open = False
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self._epoch_open = not ends_epoch(trainer, batch_idx)
+
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
         rng = {
             "python": random.getstate(),
@@ -58,7 +69,7 @@ class ResumeState(L.Callback):
             ranks = [None] * trainer.world_size
             torch.distributed.all_gather_object(ranks, rng)
         checkpoint[KEY] = {"rng": ranks, "signature": _signature(trainer)}
-        reopen_stopped_epoch(checkpoint, trainer)
+        reopen_stopped_epoch(checkpoint, ended_early=self._epoch_open)
 
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
         from hf_lightning.checkpointing.tidy import restored_dirpaths

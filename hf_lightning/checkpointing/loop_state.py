@@ -23,26 +23,32 @@ import copy
 import math
 from typing import Any
 
-from hf_lightning.compat import batches_ready, epoch_progress_state, is_epoch_end
+from hf_lightning.compat import epoch_progress_state
 
 
-def epoch_ended_early(trainer: Any) -> bool:
-    """Whether the current epoch's loop ended before its last batch (``max_steps``, a stop): some batches of
-    the epoch were trained, and neither the data nor ``limit_train_batches`` had run out."""
-    return batches_ready(trainer) > 0 and not is_epoch_end(trainer)
+def ends_epoch(trainer: Any, batch_idx: int) -> bool:
+    """Whether training batch ``batch_idx`` (0-based, in its epoch) is the epoch's last: the loader ran out
+    (``trainer.is_last_batch``), or ``trainer.num_training_batches`` (``limit_train_batches`` included) were
+    trained. Valid in ``on_train_batch_end``."""
+    return bool(trainer.is_last_batch) or batch_idx + 1 >= trainer.num_training_batches
 
 
-def reopen_stopped_epoch(checkpoint: dict[str, Any], trainer: Any) -> bool:
+def reopen_stopped_epoch(checkpoint: dict[str, Any], ended_early: bool) -> bool:
     """Mark the epoch of ``checkpoint`` as still running when training stopped in its middle; ``True`` if
     changed.
 
-    Only a checkpoint written after the epoch loop ended early (:func:`epoch_ended_early`) and after the fit
-    loop counted the epoch (``processed`` or ``completed`` caught up with ``started``) is changed:
-    ``processed`` and ``completed`` go back to ``started - 1`` in both the ``total`` and ``current`` counters.
-    Lightning's restart then reads it as "restarted mid-epoch" and continues after the batches already done.
-    Checkpoints written inside an epoch, and at the end of a finished one, are left alone.
+    Args:
+        checkpoint: the Lightning checkpoint being written (changed in place).
+        ended_early: whether the current epoch's loop ended before its last batch (``max_steps``, a stop):
+            some of its batches were trained, and neither the data nor ``limit_train_batches`` ran out.
+
+    Only a checkpoint written after the epoch loop ended early and after the fit loop counted the epoch
+    (``processed`` or ``completed`` caught up with ``started``) is changed: ``processed`` and ``completed``
+    go back to ``started - 1`` in both the ``total`` and ``current`` counters. Lightning's restart then reads
+    it as "restarted mid-epoch" and continues after the batches already done. Checkpoints written inside an
+    epoch, and at the end of a finished one, are left alone.
     """
-    if not epoch_ended_early(trainer):
+    if not ended_early:
         return False
     progress = epoch_progress_state(checkpoint)
     if not progress:

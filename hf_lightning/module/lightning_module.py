@@ -137,6 +137,9 @@ class HFLightningModule(
     #: an evaluation rank with no example gets a marked placeholder batch
     #: (:mod:`hf_lightning.data.placeholder`)
     handles_placeholder_batches: bool = True
+    #: :meth:`on_train_batch_start` skips the batch after a preemption's save
+    #: (:class:`~hf_lightning.callbacks.preemption.Preemption`)
+    skips_training_when_preempted: bool = True
 
     def __init__(
         self,
@@ -386,6 +389,11 @@ class HFLightningModule(
         self.fit_start_step = self.global_step
         self._grad_norm.reset()
 
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> int | None:
+        """``-1`` (Lightning: skip the rest of the epoch) once :class:`~hf_lightning.callbacks.preemption.
+        Preemption` saved after a stop signal: the run ends at the saved step."""
+        return -1 if getattr(self, "preempted", None) else None
+
     def setup(self, stage: str) -> None:
         reason = strategy_reason(self.trainer.strategy)
         if self.lean.active and reason is not None:
@@ -405,17 +413,15 @@ class HFLightningModule(
             raise ValueError("the number of training steps is unknown: set trainer.max_steps")
         self.planned_steps = int(total)  # HF's max_steps, for the eval/save/logging step ratios (HFSteps)
         scheduler = make_scheduler(self.scheduler, optimizer, int(total))
-        if is_metric_driven(scheduler):
-            if self.trainer.limit_val_batches == 0:
-                settings = getattr(self.scheduler, "keywords", self.scheduler)  # a partial's or the dict
-                name = settings.get("name") if isinstance(settings, Mapping) else None
-                raise ConfigError(
-                    f"scheduler.name={name or type(scheduler).__name__} steps on the validation metric "
-                    f"{self.schedule_metric}, but validation is off (trainer.limit_val_batches=0): turn it on"
-                )
-            # stepped by on_validation_epoch_end with the metric, as HF steps it after each evaluation
-            config = {"scheduler": scheduler, "interval": "step", "reduce_on_plateau": False}
-            return {"optimizer": optimizer, "lr_scheduler": config}
+        # a metric-driven schedule is stepped by on_validation_epoch_end with the metric, as HF steps it after
+        # each evaluation
+        if is_metric_driven(scheduler) and self.trainer.limit_val_batches == 0:
+            settings = getattr(self.scheduler, "keywords", self.scheduler)  # a partial's or the dict
+            name = settings.get("name") if isinstance(settings, Mapping) else None
+            raise ConfigError(
+                f"scheduler.name={name or type(scheduler).__name__} steps on the validation metric "
+                f"{self.schedule_metric}, but validation is off (trainer.limit_val_batches=0): turn it on"
+            )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def on_validation_epoch_end(self) -> None:

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from hf_lightning.compat import attached_trainer, is_last_batch
+from hf_lightning.compat import attached_trainer
 from hf_lightning.run.loggers import adopt_csv_header
 
 log = logging.getLogger(__name__)
@@ -106,7 +106,7 @@ class TrainLog:
     def wants_grad_norm(self) -> bool:
         """Whether the optimizer step being taken is logged (its row, or the final flush after an epoch's last
         batch): only then is ``grad_norm`` worth a pass over every gradient."""
-        return self.is_log_step(self.global_step + 1) or is_last_batch(self.trainer)
+        return self.is_log_step(self.global_step + 1) or bool(self.trainer.is_last_batch)
 
     # ---------------------------------------------------------------------------------- step bounds
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:

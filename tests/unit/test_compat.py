@@ -32,12 +32,8 @@ class Tiny(L.LightningModule):
             {
                 "epoch": self.current_epoch,
                 "batch_idx": batch_idx,
-                "is_last_batch": compat.is_last_batch(trainer),
-                "epoch_end": compat.is_epoch_end(trainer),
-                "ready": compat.batches_ready(trainer),
                 "epochs_processed": compat.epochs_processed(trainer),
                 "being_trained": compat.epoch_being_trained(trainer),
-                "total_index": compat.total_batch_index(trainer),
                 "attached": compat.attached_trainer(self) is trainer,
             }
         )
@@ -53,19 +49,9 @@ class Tiny(L.LightningModule):
 class Probe(L.Callback):
     def __init__(self) -> None:
         self.processed: list[int] = []
-        self.predicted_validation: list[int] = []
-        self.validated_after: list[int] = []
-        self._last_batch = None
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         self.processed.append(compat.batches_processed(trainer))
-        self._last_batch = (trainer.current_epoch, batch_idx)
-        if compat.validates_after_this_batch(trainer):
-            self.predicted_validation.append(self._last_batch)
-
-    def on_validation_start(self, trainer, pl_module):
-        if not trainer.sanity_checking:
-            self.validated_after.append(self._last_batch)
 
 
 def _loader(n: int = BATCHES) -> DataLoader:
@@ -102,22 +88,6 @@ def fitted(tmp_path_factory):
     return module.seen, probe
 
 
-def test_is_last_batch(fitted):
-    seen, _ = fitted
-    assert [s["is_last_batch"] for s in seen] == [i == BATCHES - 1 for i in range(BATCHES)] * EPOCHS
-
-
-def test_is_epoch_end(fitted):
-    """The last of the epoch's 5 batches, in each of the 2 epochs."""
-    seen, _ = fitted
-    assert [s["epoch_end"] for s in seen] == [i == BATCHES - 1 for i in range(BATCHES)] * EPOCHS
-
-
-def test_batches_ready(fitted):
-    seen, _ = fitted
-    assert [s["ready"] for s in seen] == [i + 1 for i in range(BATCHES)] * EPOCHS
-
-
 def test_batches_processed(fitted):
     """In ``on_train_batch_end`` the batch just trained counts as processed."""
     _, probe = fitted
@@ -132,19 +102,6 @@ def test_epochs_processed(fitted):
 def test_epoch_being_trained(fitted):
     seen, _ = fitted
     assert [s["being_trained"] for s in seen] == [s["epoch"] for s in seen] == sorted([0, 1] * BATCHES)
-
-
-def test_total_batch_index(fitted):
-    seen, _ = fitted
-    assert [s["total_index"] for s in seen] == list(range(BATCHES * EPOCHS))
-
-
-def test_validates_after_this_batch(fitted):
-    """The prediction matches the validations Lightning really runs (every 2 batches of each epoch)."""
-    _, probe = fitted
-    expected = [(e, i) for e in range(EPOCHS) for i in range(BATCHES) if (i + 1) % 2 == 0]
-    assert probe.validated_after == expected
-    assert probe.predicted_validation == expected
 
 
 def test_attached_trainer(fitted):
