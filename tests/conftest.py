@@ -10,6 +10,19 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import pytest  # noqa: E402
 
 
+# A spawned gloo process sometimes aborts in torch's teardown as it exits, after its work is done ("terminate
+# called without an active exception", the parent sees SIGABRT after fit has ended on both ranks): seen in CI,
+# not reproduced in a dozen runs of the same test alone. Distributed tests get one more try for that failure
+# only: any other failure, or the abort twice, fails them.
+EXIT_ABORT = ["terminated with signal SIGABRT"]
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if item.get_closest_marker("distributed") is not None:
+            item.add_marker(pytest.mark.flaky(reruns=1, only_rerun=EXIT_ABORT))
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _private_cache(tmp_path_factory):
     """The embedded default's data and tokenizer are built once per session into a private folder."""

@@ -32,12 +32,13 @@ import logging
 import math
 import statistics
 from collections import deque
-from typing import Any
+from typing import Annotated, Any
 
 import lightning as L
 import torch
 
 from hf_lightning.compat import foreach_norm
+from hf_lightning.core.arguments import OPTIONAL_POSITIVE, POSITIVE_INT, check_call, one_of
 from hf_lightning.core.errors import ConfigError, TrainingError
 from hf_lightning.module.grad_norm import gradients_outside_params, params_with_grad
 
@@ -75,29 +76,15 @@ class NonFiniteGuard(L.Callback):
 
     def __init__(
         self,
-        on_nonfinite: str = "stop",
-        max_consecutive_skips: int = 10,
-        grad_norm_threshold: float | None = None,
-        grad_norm_spike: float | None = 10.0,
-        history: int = 50,
-        min_history: int = 5,
+        on_nonfinite: Annotated[str, one_of(ACTIONS)] = "stop",
+        max_consecutive_skips: Annotated[int, POSITIVE_INT] = 10,
+        grad_norm_threshold: Annotated[float | None, OPTIONAL_POSITIVE] = None,
+        grad_norm_spike: Annotated[float | None, OPTIONAL_POSITIVE] = 10.0,
+        history: Annotated[int, POSITIVE_INT] = 50,
+        min_history: Annotated[int, POSITIVE_INT] = 5,
     ) -> None:
-        if on_nonfinite not in ACTIONS:
-            raise ConfigError(
-                f"callbacks.nonfinite_guard.on_nonfinite={on_nonfinite!r}; expected one of {list(ACTIONS)}"
-            )
-        if not isinstance(max_consecutive_skips, int) or max_consecutive_skips < 1:
-            raise ConfigError(
-                "callbacks.nonfinite_guard.max_consecutive_skips must be a positive integer, got "
-                f"{max_consecutive_skips!r}"
-            )
-        for key, value in (
-            ("grad_norm_threshold", grad_norm_threshold),
-            ("grad_norm_spike", grad_norm_spike),
-        ):
-            if value is not None and not value > 0:
-                raise ConfigError(f"callbacks.nonfinite_guard.{key} must be > 0 or null, got {value!r}")
-        if history < 1 or not 1 <= min_history <= history:
+        check_call(NonFiniteGuard.__init__, locals(), "callbacks.nonfinite_guard")
+        if min_history > history:
             raise ConfigError(
                 f"callbacks.nonfinite_guard: need history >= min_history >= 1, got history={history}, "
                 f"min_history={min_history}"

@@ -27,11 +27,12 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import Annotated, Any
 
 import lightning as L
 import torch
 
+from hf_lightning.core.arguments import OPTIONAL_POSITIVE, check_call
 from hf_lightning.core.batch import Window, padding_mask
 from hf_lightning.core.errors import ConfigError
 
@@ -133,9 +134,10 @@ class Throughput(L.Callback):
         ConfigError: ``peak_flops`` not positive.
     """
 
-    def __init__(self, pad_token_id: int | None = None, peak_flops: float | None = None) -> None:
-        if peak_flops is not None and not peak_flops > 0:
-            raise ConfigError(f"callbacks.throughput.peak_flops must be > 0, got {peak_flops!r}")
+    def __init__(
+        self, pad_token_id: int | None = None, peak_flops: Annotated[float | None, OPTIONAL_POSITIVE] = None
+    ) -> None:
+        check_call(Throughput.__init__, locals(), "callbacks.throughput")
         self.pad_token_id = pad_token_id
         self.peak_flops = peak_flops
         self._flops: tuple[int, int, int] | None = None

@@ -32,11 +32,10 @@ from hf_lightning.core.arguments import (
     ACCELERATORS,
     MISSING,
     NON_NEGATIVE_INT,
-    OPTIONAL_POSITIVE_INT,
     POSITIVE_INT,
     PRECISIONS,
     Allowed,
-    constraints,
+    argument_errors,
     devices_ok,
     get_dotted,
     one_of,
@@ -119,29 +118,11 @@ _SEED = Allowed(
 )
 _BATCH_LIMIT = Allowed(_batch_limit, "null (every batch), a fraction in [0, 1] or a count >= 0")
 
-# Value rules for arguments whose signature does not carry them: Lightning's Trainer (not ours) and the
-# DataModule (its constructor checks them itself; TODO data side: move them into its annotations). The
-# optimizer, scheduler and model rules are in their own signatures (``Annotated[..., Allowed]``), read by
-# :func:`node_errors`.
+# Value rules for settings whose signature is not ours to annotate: Lightning's Trainer and callbacks, and the
+# run's own top-level keys. Every ``_target_`` of ours carries its rules in its signature
+# (``Annotated[..., Allowed]``), read by :func:`node_errors` here and by the constructor itself for a
+# Python call.
 OVERLAY: dict[str, Allowed] = {
-    "data.per_device_train_batch_size": POSITIVE_INT,
-    "data.per_device_eval_batch_size": POSITIVE_INT,
-    "data.max_length": POSITIVE_INT,
-    "data.validation_split": Allowed(lambda v: _num(v) and 0 <= v < 1, "a number in [0, 1)"),
-    "data.num_workers": NON_NEGATIVE_INT,
-    "data.num_proc": OPTIONAL_POSITIVE_INT,
-    "data.max_row_bytes": OPTIONAL_POSITIVE_INT,
-    "data.rename_columns": Allowed(
-        lambda v: (
-            v is None
-            or (
-                isinstance(v, Mapping)
-                and all(isinstance(k, str) and isinstance(x, str) for k, x in v.items())
-            )
-        ),
-        "null or a mapping {source column: new name}",
-    ),
-    "data.gradient_accumulation_steps": POSITIVE_INT,
     "trainer.max_steps": Allowed(
         lambda v: _int(v) and (v == -1 or v >= 1), "-1 (no limit) or an integer >= 1"
     ),
@@ -152,7 +133,6 @@ OVERLAY: dict[str, Allowed] = {
     "trainer.devices": Allowed(devices_ok, "an integer >= 1, -1, 'auto', or a list of device indices"),
     "trainer.accelerator": one_of(ACCELERATORS),
     "trainer.precision": Allowed(lambda v: str(v) in PRECISIONS, ", ".join(PRECISIONS)),
-    "module.max_grad_norm": Allowed(lambda v: v is None or (_num(v) and v >= 0), "null or a number >= 0"),
     "trainer.limit_train_batches": Allowed(
         _some_training,
         "null (every batch), a fraction in (0, 1] or a count >= 1: 0 trains nothing (to only evaluate, use "
@@ -191,7 +171,6 @@ OVERLAY: dict[str, Allowed] = {
     ),
     "callbacks.early_stopping.patience": NON_NEGATIVE_INT,
     "seed": _SEED,
-    "data.seed": NON_NEGATIVE_INT,
     # python -m hf_lightning.evaluate's switches (absent from training configs)
     "generate": Allowed(lambda v: isinstance(v, bool), "true or false"),
     "max_new_tokens": POSITIVE_INT,
@@ -205,43 +184,6 @@ OVERLAY: dict[str, Allowed] = {
 
 
 # ------------------------------------------------------------------------------------------------- helpers
-def _describe(hint: Any) -> str:
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        return " or ".join(_describe(a) for a in typing.get_args(hint))
-    if origin is typing.Literal:
-        return ", ".join(repr(a) for a in typing.get_args(hint))
-    if hint is type(None):
-        return "null"
-    return getattr(hint, "__name__", str(hint))
-
-
-def type_ok(value: Any, hint: Any) -> bool | None:
-    """Whether ``value`` fits the annotation ``hint``; ``None`` when the annotation is not one we can
-    judge."""
-    if hint is Any:
-        return None
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        results = [type_ok(value, a) for a in typing.get_args(hint)]
-        if any(r is True for r in results):
-            return True
-        return None if any(r is None for r in results) else False
-    if origin is typing.Literal:
-        return value in typing.get_args(hint)
-    if hint is type(None):
-        return value is None
-    if hint is bool:
-        return isinstance(value, bool)
-    if hint is int:
-        return _int(value)
-    if hint is float:
-        return _num(value)
-    if hint is str:
-        return isinstance(value, str)
-    return None
-
-
 def check_keys(node: Mapping[str, Any], target: Callable, group: str, skip: Iterable[str] = ()) -> None:
     """Raise :class:`ConfigError` if ``node`` holds a key that ``target`` does not accept.
 
@@ -303,31 +245,21 @@ def _our_key_for_hf_name(name: str, group: str) -> str | None:
     return key if key.startswith(f"{group}.") else None
 
 
-def node_errors(node: Mapping[str, Any], target: Callable, group: str, skip: Iterable[str] = ()) -> list[str]:
-    """Unknown keys and values of the wrong type in ``node`` bound to ``target``'s signature."""
+def node_errors(
+    node: Mapping[str, Any],
+    target: Callable,
+    group: str,
+    skip: Iterable[str] = (),
+    unjudged: Iterable[str] = (),
+) -> list[str]:
+    """Unknown keys and values of the wrong type in ``node`` bound to ``target``'s signature; ``skip``: keys
+    the builder supplies (refused in the node), ``unjudged``: keys whose value is not judged here."""
     errors: list[str] = []
     try:
         check_keys(node, target, group, skip=skip)
     except ConfigError as err:
         errors.append(str(err))
-    try:
-        hints = typing.get_type_hints(target, include_extras=True)
-    except Exception:  # an annotation that does not evaluate here: only the keys are checked
-        hints = {}
-    params = inspect.signature(target).parameters
-    for key, value in node.items():
-        if key not in params or key not in hints or key in skip:
-            continue
-        if isinstance(value, str) and value.startswith("${"):
-            continue  # unresolved interpolation (the caller resolves before us when it can)
-        # the value rules the signature carries first: their message is the clearer one (a range, not a type)
-        broken = [rule for rule in constraints(hints[key]) if not rule(value)]
-        hint = hints[key].__origin__ if constraints(hints[key]) else hints[key]  # Annotated[T, ...] -> T
-        if broken:
-            errors.append(f"{group}.{key}={shown(value)}: allowed values: {broken[0].text}")
-        elif type_ok(value, hint) is False:
-            errors.append(f"{group}.{key}={shown(value)}: allowed values: {_describe(hint)}")
-    return errors
+    return errors + argument_errors(target, node, group, (*skip, *unjudged))
 
 
 def _target_nodes(cfg: Mapping[str, Any]) -> Iterable[tuple[str, Mapping[str, Any]]]:
@@ -361,6 +293,11 @@ def target_signature(node: Mapping[str, Any], name: str) -> tuple[Callable | Non
         return None, f"{name}._target_={node['_target_']!r} cannot be imported ({str(err).splitlines()[0]})"
     target = getattr(target, "settings_of", target)
     return (target.__init__ if inspect.isclass(target) else target), None
+
+
+def _repeats_checked(written: Any) -> bool:
+    """Whether a value as written is the interpolation of a key with a rule of :data:`OVERLAY`."""
+    return isinstance(written, str) and written.strip("${}") in OVERLAY
 
 
 def top_level_errors(c: Mapping[str, Any], purpose: str = "train") -> list[str]:
@@ -425,8 +362,8 @@ def validate_config(cfg: DictConfig, purpose: str = "train") -> None:
     for key, rule in OVERLAY.items():
         value = get_dotted(c, key)
         written = get_dotted(raw, key)
-        if isinstance(written, str) and written.strip("${}") in OVERLAY:
-            continue  # data.seed: ${seed}: the rule of the key it repeats says it
+        if _repeats_checked(written):
+            continue  # the rule of the key it repeats says it
         if value is not MISSING and not rule(value):
             errors.append(f"{key}={shown(value)}: allowed values: {rule.text}")
     errors += moved_trainer_keys(c)
@@ -438,7 +375,12 @@ def validate_config(cfg: DictConfig, purpose: str = "train") -> None:
         if error:
             errors.append(error)
             continue
-        errors += node_errors(node, target, name, SUPPLIED.get(name, ("model",)))
+        # a key written as the interpolation of a checked key (data.seed: ${seed}) is said by that key's rule
+        written = get_dotted(raw, name)
+        repeats = [
+            k for k, v in (written.items() if isinstance(written, Mapping) else ()) if _repeats_checked(v)
+        ]
+        errors += node_errors(node, target, name, SUPPLIED.get(name, ("model",)), repeats)
 
     errors += cross_field_errors(c)
     if errors:

@@ -1,6 +1,8 @@
 """The argument facts more than one part of the project needs, defined once: the precisions this project
 supports, how ``trainer.devices`` counts processes, the dotted-key lookup in nested settings, and the value
-rules (:class:`Allowed`) that constructor signatures carry in their annotations for the schema to read.
+rules (:class:`Allowed`) that constructor signatures carry in their annotations, read by the schema pass for a
+config and by the constructors themselves for a Python call (:func:`argument_errors`, :func:`check_call`):
+one rule, one message, whichever way the value came.
 
 The schema pass (:mod:`hf_lightning.config.schema`), the DeepSpeed config
 (:mod:`hf_lightning.strategies.deepspeed`) and the run-folder identity check (:mod:`hf_lightning.run.folder`)
@@ -9,8 +11,11 @@ all read these; none keeps its own copy.
 
 from __future__ import annotations
 
+import inspect
 import math
-from collections.abc import Callable, Mapping, Sequence
+import types
+import typing
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -150,6 +155,20 @@ OPTIONAL_POSITIVE_INT = Allowed(lambda v: v is None or (_int(v) and v >= 1), "nu
 FINITE_NON_NEGATIVE = Allowed(lambda v: _num(v) and math.isfinite(v) and v >= 0, "a finite number >= 0")
 NON_NEGATIVE = Allowed(lambda v: _num(v) and v >= 0, "a number >= 0")
 POSITIVE = Allowed(lambda v: _num(v) and v > 0, "a number > 0")
+OPTIONAL_NON_NEGATIVE = Allowed(lambda v: v is None or (_num(v) and v >= 0), "null or a number >= 0")
+OPTIONAL_POSITIVE = Allowed(lambda v: v is None or (_num(v) and v > 0), "null or a number > 0")
+FRACTION = Allowed(lambda v: _num(v) and 0 <= v < 1, "a number in [0, 1)")
+NAMES = Allowed(
+    lambda v: v is None or (isinstance(v, (list, tuple)) and all(isinstance(x, str) for x in v)),
+    "null or a list of names",
+)
+RENAMES = Allowed(
+    lambda v: (
+        v is None
+        or (isinstance(v, Mapping) and all(isinstance(k, str) and isinstance(x, str) for k, x in v.items()))
+    ),
+    "null or a mapping {source column: new name}",
+)
 UNIT_INTERVAL = Allowed(lambda v: _num(v) and 0 <= v <= 1, "a number in [0, 1]")
 BETAS = Allowed(
     lambda v: isinstance(v, Sequence) and len(v) == 2 and all(_num(b) and 0 <= b < 1 for b in v),
@@ -160,3 +179,92 @@ BETAS = Allowed(
 def constraints(annotation: Any) -> list[Allowed]:
     """The :class:`Allowed` rules of an ``Annotated[...]`` annotation (none for a plain one)."""
     return [m for m in getattr(annotation, "__metadata__", ()) if isinstance(m, Allowed)]
+
+
+TYPE_WORDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+
+
+def _describe(hint: Any) -> str:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_describe(a) for a in typing.get_args(hint))
+    if origin is typing.Literal:
+        return ", ".join(repr(a) for a in typing.get_args(hint))
+    if hint is type(None):
+        return "null"
+    return TYPE_WORDS.get(hint) or getattr(hint, "__name__", str(hint))
+
+
+def type_ok(value: Any, hint: Any) -> bool | None:
+    """Whether ``value`` fits the annotation ``hint`` (``bool`` is not an ``int`` here, an ``int`` is a
+    ``float``); ``None`` when the annotation is not one judged here (a class, a mapping, ``Any``)."""
+    if hint is Any:
+        return None
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        results = [type_ok(value, a) for a in typing.get_args(hint)]
+        if any(r is True for r in results):
+            return True
+        return None if any(r is None for r in results) else False
+    if origin is typing.Literal:
+        return value in typing.get_args(hint)
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return _int(value)
+    if hint is float:
+        return _num(value)
+    if hint is str:
+        return isinstance(value, str)
+    return None
+
+
+def argument_errors(
+    target: Callable, values: Mapping[str, Any], group: str, skip: Iterable[str] = ()
+) -> list[str]:
+    """``{group}.{name}={value}: allowed values: {rule}`` for each value in ``values`` that breaks the
+    annotation of ``target``'s argument ``name``: its :class:`Allowed` rules first (their text is the clearer
+    one), then its type (:func:`type_ok`). Names ``target`` does not take, names in ``skip``, arguments
+    without an annotation judged here, and unresolved interpolations (``${...}``) are not checked.
+
+    Args:
+        target: a function or ``__init__`` whose annotations (``Annotated[T, Allowed(...)]``) state the rules.
+        values: argument name -> value (a config node, or a constructor's ``locals()``).
+        group: the config group the message names (``data`` gives ``data.max_length``).
+    """
+    try:
+        hints = typing.get_type_hints(target, include_extras=True)
+    except Exception:  # an annotation that does not evaluate here: nothing is judged
+        return []
+    params = inspect.signature(target).parameters
+    skipped = set(skip)
+    errors = []
+    for name, value in values.items():
+        if name not in params or name not in hints or name in skipped:
+            continue
+        if isinstance(value, str) and value.startswith("${"):
+            continue
+        rules = constraints(hints[name])
+        broken = [rule for rule in rules if not rule(value)]
+        hint = hints[name].__origin__ if rules else hints[name]  # Annotated[T, ...] -> T
+        if broken:
+            errors.append(f"{group}.{name}={shown(value)}: allowed values: {broken[0].text}")
+        elif type_ok(value, hint) is False:
+            errors.append(f"{group}.{name}={shown(value)}: allowed values: {_describe(hint)}")
+    return errors
+
+
+def check_call(target: Callable, values: Mapping[str, Any], group: str) -> None:
+    """Refuse a Python call whose arguments break ``target``'s annotations, in the words the schema pass
+    uses for a config (:func:`argument_errors`): a constructor calls it on its ``locals()``.
+
+    Raises:
+        ConfigError: every broken argument, joined by ``; ``.
+    """
+    from hf_lightning.core.errors import ConfigError
+
+    errors = argument_errors(target, values, group)
+    if errors:
+        raise ConfigError("; ".join(errors))

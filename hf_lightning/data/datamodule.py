@@ -22,16 +22,24 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from typing import Annotated, Any
 
 import datasets
 import lightning as L
 
+from hf_lightning.core.arguments import (
+    FRACTION,
+    NAMES,
+    NON_NEGATIVE_INT,
+    OPTIONAL_POSITIVE_INT,
+    POSITIVE_INT,
+    RENAMES,
+    check_call,
+)
 from hf_lightning.core.errors import ConfigError
 from hf_lightning.data.chat import require_chat_template
 from hf_lightning.data.checks import (
     DEFAULT_MAX_ROW_BYTES,
-    check_data_arguments,
     check_given_label_names,
     check_label_key,
     check_pad_token,
@@ -47,11 +55,12 @@ from hf_lightning.data.class_labels import (
 from hf_lightning.data.column_pruning import prune_per_example
 from hf_lightning.data.dataloaders import DataLoaderHooks, LoaderPosition
 from hf_lightning.data.end_of_turn import warn_end_of_turn
-from hf_lightning.data.formats import FORMATS, check_columns
-from hf_lightning.data.layout import Layout, LayoutChoice, announce, apply_layout, check_layout, collator_for
+from hf_lightning.data.formats import FORMAT, check_columns
+from hf_lightning.data.layout import LAYOUT, Layout, LayoutChoice, announce, apply_layout, collator_for
 from hf_lightning.data.model_facts import Binding, Columns, ModelBinding, find_label_names, resolve_columns
 from hf_lightning.data.on_the_fly import ExampleProcessor
 from hf_lightning.data.packing import (
+    PACKING,
     Packing,
     RowPlan,
     announce_document_ends,
@@ -176,43 +185,40 @@ class HFDataModule(DataLoaderHooks, ModelBinding, L.LightningDataModule):
         path: Any = None,
         validation_path: Any = None,
         test_path: Any = None,
-        format: str = "auto",
-        validation_split: float = 0.05,
-        max_length: int = 512,
-        per_device_train_batch_size: int = 8,
-        per_device_eval_batch_size: int = 8,
-        gradient_accumulation_steps: int = 1,
+        format: Annotated[str, FORMAT] = "auto",
+        validation_split: Annotated[float, FRACTION] = 0.05,
+        max_length: Annotated[int, POSITIVE_INT] = 512,
+        per_device_train_batch_size: Annotated[int, POSITIVE_INT] = 8,
+        per_device_eval_batch_size: Annotated[int, POSITIVE_INT] = 8,
+        gradient_accumulation_steps: Annotated[int, POSITIVE_INT] = 1,
         shuffle: bool = True,
         group_by_length: bool = False,
-        packing: Packing = False,
+        packing: Annotated[Packing, PACKING] = False,
         padding_free: bool = False,
         streaming: bool = False,
-        shuffle_buffer_size: int = 1000,
+        shuffle_buffer_size: Annotated[int, POSITIVE_INT] = 1000,
         remove_unused_columns: bool = True,
-        model_input_names: list[str] | None = None,
-        label_names: list[str] | None = None,
-        num_workers: int = 0,
+        model_input_names: Annotated[list[str] | None, NAMES] = None,
+        label_names: Annotated[list[str] | None, NAMES] = None,
+        num_workers: Annotated[int, NON_NEGATIVE_INT] = 0,
         pin_memory: bool = False,
         persistent_workers: bool = False,
-        prefetch_factor: int | None = None,
+        prefetch_factor: Annotated[int | None, OPTIONAL_POSITIVE_INT] = None,
         drop_last: bool = False,
-        pad_to_multiple_of: int | None = None,
-        seed: int = 42,
-        rename_columns: dict[str, str] | None = None,
+        pad_to_multiple_of: Annotated[int | None, OPTIONAL_POSITIVE_INT] = None,
+        seed: Annotated[int, NON_NEGATIVE_INT] = 42,
+        rename_columns: Annotated[dict[str, str] | None, RENAMES] = None,
         name: str | None = None,
         split: str = "train",
         validation_split_name: str | None = None,
         test_split_name: str | None = None,
         revision: str | None = None,
-        num_proc: int | None = None,
-        layout: LayoutChoice = None,
-        max_row_bytes: int | None = DEFAULT_MAX_ROW_BYTES,
+        num_proc: Annotated[int | None, OPTIONAL_POSITIVE_INT] = None,
+        layout: Annotated[LayoutChoice, LAYOUT] = None,
+        max_row_bytes: Annotated[int | None, OPTIONAL_POSITIVE_INT] = DEFAULT_MAX_ROW_BYTES,
     ) -> None:
         super().__init__()
-        check_data_arguments(locals())  # each argument of DATA_ARGUMENTS against its kind
-        check_layout(layout)
-        if format not in ("auto", *FORMATS):
-            raise ConfigError(f"data.format={format!r}; expected one of {['auto', *FORMATS]}")
+        check_call(HFDataModule.__init__, locals(), "data")  # the annotations' value rules
         if num_workers == 0 and (persistent_workers or prefetch_factor is not None):
             key = "persistent_workers" if persistent_workers else "prefetch_factor"
             raise ConfigError(

@@ -29,6 +29,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from hf_lightning.core.arguments import one_of
 from hf_lightning.core.batch import IGNORE_INDEX
 from hf_lightning.core.errors import DataError
 from hf_lightning.data.chat import chat_labels, tokenize_chat, tokenize_sharegpt
@@ -229,6 +230,8 @@ TOKENIZERS = {
     "tokenized": truncate_tokenized,
 }
 FORMATS = tuple(TOKENIZERS)
+#: the value rule of ``data.format`` (read from :class:`~hf_lightning.HFDataModule`'s signature)
+FORMAT = one_of(("auto", *FORMATS))
 # the columns each format reads; the first ones are required
 SOURCE_COLUMNS = {
     "text": ("text",),

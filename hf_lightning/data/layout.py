@@ -48,7 +48,7 @@ from typing import Any, Literal
 import torch
 
 from hf_lightning.compat import attention_backend
-from hf_lightning.core.errors import ConfigError
+from hf_lightning.core.arguments import Allowed
 from hf_lightning.data.checks import packed_sequences_isolated
 from hf_lightning.data.collators import (
     BatchPackingCollator,
@@ -102,17 +102,12 @@ class Layout:
         return BatchPackingCollator(pad_token_id, pad_to_multiple_of) if self.pack_batches else base
 
 
-def check_layout(layout: Any) -> None:
-    """Refuse a ``data.layout`` other than ``auto`` or null.
-
-    Raises:
-        ConfigError: names the value and the two allowed ones.
-    """
-    if layout not in (None, "auto"):
-        raise ConfigError(
-            f"data.layout={layout!r}; expected auto (the fastest exact layout the data and model allow) or "
-            "null (data.group_by_length, data.packing and data.padding_free as given)"
-        )
+#: the value rule of ``data.layout`` (read from :class:`~hf_lightning.HFDataModule`'s signature)
+LAYOUT = Allowed(
+    lambda v: v in (None, "auto"),
+    "auto (the fastest exact layout the data and model allow) or null (data.group_by_length, data.packing "
+    "and data.padding_free as given)",
+)
 
 
 def attention_of(model: Any) -> str | None:

@@ -49,6 +49,7 @@ import datasets
 import numpy as np
 import pyarrow.compute as pc
 
+from hf_lightning.core.arguments import Allowed, shown
 from hf_lightning.core.errors import ConfigError
 from hf_lightning.data.checks import check_sequence_isolation
 from hf_lightning.data.formats import CAUSAL_FORMATS
@@ -65,6 +66,10 @@ from hf_lightning.data.packing_engine import (
 log = logging.getLogger(__name__)
 
 STRATEGIES = ("bfd", "wrapped")
+#: the value rule of ``data.packing`` (read from :class:`~hf_lightning.HFDataModule`'s signature)
+PACKING = Allowed(
+    lambda v: v is True or v is False or v is None or v in STRATEGIES, "false, true (= bfd), bfd, wrapped"
+)
 #: the values ``data.packing`` takes (``HFDataModule``'s annotation says the same)
 Packing = bool | Literal["bfd", "wrapped"]
 
@@ -80,9 +85,7 @@ def packing_strategy(packing: Any) -> str | None:
     if packing is False or packing is None:
         return None
     if packing not in STRATEGIES:
-        raise ConfigError(
-            f"data.packing={packing!r}; expected false, true (= bfd) or one of {list(STRATEGIES)}"
-        )
+        raise ConfigError(f"data.packing={shown(packing)}: allowed values: {PACKING.text}")
     return packing
 
 

@@ -81,8 +81,6 @@ class EvalStepsMixin:
                 "batch_eval_metrics=true calls compute_metrics(eval_pred, compute_result=...) per batch; "
                 "the given compute_metrics takes no compute_result argument (as in HF Trainer)"
             )
-        if eval_accumulation_steps is not None and eval_accumulation_steps < 1:
-            raise ConfigError(f"eval_accumulation_steps must be >= 1 or null, got {eval_accumulation_steps}")
         self.compute_metrics = compute_metrics
         self.preprocess_logits_for_metrics = preprocess_logits_for_metrics
         self.batch_eval_metrics = batch_eval_metrics

@@ -6,7 +6,7 @@ import logging
 import math
 import os
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Annotated, Any
 
 import lightning as L
 import torch
@@ -15,6 +15,7 @@ from torch import nn
 from hf_lightning.adapters.checkpoint import AdapterCheckpointState
 from hf_lightning.checkpointing.loop_state import steps_windows_from_micro_batches
 from hf_lightning.compat import attached_trainer
+from hf_lightning.core.arguments import FRACTION, OPTIONAL_NON_NEGATIVE, OPTIONAL_POSITIVE_INT, check_call
 from hf_lightning.core.batch import MICRO_ITEMS_KEY, Window
 from hf_lightning.core.errors import ConfigError
 from hf_lightning.data.model_facts import forward_parameters
@@ -151,26 +152,19 @@ class HFLightningModule(
         compute_loss_func: Callable[..., torch.Tensor] | None = None,
         use_model_loss: bool | None = None,
         model_accepts_loss_kwargs: bool | None = None,
-        label_smoothing_factor: float = 0.0,
+        label_smoothing_factor: Annotated[float, FRACTION] = 0.0,
         causal: bool | None = None,
         compute_metrics: Callable[..., Mapping[str, float]] | None = None,
         preprocess_logits_for_metrics: Callable[[torch.Tensor, torch.Tensor], Any] | None = None,
-        eval_accumulation_steps: int | None = None,
+        eval_accumulation_steps: Annotated[int | None, OPTIONAL_POSITIVE_INT] = None,
         batch_eval_metrics: bool = False,
         lean_loss: bool = True,
         metric_for_best_model: str | None = None,
-        max_grad_norm: float | None = 1.0,
+        max_grad_norm: Annotated[float | None, OPTIONAL_NON_NEGATIVE] = 1.0,
     ) -> None:
         super().__init__()
+        check_call(HFLightningModule.__init__, locals(), "module")  # the annotations' value rules
         check_loss_arguments(compute_loss_func, use_model_loss, label_smoothing_factor)
-        if max_grad_norm is not None and (
-            isinstance(max_grad_norm, bool)
-            or not isinstance(max_grad_norm, (int, float))
-            or max_grad_norm < 0
-        ):
-            raise ConfigError(
-                f"module.max_grad_norm={max_grad_norm!r}; allowed values: null (no clipping) or a number >= 0"
-            )
         #: HF's max_grad_norm: the total gradient 2-norm each step is clipped to (``None`` or 0: no clipping)
         self.max_grad_norm = float(max_grad_norm) if max_grad_norm else None
         # training_step steps each accumulation window itself (Lightning's manual optimization)

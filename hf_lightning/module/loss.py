@@ -201,13 +201,11 @@ FALLBACK_WARNING = (
 def check_loss_arguments(
     compute_loss_func: Callable[..., Any] | None, use_model_loss: bool | None, label_smoothing_factor: float
 ) -> None:
-    """Refuse loss arguments of :class:`~hf_lightning.HFLightningModule` that conflict or are out of range.
+    """Refuse loss arguments of :class:`~hf_lightning.HFLightningModule` that conflict.
 
     Raises:
         ConfigError: naming the ``module.*`` key(s).
     """
-    if not 0.0 <= label_smoothing_factor < 1.0:
-        raise ConfigError(f"module.label_smoothing_factor must be in [0, 1), got {label_smoothing_factor!r}")
     if compute_loss_func is not None and not callable(compute_loss_func):
         raise ConfigError(f"module.compute_loss_func must be callable, got {compute_loss_func!r}")
     if compute_loss_func is not None and use_model_loss:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any
@@ -25,7 +24,15 @@ from typing import Annotated, Any
 import torch
 from torch import nn
 
-from hf_lightning.core.arguments import BETAS, FINITE_NON_NEGATIVE, NON_NEGATIVE, POSITIVE, Allowed, shown
+from hf_lightning.core.arguments import (
+    BETAS,
+    FINITE_NON_NEGATIVE,
+    NON_NEGATIVE,
+    POSITIVE,
+    Allowed,
+    check_call,
+    shown,
+)
 from hf_lightning.core.errors import ConfigError
 from hf_lightning.module.schedules import SCHEDULERS, build_scheduler  # noqa: F401  (re-exported)
 
@@ -232,11 +239,7 @@ def build_optimizer(
             optimizer does not take, a ``bitsandbytes`` name on a model not on CUDA, or ``bitsandbytes``
             missing.
     """
-    if not (math.isfinite(lr) and lr >= 0 and weight_decay >= 0):
-        raise ConfigError(
-            f"optim.lr must be a finite number >= 0 and optim.weight_decay >= 0, got lr={lr}, "
-            f"weight_decay={weight_decay}"
-        )
+    check_call(build_optimizer, locals(), "optim")
     given = {k: v for k, v in (("betas", betas), ("eps", eps), ("momentum", momentum), ("fused", fused))}
     given = {k: v for k, v in given.items() if v is not None}
     extra = parse_optim_args(kwargs)
@@ -250,11 +253,8 @@ def build_optimizer(
         label = f"optim.optimizer ({getattr(cls, '__name__', cls)})"
         knobs = dict.fromkeys(KNOBS)
     else:
-        if name not in SPECS:
-            raise ConfigError(
-                f"optim.name={shown(name)}; expected one of {list(OPTIMIZERS)} (or optim.name=null with "
-                "optim.optimizer._target_=<an optimizer class>)"
-            )
+        if name is None:  # any other name outside SPECS was refused by the annotation
+            raise ConfigError("optim.name=null needs optim.optimizer._target_=<an optimizer class>")
         spec = SPECS[name]
         if spec.cuda and not _on_cuda(model):
             raise ConfigError(

@@ -18,7 +18,7 @@ from typing import Annotated, Any
 
 import torch
 
-from hf_lightning.core.arguments import NON_NEGATIVE_INT, UNIT_INTERVAL, counted, one_of, shown
+from hf_lightning.core.arguments import NON_NEGATIVE_INT, UNIT_INTERVAL, check_call, counted, one_of
 from hf_lightning.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -95,13 +95,7 @@ def build_scheduler(
     """
     from transformers import get_scheduler
 
-    if name not in SCHEDULERS:
-        raise ConfigError(f"scheduler.name={shown(name)}; expected one of {list(SCHEDULERS)}")
-    if warmup_steps < 0 or not 0 <= warmup_ratio <= 1:
-        raise ConfigError(
-            f"scheduler.warmup_steps must be >= 0 and scheduler.warmup_ratio in [0, 1], "
-            f"got {warmup_steps}, {warmup_ratio}"
-        )
+    check_call(build_scheduler, locals(), "scheduler")
     kwargs = dict(kwargs or {})
     if kwargs and name in NO_KWARGS:
         raise ConfigError(

@@ -37,5 +37,7 @@ def test_without_an_experiment_the_layout_is_as_given(compose_cfg):
 
 
 def test_a_bad_layout_is_refused_by_the_schema(compose_cfg):
-    with pytest.raises(ConfigError, match=r"data\.layout='fast': allowed values: 'auto' or null"):
+    with pytest.raises(
+        ConfigError, match=r"data\.layout='fast': allowed values: auto \(the fastest .*\) or null \("
+    ):
         validate_config(compose_cfg("+experiment=sft", "data.layout=fast"))

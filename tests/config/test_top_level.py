@@ -99,6 +99,7 @@ SAMPLES = {
     "warmup_ratio": 0.05,
     "lr_scheduler_kwargs": {"num_decay_steps": 100, "min_lr_ratio": 0.1},
     "optim_args": "amsgrad=True,foreach=False",
+    "label_names": ["labels"],
 }
 # suggestions that name files or Hydra's own node (composed elsewhere)
 NOT_COMPOSED = ("output_dir", "deepspeed", "fsdp", "fsdp_config", "resume_from_checkpoint")

@@ -51,32 +51,32 @@ def test_unknown_key_lists_the_allowed_ones():
     [
         (
             {"per_device_train_batch_size": 0},
-            "data.per_device_train_batch_size must be a positive integer, got 0",
+            "data.per_device_train_batch_size=0: allowed values: an integer >= 1",
         ),
-        ({"max_length": 12.5}, "data.max_length must be a positive integer, got 12.5"),
+        ({"max_length": 12.5}, "data.max_length=12.5: allowed values: an integer >= 1"),
         (
             {"per_device_eval_batch_size": True},
-            "data.per_device_eval_batch_size must be a positive integer, got True",
+            "data.per_device_eval_batch_size=true: allowed values: an integer >= 1",
         ),
-        ({"validation_split": 1.0}, r"data.validation_split must be in \[0, 1\), got 1.0"),
-        ({"validation_split": "0.1"}, r"data.validation_split must be in \[0, 1\), got '0.1'"),
+        ({"validation_split": 1.0}, r"data.validation_split=1.0: allowed values: a number in \[0, 1\)"),
+        ({"validation_split": "0.1"}, r"data.validation_split='0.1': allowed values: a number in \[0, 1\)"),
         (
             {"format": "chat"},
-            r"data.format='chat'; expected one of \['auto', 'text', 'prompt_completion', 'messages'",
+            "data.format='chat': allowed values: auto, text, prompt_completion, messages,",
         ),
         (
             {"packing": "greedy"},
-            r"data.packing='greedy'; expected false, true \(= bfd\) or one of \['bfd', 'wrapped'\]",
+            r"data.packing='greedy': allowed values: false, true \(= bfd\), bfd, wrapped",
         ),
-        ({"shuffle": "yes"}, "data.shuffle must be true or false, got 'yes'"),
-        ({"num_workers": -1}, "data.num_workers must be an integer >= 0, got -1"),
+        ({"shuffle": "yes"}, "data.shuffle='yes': allowed values: true or false"),
+        ({"num_workers": -1}, "data.num_workers=-1: allowed values: an integer >= 0"),
         (
             {"persistent_workers": True},
             "data.persistent_workers applies to worker processes only; set data.num_workers > 0",
         ),
-        ({"label_names": "labels"}, "data.label_names must be null or a list of names, got 'labels'"),
-        ({"seed": None}, "data.seed must be an integer >= 0, got None"),
-        ({"seed": -1}, "data.seed must be an integer >= 0, got -1"),
+        ({"label_names": "labels"}, "data.label_names='labels': allowed values: null or a list of names"),
+        ({"seed": None}, "data.seed=null: allowed values: an integer >= 0"),
+        ({"seed": -1}, "data.seed=-1: allowed values: an integer >= 0"),
     ],
 )
 def test_bad_data_values(kwargs, message):
@@ -89,25 +89,23 @@ def test_bad_data_values(kwargs, message):
     [
         (
             lambda m: build_optimizer(m, name="adam"),
-            r"optim.name='adam'; expected one of \['adamw', 'adamw_torch', 'adamw_torch_fused', 'adafactor', "
-            r"'sgd'",
+            "optim.name='adam': allowed values: adamw, adamw_torch, adamw_torch_fused, adafactor, sgd,",
         ),
         (
             lambda m: build_optimizer(m, lr=-1e-3),
-            "optim.lr must be a finite number >= 0 and optim.weight_decay >= 0, got lr=-0.001",
+            "optim.lr=-0.001: allowed values: a finite number >= 0",
         ),
         (
             lambda m: build_optimizer(m, lr=float("inf")),
-            "optim.lr must be a finite number >= 0 .* got lr=inf",
+            "optim.lr=inf: allowed values: a finite number >= 0",
         ),
         (
             lambda m: build_scheduler(torch.optim.SGD(m.parameters(), lr=0.1), 10, name="step"),
-            r"scheduler.name='step'; expected one of \['linear', 'cosine', 'cosine_with_restarts', "
-            r"'polynomial'",
+            "scheduler.name='step': allowed values: linear, cosine, cosine_with_restarts, polynomial,",
         ),
         (
             lambda m: build_scheduler(torch.optim.SGD(m.parameters(), lr=0.1), 10, warmup_ratio=2.0),
-            r"scheduler.warmup_steps must be >= 0 and scheduler.warmup_ratio in \[0, 1\], got 0, 2.0",
+            r"scheduler.warmup_ratio=2.0: allowed values: a number in \[0, 1\]",
         ),
     ],
 )

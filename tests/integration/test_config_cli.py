@@ -119,7 +119,7 @@ def test_evaluate_honours_trainer_precision(tmp_path, text_file):
         ),
         (
             "module.label_smoothing_factor=1.5",
-            "hf_lightning: error: module.label_smoothing_factor must be in [0, 1), got 1.5",
+            "hf_lightning: error: module.label_smoothing_factor=1.5: allowed values: a number in [0, 1)",
         ),
     ],
 )

@@ -130,7 +130,7 @@ def test_peft_keys_are_checked(compose_cfg):
     with pytest.raises(ConfigError, match="peft.*rank"):
         validate_config(cfg)
     cfg = compose_cfg("+experiment=sft", "peft=lora", "peft.use_dora=maybe")
-    with pytest.raises(ConfigError, match="peft.use_dora='maybe': allowed values: bool"):
+    with pytest.raises(ConfigError, match="peft.use_dora='maybe': allowed values: true or false"):
         validate_config(cfg)
     validate_config(compose_cfg("+experiment=sft", "peft=lora", "peft.target_modules=[q_proj,v_proj]"))
 

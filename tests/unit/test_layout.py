@@ -236,7 +236,7 @@ def test_a_layout_set_by_hand_wins_and_null_changes_nothing(caplog):
 
 
 def test_a_bad_layout_value_is_refused():
-    with pytest.raises(ConfigError, match=r"data.layout='fast'; expected auto .* or null"):
+    with pytest.raises(ConfigError, match=r"data.layout='fast': allowed values: auto .* or null"):
         HFDataModule(PadOnly(), layout="fast")
 
 

@@ -113,11 +113,11 @@ def test_a_second_run_says_the_rows_came_from_the_cache(shared_data, gpt2_tokeni
 @pytest.mark.parametrize(
     ("value", "message"),
     [
-        (0, "data.num_proc must be a positive integer or null, got 0"),
-        (-2, "data.num_proc must be a positive integer or null, got -2"),
-        (1.5, "data.num_proc must be a positive integer or null, got 1.5"),
-        ("2", "data.num_proc must be a positive integer or null, got '2'"),
-        (True, "data.num_proc must be a positive integer or null, got True"),
+        (0, "data.num_proc=0: allowed values: null or an integer >= 1"),
+        (-2, "data.num_proc=-2: allowed values: null or an integer >= 1"),
+        (1.5, "data.num_proc=1.5: allowed values: null or an integer >= 1"),
+        ("2", "data.num_proc='2': allowed values: null or an integer >= 1"),
+        (True, "data.num_proc=true: allowed values: null or an integer >= 1"),
     ],
 )
 def test_a_bad_num_proc_is_refused_naming_the_key(word_tokenizer, value, message):

@@ -109,7 +109,7 @@ def test_any_optimizer_class_by_target_with_partial(model):
             {"name": None, "optimizer": {"_target_": "torch.optim.NAdam", "lr": 1.0}},
             "optim.optimizer.lr: set by optim.lr",
         ),
-        ({"name": None}, r"optim.name=null; expected one of \['adamw'"),
+        ({"name": None}, r"optim.name=null needs optim.optimizer._target_=<an optimizer class>"),
     ],
 )
 def test_optimizer_refusals_are_one_line(model, kwargs, message):
@@ -172,7 +172,7 @@ def test_every_schedule_gives_get_schedulers_rates(model, name):
         ({"name": "polynomial", "kwargs": {"pow": 2}}, r"takes no 'pow' \(it takes: lr_end, power\)"),
         ({"name": "constant_with_warmup", "kwargs": {"x": 1}}, "this schedule takes none"),
         ({"name": "reduce_lr_on_plateau", "kwargs": {"patiense": 1}}, "takes no 'patiense'"),
-        ({"name": "exponential"}, r"scheduler.name='exponential'; expected one of \['linear'"),
+        ({"name": "exponential"}, "scheduler.name='exponential': allowed values: linear,"),
     ],
 )
 def test_schedule_refusals_are_one_line(model, kwargs, message):

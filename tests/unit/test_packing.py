@@ -251,7 +251,7 @@ def test_check_packing_holds_the_rules_the_schema_and_the_datamodule_share():
     assert check_packing(True) == "bfd"
     assert check_packing("wrapped") == "wrapped"
     assert check_packing(False, fmt="seq2seq", stream=True, encoder_decoder=True) is None
-    with pytest.raises(ConfigError, match=r"^data.packing='greedy'; expected false, true \(= bfd\)"):
+    with pytest.raises(ConfigError, match=r"^data.packing='greedy': allowed values: false, true \(= bfd\)"):
         check_packing("greedy")
     with pytest.raises(
         ConfigError, match=r"with an encoder-decoder model \(model.task=seq2seq_lm\).*allowed values"
