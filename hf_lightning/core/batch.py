@@ -11,7 +11,8 @@ Both packages import these names from here, so neither imports the other.
   ``num_items_in_micro_batch`` (this micro-batch's own count) and ``num_batches_in_window`` (the window's
   number of micro-batches).
 - ``PLACEHOLDER_KEY``: marks an evaluation batch that only stands for a rank with no example
-  (:mod:`~hf_lightning.data.placeholder`); the module leaves it out of metrics and predictions.
+  (:class:`~hf_lightning.data.collators.PlaceholderAwareCollator`); the module leaves it out of metrics and
+  predictions.
 - :func:`padding_mask`: which positions of a batch are padding (the real-token counts of the throughput
   figures and of the run's tokens/s leave them out).
 """

@@ -1,7 +1,13 @@
 """The data path: sources, formats, tokenize, checks, packing, collators, sampling, streams, loaders, the
 DataModule."""
 
-from hf_lightning.data.collators import PackedCollator, PaddingCollator, PaddingFreeCollator
+from hf_lightning.data.collators import (
+    ClassificationCollator,
+    PackedCollator,
+    PaddingCollator,
+    PaddingFreeCollator,
+    Seq2SeqCollator,
+)
 from hf_lightning.data.datamodule import HFDataModule
 from hf_lightning.data.sampling import (
     AccumulationWindowLoader,
@@ -9,7 +15,6 @@ from hf_lightning.data.sampling import (
     length_grouped_indices,
 )
 from hf_lightning.data.streams import ShardedStream
-from hf_lightning.data.task_collators import ClassificationCollator, Seq2SeqCollator
 
 __all__ = [
     "AccumulationWindowLoader",

@@ -47,7 +47,7 @@ from hf_lightning.compat import (
 from hf_lightning.core.batch import Window
 from hf_lightning.core.errors import ConfigError
 from hf_lightning.data.checks import check_fits_one_batch
-from hf_lightning.data.placeholder import PlaceholderAwareCollator
+from hf_lightning.data.collators import PlaceholderAwareCollator
 from hf_lightning.data.sampling import (
     AccumulationWindowLoader,
     CountUse,
@@ -491,7 +491,7 @@ class DataLoaderHooks:
 
     def _eval_collate(self, split: str) -> Any:
         """The evaluation collator of ``split`` (``validation`` or ``test``); marks placeholder batches for a
-        module that handles them (:mod:`~hf_lightning.data.placeholder`)."""
+        module that handles them (:class:`~hf_lightning.data.collators.PlaceholderAwareCollator`)."""
         collator = self.test_collator if split == "test" else self.eval_collator
         if self._binding().handles_placeholder_batches:
             return PlaceholderAwareCollator(collator)
@@ -599,7 +599,8 @@ class DataLoaderHooks:
     def val_dataloader(self) -> Any:
         """Batches of ``per_device_eval_batch_size`` examples in dataset order, this rank's share without any
         padding or repetition (ranks may differ by one example; a rank with none gets one placeholder batch,
-        see :mod:`~hf_lightning.data.placeholder`); ``[]`` without validation data."""
+        see :class:`~hf_lightning.data.collators.PlaceholderAwareCollator`); ``[]`` without validation
+        data."""
         if self.train_dataset is None:
             self.setup("validate")
         if self.val_dataset is None:

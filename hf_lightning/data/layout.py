@@ -52,16 +52,17 @@ from hf_lightning.core.arguments import Allowed
 from hf_lightning.data.checks import packed_sequences_isolated
 from hf_lightning.data.collators import (
     BatchPackingCollator,
+    ClassificationCollator,
     PackedCollator,
     PaddingCollator,
     PaddingFreeCollator,
+    Seq2SeqCollator,
 )
 from hf_lightning.data.formats import CAUSAL_FORMATS
 from hf_lightning.data.model_facts import forward_parameters, is_sequence_classifier
 from hf_lightning.data.packing import UNPACKED, RowPlan, best_fit_decreasing
 from hf_lightning.data.sampling import length_grouped_indices, sequence_lengths
 from hf_lightning.data.sources import is_stream
-from hf_lightning.data.task_collators import ClassificationCollator, Seq2SeqCollator
 
 log = logging.getLogger(__name__)
 

@@ -203,7 +203,7 @@ class ModelBinding:
             forward_kwargs: what the LightningModule passes to every forward (``use_cache=False``).
             metrics: evaluation computes metrics, so an evaluation batch must carry a label key.
             handles_placeholder_batches: mark an empty rank's stand-in batch
-            (:mod:`~hf_lightning.data.placeholder`).
+            (:class:`~hf_lightning.data.collators.PlaceholderAwareCollator`).
             steps_windows: the module's ``training_step`` takes one
                 :class:`~hf_lightning.core.batch.Window` per optimizer step and steps it itself
                 (:class:`HFLightningModule` does); otherwise training batches are micro-batches.

@@ -15,7 +15,8 @@ masked top-up copy that adds nothing to the loss. The length-grouped order itsel
   rank whose share is empty (fewer examples than ranks) gets one *placeholder* instead: a masked copy of
   example 0 (:class:`PlaceholderRow`), so that every rank runs the evaluation loop and its collectives
   (Lightning refuses a loader of length zero on one rank, and a rank that skipped the loop would leave the
-  others waiting); it adds nothing to any metric and no prediction (see :mod:`hf_lightning.data.placeholder`).
+  others waiting); it adds nothing to any metric and no prediction (see
+  :class:`~hf_lightning.data.collators.PlaceholderAwareCollator`).
 
 The tail (``N`` not divisible by ``W``), training only:
 

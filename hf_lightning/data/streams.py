@@ -7,8 +7,8 @@ counts):
 
 - by shards, where a training ``datasets.IterableDataset`` has at least ``S`` shards (files): each reader
   reads only its own shards, so every row is decoded once; the rows per shard are counted once when the loader
-  is built, and shorter readers end with masked copies (:mod:`~hf_lightning.data.stream_shards`, which says
-  why it splits this way rather than with ``datasets.distributed.split_dataset_by_node``);
+  is built, and shorter readers end with masked copies (:func:`plan_shards`; below, why it splits this way
+  rather than with ``datasets.distributed.split_dataset_by_node``);
 - by rows, otherwise (one INFO line says so): every reader reads the whole source in the same order and keeps
   one example in ``S``: stream position ``j`` goes to rank ``(j mod S) // workers``, worker ``(j mod S) mod
   workers``. The price: each of the ``S`` readers decodes every row (tokenization runs only on the rows it
@@ -27,6 +27,18 @@ seeded by ``seed + epoch`` (and its own ``set_epoch`` if it has one). ``group_by
 first, within consecutive bounded buffers (``length_buffer`` examples) per reader (HF ignores
 ``group_by_length`` for streams). A validation hold-out picks rows by a stable hash of their content: the same
 rows in every epoch and reader.
+
+Split by shards (:func:`plan_shards`): reader ``r`` reads the shards ``i`` with ``i mod S == r``, through
+``IterableDataset.shard(S, r, contiguous=False)`` (the call ``datasets.distributed.split_dataset_by_node`` and
+``datasets``' own worker split make; they are not called themselves: the first reshuffles which shards a node
+gets every epoch and neither evens out the row counts, and DDP hangs when ranks run different numbers of
+steps). The rows of each shard are counted once, when the training loader is built (in Arrow, without making
+Python rows; through the hold-out filter when there is one), so every reader knows the largest reader's share
+and ends its own with masked copies up to it. Uneven shards would make that share, hence the steps of an
+epoch, larger than the split by rows gives (``ceil(rows / S)``): the split by shards is taken only while it
+adds at most :data:`MAX_EXTRA_BATCHES` of the batches per epoch (none for fewer than 100 batches). Otherwise
+(a plain torch stream, a single file, fewer shards than readers, a reader left without rows, uneven shards,
+evaluation) the split is by rows, and one INFO line says so with the shard and reader counts.
 """
 
 from __future__ import annotations
@@ -38,6 +50,7 @@ import math
 import os
 import random
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import datasets
@@ -48,7 +61,6 @@ from hf_lightning.core.errors import DataError
 from hf_lightning.data.file_errors import is_json_lines, jsonl_line_of_row, read_error
 from hf_lightning.data.row_report import RowReport, row_numbers
 from hf_lightning.data.sampling import PlaceholderRow, mask_example
-from hf_lightning.data.stream_shards import ShardPlan, plan_shards
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +133,120 @@ def stream_batches(
     return per_worker * max(num_workers, 1)
 
 
+# ------------------------------------------------------------------ which shards each reader reads
+MAX_EXTRA_BATCHES = (
+    0.01  # share of an epoch's batches the split by shards may add (masked copies of uneven shards)
+)
+
+
+def reader_batches(rows: int, batch_size: int, drop_last: bool) -> int:
+    """Batches one reader makes of ``rows`` examples."""
+    return rows // batch_size if drop_last else -(-rows // batch_size)
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    """Shards over readers: ``shard_rows[i]`` rows in shard ``i``; ``readers`` readers."""
+
+    shard_rows: tuple[int, ...]
+    readers: int
+
+    def rows_of(self, reader: int) -> int:
+        """Rows reader ``reader`` reads: the sum over its shards ``i`` (``i mod readers == reader``)."""
+        return sum(self.shard_rows[reader :: self.readers])
+
+    @property
+    def per_reader(self) -> int:
+        """Rows every reader yields per epoch, masked copies included: the largest reader's share."""
+        return max(self.rows_of(r) for r in range(self.readers))
+
+
+def count_shard_rows(source: datasets.IterableDataset, holdout: Any = None) -> tuple[int, ...]:
+    """Rows in each shard of ``source`` (one pass; ``holdout``: a row filter ``example -> bool`` applied
+    first).
+
+    Without a filter the shards are read as Arrow tables (no Python row is made); with one, row by row.
+    """
+    counts = []
+    for i in range(source.num_shards):
+        shard = source.shard(num_shards=source.num_shards, index=i, contiguous=True)
+        if holdout is None:
+            counts.append(sum(t.num_rows for t in shard.with_format("arrow").iter(batch_size=65_536)))
+        else:
+            counts.append(sum(1 for ex in shard if holdout(ex)))
+    return tuple(counts)
+
+
+def plan_shards(
+    source: Any,
+    readers: int,
+    split: str,
+    holdout: Any = None,
+    world_size: int = 1,
+    num_workers: int = 0,
+    batch_size: int = 1,
+    drop_last: bool = False,
+) -> ShardPlan | None:
+    """The shard split for ``readers`` readers, or ``None`` for the row-skipping fallback (with its INFO
+    line).
+
+    Args:
+        source: the stream (a ``datasets.IterableDataset`` can be split by shards; anything else cannot).
+        readers: ``world_size x max(num_workers, 1)``.
+        split: name in the log (``train``).
+        holdout: ``example -> bool``, the rows the reader keeps (the validation hold-out's complement).
+        world_size / num_workers: for the log line.
+        batch_size / drop_last: each reader's batches, to weigh the masked copies of uneven shards.
+    """
+    if readers <= 1:
+        return None
+    shards = source.num_shards if isinstance(source, datasets.IterableDataset) else 1
+    who = f"{readers} readers ({world_size} ranks x {max(num_workers, 1)} DataLoader workers)"
+    why = None
+    if not isinstance(source, datasets.IterableDataset):
+        why = "a torch IterableDataset has no shards to hand out"
+    elif shards < readers:
+        why = (
+            f"fewer shards than readers; split the source into at least {readers} files to read each row once"
+        )
+    if why is None:
+        plan = ShardPlan(count_shard_rows(source, holdout), readers)
+        empty = [r for r in range(readers) if plan.rows_of(r) == 0]
+        by_rows = reader_batches(-(-sum(plan.shard_rows) // readers), batch_size, drop_last)
+        by_shards = reader_batches(plan.per_reader, batch_size, drop_last)
+        if empty:
+            why = f"reader {empty[0]}'s shards hold no row"
+        elif by_shards - by_rows > int(MAX_EXTRA_BATCHES * by_rows):
+            why = (
+                f"uneven shards: split by shards the largest reader's {plan.per_reader} rows take "
+                f"{by_shards} batches per epoch where the split by rows takes {by_rows}"
+            )
+        else:
+            low = min(plan.rows_of(r) for r in range(readers))
+            log.info(
+                "%s stream: %d shards over %s: each reader reads only its own shards, every row once per "
+                "epoch (%d to %d rows per reader; shorter readers end with %d masked copies in all, so ranks "
+                "stay in step)",
+                split,
+                shards,
+                who,
+                low,
+                plan.per_reader,
+                sum(plan.per_reader - plan.rows_of(r) for r in range(readers)),
+            )
+            return plan
+    log.info(
+        "%s stream: %d shard%s for %s: every reader reads every row and keeps 1 in %d (%s)",
+        split,
+        shards,
+        "" if shards == 1 else "s",
+        who,
+        readers,
+        why,
+    )
+    return None
+
+
 class ShardedStream(IterableDataset):
     """One reader's share of a stream: examples ``j`` with ``j mod S`` equal to this reader's index.
 
@@ -186,7 +312,7 @@ class ShardedStream(IterableDataset):
         self, num_workers: int, batch_size: int = 1, drop_last: bool = False
     ) -> ShardPlan | None:
         """Split a training stream by shards over ``world_size x max(num_workers, 1)`` readers where it has
-        enough (:func:`~hf_lightning.data.stream_shards.plan_shards`: counts each shard's rows once, logs one
+        enough (:func:`plan_shards`: counts each shard's rows once, logs one
         line); evaluation keeps the split by rows. Returns the plan (``None``: by rows)."""
         holdout = None
         if self.holdout is not None:
@@ -305,7 +431,7 @@ class ShardedStream(IterableDataset):
             row = mask_example(self.processor(first)[0] if self.processor is not None else first)
             # training: tail top-ups (same step count on every rank, no loss term; one at most when split by
             # rows); evaluation: a reader with no row evaluates one placeholder, so that its rank runs the
-            # loop (hf_lightning.data.placeholder)
+            # loop (hf_lightning.data.collators.PlaceholderAwareCollator)
             for _ in range(share - mine if self.top_up else 1):
                 yield row if self.top_up else PlaceholderRow(row)
         max_length = getattr(self.processor, "kwargs", {}).get("max_length")

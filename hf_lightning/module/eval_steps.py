@@ -108,8 +108,8 @@ class EvalStepsMixin:
         loss_sum = token_cross_entropy_sum(
             logits, labels, causal=self.causal, shift_labels=batch.get("shift_labels")
         )
-        # a placeholder (hf_lightning.data.placeholder) has no target: it adds 0 to these sums, and nothing
-        # below
+        # a placeholder (hf_lightning.data.collators.PlaceholderAwareCollator) has no target: it adds 0 to
+        # these sums, and nothing below
         metrics["loss"].update(loss_sum, self.count_loss_items(batch))
         metrics["accuracy"].update(logits, labels)
         if "f1" in metrics:
@@ -299,7 +299,7 @@ class EvalStepsMixin:
         "label_ids"}``; positions index the label sequence. Every target is there (every assistant turn of a
         chat, the tokens ``val/loss`` averages over): HF ``Trainer.predict``'s predictions and ``label_ids``
         at the labels that are not -100. A placeholder batch (a rank with no example of the
-        set, :mod:`~hf_lightning.data.placeholder`) returns ``[]``.
+        set, :class:`~hf_lightning.data.collators.PlaceholderAwareCollator`) returns ``[]``.
         """
         if batch.get(PLACEHOLDER_KEY):
             return []

@@ -136,7 +136,7 @@ class HFLightningModule(
     #: subclass overriding :meth:`compute_loss` counts as ``True`` unless it sets this.
     loss_is_scaled_for_ga: bool | None = None
     #: an evaluation rank with no example gets a marked placeholder batch
-    #: (:mod:`hf_lightning.data.placeholder`)
+    #: (:class:`hf_lightning.data.collators.PlaceholderAwareCollator`)
     handles_placeholder_batches: bool = True
     #: :meth:`on_train_batch_start` skips the batch after a preemption's save
     #: (:class:`~hf_lightning.callbacks.preemption.Preemption`)

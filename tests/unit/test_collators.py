@@ -113,7 +113,7 @@ def test_padding_collator_announces_uncarried_keys_once_and_stacks_numbers(caplo
 def test_classification_collator_matches_hf_data_collator_with_padding():
     from transformers import DataCollatorWithPadding
 
-    from hf_lightning.data.task_collators import ClassificationCollator
+    from hf_lightning.data.collators import ClassificationCollator
     from tests.data_support import make_word_tokenizer
 
     tok = make_word_tokenizer()
@@ -137,7 +137,7 @@ def test_classification_collator_matches_hf_data_collator_with_padding():
 def test_seq2seq_collator_matches_hf_with_decoder_inputs_from_a_real_t5():
     from transformers import DataCollatorForSeq2Seq, T5Config, T5ForConditionalGeneration
 
-    from hf_lightning.data.task_collators import Seq2SeqCollator
+    from hf_lightning.data.collators import Seq2SeqCollator
     from tests.data_support import make_word_tokenizer
 
     tok = make_word_tokenizer()
@@ -172,7 +172,7 @@ def test_seq2seq_collator_matches_hf_with_decoder_inputs_from_a_real_t5():
 
 
 def test_seq2seq_collator_names_an_example_without_input_ids():
-    from hf_lightning.data.task_collators import Seq2SeqCollator
+    from hf_lightning.data.collators import Seq2SeqCollator
 
     with pytest.raises(ValueError, match=r"example 1 has no 'input_ids' \(keys: \['labels'\]\)"):
         Seq2SeqCollator(0)([{"input_ids": [5, 6], "labels": [7]}, {"labels": [8]}])

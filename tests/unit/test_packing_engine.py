@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from hf_lightning.data import packing_engine
+from hf_lightning.data import packing
 from hf_lightning.data.packing import best_fit_decreasing, pack_bfd, pack_dataset, pack_wrapped
 from tests import packing_oracle as old
 
@@ -112,7 +112,7 @@ def test_rows_gathered_in_many_small_blocks_equal_one_block(monkeypatch):
     """The bfd gather fills its output a block of documents at a time; a block boundary inside a row changes
     nothing."""
     rows = _docs([5, 3, 7, 2, 6, 1, 4, 8, 8, 1] * 3)
-    monkeypatch.setattr(packing_engine, "BLOCK_TOKENS", 5)
+    monkeypatch.setattr(packing, "BLOCK_TOKENS", 5)
     assert pack_bfd(_dataset(rows), 8).to_list() == old.pack_bfd(rows, 8)
     rows = _docs([5, 3, 7, 2, 6, 1, 4, 8, 8, 1] * 3, labels=False)
     assert pack_bfd(_dataset(rows), 8).to_list() == old.pack_bfd(rows, 8)

@@ -14,8 +14,8 @@ import pytest
 from torch.utils.data import DataLoader
 
 from hf_lightning import HFLightningModule
-from hf_lightning.data.collators import PaddingCollator
-from hf_lightning.data.placeholder import PLACEHOLDER_KEY, PlaceholderAwareCollator
+from hf_lightning.core.batch import PLACEHOLDER_KEY
+from hf_lightning.data.collators import PaddingCollator, PlaceholderAwareCollator
 from hf_lightning.data.sampling import ExactDistributedSampler, PlaceholderRow, TopUpDataset
 from hf_lightning.data.streams import ShardedStream
 from tests.unit.hand_case import TableLM

@@ -13,8 +13,7 @@ import datasets
 import pytest
 
 from hf_lightning import DataError, HFDataModule
-from hf_lightning.data.stream_shards import ShardPlan, count_shard_rows
-from hf_lightning.data.streams import ShardedStream, in_holdout
+from hf_lightning.data.streams import ShardedStream, ShardPlan, count_shard_rows, in_holdout
 
 # rows per file: one file short, so a reader ends with a masked copy (no extra batch: the split by shards is
 # taken)
