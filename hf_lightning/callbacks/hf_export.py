@@ -85,7 +85,7 @@ class HFExport(L.Callback):
         from hf_lightning.adapters.export import save_adapter, save_merged
         from hf_lightning.checkpointing.files import atomic_folder, disk_error, write_failure_message
         from hf_lightning.core.errors import TrainingError
-        from hf_lightning.data.end_of_turn import stop_on_end_of_turn
+        from hf_lightning.data.chat import stop_on_end_of_turn
 
         state = full_model_state_dict(trainer, pl_module)  # every rank takes part in the gather
         if not trainer.is_global_zero:

@@ -1,5 +1,5 @@
-"""Chat formats: ``messages`` (role/content) and ShareGPT ``conversations`` (from/value), assistant-only
-labels.
+"""Chat templates: which tokens of a rendered conversation are the assistant's (assistant-only labels), and
+the template's end-of-turn marker.
 
 A conversation is rendered with the tokenizer's chat template; only assistant replies and their end-of-turn
 token are targets, every other position is ``-100``: the tokens HF's
@@ -11,69 +11,32 @@ the same targets from :func:`reply_spans`; for example ChatML with ``eos_token=<
                                                   trained: Hello<|im_end|>
 
 The line break after ``<|im_end|>`` is never generated (generation stops at the end-of-turn token), so it
-is not a target.
+is not a target. The row functions of the ``messages`` and ``conversations`` formats are in
+:mod:`~hf_lightning.data.formats`.
+
+The end-of-turn marker: a chat model learns to end its replies with the template's end-of-turn text (ChatML's
+``<|im_end|>``); generation stops only on a token id in ``generation_config.eos_token_id``. When that text is
+several tokens (ChatML reused on GPT-2's tokenizer: ``<|im_end|>`` is 7 BPE pieces) or one token that is not a
+stop token, the trained model never stops generating. :func:`warn_end_of_turn` says so at setup, with the
+fix; :func:`stop_on_end_of_turn` adds a one-token end-of-turn to the exported model's ``eos_token_id`` list
+(what TRL's ``setup_chat_format`` achieves by making ``<|im_end|>`` the EOS).
 """
 
 from __future__ import annotations
 
+import logging
 import re
 from typing import Any
 
 from hf_lightning.core.batch import IGNORE_INDEX
 from hf_lightning.core.errors import DataError
-from hf_lightning.data.end_of_turn import REPLY_MARKER, end_of_turn_text
-from hf_lightning.data.row_report import EMPTY, NO_ASSISTANT, NO_ASSISTANT_TOKEN, target_cause
+
+log = logging.getLogger(__name__)
 
 GENERATION_BLOCK = re.compile(r"\{%-?\s*generation\s*-?%\}")
-ROLES = ("system", "user", "assistant")
 REWRITTEN = "the chat template writes the conversation up to it differently once the conversation goes on"
-# ShareGPT / FastChat speaker names -> chat roles (FastChat's own conversion table plus common variants)
-SHAREGPT_ROLES = {
-    "human": "user",
-    "user": "user",
-    "gpt": "assistant",
-    "assistant": "assistant",
-    "chatgpt": "assistant",
-    "bard": "assistant",
-    "bing": "assistant",
-    "model": "assistant",
-    "system": "system",
-}
-
-
-def _other_turns(turn: Any, key: str) -> str:
-    """The rename that fits a turn of the other chat format (``{from, value}`` in ``messages``, ``{role,
-    content}`` in ``conversations``), ``""`` for any other turn."""
-    if not isinstance(turn, dict) or turn.get(key) is None:
-        return ""
-    here, there = ("messages", "conversations") if key == "from" else ("conversations", "messages")
-    kind = "ShareGPT {from, value}" if key == "from" else "{role, content}"
-    return (
-        f": these are {kind} turns, which the {there} format reads; rename the column: "
-        f"+data.rename_columns='{{{here}: {there}}}' (with data.format=auto or {there})"
-    )
-
-
-def _check_messages(messages: Any) -> None:
-    if not isinstance(messages, list) or not messages:
-        raise DataError(
-            f"field 'messages' must be a non-empty list of {{role, content}}, got {messages!r:.80}"
-        )
-    for m in messages:
-        if not isinstance(m, dict) or "role" not in m or "content" not in m:
-            raise DataError(
-                f"each message needs 'role' and 'content', got {m!r:.80}{_other_turns(m, 'from')}"
-            )
-        if m["role"] not in ROLES:
-            raise DataError(f"unknown message role {m['role']!r}; expected one of {ROLES}")
-        if not isinstance(m["content"], str):
-            raise DataError(f"message 'content' must be a string, got {type(m['content']).__name__}")
-    roles = [m["role"] for m in messages]
-    if "system" in roles[1:]:
-        raise DataError(
-            f"a 'system' message must come first, found one at position {roles.index('system', 1)} (roles: "
-            f"{roles})"
-        )
+# a reply no template rewrites (no blanks to trim, no control text): where it lands shows the reply's place
+REPLY_MARKER = "hf-lightning-reply-marker"
 
 
 def require_chat_template(tokenizer: Any) -> None:
@@ -106,6 +69,33 @@ def _render(tokenizer: Any, messages: list[dict[str, str]], add_generation_promp
     return _template_call(tokenizer, messages, tokenize=False, add_generation_prompt=add_generation_prompt)
 
 
+def end_of_turn_text(tokenizer: Any) -> str | None:
+    """The text the chat template writes right after an assistant reply (up to the first line break,
+    stripped), found by rendering ``[user, assistant]``; ``None`` without a template, or when it writes
+    nothing there."""
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+    messages = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": REPLY_MARKER}]
+    try:
+        rendered = tokenizer.apply_chat_template(messages, tokenize=False)
+    except Exception:  # a template that refuses this conversation: the data's own refusal comes later
+        return None
+    if not isinstance(rendered, str) or REPLY_MARKER not in rendered:
+        return None
+    after = rendered.split(REPLY_MARKER, 1)[1].strip()
+    text = after.splitlines()[0].strip() if after else ""
+    return text or None
+
+
+def end_of_turn_ids(tokenizer: Any) -> tuple[str, list[int]] | None:
+    """``(end-of-turn text, its token ids without special tokens added)``, or ``None`` (see
+    :func:`end_of_turn_text`)."""
+    text = end_of_turn_text(tokenizer)
+    if text is None:
+        return None
+    return text, list(tokenizer.encode(text, add_special_tokens=False))
+
+
 def reply_spans(messages: list[dict[str, str]], tokenizer: Any, text: str) -> dict[int, tuple[int, int]]:
     """``{message index: (start, end)}``: the characters of ``text`` (the whole conversation as the template
     writes it) that a ``{% generation %}`` block would cover in a template without one, for each assistant
@@ -115,7 +105,7 @@ def reply_spans(messages: list[dict[str, str]], tokenizer: Any, text: str) -> di
     A reply starts where the generation prompt before it ends (the messages before it rendered with
     ``add_generation_prompt=True``; for a reply that opens the conversation, after what the template writes
     before the content of ``[assistant]``). It ends after the last end-of-turn text
-    (:func:`~hf_lightning.data.end_of_turn.end_of_turn_text`: ChatML's ``<|im_end|>``, Llama-3's
+    (:func:`end_of_turn_text`: ChatML's ``<|im_end|>``, Llama-3's
     ``<|eot_id|>``, Gemma's ``<end_of_turn>``, Mistral's ``</s>``) in the conversation rendered up to and
     including the reply; where the template writes none there, after the reply's last non-blank character.
     What lies before a reply's end must be written the same way in the whole conversation.
@@ -223,65 +213,50 @@ def chat_labels(messages: list[dict[str, str]], tokenizer: Any) -> tuple[list[in
     return ids, [t if keep else IGNORE_INDEX for t, keep in zip(ids, trained)]
 
 
-def tokenize_chat(batch: dict[str, list], tokenizer: Any, max_length: int | None) -> dict[str, list]:
-    """``datasets.map(batched=True)`` function for the ``messages`` format (assistant-only labels).
-
-    A conversation without an assistant turn has no target (``untrainable`` names it); ``max_length=None``
-    keeps every token (``wrapped`` packing).
-    """
-    out: dict[str, list] = {
-        "input_ids": [],
-        "attention_mask": [],
-        "labels": [],
-        "truncated": [],
-        "untrainable": [],
-    }
-    for messages in batch["messages"]:
-        _check_messages(messages)
-        ids, labels = chat_labels(messages, tokenizer)
-        keep = len(ids) if max_length is None else max_length
-        out["truncated"].append(max(len(ids) - keep, 0))
-        if not any(m["role"] == "assistant" for m in messages):
-            cause = NO_ASSISTANT
-        else:
-            cause = target_cause(labels[:keep], labels, NO_ASSISTANT_TOKEN) if ids else EMPTY
-        ids, labels = ids[:keep], labels[:keep]
-        out["input_ids"].append(ids)
-        out["attention_mask"].append([1] * len(ids))
-        out["labels"].append(labels)
-        out["untrainable"].append(cause)
-    return out
-
-
-def sharegpt_to_messages(conversation: Any) -> list[dict[str, str]]:
-    """``[{"from": "human", "value": ...}, {"from": "gpt", ...}]`` -> ``[{"role": "user", "content": ...},
-    ...]``.
-
-    Speaker names follow FastChat (``human``/``gpt``/``system``, plus ``user``/``assistant``/``chatgpt``/...).
-
-    Raises:
-        DataError: not a list of ``{from, value}`` mappings, or an unknown speaker (named).
-    """
-    if not isinstance(conversation, list) or not conversation:
-        raise DataError(
-            f"field 'conversations' must be a non-empty list of {{from, value}}, got {conversation!r:.80}"
+def warn_end_of_turn(tokenizer: Any) -> None:
+    """One WARNING when the template's end-of-turn is not one token, or is one token that is not the EOS (the
+    export then adds it to the generation config's stop tokens: said at INFO)."""
+    found = end_of_turn_ids(tokenizer)
+    if found is None:
+        return
+    text, ids = found
+    if len(ids) != 1:
+        pieces = [tokenizer.convert_ids_to_tokens(i) for i in ids]
+        log.warning(
+            "the chat template ends each assistant turn with %r, which this tokenizer splits into %d tokens "
+            "%s (ids %s): the model learns to write it piece by piece and generation, which stops on one "
+            "token id, never stops on it. Make it one token and the EOS before training: "
+            "tok.add_special_tokens({'eos_token': %r}); model.resize_token_embeddings(len(tok)); "
+            "model.generation_config.eos_token_id = tok.eos_token_id; then save both into model.name_or_path",
+            text,
+            len(ids),
+            pieces,
+            ids,
+            text,
         )
-    out = []
-    for turn in conversation:
-        if not isinstance(turn, dict) or "from" not in turn or "value" not in turn:
-            raise DataError(
-                f"each ShareGPT turn needs 'from' and 'value', got {turn!r:.80}{_other_turns(turn, 'role')}"
-            )
-        role = SHAREGPT_ROLES.get(str(turn["from"]).lower())
-        if role is None:
-            raise DataError(
-                f"unknown ShareGPT speaker {turn['from']!r}; expected one of {sorted(SHAREGPT_ROLES)}"
-            )
-        out.append({"role": role, "content": turn["value"]})
-    return out
+    elif ids[0] != getattr(tokenizer, "eos_token_id", None):
+        log.info(
+            "the chat template ends each assistant turn with %r (token %d), which is not the EOS token %r: "
+            "the exported hf_model/ stops generating on both (generation_config.eos_token_id)",
+            text,
+            ids[0],
+            getattr(tokenizer, "eos_token", None),
+        )
 
 
-def tokenize_sharegpt(batch: dict[str, list], tokenizer: Any, max_length: int | None) -> dict[str, list]:
-    """``datasets.map(batched=True)`` function for ShareGPT ``conversations`` (assistant-only labels)."""
-    messages = [sharegpt_to_messages(c) for c in batch["conversations"]]
-    return tokenize_chat({"messages": messages}, tokenizer, max_length)
+def stop_on_end_of_turn(model: Any, tokenizer: Any) -> list[int] | None:
+    """Add a one-token end-of-turn to ``model.generation_config.eos_token_id`` (kept a list: HF generation
+    stops on any id in it). Returns the new list, or ``None`` when nothing changed."""
+    config = getattr(model, "generation_config", None)
+    found = end_of_turn_ids(tokenizer)
+    if config is None or found is None or len(found[1]) != 1:
+        return None
+    eot = found[1][0]
+    current = config.eos_token_id
+    ids = [] if current is None else [current] if isinstance(current, int) else list(current)
+    if not ids and getattr(tokenizer, "eos_token_id", None) is not None:
+        ids = [tokenizer.eos_token_id]
+    if eot in ids:
+        return None
+    config.eos_token_id = [*ids, eot]
+    return config.eos_token_id

@@ -37,7 +37,7 @@ from hf_lightning.core.arguments import (
     check_call,
 )
 from hf_lightning.core.errors import ConfigError
-from hf_lightning.data.chat import require_chat_template
+from hf_lightning.data.chat import require_chat_template, warn_end_of_turn
 from hf_lightning.data.checks import (
     DEFAULT_MAX_ROW_BYTES,
     check_given_label_names,
@@ -54,7 +54,6 @@ from hf_lightning.data.class_labels import (
 )
 from hf_lightning.data.column_pruning import prune_per_example
 from hf_lightning.data.dataloaders import DataLoaderHooks, LoaderPosition
-from hf_lightning.data.end_of_turn import warn_end_of_turn
 from hf_lightning.data.formats import FORMAT, check_columns
 from hf_lightning.data.layout import LAYOUT, Layout, LayoutChoice, announce, apply_layout, collator_for
 from hf_lightning.data.model_facts import Binding, Columns, ModelBinding, find_label_names, resolve_columns

@@ -1,4 +1,5 @@
-"""Formats: tokenize the rows of each data format into ``input_ids`` / ``attention_mask`` / ``labels``.
+"""Formats: tokenize the rows of each data format into ``input_ids`` / ``attention_mask`` / ``labels``, and
+report what tokenization did to each row.
 
 The formats, the columns that select them (:func:`~hf_lightning.data.sources.detect_format` reads the schema,
 never the first row; the first matching rule wins) and what is trained on:
@@ -15,38 +16,237 @@ columns                       format                targets
 ``text``                      ``text``              every token (``tokenizer(text, truncation=True)``)
 ============================  ====================  =========================================================
 
-Every function here has the ``datasets.map(batched=True)`` shape: a dict of columns in, a dict of columns
-out, plus the report columns of :mod:`~hf_lightning.data.row_report` (``truncated``: tokens cut off per row;
-``untrainable``: why a row has no target, ``""`` if it has one) that the caller counts and removes. Columns a
-format does not read are left untouched (column pruning decides what reaches the model).
+Every format function has the ``datasets.map(batched=True)`` shape: a dict of columns in, a dict of columns
+out, plus the report columns below that the caller counts (:class:`RowReport`) and removes. Columns a format
+does not read are left untouched (column pruning decides what reaches the model).
 
 ``max_length=None`` tokenizes whole documents (``wrapped`` packing cuts the concatenation itself).
+
+Chat rows (``messages``, ``conversations``) are rendered with the tokenizer's chat template, their labels
+found by :mod:`~hf_lightning.data.chat`. Pre-tokenized rows (``tokenized``) arrive with ``input_ids`` (and
+maybe ``attention_mask`` / ``labels``), possibly as ``(1, n)`` leftovers of ``return_tensors``; their token
+values are checked, positions with ``attention_mask == 0`` never become targets (HF
+``DataCollatorForLanguageModeling``), and a row that keeps no target is reported as untrainable.
+
+The report columns, one value per row each:
+
+- ``truncated``: how many tokens truncation to ``data.max_length`` cut off (0: none);
+- ``untrainable``: ``""`` when the row has a target, else why it has none (one of the causes below);
+- pre-tokenized rows only: ``padding_masked``, given labels set to -100 because ``attention_mask`` is 0 there,
+  and ``padding_removed``, padding positions taken out for packed or padding-free batches.
+
+A row without a target is dropped from a map-style split (a stream keeps a zero-weight stand-in instead, so
+that ranks stay in step). The warning names each cause with its count and its first rows::
+
+    train: dropped 3 of 5 rows with no trained-on token: empty after tokenization: 2 (data.path=F.jsonl lines
+    2, 4); no assistant turn: 1 (data.path=F.jsonl line 5)
 """
 
 from __future__ import annotations
 
+import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from hf_lightning.core.arguments import one_of
 from hf_lightning.core.batch import IGNORE_INDEX
 from hf_lightning.core.errors import DataError
-from hf_lightning.data.chat import chat_labels, tokenize_chat, tokenize_sharegpt
-from hf_lightning.data.pretokenized import truncate_tokenized
-from hf_lightning.data.row_report import (
-    CUT,
-    EMPTY,
-    NO_COMPLETION,
-    ONE_TOKEN,
-    has_content,
-    special_ids,
-    target_cause,
-)
+from hf_lightning.data.chat import chat_labels
 
-__all__ = ["FORMATS", "SOURCE_COLUMNS", "TOKENIZERS", "chat_labels", "tokenize_chat"]
+log = logging.getLogger(__name__)
+
+# ------------------------------------------------------------------------------ the row report
+EMPTY = "empty after tokenization"
+ONE_TOKEN = "a single token (nothing after it to predict)"
+ALL_PADDING = "all padding (attention_mask 0 everywhere)"
+NO_ASSISTANT = "no assistant turn"
+NO_ASSISTANT_TOKEN = "no assistant token in the rendered conversation"
+NO_COMPLETION = "no completion token (an empty completion and no EOS token)"
+CUT = "all labels -100 after truncation to data.max_length"
+GIVEN = "all labels -100 as given"
+CLASS_IGNORED = "class label -100"
+REPORT_COLUMNS = ("truncated", "untrainable", "padding_masked", "padding_removed")
+SHOWN_ROWS = 5  # row numbers listed per cause
 
 
+def has_target(labels: Any, causal: bool) -> bool:
+    """Whether a label row holds at least one position that gets a loss term.
+
+    A causal LM never trains on position 0 (it has no preceding token), so it is skipped when ``causal``; a
+    scalar (a class label) is a target unless it is -100; ``None`` (no labels) counts as a target.
+    """
+    if labels is None:
+        return True
+    if isinstance(labels, (int, float)):
+        return labels != IGNORE_INDEX
+    start = 1 if causal else 0
+    return any(t != IGNORE_INDEX for t in list(labels)[start:])
+
+
+def target_cause(
+    labels: Sequence[int], full_labels: Sequence[int], otherwise: str, causal: bool = True
+) -> str:
+    """``""`` when ``labels`` hold a target; :data:`CUT` when only truncation took them (``full_labels``, the
+    untruncated row, had one); else ``otherwise``."""
+    if has_target(labels, causal):
+        return ""
+    return CUT if has_target(full_labels, causal) else otherwise
+
+
+def special_ids(tokenizer: Any) -> set[int]:
+    """The ids of the special tokens a tokenizer may add around text (BOS, EOS, CLS, ...); not ``unk``, which
+    stands for real text the vocabulary lacks."""
+    ids = set(getattr(tokenizer, "all_special_ids", ()) or ())
+    return ids - {getattr(tokenizer, "unk_token_id", None)}
+
+
+def has_content(ids: Sequence[int], special: set[int]) -> bool:
+    """Whether a tokenized row holds a token other than ``special`` ones (see :func:`special_ids`)."""
+    return any(t not in special for t in ids)
+
+
+def row_numbers(noun: str, values: Sequence[int]) -> str:
+    """``rows 1, 3, 8`` (``noun`` ``rows``); at most :data:`SHOWN_ROWS` numbers, then ``...``."""
+    more = "" if len(values) <= SHOWN_ROWS else ", ..."
+    return f"{noun}{'s' if len(values) > 1 else ''} {', '.join(str(v) for v in values[:SHOWN_ROWS])}{more}"
+
+
+def jsonl_lines(path: str, rows: Sequence[int]) -> list[int | None]:
+    """The 1-based lines of source rows ``rows`` of a JSON Lines file (blank lines are not rows), in one
+    pass."""
+    wanted = set(rows)
+    found: dict[int, int] = {}
+    seen = -1
+    with open(path, "rb") as fh:
+        for number, raw in enumerate(fh, start=1):
+            if raw.strip():
+                seen += 1
+                if seen in wanted:
+                    found[seen] = number
+                    if len(found) == len(wanted):
+                        break
+    return [found.get(r) for r in rows]
+
+
+class RowReport:
+    """Adds up the report columns of one split (or one stream reader) and logs them.
+
+    Args:
+        split: the split's name in the log (``train``, ``validation``).
+        name_rows: turns row indices into words (see :func:`row_names`).
+    """
+
+    def __init__(self, split: str, name_rows: Callable[[list[int]], str] | None = None) -> None:
+        self.split = split
+        self.name_rows = name_rows or (lambda rows: row_numbers(f"{split} row", rows))
+        self.rows = 0
+        self.truncated_rows = 0
+        self.cut_tokens = 0
+        self.causes: dict[str, list[int]] = {}
+        self.masked = [0, 0]  # label positions, rows
+        self.removed = [0, 0]
+
+    def add(self, index: int, info: Mapping[str, Any]) -> str:
+        """Count one row (``info``: its report columns); returns its cause (``""``: it has a target)."""
+        self.rows += 1
+        cut = int(info.get("truncated") or 0)
+        self.truncated_rows += cut > 0
+        self.cut_tokens += cut
+        for key, tally in (("padding_masked", self.masked), ("padding_removed", self.removed)):
+            n = int(info.get(key) or 0)
+            tally[0] += n
+            tally[1] += n > 0
+        cause = info.get("untrainable") or ""
+        if cause:
+            self.causes.setdefault(cause, []).append(index)
+        return cause
+
+    def add_columns(self, columns: Mapping[str, Sequence[Any]]) -> list[int]:
+        """Count every row of a ``Dataset.map`` output (its report columns, by name); returns the rows to
+        keep."""
+        n = len(next(iter(columns.values())))
+        keep = []
+        for i in range(n):
+            if not self.add(i, {k: v[i] for k, v in columns.items()}):
+                keep.append(i)
+        return keep
+
+    @property
+    def untrainable(self) -> int:
+        return sum(len(rows) for rows in self.causes.values())
+
+    def describe_causes(self) -> str:
+        """``empty after tokenization: 2 (train rows 1, 3); no assistant turn: 1 (train row 5)``."""
+        return "; ".join(
+            f"{cause}: {len(rows)} ({self.name_rows(rows[: SHOWN_ROWS + 1])})"
+            for cause, rows in self.causes.items()
+        )
+
+    def empty_remedy(self, max_length: int | None) -> str:
+        """What to change when no row of the split has a target, from the causes seen: ``raise
+        data.max_length (now 256)`` only where truncation removed the targets."""
+        said = {
+            CUT: f"raise data.max_length (now {max_length})",
+            NO_ASSISTANT: "the conversations need an assistant turn to train on",
+            NO_ASSISTANT_TOKEN: "the chat template must render the assistant turns",
+            NO_COMPLETION: "give the completions some text",
+        }
+        remedies = [said[c] for c in self.causes if c in said]
+        return "; ".join(remedies or ["check which fields hold the targets"])
+
+    def log(
+        self,
+        max_length: int | None,
+        level: int = logging.WARNING,
+        prefix: str = "",
+        kept: bool = False,
+        remedy: str = "",
+    ) -> None:
+        """One line per thing that happened: truncation, padding labels masked, padding removed, rows without
+        target.
+
+        ``kept``: the rows without a target stay as zero-weight stand-ins (streams) instead of being dropped.
+        ``remedy``: appended to the truncation line (what keeps the cut tokens).
+        """
+        head = f"{self.split}: {prefix}"
+        if self.truncated_rows:
+            log.log(
+                level,
+                "%s%d of %d rows were longer than data.max_length=%s and were truncated (%d tokens cut "
+                "off)%s",
+                head,
+                self.truncated_rows,
+                self.rows,
+                max_length,
+                self.cut_tokens,
+                remedy,
+            )
+        if self.masked[0]:
+            log.log(
+                level,
+                "%s%d label positions in %d rows lie on padding (attention_mask 0) and were set to -100",
+                head,
+                *self.masked,
+            )
+        if self.removed[0]:
+            log.info(
+                "%s%d padding positions (attention_mask 0) in %d rows were removed (packed and padding-free "
+                "rows hold no padding)",
+                head,
+                *self.removed,
+            )
+        if self.causes:
+            what = (
+                "%s%d of %d rows have no trained-on token, kept with zero weight so that ranks stay in step: "
+                "%s"
+                if kept
+                else "%sdropped %d of %d rows with no trained-on token: %s"
+            )
+            log.log(level, what, head, self.untrainable, self.rows, self.describe_causes())
+
+
+# ------------------------------------------------------------------------------ the formats
 def _strings(batch: Mapping[str, list], field: str) -> list[str]:
     values = batch[field]
     for v in values:
@@ -160,6 +360,120 @@ def tokenize_prompt_completion(batch: dict[str, list], tokenizer: Any, max_lengt
     return out
 
 
+ROLES = ("system", "user", "assistant")
+# ShareGPT / FastChat speaker names -> chat roles (FastChat's own conversion table plus common variants)
+SHAREGPT_ROLES = {
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "chatgpt": "assistant",
+    "bard": "assistant",
+    "bing": "assistant",
+    "model": "assistant",
+    "system": "system",
+}
+
+
+def _other_turns(turn: Any, key: str) -> str:
+    """The rename that fits a turn of the other chat format (``{from, value}`` in ``messages``, ``{role,
+    content}`` in ``conversations``), ``""`` for any other turn."""
+    if not isinstance(turn, dict) or turn.get(key) is None:
+        return ""
+    here, there = ("messages", "conversations") if key == "from" else ("conversations", "messages")
+    kind = "ShareGPT {from, value}" if key == "from" else "{role, content}"
+    return (
+        f": these are {kind} turns, which the {there} format reads; rename the column: "
+        f"+data.rename_columns='{{{here}: {there}}}' (with data.format=auto or {there})"
+    )
+
+
+def _check_messages(messages: Any) -> None:
+    if not isinstance(messages, list) or not messages:
+        raise DataError(
+            f"field 'messages' must be a non-empty list of {{role, content}}, got {messages!r:.80}"
+        )
+    for m in messages:
+        if not isinstance(m, dict) or "role" not in m or "content" not in m:
+            raise DataError(
+                f"each message needs 'role' and 'content', got {m!r:.80}{_other_turns(m, 'from')}"
+            )
+        if m["role"] not in ROLES:
+            raise DataError(f"unknown message role {m['role']!r}; expected one of {ROLES}")
+        if not isinstance(m["content"], str):
+            raise DataError(f"message 'content' must be a string, got {type(m['content']).__name__}")
+    roles = [m["role"] for m in messages]
+    if "system" in roles[1:]:
+        raise DataError(
+            f"a 'system' message must come first, found one at position {roles.index('system', 1)} (roles: "
+            f"{roles})"
+        )
+
+
+def tokenize_chat(batch: dict[str, list], tokenizer: Any, max_length: int | None) -> dict[str, list]:
+    """``datasets.map(batched=True)`` function for the ``messages`` format (assistant-only labels).
+
+    A conversation without an assistant turn has no target (``untrainable`` names it); ``max_length=None``
+    keeps every token (``wrapped`` packing).
+    """
+    out: dict[str, list] = {
+        "input_ids": [],
+        "attention_mask": [],
+        "labels": [],
+        "truncated": [],
+        "untrainable": [],
+    }
+    for messages in batch["messages"]:
+        _check_messages(messages)
+        ids, labels = chat_labels(messages, tokenizer)
+        keep = len(ids) if max_length is None else max_length
+        out["truncated"].append(max(len(ids) - keep, 0))
+        if not any(m["role"] == "assistant" for m in messages):
+            cause = NO_ASSISTANT
+        else:
+            cause = target_cause(labels[:keep], labels, NO_ASSISTANT_TOKEN) if ids else EMPTY
+        ids, labels = ids[:keep], labels[:keep]
+        out["input_ids"].append(ids)
+        out["attention_mask"].append([1] * len(ids))
+        out["labels"].append(labels)
+        out["untrainable"].append(cause)
+    return out
+
+
+def sharegpt_to_messages(conversation: Any) -> list[dict[str, str]]:
+    """``[{"from": "human", "value": ...}, {"from": "gpt", ...}]`` -> ``[{"role": "user", "content": ...},
+    ...]``.
+
+    Speaker names follow FastChat (``human``/``gpt``/``system``, plus ``user``/``assistant``/``chatgpt``/...).
+
+    Raises:
+        DataError: not a list of ``{from, value}`` mappings, or an unknown speaker (named).
+    """
+    if not isinstance(conversation, list) or not conversation:
+        raise DataError(
+            f"field 'conversations' must be a non-empty list of {{from, value}}, got {conversation!r:.80}"
+        )
+    out = []
+    for turn in conversation:
+        if not isinstance(turn, dict) or "from" not in turn or "value" not in turn:
+            raise DataError(
+                f"each ShareGPT turn needs 'from' and 'value', got {turn!r:.80}{_other_turns(turn, 'role')}"
+            )
+        role = SHAREGPT_ROLES.get(str(turn["from"]).lower())
+        if role is None:
+            raise DataError(
+                f"unknown ShareGPT speaker {turn['from']!r}; expected one of {sorted(SHAREGPT_ROLES)}"
+            )
+        out.append({"role": role, "content": turn["value"]})
+    return out
+
+
+def tokenize_sharegpt(batch: dict[str, list], tokenizer: Any, max_length: int | None) -> dict[str, list]:
+    """``datasets.map(batched=True)`` function for ShareGPT ``conversations`` (assistant-only labels)."""
+    messages = [sharegpt_to_messages(c) for c in batch["conversations"]]
+    return tokenize_chat({"messages": messages}, tokenizer, max_length)
+
+
 def tokenize_classification(
     batch: dict[str, list], tokenizer: Any, max_length: int, label2id: Mapping[str, int] | None = None
 ) -> dict[str, list]:
@@ -218,6 +532,148 @@ def tokenize_seq2seq(batch: dict[str, list], tokenizer: Any, max_length: int) ->
         "truncated": [a + len(f) - len(t) for a, f, t in zip(cut_src, full, tgt)],
         "untrainable": [target_cause(t, f, EMPTY, causal=False) for t, f in zip(tgt, full)],
     }
+
+
+def _flat(x: Any) -> list:
+    """A token row as a flat list: ``(n,)`` stays, ``(1, n)`` (a ``return_tensors`` leftover) becomes
+    ``(n,)``."""
+    if hasattr(x, "tolist"):
+        x = x.tolist()
+    x = list(x)
+    while len(x) == 1 and isinstance(x[0], (list, tuple)):
+        x = list(x[0])
+    return x
+
+
+def _check_token_values(key: str, row: list, allowed_negative: int | None = None) -> None:
+    """Token ids are whole numbers >= 0 (labels may also be -100): a float id would be truncated by ``torch``
+    without a word, a negative one is an ``IndexError`` inside the model."""
+    for value in row:
+        if isinstance(value, float) and not value.is_integer():
+            raise DataError(f"field {key!r} holds {value!r}, not a whole token id; token ids are integers")
+        if (
+            isinstance(value, (int, float))
+            and not isinstance(value, bool)
+            and value < 0
+            and value != allowed_negative
+        ):
+            extra = (
+                " (the only negative label allowed is -100: not trained on)"
+                if allowed_negative is not None
+                else ""
+            )
+            raise DataError(f"field {key!r} holds the negative token id {value!r}{extra}")
+
+
+def _token_row(x: Any) -> Any:
+    # a scalar label (sequence classification) is one class per row, not a token row
+    return x if x is None or isinstance(x, int) else _flat(x)
+
+
+def truncate_tokenized(
+    batch: dict[str, list], tokenizer: Any, max_length: int | None, drop_padding: bool = False
+) -> dict[str, list]:
+    """``tokenized``: rows that already hold ``input_ids`` (optional
+    ``attention_mask``/``labels``/``position_ids``).
+
+    Padding (``attention_mask`` 0) is never a target: without given labels, labels are ``input_ids`` with -100
+    where the mask is 0 (what ``DataCollatorForLanguageModeling(mlm=False)`` gives when the pad id marks only
+    padding; it compares ids with the pad id, so with ``pad = eos`` it also masks real EOS tokens, which we
+    keep); given labels on padding are set to -100 and counted (``padding_masked``). ``drop_padding`` (packed
+    and padding-free rows, which cannot hold padding) removes the padding positions from every token column
+    first (``padding_removed``). Then each row is truncated to ``max_length`` tokens.
+
+    Example: ``input_ids [4, 5, 0]``, ``attention_mask [1, 1, 0]`` give ``labels [4, 5, -100]``; with
+    ``drop_padding``, ``input_ids [4, 5]``, ``labels [4, 5]``.
+
+    Raises:
+        DataError: a token id that is not a whole number >= 0 (a label may be -100), a row without ``labels``
+            when other rows have them, or an ``attention_mask``, ``labels`` or ``position_ids`` row of another
+            length than ``input_ids``.
+    """
+    ids = [_flat(x) for x in batch["input_ids"]]
+    for row in ids:
+        _check_token_values("input_ids", row)
+    if "labels" in batch:
+        for row in batch["labels"]:
+            if row is None:
+                raise DataError(
+                    "field 'labels' is missing on this row while other rows have it; give every row its "
+                    "labels (-100 where nothing is trained on), or drop the field from every row (then every "
+                    "token is a target)"
+                )
+            if not isinstance(row, int):
+                _check_token_values("labels", _flat(row), allowed_negative=-100)
+    columns = {
+        key: [_token_row(x) for x in batch[key]]
+        for key in ("attention_mask", "labels", "position_ids")
+        if key in batch
+    }
+    for key, rows in columns.items():
+        for row, row_ids in zip(rows, ids):
+            if isinstance(row, list) and len(row) != len(row_ids):
+                raise DataError(
+                    f"field {key!r} has {len(row)} positions but 'input_ids' has {len(row_ids)}; "
+                    "they must be the same length"
+                )
+    masks = columns.get("attention_mask")
+    class_label = next((k for k in ("label", "label_ids") if k in batch), None)
+    if masks is not None and "labels" not in columns and class_label is None:
+        columns["labels"] = [
+            [t if m else IGNORE_INDEX for t, m in zip(row, mask)] for row, mask in zip(ids, masks)
+        ]
+    out: dict[str, list] = {"input_ids": [], **{k: [] for k in columns}, "truncated": [], "untrainable": []}
+    if masks is not None and "labels" in batch:
+        out["padding_masked"] = []
+    if masks is not None and drop_padding:
+        out["padding_removed"] = []
+    for i, row_ids in enumerate(ids):
+        row = {"input_ids": row_ids, **{k: rows[i] for k, rows in columns.items()}}
+        mask = row.get("attention_mask")
+        labels = row.get("labels")
+        padded = isinstance(mask, list) and 0 in mask
+        if "padding_masked" in out:
+            on_pad = (
+                [m == 0 and t != IGNORE_INDEX for t, m in zip(labels, mask)]
+                if padded and isinstance(labels, list)
+                else []
+            )
+            out["padding_masked"].append(sum(on_pad))
+            if any(on_pad):
+                row["labels"] = [IGNORE_INDEX if p else t for t, p in zip(labels, on_pad)]
+        if "padding_removed" in out:
+            out["padding_removed"].append(mask.count(0) if padded else 0)
+            if padded:
+                row = {
+                    k: [x for x, m in zip(v, mask) if m] if isinstance(v, list) else v for k, v in row.items()
+                }
+        full = row
+        if max_length is not None:
+            row = {k: v[:max_length] if isinstance(v, list) else v for k, v in row.items()}
+        for key, value in row.items():
+            out[key].append(value)
+        out["truncated"].append(len(full["input_ids"]) - len(row["input_ids"]))
+        out["untrainable"].append(_tokenized_cause(row_ids, mask, row, full, batch, class_label, i))
+    return out
+
+
+def _tokenized_cause(
+    raw_ids: list, mask: Any, row: dict, full: dict, batch: dict, class_label: Any, i: int
+) -> str:
+    if not raw_ids:
+        return EMPTY
+    if isinstance(mask, list) and not any(mask):
+        return ALL_PADDING
+    labels = row.get("labels")
+    if class_label is not None or isinstance(labels, int):
+        value = batch[class_label][i] if class_label is not None else labels
+        return "" if has_target(value, causal=False) else CLASS_IGNORED
+    given = "labels" in batch
+    return target_cause(
+        row["input_ids"] if labels is None else labels,
+        full["input_ids"] if labels is None else full["labels"],
+        GIVEN if given else ONE_TOKEN,
+    )
 
 
 TOKENIZERS = {

@@ -13,9 +13,8 @@ from typing import Any
 from torch.utils.data import Dataset
 
 from hf_lightning.core.errors import DataError
-from hf_lightning.data.formats import TOKENIZERS, check_columns
+from hf_lightning.data.formats import ALL_PADDING, EMPTY, REPORT_COLUMNS, TOKENIZERS, RowReport, check_columns
 from hf_lightning.data.packing import UNPACKED, RowPlan
-from hf_lightning.data.row_report import ALL_PADDING, EMPTY, REPORT_COLUMNS, RowReport
 from hf_lightning.data.sampling import mask_example
 
 __all__ = ["ExampleProcessor", "ProcessedDataset", "scan_torch_dataset"]
@@ -53,7 +52,7 @@ class ExampleProcessor:
         tokenizer / max_length / label2id / plan: as for :func:`~hf_lightning.data.tokenize.tokenize_dataset`.
 
     Calling it with one example mapping returns ``(example, report)``: the example keeps the columns the
-    format does not read; ``report`` holds its report columns (:mod:`~hf_lightning.data.row_report`). A row
+    format does not read; ``report`` holds its report columns (:mod:`~hf_lightning.data.formats`). A row
     without a target comes back as a zero-weight stand-in (labels all -100; one pad token when it has no real
     token, so that no ``(B, 0)`` batch can reach a model), for streams that cannot drop it. Picklable (runs
     inside ``DataLoader`` workers).

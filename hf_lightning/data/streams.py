@@ -59,7 +59,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from hf_lightning.core.errors import DataError
 from hf_lightning.data.file_errors import is_json_lines, jsonl_line_of_row, read_error
-from hf_lightning.data.row_report import RowReport, row_numbers
+from hf_lightning.data.formats import RowReport, row_numbers
 from hf_lightning.data.sampling import PlaceholderRow, mask_example
 
 log = logging.getLogger(__name__)

@@ -3,7 +3,7 @@ columns.
 
 - :func:`tokenize_dataset`: the format functions of :mod:`hf_lightning.data.formats` through ``Dataset.map``
   (cached by ``datasets`` under the fingerprint of the data, the tokenizer and :func:`tokenizing_code`), then
-  rows with no target are dropped; truncations and drops (per cause, see :mod:`~hf_lightning.data.row_report`)
+  rows with no target are dropped; truncations and drops (per cause, see :mod:`~hf_lightning.data.formats`)
   are logged at WARNING. Streams and plain torch datasets take the same functions one example at a time
   (:mod:`~hf_lightning.data.on_the_fly`).
 - :func:`prune_dataset`: HF ``remove_unused_columns``, the columns the model's ``forward`` does not take
@@ -31,11 +31,18 @@ import pyarrow.compute as pc
 from hf_lightning.compat import selection_indices
 from hf_lightning.core.errors import DataError
 from hf_lightning.data.file_errors import csv_line_of_row, is_json_lines, jsonl_line_of_row, non_utf8_error
-from hf_lightning.data.formats import SOURCE_COLUMNS, TOKENIZERS, check_columns
+from hf_lightning.data.formats import (
+    REPORT_COLUMNS,
+    SOURCE_COLUMNS,
+    TOKENIZERS,
+    RowReport,
+    check_columns,
+    jsonl_lines,
+    row_numbers,
+)
 from hf_lightning.data.model_facts import Columns, check_inputs_survive
 from hf_lightning.data.on_the_fly import ExampleProcessor, fn_kwargs_for, scan_torch_dataset
 from hf_lightning.data.packing import UNPACKED, RowPlan
-from hf_lightning.data.row_report import REPORT_COLUMNS, RowReport, jsonl_lines, row_numbers
 from hf_lightning.data.sources import is_stream
 
 __all__ = ["prepare_split", "prune_dataset", "tokenize_dataset"]

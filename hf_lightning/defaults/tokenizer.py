@@ -5,7 +5,7 @@ and ``<|im_end|>`` (ChatML turn markers), and ``<|endoftext|>``, the EOS token: 
 text ends with it where a document end is written (packed ``text`` rows, a completion), so a causal LM on text
 never learns the chat end-of-turn; a chat reply ends with ``<|im_end|>``, which the template writes, and a
 model built on this tokenizer stops generating on both (``generation_config.eos_token_id``, see
-:func:`~hf_lightning.data.end_of_turn.stop_on_end_of_turn`). The chat template marks each assistant reply plus
+:func:`~hf_lightning.data.chat.stop_on_end_of_turn`). The chat template marks each assistant reply plus
 its ``<|im_end|>`` with ``{% generation %}`` so that ``apply_chat_template(...,
 return_assistant_tokens_mask=True)`` finds exactly the trained-on tokens.
 """

@@ -254,7 +254,7 @@ def build_model(
                 raise
             raise attention from err
         if task == "causal_lm":  # a chat model stops on its template's end-of-turn as well as on the EOS
-            from hf_lightning.data.end_of_turn import stop_on_end_of_turn
+            from hf_lightning.data.chat import stop_on_end_of_turn
 
             stop_on_end_of_turn(model, tokenizer)
         log.info(

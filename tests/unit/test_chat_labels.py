@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from hf_lightning.data.chat import chat_labels, tokenize_chat
+from hf_lightning.data.chat import chat_labels
+from hf_lightning.data.formats import tokenize_chat
 from hf_lightning.defaults.tokenizer import CHATML_TEMPLATE
 
 IGNORE = -100
