@@ -32,7 +32,7 @@ from typing import Any
 import datasets
 
 from hf_lightning.core.errors import DataError
-from hf_lightning.data.file_errors import non_utf8_error
+from hf_lightning.data.sources import describe_row, file_place, non_utf8_error
 
 __all__ = ["ClassLabels", "check_head", "encode_labels", "label_column_name", "read_labels"]
 
@@ -89,8 +89,6 @@ def _kind(value: Any) -> str:
 
 def _where(ds: Any, row: int, path: Any, split: str) -> tuple[str, str]:
     """``(data.path=F line 57 (train row 12), line 57)``: the row for a message, and its short name."""
-    from hf_lightning.data.tokenize import describe_row, file_place  # tokenize imports the formats
-
     return describe_row(ds, row, path, split), file_place(ds, row, path) or f"{split} row {row}"
 
 

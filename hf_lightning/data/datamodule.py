@@ -39,7 +39,6 @@ from hf_lightning.core.arguments import (
 from hf_lightning.core.errors import ConfigError
 from hf_lightning.data.chat import require_chat_template, warn_end_of_turn
 from hf_lightning.data.checks import (
-    DEFAULT_MAX_ROW_BYTES,
     check_given_label_names,
     check_label_key,
     check_pad_token,
@@ -69,6 +68,7 @@ from hf_lightning.data.packing import (
 )
 from hf_lightning.data.positions import check_positions
 from hf_lightning.data.sources import (
+    DEFAULT_MAX_ROW_BYTES,
     column_names,
     detect_format,
     is_stream,

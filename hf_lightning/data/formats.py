@@ -112,23 +112,6 @@ def row_numbers(noun: str, values: Sequence[int]) -> str:
     return f"{noun}{'s' if len(values) > 1 else ''} {', '.join(str(v) for v in values[:SHOWN_ROWS])}{more}"
 
 
-def jsonl_lines(path: str, rows: Sequence[int]) -> list[int | None]:
-    """The 1-based lines of source rows ``rows`` of a JSON Lines file (blank lines are not rows), in one
-    pass."""
-    wanted = set(rows)
-    found: dict[int, int] = {}
-    seen = -1
-    with open(path, "rb") as fh:
-        for number, raw in enumerate(fh, start=1):
-            if raw.strip():
-                seen += 1
-                if seen in wanted:
-                    found[seen] = number
-                    if len(found) == len(wanted):
-                        break
-    return [found.get(r) for r in rows]
-
-
 class RowReport:
     """Adds up the report columns of one split (or one stream reader) and logs them.
 

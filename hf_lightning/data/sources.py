@@ -1,6 +1,5 @@
-"""Sources: load the training and validation data, rename columns, and tell its format from the schema.
-
-Errors name the path (and, on the error path only, the line: :mod:`~hf_lightning.data.file_errors`).
+"""Sources: load the training, validation and test data, rename columns, tell the format from the schema, and
+say where in a file a row, or what ``datasets`` could not read, is.
 
 Sources: a json/jsonl/csv/parquet file, a folder written by ``save_to_disk`` (read as a stream with
 ``streaming=True``), an in-memory ``datasets.Dataset`` / ``DatasetDict`` / ``IterableDataset`` /
@@ -15,29 +14,59 @@ the transformed ones broke both ways (``KeyError: 'text'`` when the transform to
 stored ``input_ids`` used when the format showed only ``text``). HF ``Trainer`` trains on what ``ds[i]``
 returns, and so does hf_lightning: :func:`as_returned` turns such a dataset into a plain one holding exactly
 those rows.
+
+Where in the file: errors name the path and, where they can, the line. ``datasets.load_dataset`` reports a
+broken file as ``DatasetGenerationError: An error occurred while generating the dataset`` with the parser's
+error as its cause (``pyarrow``'s ``JSON parse error ... in row 56`` counts rows of one read block, not lines
+of the file), a non-UTF-8 byte as a ``UnicodeDecodeError`` at an offset of an internal buffer, and an empty
+file as a bare ``StopIteration``. On that error path only, the file is read again line by line to find the
+culprit, so the message can say ``line 57`` and show the line.
+
+Rows and lines: the ``json`` builder skips blank lines of a JSON Lines file, so source row ``r`` (0-based) is
+the ``r + 1``-th non-blank line (:func:`jsonl_lines`).
+
+The size of one row is bounded before it is read or tokenized (``data.max_row_bytes``). A single row of
+hundreds of megabytes is read whole by ``datasets``' JSON Lines and CSV readers and then tokenized whole
+(``tokenizer(text, truncation=True)`` encodes the full text before it truncates, and counting what truncation
+cuts needs that encoding too), so the memory it takes grows with the row until the kernel kills the process,
+with nothing printed. Two checks stop such a row with a message instead:
+
+- :func:`check_line_sizes`: the lines of a JSON Lines or CSV file, before ``datasets`` reads it. The file is
+  read in chunks of :data:`CHUNK` bytes, so the check never holds a whole line; a file no larger than the
+  limit cannot hold a longer line and is not read at all.
+- :func:`check_row_sizes`: the text of each row of a loaded ``datasets.Dataset`` (every string value, nested
+  ones such as chat messages included), measured from the Arrow offsets without reading the text: parquet
+  files, JSON arrays, ``save_to_disk`` folders, hub and in-memory datasets.
+
+``None`` as the limit turns both checks off.
 """
 
 from __future__ import annotations
 
+import csv
+import json
 import logging
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import datasets
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import torch
 
+from hf_lightning.compat import selection_indices
 from hf_lightning.core.errors import ConfigError, DataError
-from hf_lightning.data.checks import DEFAULT_MAX_ROW_BYTES, check_line_sizes, check_row_sizes
-from hf_lightning.data.file_errors import drop_reader_error_logs, explain_load_error, read_error
 from hf_lightning.data.formats import (
     DETECTION_ORDER,
     SOURCE_COLUMNS,
     fitting_formats,
     guess_source,
     rename_hint,
+    row_numbers,
     spare_columns,
 )
 
@@ -45,6 +74,11 @@ log = logging.getLogger(__name__)
 
 BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
 VALIDATION_SPLITS = ("validation", "valid", "val", "test")
+#: bytes read at a time by the line scan
+CHUNK = 8 << 20
+#: the default of ``data.max_row_bytes`` (16 MiB)
+DEFAULT_MAX_ROW_BYTES = 16 << 20
+EXCERPT = 80
 
 
 def _read_by_lines(p: Path, builder: str) -> bool:
@@ -220,7 +254,7 @@ def load_source(
             ``revision``), when ``source`` is a hub id (:func:`hf_lightning.models.hub.looks_like_hub_id`).
         max_row_bytes: the most bytes one row may hold (``data.max_row_bytes``; ``None``: no bound), checked
             on the lines of a JSON Lines or CSV file before it is read and on the text of each row of a
-            ``datasets.Dataset`` (:mod:`~hf_lightning.data.checks`).
+            ``datasets.Dataset`` (below).
 
     Raises:
         DataError: the path does not exist, cannot be read, or has an unsupported type; a hub id that is
@@ -551,3 +585,405 @@ def detect_format(columns: Sequence[str], path: Any = None) -> str:
         f"them (formats and their columns: {layouts}). Rename the columns to a format's, e.g. "
         f"{rename_hint(columns)}, or set data.format=NAME"
     )
+
+
+# ------------------------------------------------------------------------------ where in the file
+def _root_cause(err: BaseException) -> BaseException:
+    """The innermost exception of a ``raise ... from`` / implicit-context chain."""
+    seen = {id(err)}
+    while True:
+        nxt = err.__cause__ or err.__context__
+        if nxt is None or id(nxt) in seen:
+            return err
+        seen.add(id(nxt))
+        err = nxt
+
+
+def _chain(err: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    current: BaseException | None = err
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+def _excerpt(text: str) -> str:
+    text = text.rstrip("\r\n")
+    return repr(text if len(text) <= EXCERPT else text[:EXCERPT] + "...")
+
+
+def first_non_utf8_line(path: str) -> tuple[int, int, int, bytes] | None:
+    """``(line number, column, offending byte, raw line)`` of the first line that is not UTF-8, else ``None``.
+
+    Line and column are 1-based; the column counts bytes.
+    """
+    with open(path, "rb") as fh:
+        for number, raw in enumerate(fh, start=1):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                return number, err.start + 1, raw[err.start], raw
+    return None
+
+
+def first_bad_json_line(path: str) -> tuple[int, str, str] | None:
+    """``(line number, parser message, line excerpt)`` of the first non-blank line of a JSON Lines file that
+    is not one JSON object, else ``None``."""
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        for number, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                value = json.loads(line.rstrip("\r\n"))
+            except json.JSONDecodeError as err:
+                return number, f"{err.msg}: column {err.colno}", _excerpt(line)
+            if not isinstance(value, dict):
+                return number, f"a JSON {type(value).__name__}, not an object", _excerpt(line)
+    return None
+
+
+def jsonl_line_of_row(path: str, row: int) -> int | None:
+    """The 1-based line of a JSON Lines file that holds source row ``row`` (blank lines are not rows)."""
+    seen = -1
+    with open(path, "rb") as fh:
+        for number, raw in enumerate(fh, start=1):
+            if raw.strip():
+                seen += 1
+                if seen == row:
+                    return number
+    return None
+
+
+def csv_line_of_row(path: str, row: int) -> int | None:
+    """The 1-based line of a CSV file where data row ``row`` (0-based, the header not counted) starts.
+
+    Read as ``pandas.read_csv`` reads by default (the ``datasets`` csv builder): comma-separated, double
+    quotes (a quoted field may span lines), blank lines skipped.
+    """
+    with open(path, encoding="utf-8", errors="replace", newline="") as fh:
+        reader = csv.reader(fh)
+        seen, start = -2, 1  # -2: the header is not a data row
+        for record in reader:
+            if record:
+                seen += 1
+                if seen == row:
+                    return start
+            start = reader.line_num + 1
+    return None
+
+
+def is_json_lines(path: str) -> bool:
+    """Whether ``path`` is read line by line by the ``json`` builder (``.jsonl``, or ``.json`` not starting
+    with ``[``/``{`` spanning lines). A ``.json`` file holding one array or object is not."""
+    if path.lower().endswith(".jsonl"):
+        return True
+    with open(path, "rb") as fh:
+        head = fh.read(4096).lstrip()
+    if head.startswith(b"["):
+        return False
+    first = head.split(b"\n", 1)[0]
+    try:
+        json.loads(first)
+    except ValueError:
+        return False
+    return True
+
+
+def non_utf8_message(path: str) -> str | None:
+    """``line N is not UTF-8 text (byte 0x.. at column C: ...); re-encode ...`` for a file, else ``None``."""
+    bad = first_non_utf8_line(path)
+    if bad is None:
+        return None
+    line, column, byte, raw = bad
+    return (
+        f"line {line} is not UTF-8 text (byte 0x{byte:02x} at column {column}: "
+        f"{_excerpt(raw.decode('utf-8', errors='replace'))}); re-encode the file as UTF-8, e.g. "
+        f"iconv -f latin1 -t utf-8 {os.path.basename(path)}"
+    )
+
+
+def non_utf8_error(path: Any, split: str, err: UnicodeDecodeError) -> DataError:
+    """A :class:`DataError` naming the file line for a ``UnicodeDecodeError`` raised while reading rows
+    (pyarrow may load bad bytes and fail only when they are decoded)."""
+    detail = None
+    if isinstance(path, (str, os.PathLike)) and os.path.isfile(path):
+        detail = non_utf8_message(os.fspath(path))
+    return DataError(f"data.path={path} ({split}): {detail or f'text that is not UTF-8 ({err})'}")
+
+
+def explain_load_error(path: str, builder: str, err: BaseException) -> str:
+    """One sentence (after ``data.path=PATH:``) saying why ``datasets`` could not read ``path``.
+
+    In order: an empty file; no rows at all; a non-UTF-8 byte (line, column, byte, and the fix); for JSON
+    Lines, the first line that is not a JSON object; otherwise the parser's own message (``pandas`` names the
+    CSV line).
+    """
+    if os.path.getsize(path) == 0:
+        return "the file is empty (0 bytes): no rows to train on"
+    causes = list(_chain(err))
+    if any(isinstance(e, UnicodeDecodeError) for e in causes) or any(
+        "Invalid encoding" in str(e) for e in causes
+    ):
+        message = non_utf8_message(path)
+        if message is not None:
+            return message
+    if builder == "json" and is_json_lines(path):
+        bad_json = first_bad_json_line(path)
+        if bad_json is not None:
+            line, message, excerpt = bad_json
+            return f"could not be read as json: line {line} is not a JSON object ({message}): {excerpt}"
+    root = _root_cause(err)
+    message = str(root) or type(root).__name__
+    if "corresponds to no data" in message or isinstance(root, StopIteration):
+        return "the file holds no rows (only a header, an empty list, or blank lines)"
+    return f"could not be read as {builder}: {message.strip()}"
+
+
+#: the ``datasets`` file readers that log a parse failure at ERROR before they raise it
+READER_LOGGERS = (
+    "datasets.packaged_modules.json.json",
+    "datasets.packaged_modules.csv.csv",
+    "datasets.packaged_modules.parquet.parquet",
+)
+
+
+class _DropReadFailures(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.levelno >= logging.ERROR and record.getMessage().startswith("Failed to "))
+
+
+_DROP = _DropReadFailures()
+
+
+def drop_reader_error_logs() -> None:
+    """Drop the ``Failed to load JSON from file ...`` / ``Failed to read file ...`` ERROR records of
+    ``datasets``' readers (:data:`READER_LOGGERS`; idempotent).
+
+    Each is logged just before the reader raises the same exception, which :func:`explain_load_error` turns
+    into one message naming the line; the records printed the parser's wording (``in row 56`` of a read
+    block) twice before that message.
+    """
+    for name in READER_LOGGERS:
+        logger = logging.getLogger(name)
+        if _DROP not in logger.filters:
+            logger.addFilter(_DROP)
+
+
+def read_error(name: Any, split: str, err: BaseException) -> DataError:
+    """The :class:`DataError` for an exception raised while a stream reads its source ``name``
+    (``data.path``)."""
+    if isinstance(name, (str, os.PathLike)) and os.path.isfile(name):
+        path = os.fspath(name)
+        builder = {".csv": "csv", ".parquet": "parquet"}.get(os.path.splitext(path)[1].lower(), "json")
+        return DataError(f"data.path={path}: {explain_load_error(path, builder, err)}")
+    where = f"data.path={name}" if name is not None else "the stream"
+    return DataError(f"{where} ({split} stream): could not be read ({type(err).__name__}: {err})")
+
+
+def jsonl_lines(path: str, rows: Sequence[int]) -> list[int | None]:
+    """The 1-based lines of source rows ``rows`` of a JSON Lines file (blank lines are not rows), in one
+    pass."""
+    wanted = set(rows)
+    found: dict[int, int] = {}
+    seen = -1
+    with open(path, "rb") as fh:
+        for number, raw in enumerate(fh, start=1):
+            if raw.strip():
+                seen += 1
+                if seen in wanted:
+                    found[seen] = number
+                    if len(found) == len(wanted):
+                        break
+    return [found.get(r) for r in rows]
+
+
+def source_row(ds: Any, row: int) -> int:
+    """Row ``row`` of ``ds`` as a row of the table it was selected from (``train_test_split``/``select`` keep
+    an indices mapping over the loaded file's table); ``row`` itself when there is no mapping."""
+    indices = selection_indices(ds)  # datasets' selection mapping; None on an unselected dataset
+    if indices is None:
+        return row
+    try:
+        return int(indices.column(0)[row].as_py())
+    except Exception:  # a datasets version that stores the mapping differently: the split row is still right
+        return row
+
+
+def file_place(ds: Any, row: int, path: Any) -> str | None:
+    """Where row ``row`` of ``ds`` is in the file ``path`` it was loaded from: ``line 57`` for a JSON Lines or
+    CSV file (a CSV's header is line 1), ``row 56 of the file`` for another file; ``None`` when ``path`` is
+    not a file."""
+    if not (isinstance(path, (str, os.PathLike)) and os.path.isfile(path)):
+        return None
+    path = os.fspath(path)
+    src = source_row(ds, row)
+    line = None
+    if path.lower().endswith(".csv"):
+        line = csv_line_of_row(path, src)
+    elif not path.lower().endswith(".parquet") and is_json_lines(path):
+        line = jsonl_line_of_row(path, src)
+    return f"line {line}" if line is not None else f"row {src} of the file"
+
+
+def describe_row(ds: Any, row: int, path: Any, split: str) -> str:
+    """``data.path=FILE line 57 (train row 12)`` (see :func:`file_place`), else ``data.path=... (train row
+    12)``."""
+    place = file_place(ds, row, path)
+    if place is None:
+        return f"data.path={path} ({split} row {row})"
+    return f"data.path={os.fspath(path)} {place} ({split} row {row})"
+
+
+def row_names(ds: Any, path: Any, split: str) -> Callable[[list[int]], str]:
+    """A function naming rows of ``ds`` for the log: ``data.path=F.jsonl lines 3, 8`` for a JSON Lines file we
+    loaded (one pass over the file for all rows named), ``data.path=F.csv rows 2, 7 of the file`` for another
+    file, else ``train rows 2, 7``."""
+    if not (isinstance(path, (str, os.PathLike)) and os.path.isfile(path)):
+        return lambda rows: row_numbers(f"{split} row", rows)
+    path = os.fspath(path)
+
+    def name(rows: list[int]) -> str:
+        src = [source_row(ds, r) for r in rows]
+        if is_json_lines(path):
+            lines = jsonl_lines(path, src)
+            if all(line is not None for line in lines):
+                return f"data.path={path} " + row_numbers("line", lines)
+        return f"data.path={path} " + row_numbers("row", src) + " of the file"
+
+    return name
+
+
+# ------------------------------------------------------------------- the size of one row (data.max_row_bytes)
+def human_bytes(n: int) -> str:
+    """``13 bytes``, ``4.0 KiB``, ``190.7 MiB``, ``1.5 GiB``."""
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            return f"{n / (1 << shift):.1f} {unit}"
+    return f"{n} bytes"
+
+
+def _size(n: int) -> str:
+    """``200,000,021 bytes (190.7 MiB)``."""
+    return f"{n:,} bytes" + (f" ({human_bytes(n)})" if n >= 1 << 10 else "")
+
+
+def _remedy(limit: int) -> str:
+    return (
+        f"longer than data.max_row_bytes={limit} ({human_bytes(limit)}) allows: a row is read and tokenized "
+        "whole, so one this size takes many times its size in memory. Split the document into rows below "
+        "that size, or raise data.max_row_bytes (null: no bound) on a machine with the memory for it"
+    )
+
+
+def first_long_line(path: str, limit: int) -> tuple[int, int] | None:
+    """``(1-based line number, bytes without its line break)`` of the first line of ``path`` longer than
+    ``limit`` bytes, else ``None``. Reads :data:`CHUNK` bytes at a time and never holds a whole line."""
+    line, since = 1, 0  # the current line's number and its bytes read so far
+    with open(path, "rb") as fh:
+        while chunk := fh.read(CHUNK):
+            first = chunk.find(b"\n")
+            if first == -1:
+                since += len(chunk)
+                if since > limit:
+                    return line, _rest_of_line(fh, since)
+                continue
+            if since + first > limit:
+                return line, since + first
+            if limit >= len(chunk):  # every other line closed in this chunk is shorter than the chunk
+                last = chunk.rfind(b"\n")
+                line += chunk.count(b"\n")
+            else:
+                last = first
+                line += 1
+                while (end := chunk.find(b"\n", last + 1)) != -1:
+                    if end - last - 1 > limit:
+                        return line, end - last - 1
+                    last, line = end, line + 1
+            since = len(chunk) - last - 1
+            if since > limit:
+                return line, _rest_of_line(fh, since)
+    return None
+
+
+def _rest_of_line(fh: Any, size: int) -> int:
+    """``size`` plus the bytes of the line still ahead in ``fh`` (read in chunks)."""
+    while chunk := fh.read(CHUNK):
+        end = chunk.find(b"\n")
+        if end != -1:
+            return size + end
+        size += len(chunk)
+    return size
+
+
+def check_line_sizes(path: str, limit: int | None) -> None:
+    """Refuse a file with a line longer than ``limit`` bytes (``data.max_row_bytes``) before it is read.
+
+    Raises:
+        DataError: ``data.path=FILE: line 11 is 200,000,021 bytes (190.7 MiB), longer than
+            data.max_row_bytes=...``, with what to change.
+    """
+    if limit is None or os.path.getsize(path) <= limit:
+        return
+    found = first_long_line(path, limit)
+    if found is not None:
+        line, size = found
+        raise DataError(f"data.path={path}: line {line} is {_size(size)}, {_remedy(limit)}")
+
+
+_TEXT_TYPES = (pa.types.is_string, pa.types.is_large_string, pa.types.is_binary, pa.types.is_large_binary)
+
+
+def _text_bytes(arr: pa.Array) -> np.ndarray:
+    """Bytes of the string and binary values in each element of ``arr`` (nested lists and structs summed;
+    nulls and other types count 0), from the Arrow offsets."""
+    t = arr.type
+    if any(is_kind(t) for is_kind in _TEXT_TYPES):
+        return pc.fill_null(pc.binary_length(arr), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        offsets = arr.offsets.to_numpy(zero_copy_only=False).astype(np.int64)
+        first = int(offsets[0])  # a slice's offsets point into the whole child array: take its part only
+        values = arr.values.slice(first, int(offsets[-1]) - first)
+        child = np.concatenate([[0], np.cumsum(_text_bytes(values))])
+        return child[offsets[1:] - first] - child[offsets[:-1] - first]
+    if pa.types.is_struct(t):
+        total = np.zeros(len(arr), dtype=np.int64)
+        for field in arr.flatten():
+            total += _text_bytes(field)
+        return total
+    return np.zeros(len(arr), dtype=np.int64)
+
+
+def check_row_sizes(ds: Any, limit: int | None, name: Any) -> None:
+    """Refuse a ``datasets.Dataset`` with a row holding more than ``limit`` bytes of text.
+
+    ``name``: the source as the message names it (``data.path``). Other sources (streams, torch datasets)
+    are not checked here.
+
+    Raises:
+        DataError: ``data.path=FILE row 10 of the file: the row holds 200,000,012 bytes (190.7 MiB) of
+            text, longer than data.max_row_bytes=...``, with what to change.
+    """
+    if limit is None or not isinstance(ds, datasets.Dataset) or len(ds) == 0:
+        return
+    table = ds.data.table
+    if table.nbytes <= limit:
+        return
+    indices = selection_indices(ds)
+    chosen = None if indices is None else indices.column(0).to_numpy(zero_copy_only=False)
+    start = 0
+    for batch in table.to_batches(max_chunksize=1 << 16):
+        sizes = np.zeros(batch.num_rows, dtype=np.int64)
+        for column in batch.columns:
+            sizes += _text_bytes(column)
+        for offset in np.flatnonzero(sizes > limit):
+            row = start + int(offset)
+            if chosen is not None:
+                where = np.flatnonzero(chosen == row)
+                if not len(where):
+                    continue  # a row of the table that the dataset's selection leaves out
+                row = int(where[0])
+            is_file = isinstance(name, (str, os.PathLike)) and os.path.isfile(name)
+            place = f"data.path={name} row {row}{' of the file' if is_file else ''}"
+            raise DataError(f"{place}: the row holds {_size(int(sizes[offset]))} of text, {_remedy(limit)}")
+        start += batch.num_rows

@@ -58,9 +58,9 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from hf_lightning.core.errors import DataError
-from hf_lightning.data.file_errors import is_json_lines, jsonl_line_of_row, read_error
 from hf_lightning.data.formats import RowReport, row_numbers
 from hf_lightning.data.sampling import PlaceholderRow, mask_example
+from hf_lightning.data.sources import is_json_lines, jsonl_line_of_row, read_error
 
 log = logging.getLogger(__name__)
 

@@ -21,29 +21,25 @@ import hashlib
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import datasets
 import pyarrow.compute as pc
 
-from hf_lightning.compat import selection_indices
 from hf_lightning.core.errors import DataError
-from hf_lightning.data.file_errors import csv_line_of_row, is_json_lines, jsonl_line_of_row, non_utf8_error
 from hf_lightning.data.formats import (
     REPORT_COLUMNS,
     SOURCE_COLUMNS,
     TOKENIZERS,
     RowReport,
     check_columns,
-    jsonl_lines,
-    row_numbers,
 )
 from hf_lightning.data.model_facts import Columns, check_inputs_survive
 from hf_lightning.data.on_the_fly import ExampleProcessor, fn_kwargs_for, scan_torch_dataset
 from hf_lightning.data.packing import UNPACKED, RowPlan
-from hf_lightning.data.sources import is_stream
+from hf_lightning.data.sources import describe_row, is_stream, non_utf8_error, row_names
 
 __all__ = ["prepare_split", "prune_dataset", "tokenize_dataset"]
 
@@ -105,43 +101,6 @@ def tokenize_rows(
             except DataError as row_err:
                 raise RowError(index, str(row_err)) from row_err
         raise err
-
-
-def source_row(ds: Any, row: int) -> int:
-    """Row ``row`` of ``ds`` as a row of the table it was selected from (``train_test_split``/``select`` keep
-    an indices mapping over the loaded file's table); ``row`` itself when there is no mapping."""
-    indices = selection_indices(ds)  # datasets' selection mapping; None on an unselected dataset
-    if indices is None:
-        return row
-    try:
-        return int(indices.column(0)[row].as_py())
-    except Exception:  # a datasets version that stores the mapping differently: the split row is still right
-        return row
-
-
-def file_place(ds: Any, row: int, path: Any) -> str | None:
-    """Where row ``row`` of ``ds`` is in the file ``path`` it was loaded from: ``line 57`` for a JSON Lines or
-    CSV file (a CSV's header is line 1), ``row 56 of the file`` for another file; ``None`` when ``path`` is
-    not a file."""
-    if not (isinstance(path, (str, os.PathLike)) and os.path.isfile(path)):
-        return None
-    path = os.fspath(path)
-    src = source_row(ds, row)
-    line = None
-    if path.lower().endswith(".csv"):
-        line = csv_line_of_row(path, src)
-    elif not path.lower().endswith(".parquet") and is_json_lines(path):
-        line = jsonl_line_of_row(path, src)
-    return f"line {line}" if line is not None else f"row {src} of the file"
-
-
-def describe_row(ds: Any, row: int, path: Any, split: str) -> str:
-    """``data.path=FILE line 57 (train row 12)`` (see :func:`file_place`), else ``data.path=... (train row
-    12)``."""
-    place = file_place(ds, row, path)
-    if place is None:
-        return f"data.path={path} ({split} row {row})"
-    return f"data.path={os.fspath(path)} {place} ({split} row {row})"
 
 
 def tokenize_dataset(
@@ -273,25 +232,6 @@ def log_rate(out: datasets.Dataset, split: str, seconds: float, num_proc: int | 
         _amount(tokens / max(seconds, 1e-9)),
         num_proc or 1,
     )
-
-
-def row_names(ds: Any, path: Any, split: str) -> Callable[[list[int]], str]:
-    """A function naming rows of ``ds`` for the log: ``data.path=F.jsonl lines 3, 8`` for a JSON Lines file we
-    loaded (one pass over the file for all rows named), ``data.path=F.csv rows 2, 7 of the file`` for another
-    file, else ``train rows 2, 7``."""
-    if not (isinstance(path, (str, os.PathLike)) and os.path.isfile(path)):
-        return lambda rows: row_numbers(f"{split} row", rows)
-    path = os.fspath(path)
-
-    def name(rows: list[int]) -> str:
-        src = [source_row(ds, r) for r in rows]
-        if is_json_lines(path):
-            lines = jsonl_lines(path, src)
-            if all(line is not None for line in lines):
-                return f"data.path={path} " + row_numbers("line", lines)
-        return f"data.path={path} " + row_numbers("row", src) + " of the file"
-
-    return name
 
 
 def prune_dataset(

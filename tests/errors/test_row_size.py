@@ -27,7 +27,7 @@ def setup_dm(tokenizer, path, **kwargs):
 
 # ------------------------------------------------------------------------------------------- long rows
 def test_the_line_scan_finds_what_splitting_the_file_finds(tmp_path, monkeypatch):
-    from hf_lightning.data import checks as row_size
+    from hf_lightning.data import sources as row_size
 
     rng = random.Random(0)
     path = tmp_path / "lines.bin"
@@ -52,7 +52,7 @@ def test_row_text_bytes_are_what_python_counts():
     # read in record batches (slices whose list offsets point into the whole child array)
     import pyarrow as pa
 
-    from hf_lightning.data.checks import _text_bytes
+    from hf_lightning.data.sources import _text_bytes
 
     rng = random.Random(0)
     rows = []
