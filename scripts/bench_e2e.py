@@ -52,7 +52,7 @@ from bench_support import (
 )
 
 from hf_lightning.core.batch import padding_mask
-from hf_lightning.data.model_facts import binding_from_trainer
+from hf_lightning.data.datamodule import binding_from_trainer
 
 MICRO_BATCH = 4  # --micro-batch
 ACCUMULATION = 2  # --accumulation

@@ -74,8 +74,8 @@ def main() -> None:
 
     import datasets
 
-    from hf_lightning.data.on_the_fly import ExampleProcessor
     from hf_lightning.data.streams import ShardedStream
+    from hf_lightning.data.tokenize import ExampleProcessor
 
     world, workers = READERS
     readers = world * workers

@@ -1,18 +1,19 @@
 """``HFDataModule``: the data path of one run, as a standalone LightningDataModule.
 
-It wires the steps, each in its own module, in the order a batch is made:
+It wires the steps, each in its own module, in the order a batch is made, and hands out the loaders:
 
-    sources      load, split, rename; tell the format from the columns
-    formats      rows of each format -> input_ids / labels        (chat.py: chat templates)
-    tokenize     Dataset.map (cached), truncation/drop counts, column pruning
-                 (on_the_fly.py, column_pruning.py: streams and torch datasets, per example)
-    checks       token ids, labels and positions against the model (positions.py)
+    sources      load, split, rename; tell the format from the columns; where in a file a row is
+    formats      rows of each format -> input_ids / labels, the row report   (chat.py: chat templates;
+                 class_labels.py: the classification format's classes)
+    tokenize     Dataset.map (cached), streams and torch datasets per example; truncation/drop counts;
+                 column pruning
+    checks       token ids, labels and positions against the model
     packing      check_packing (every packing rule), the RowPlan the option means, bfd / wrapped rows
-    collators    padded, padding-free, packed, packed per batch (task_collators.py: classification, seq2seq;
-                 layout.py: the data.layout choice and collator_for)
+    collators    padded, padding-free, packed, packed per batch, classification, seq2seq
+                 (layout.py: the data.layout choice and collator_for)
     sampling     seeded global order, length grouping, exact distributed split; accumulation windows and
                  their num_items_in_batch                                         (streams.py: streams)
-    dataloaders  the loader hooks; per-epoch worker seeds; batches per epoch
+    dataloaders  per-epoch worker seeds, a plain loop's position, batches per epoch
 
 What it needs from the model side arrives through :meth:`bind`, or, when nobody called it, from the trainer's
 LightningModule's ``data_binding()``; what the model side needs from it is :meth:`train_batches_per_epoch`.
@@ -22,11 +23,16 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 import datasets
 import lightning as L
+import torch
+import torch.distributed as dist
 
+from hf_lightning.compat import batches_processed, epoch_being_trained, epochs_processed
 from hf_lightning.core.arguments import (
     FRACTION,
     NAMES,
@@ -36,12 +42,15 @@ from hf_lightning.core.arguments import (
     RENAMES,
     check_call,
 )
+from hf_lightning.core.batch import Window
 from hf_lightning.core.errors import ConfigError
 from hf_lightning.data.chat import require_chat_template, warn_end_of_turn
 from hf_lightning.data.checks import (
+    check_fits_one_batch,
     check_given_label_names,
     check_label_key,
     check_pad_token,
+    check_positions,
     check_rows_fit_model,
 )
 from hf_lightning.data.class_labels import (
@@ -51,12 +60,16 @@ from hf_lightning.data.class_labels import (
     label_column_name,
     read_labels,
 )
-from hf_lightning.data.column_pruning import prune_per_example
-from hf_lightning.data.dataloaders import DataLoaderHooks, LoaderPosition
+from hf_lightning.data.collators import PlaceholderAwareCollator
+from hf_lightning.data.dataloaders import (
+    EpochDataLoader,
+    LoaderPosition,
+    batches_per_epoch,
+    data_signature,
+    describe_differences,
+)
 from hf_lightning.data.formats import FORMAT, check_columns
 from hf_lightning.data.layout import LAYOUT, Layout, LayoutChoice, announce, apply_layout, collator_for
-from hf_lightning.data.model_facts import Binding, Columns, ModelBinding, find_label_names, resolve_columns
-from hf_lightning.data.on_the_fly import ExampleProcessor
 from hf_lightning.data.packing import (
     PACKING,
     Packing,
@@ -66,7 +79,17 @@ from hf_lightning.data.packing import (
     packing_strategy,
     row_plan,
 )
-from hf_lightning.data.positions import check_positions
+from hf_lightning.data.sampling import (
+    AccumulationWindowLoader,
+    CountUse,
+    ExactDistributedSampler,
+    ResumableLoader,
+    TopUpDataset,
+    WindowBatch,
+    WindowLoader,
+    sequence_lengths,
+    warn_no_count,
+)
 from hf_lightning.data.sources import (
     DEFAULT_MAX_ROW_BYTES,
     column_names,
@@ -76,14 +99,70 @@ from hf_lightning.data.sources import (
     load_test,
     load_validation,
 )
-from hf_lightning.data.tokenize import prepare_split
+from hf_lightning.data.streams import ShardedStream
+from hf_lightning.data.tokenize import (
+    Columns,
+    ExampleProcessor,
+    find_label_names,
+    prepare_split,
+    prune_per_example,
+    resolve_columns,
+)
 
 log = logging.getLogger(__name__)
 # stages that read only the validation split (trainer.validate / test / predict)
 EVAL_STAGES = ("validate", "test", "predict")
+# which side of a stream's validation hold-out each split reads (None: the split is a source of its own)
+HOLDOUT_KEEPS = {"train": False, "validation": True, "test": None}
+# HF's mega-batch multiplier cap (``get_length_grouped_indices``); streams group within buffers this many
+# batches long
+MEGA_BATCH_MULT = 50
+# the keys of state_dict() (LoaderPosition.state_dict)
+POSITION_KEYS = ("epoch", "batches_consumed")
 
 
-class HFDataModule(DataLoaderHooks, ModelBinding, L.LightningDataModule):
+@dataclass
+class Binding:
+    """What the data needs from the model side (see :meth:`HFDataModule.bind`)."""
+
+    model: torch.nn.Module | None = None
+    count_loss_items: Callable[[Mapping[str, Any]], int] | None = None
+    forward_kwargs: dict[str, Any] = field(default_factory=dict)
+    metrics: bool = False
+    handles_placeholder_batches: bool = False
+    steps_windows: bool = False
+
+
+def binding_from_trainer(trainer: Any) -> Binding:
+    """What ``trainer.lightning_module`` declares for the data: its ``data_binding()``, a mapping of
+    :meth:`HFDataModule.bind`'s keyword arguments (:class:`~hf_lightning.HFLightningModule` has one). Nothing
+    else of the module is read: a module without ``data_binding`` (or no trainer, no module) binds nothing."""
+    module = getattr(trainer, "lightning_module", None) if trainer is not None else None
+    declare = getattr(module, "data_binding", None)
+    return make_binding(**declare()) if callable(declare) else Binding()
+
+
+def make_binding(
+    model: torch.nn.Module | None = None,
+    *,
+    count_loss_items: Callable[[Mapping[str, Any]], int] | None = None,
+    forward_kwargs: Mapping[str, Any] | None = None,
+    metrics: bool = False,
+    handles_placeholder_batches: bool = False,
+    steps_windows: bool = False,
+) -> Binding:
+    """A :class:`Binding` of :meth:`HFDataModule.bind`'s arguments (described there)."""
+    return Binding(
+        model,
+        count_loss_items,
+        dict(forward_kwargs or {}),
+        bool(metrics),
+        bool(handles_placeholder_batches),
+        bool(steps_windows),
+    )
+
+
+class HFDataModule(L.LightningDataModule):
     """Data for HF-style models, usable with any LightningModule and ``lightning.Trainer``.
 
     Args:
@@ -289,6 +368,11 @@ class HFDataModule(DataLoaderHooks, ModelBinding, L.LightningDataModule):
         self._saved_signature: dict[str, Any] | None = None
         # the splits read_classes loaded, handed to the next setup (which reads them once)
         self._loaded: tuple[Any, Any, Any, Any] | None = None
+        # what bind() was told (None: ask the trainer's LightningModule, _binding)
+        self._bound: Binding | None = None
+        # whether the first training step read num_items_in_batch (set by train_dataloader)
+        self._count_use: CountUse | None = None
+        self._said_no_count = False
 
     # ----------------------------------------------------------------------------------------- setup
     def prepare_data(self) -> None:
@@ -483,7 +567,7 @@ class HFDataModule(DataLoaderHooks, ModelBinding, L.LightningDataModule):
 
     def check_positions(self, model: Any) -> None:
         """The prepared rows against ``model``'s positions
-        (:func:`~hf_lightning.data.positions.check_positions`)."""
+        (:func:`~hf_lightning.data.checks.check_positions`)."""
         splits = {"train": self.train_dataset, "validation": self.val_dataset}
         check_positions(model, self.max_length, self.pad_to_multiple_of, self.padding_free, splits)
 
@@ -535,3 +619,444 @@ class HFDataModule(DataLoaderHooks, ModelBinding, L.LightningDataModule):
         if self.val_dataset is not None:
             example = self._first_example(self.val_dataset, "validation")
             check_label_key(self.eval_collator, example, self.resolved_label_names)
+
+    # ------------------------------------------------------------------------------------------ bind
+    def bind(
+        self,
+        model: torch.nn.Module | None = None,
+        *,
+        count_loss_items: Callable[[Mapping[str, Any]], int] | None = None,
+        forward_kwargs: Mapping[str, Any] | None = None,
+        metrics: bool = False,
+        handles_placeholder_batches: bool = False,
+        steps_windows: bool = False,
+    ) -> HFDataModule:
+        """Tell the data what it needs from the model side; whoever builds both calls it once, before ``fit``.
+
+        Args:
+            model: the ``nn.Module`` the batches are for: its ``forward`` gives the input and label names
+                (pruning), its embedding, position table and classes are checked against the data, and packed
+                or padding-free rows need ``position_ids`` and an attention that keeps them apart.
+            count_loss_items: ``batch -> int``, the loss's target count of a micro-batch
+                (:func:`hf_lightning.module.loss.count_loss_items`, which
+                :meth:`HFLightningModule.count_loss_items` calls); with it training batches carry the window
+                keys (``num_items_in_batch``...), and a module whose first ``training_step`` does not read
+                ``num_items_in_batch`` gets one WARNING when a window spans micro-batches or processes
+                (:class:`~hf_lightning.data.sampling.CountUse`).
+            forward_kwargs: what the LightningModule passes to every forward (``use_cache=False``).
+            metrics: evaluation computes metrics, so an evaluation batch must carry a label key.
+            handles_placeholder_batches: mark an empty rank's stand-in batch
+            (:class:`~hf_lightning.data.collators.PlaceholderAwareCollator`).
+            steps_windows: the module's ``training_step`` takes one
+                :class:`~hf_lightning.core.batch.Window` per optimizer step and steps it itself
+                (:class:`HFLightningModule` does); otherwise training batches are micro-batches.
+
+        Without a call, :meth:`setup` and the loaders ask the trainer's LightningModule, once per call, for
+        these arguments through its ``data_binding()`` method, if it has one (:class:`HFLightningModule` does:
+        ``trainer.fit(module, datamodule=dm)`` needs no call, and a config-only project neither). Nothing else
+        of the module is read: a module of one's own without ``data_binding`` binds nothing (pruning then
+        follows the tokenizer's input names, and batches carry no window count, each said in one WARNING).
+
+        Returns:
+            ``self``.
+        """
+        self._bound = make_binding(
+            model,
+            count_loss_items=count_loss_items,
+            forward_kwargs=forward_kwargs,
+            metrics=metrics,
+            handles_placeholder_batches=handles_placeholder_batches,
+            steps_windows=steps_windows,
+        )
+        return self
+
+    def _binding(self) -> Binding:
+        """The :meth:`bind` arguments, else what the trainer's LightningModule declares (its
+        ``data_binding()``, read at each call)."""
+        return self._bound if self._bound is not None else binding_from_trainer(self.trainer)
+
+    # --------------------------------------------------------------------------------------- loaders
+    # Map-style splits go through ExactDistributedSampler (training: seeded order or length groups, masked
+    # top-up; evaluation: dataset order, no padding), streams through ShardedStream (exact per-reader split).
+    def _lengths(self, ds: Any) -> list[int]:
+        if self._train_lengths is not None:
+            return self._train_lengths
+        lengths = sequence_lengths(ds)
+        log.info("group_by_length: measured %d training lengths once (tokens of input_ids)", len(lengths))
+        return lengths
+
+    def _first_example(self, ds: Any, split: str) -> Any:
+        if is_stream(ds):
+            stream = ShardedStream(
+                ds,
+                self._processor,
+                holdout=self._holdout_spec(HOLDOUT_KEEPS[split]),
+                split="validation" if split == "train" else split,
+                name=self._source_name(split),
+            )
+            return next(iter(stream), None)
+        return ds[0] if len(ds) else None
+
+    def _source_name(self, split: str) -> Any:
+        """Where ``split``'s rows come from, for messages."""
+        if split == "test":
+            return self.test_path if self.test_path is not None else self.path
+        if split == "validation":
+            return self.validation_path or self.path
+        return self.path
+
+    def _world(self) -> tuple[int, int]:
+        """``(world size, rank)``: the Lightning trainer's, else the initialized ``torch.distributed`` process
+        group's (HF ``Trainer``, a plain DDP loop), else ``(1, 0)``."""
+        trainer = self.trainer
+        if trainer is not None:
+            return trainer.world_size, trainer.global_rank
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_world_size(), dist.get_rank()
+        return 1, 0
+
+    def _plain_loop_position(self) -> LoaderPosition | None:
+        """The position shared by the train loaders of a loop without a Lightning trainer (``None`` under one:
+        Lightning sets the epoch and keeps the position)."""
+        if self.trainer is not None:
+            return None
+        saved, self._saved_signature = self._saved_signature, None
+        if saved is not None:
+            current = data_signature(self, self._world()[0])
+            # a setting unknown when the state was saved (the data not set up yet) is not compared
+            known = [k for k in current if saved.get(k) is not None]
+            diffs = describe_differences({k: saved[k] for k in known}, {k: current[k] for k in known})
+            if diffs:
+                log.warning(
+                    "resuming with data settings that changed since the state was saved, so the loop cannot "
+                    "continue exactly as it would have: %s",
+                    "; ".join(diffs),
+                )
+        world, rank = self._world()
+        if world > 1:
+            log.info(
+                "no Lightning trainer: the training data is split across the %d processes of "
+                "torch.distributed (this is rank %d)",
+                world,
+                rank,
+            )
+        return self._position
+
+    def state_dict(self) -> dict[str, Any]:
+        """The resume point of the training data in a loop without a Lightning trainer (a plain PyTorch
+        loop): ``{"epoch": e, "batches_consumed": k, "signature": {...}}``, ``k`` batches of epoch ``e``
+        handed out on this process, and the data settings they depend on. Save it with the model and the
+        optimizer; :meth:`load_state_dict` on a new DataModule makes its train loaders continue with batch
+        ``k + 1`` of epoch ``e``, as the loop that never stopped would.
+
+        Under a Lightning trainer ``{}``: Lightning's loop state and the train loader's ``state_dict`` hold
+        the position (Lightning saves a DataModule's non-empty state in its checkpoints).
+        """
+        if self.trainer is not None:
+            return {}
+        return {**self._position.state_dict(), "signature": data_signature(self, self._world()[0])}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Continue from a :meth:`state_dict`: the next pass of the train loader is the rest of its epoch.
+
+        A data setting that changed since (batch size, max length, seed, world size, the dataset) is named in
+        a warning when the next train loader is built. ``{}`` does nothing (a Lightning checkpoint's).
+
+        Raises:
+            ConfigError: a mapping that is not a state of this method's kind.
+        """
+        if not state_dict:
+            return
+        epoch, consumed = (state_dict.get(k) if isinstance(state_dict, dict) else None for k in POSITION_KEYS)
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (epoch, consumed)):
+            found = sorted(state_dict) if isinstance(state_dict, dict) else type(state_dict).__name__
+            raise ConfigError(
+                "HFDataModule.load_state_dict: expected the dict of HFDataModule.state_dict() (non-negative "
+                f"int 'epoch' and 'batches_consumed'), got {found}"
+            )
+        self._position.load_state_dict({"epoch": epoch, "batches_consumed": consumed})
+        self._saved_signature = state_dict.get("signature")
+
+    def _accumulation(self) -> int:
+        """Micro-batches per optimizer step: ``gradient_accumulation_steps`` for a module that steps windows,
+        else Lightning's ``accumulate_grad_batches``."""
+        if self.gradient_accumulation_steps > 1 or self._binding().steps_windows:
+            return self.gradient_accumulation_steps
+        trainer = self.trainer
+        return int(getattr(trainer, "accumulate_grad_batches", 1) or 1) if trainer is not None else 1
+
+    def _holdout_spec(self, keep: bool | None) -> tuple[float, bool] | None:
+        return (self._holdout, keep) if self._holdout and keep is not None else None
+
+    def _loader_kwargs(self) -> dict[str, Any]:
+        return {
+            "num_workers": self.num_workers,
+            "pin_memory": self.pin_memory,
+            "persistent_workers": self.persistent_workers,
+            "prefetch_factor": self.prefetch_factor,
+        }
+
+    def _stream_loader(self, source: Any, split: str, batch: int, collate_fn: Callable) -> EpochDataLoader:
+        train = split == "train"
+        world, rank = self._world()
+        length_buffer = (
+            MEGA_BATCH_MULT * batch * self._accumulation() if train and self.group_by_length else None
+        )
+        if length_buffer:
+            log.info(
+                "group_by_length on a stream: sorting by length within buffers of %d examples per reader "
+                "(the whole stream cannot be sorted)",
+                length_buffer,
+            )
+        holdout = self._holdout_spec(HOLDOUT_KEEPS[split])
+        stream = ShardedStream(
+            source,
+            self._processor,
+            rank=rank,
+            world_size=world,
+            shuffle=train and self.shuffle,
+            seed=self.seed,
+            buffer_size=self.shuffle_buffer_size,
+            length_buffer=length_buffer,
+            holdout=holdout,
+            length=self._stream_length(source, holdout),
+            top_up=train,
+            split=split,
+            name=self._source_name(split),
+        )
+        if train:
+            # here, before the workers copy it: each shard's rows counted once
+            stream.plan_readers(self.num_workers, batch, self.drop_last)
+            if stream.length is not None:
+                check_fits_one_batch(stream.per_reader(self.num_workers), batch, self.drop_last)
+            self._require_known_epoch(stream.length)
+        trainer = self.trainer
+        # the fit loop's epoch (Lightning's loop progress, read through hf_lightning.compat)
+        epoch_fn = (lambda: epochs_processed(trainer)) if trainer is not None else None
+        return EpochDataLoader(
+            stream,
+            seed=self.seed,
+            rank=rank,
+            epoch_fn=epoch_fn,
+            position=self._plain_loop_position() if train else None,
+            batch_size=batch,
+            collate_fn=collate_fn,
+            drop_last=self.drop_last if train else False,
+            **self._loader_kwargs(),
+        )
+
+    def _require_known_epoch(self, length: int | None) -> None:
+        trainer = self.trainer
+        if length is None and trainer is not None and (trainer.max_steps is None or trainer.max_steps < 0):
+            raise ConfigError(
+                "the training data is a stream of unknown length, so an epoch has no known number of steps: "
+                "set trainer.max_steps"
+            )
+
+    @staticmethod
+    def _stream_length(source: Any, holdout: Any) -> int | None:
+        return len(source) if hasattr(source, "__len__") and holdout is None else None
+
+    def _loader(self, ds: Any, split: str) -> EpochDataLoader:
+        train = split == "train"
+        batch = self.per_device_train_batch_size if train else self.per_device_eval_batch_size
+        collate_fn = self.train_collator if train else self._eval_collate(split)
+        if is_stream(ds):
+            return self._stream_loader(ds, split, batch, collate_fn)
+        world, rank = self._world()
+        lengths = None
+        if train and self.group_by_length:
+            lengths = self._train_lengths = self._lengths(ds)
+        drop_last = self.drop_last if train else False
+        sampler = ExactDistributedSampler(
+            ds,
+            num_replicas=world,
+            rank=rank,
+            shuffle=train and self.shuffle,
+            seed=self.seed,
+            drop_last=drop_last,
+            lengths=lengths,
+            group_batch_size=batch * self._accumulation(),
+            top_up=train,
+        )
+        if train:
+            check_fits_one_batch(len(sampler), batch, self.drop_last)
+        return EpochDataLoader(
+            TopUpDataset(ds, placeholder=not train) if sampler.needs_top_up else ds,
+            seed=self.seed,
+            rank=rank,
+            position=self._plain_loop_position() if train else None,
+            sampler=sampler,
+            batch_size=batch,
+            collate_fn=collate_fn,
+            drop_last=drop_last,
+            **self._loader_kwargs(),
+        )
+
+    def _eval_collate(self, split: str) -> Any:
+        """The evaluation collator of ``split`` (``validation`` or ``test``); marks placeholder batches for a
+        module that handles them (:class:`~hf_lightning.data.collators.PlaceholderAwareCollator`)."""
+        collator = self.test_collator if split == "test" else self.eval_collator
+        if self._binding().handles_placeholder_batches:
+            return PlaceholderAwareCollator(collator)
+        return collator
+
+    def train_batches_per_epoch(self) -> int | None:
+        """``len(self.train_dataloader())`` on this rank, computed without building a loader (to size the LR
+        schedule before Lightning builds the one train loader, after a checkpoint's loop state is restored).
+
+        ``None`` for a stream of unknown length. Runs :meth:`setup` when it has not run yet.
+
+        Raises:
+            ConfigError: a stream of unknown length without ``trainer.max_steps``.
+        """
+        if self.train_dataset is None:
+            self.setup("fit")
+        ds, stream = self.train_dataset, is_stream(self.train_dataset)
+        n = self._stream_length(ds, self._holdout_spec(False)) if stream else len(ds)
+        if stream:
+            self._require_known_epoch(n)
+        return batches_per_epoch(
+            n,
+            stream=stream,
+            world=self._world()[0],
+            batch_size=self.per_device_train_batch_size,
+            num_workers=self.num_workers,
+            drop_last=self.drop_last,
+        )
+
+    def train_dataloader(self) -> Any:
+        """This rank's share of the epoch's order, in micro-batches of ``per_device_train_batch_size``
+        examples.
+
+        For a module that steps windows (``steps_windows`` bound, :class:`HFLightningModule`): one
+        :class:`~hf_lightning.core.batch.Window` of ``gradient_accumulation_steps`` micro-batches per
+        optimizer step, with their target counts (:class:`~hf_lightning.data.sampling.WindowLoader`), resumed
+        in windows.
+        Otherwise micro-batches: wrapped in :class:`~hf_lightning.data.sampling.AccumulationWindowLoader` when
+        a ``count_loss_items`` is bound (the window keys above); under a Lightning trainer without one (your
+        own LightningModule), in :class:`~hf_lightning.data.sampling.ResumableLoader`, so that a run resumed
+        inside an epoch continues it; without a trainer the loader itself (its position: :meth:`state_dict`).
+
+        Raises:
+            ConfigError: a stream of unknown length without ``trainer.max_steps``;
+                ``gradient_accumulation_steps > 1`` for a module on Lightning's automatic optimization.
+        """
+        if self.train_dataset is None:
+            self.setup("fit")
+        loader = self._loader(self.train_dataset, "train")
+        binding = self._binding()
+        count = binding.count_loss_items
+        trainer = self.trainer
+        if binding.steps_windows:
+            return WindowLoader(
+                loader,
+                self.gradient_accumulation_steps,
+                count,
+                max_windows=(lambda: trainer.num_training_batches) if trainer is not None else None,
+                progress=self._fit_progress(trainer) if trainer is not None else None,
+            )
+        if self.gradient_accumulation_steps > 1:
+            raise ConfigError(
+                f"data.gradient_accumulation_steps={self.gradient_accumulation_steps} needs a module that "
+                "steps accumulation windows (HFLightningModule); a module on Lightning's automatic "
+                "optimization accumulates with Trainer(accumulate_grad_batches=N): set that, and "
+                "data.gradient_accumulation_steps=1"
+            )
+        if trainer is None:
+            # bound but not fitting (inspect a batch): windows of accumulate_grad_batches=1
+            return loader if count is None else AccumulationWindowLoader(loader, 1, count)
+
+        progress = self._fit_progress(trainer)
+        if count is None:
+            if trainer.is_global_zero and not self._said_no_count:
+                self._said_no_count = True
+                warn_no_count(trainer.accumulate_grad_batches, trainer.world_size)
+            return ResumableLoader(loader, progress=progress)
+        self._count_use = CountUse(
+            type(trainer.lightning_module).__name__,
+            trainer.accumulate_grad_batches,
+            trainer.world_size,
+            speaks=trainer.is_global_zero,
+        )
+        return AccumulationWindowLoader(
+            loader,
+            trainer.accumulate_grad_batches,
+            count,
+            max_batches=lambda: trainer.num_training_batches,
+            progress=progress,
+        )
+
+    @staticmethod
+    def _fit_progress(trainer: Any) -> Callable[[], tuple[int, int]]:
+        """``() -> (epoch being trained, training batches processed in it)``, read when a checkpoint is
+        saved."""
+
+        def progress() -> tuple[int, int]:
+            # the epoch being trained: current_epoch counts it as done already when a checkpoint is written
+            # after training stopped in its middle (at on_train_end), epochs started minus one does not
+            # (Lightning's loop progress, read through hf_lightning.compat)
+            return epoch_being_trained(trainer), batches_processed(trainer)
+
+        return progress
+
+    def val_dataloader(self) -> Any:
+        """Batches of ``per_device_eval_batch_size`` examples in dataset order, this rank's share without any
+        padding or repetition (ranks may differ by one example; a rank with none gets one placeholder batch,
+        see :class:`~hf_lightning.data.collators.PlaceholderAwareCollator`); ``[]`` without validation
+        data."""
+        if self.train_dataset is None:
+            self.setup("validate")
+        if self.val_dataset is None:
+            return []
+        return self._loader(self.val_dataset, "validation")
+
+    def test_dataloader(self) -> Any:
+        """Batches of the test data (``test_path``, or the ``test_split_name`` split of ``path``, default
+        ``test``) as :meth:`val_dataloader` batches the validation data: dataset order, this rank's share.
+
+        Raises:
+            ConfigError: no test data (names ``data.test_path`` and why ``path`` gives none).
+        """
+        if self.test_dataset is None:
+            self.setup("test")
+        if self.test_dataset is None:
+            raise ConfigError(
+                f"trainer.test needs test data, and there is none: {self._no_test_data}. Set data.test_path "
+                "(a file, folder or dataset, as data.path), or data.test_split_name to a split of data.path"
+            )
+        return self._loader(self.test_dataset, "test")
+
+    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
+        """A flat ``dict`` batch (every batch of this DataModule) moves in one comprehension.
+
+        Lightning's default walks the batch with ``apply_to_collection``, whose fast path needs a dict of
+        tensors only; the window counts (``int``) send every batch down its slow path (ABC ``isinstance``
+        checks per value, per micro-batch; docs/benchmarks.md has the timing). Any other batch type keeps
+        Lightning's behaviour. Here rather than in the LightningModule: Lightning warns on every fit when both
+        define it.
+        """
+        kind = type(batch)
+        if kind is Window:
+            return batch  # the module moves each micro-batch as it computes it
+        if kind is not dict and kind is not WindowBatch:
+            return super().transfer_batch_to_device(batch, device, dataloader_idx)
+        if self._count_use is not None:
+            self._count_use.handed_out(batch)  # the previous training batch's step has run by now
+        # as Lightning: non-blocking copies except to the CPU / MPS (blocking device types)
+        non_blocking = device.type not in ("cpu", "mps")
+        moved = {
+            k: v.to(device, non_blocking=non_blocking) if isinstance(v, torch.Tensor) else v
+            for k, v in batch.items()
+        }
+        return moved if kind is dict else WindowBatch(moved)
+
+    def teardown(self, stage: str) -> None:
+        """At the end of ``fit``: say whether the module read the window count, if no second training batch
+        did (:class:`~hf_lightning.data.sampling.CountUse`)."""
+        if stage == "fit" and self._count_use is not None:
+            self._count_use.finish()
+
+    def predict_dataloader(self) -> Any:
+        """The validation data in dataset order (each rank its share, no padding)."""
+        return self.val_dataloader()

@@ -49,7 +49,7 @@ import torch
 
 from hf_lightning.compat import attention_backend
 from hf_lightning.core.arguments import Allowed
-from hf_lightning.data.checks import packed_sequences_isolated
+from hf_lightning.data.checks import forward_parameters, is_sequence_classifier, packed_sequences_isolated
 from hf_lightning.data.collators import (
     BatchPackingCollator,
     ClassificationCollator,
@@ -59,7 +59,6 @@ from hf_lightning.data.collators import (
     Seq2SeqCollator,
 )
 from hf_lightning.data.formats import CAUSAL_FORMATS
-from hf_lightning.data.model_facts import forward_parameters, is_sequence_classifier
 from hf_lightning.data.packing import UNPACKED, RowPlan, best_fit_decreasing
 from hf_lightning.data.sampling import length_grouped_indices, sequence_lengths
 from hf_lightning.data.sources import is_stream

@@ -69,9 +69,8 @@ from datasets.fingerprint import generate_random_fingerprint
 from hf_lightning.core.arguments import Allowed, shown
 from hf_lightning.core.batch import IGNORE_INDEX
 from hf_lightning.core.errors import ConfigError
-from hf_lightning.data.checks import check_sequence_isolation
+from hf_lightning.data.checks import check_sequence_isolation, forward_parameters
 from hf_lightning.data.formats import CAUSAL_FORMATS
-from hf_lightning.data.model_facts import forward_parameters
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +102,7 @@ def packing_strategy(packing: Any) -> str | None:
 class RowPlan:
     """What ``data.packing`` and ``data.padding_free`` mean for the rows, resolved once (:func:`row_plan`).
 
-    The tokenizers (:func:`~hf_lightning.data.on_the_fly.fn_kwargs_for`), the split preparation
+    The tokenizers (:func:`~hf_lightning.data.tokenize.fn_kwargs_for`), the split preparation
     (:func:`~hf_lightning.data.tokenize.prepare_split`) and the collators
     (:func:`~hf_lightning.data.layout.collator_for`) read these facts, never the two options.
 

@@ -254,7 +254,7 @@ class ShardedStream(IterableDataset):
         source: a ``datasets.IterableDataset`` or a torch ``IterableDataset`` (yielding mappings). A torch
             stream must yield the full stream in every process: this class does the sharding.
         processor: ``example -> (example, report)`` (an
-        :class:`~hf_lightning.data.on_the_fly.ExampleProcessor`,
+        :class:`~hf_lightning.data.tokenize.ExampleProcessor`,
             which returns a zero-weight stand-in for a row without a target) or ``None`` to yield rows as they
             are.
         rank / world_size: this process and the number of processes.

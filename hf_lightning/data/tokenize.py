@@ -1,17 +1,28 @@
-"""Tokenize a ``datasets.Dataset`` in a chosen format, counting what is truncated and dropped, and prune its
-columns.
+"""Tokenize each split in its format, counting what is truncated and dropped, and prune the columns the model
+does not take.
 
-- :func:`tokenize_dataset`: the format functions of :mod:`hf_lightning.data.formats` through ``Dataset.map``
-  (cached by ``datasets`` under the fingerprint of the data, the tokenizer and :func:`tokenizing_code`), then
-  rows with no target are dropped; truncations and drops (per cause, see :mod:`~hf_lightning.data.formats`)
-  are logged at WARNING. Streams and plain torch datasets take the same functions one example at a time
-  (:mod:`~hf_lightning.data.on_the_fly`).
-- :func:`prune_dataset`: HF ``remove_unused_columns``, the columns the model's ``forward`` does not take
-  dropped.
+- :func:`tokenize_dataset`: a ``datasets.Dataset``, through ``Dataset.map`` with the format functions of
+  :mod:`~hf_lightning.data.formats` (cached by ``datasets`` under the fingerprint of the data, the tokenizer
+  and :func:`tokenizing_code`); rows with no target are dropped, truncations and drops (per cause,
+  :class:`~hf_lightning.data.formats.RowReport`) logged at WARNING.
+- :class:`ExampleProcessor`: streams and plain torch datasets, one example at a time, as
+  :func:`tokenize_dataset` would (inside ``DataLoader`` workers for a stream, see
+  :mod:`~hf_lightning.data.streams`); :func:`scan_torch_dataset` reads a torch map-style dataset once to count
+  truncations, drop rows without a target and measure lengths.
+- Column pruning (HF ``remove_unused_columns``): the model's ``forward`` parameters plus ``label``,
+  ``label_ids`` and ``label_names`` are kept (:func:`resolve_columns`), the rest dropped: from a
+  ``datasets.Dataset`` once, up front (:func:`prune_dataset`), from each example of a dataset that keeps its
+  columns, a stream or a torch dataset, in the collator (:class:`PruneColumnsCollator`). HF ``Trainer`` logs
+  the dropped columns at INFO (so most users never see it); here the drop is logged once at WARNING, and a
+  dataset left with no model input is an error that lists what was found (:func:`check_inputs_survive`),
+  instead of an empty batch deep inside the model. Example: ``forward(input_ids, attention_mask,
+  position_ids, labels)`` with columns ``input_ids, attention_mask, labels, label, text, id`` keeps
+  ``input_ids, attention_mask, labels, label`` and drops ``text, id``.
+- :func:`prepare_split`: one split from source rows to model rows (tokenized, pruned, packed).
 
-Both tokenize whole documents for ``wrapped`` packing (it cuts the concatenation, so nothing is truncated),
-end packed ``text`` documents with EOS, and take padding out of pre-tokenized rows bound for packed or
-padding-free batches (:func:`~hf_lightning.data.on_the_fly.fn_kwargs_for`).
+Both ways tokenize whole documents for ``wrapped`` packing (it cuts the concatenation, so nothing is
+truncated), end packed ``text`` documents with EOS, and take padding out of pre-tokenized rows bound for
+packed or padding-free batches (:func:`fn_kwargs_for`).
 """
 
 from __future__ import annotations
@@ -21,27 +32,29 @@ import hashlib
 import logging
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import datasets
 import pyarrow.compute as pc
+from torch.utils.data import Dataset
 
 from hf_lightning.core.errors import DataError
+from hf_lightning.data.checks import forward_parameters, unwrap_model
 from hf_lightning.data.formats import (
+    ALL_PADDING,
+    EMPTY,
     REPORT_COLUMNS,
     SOURCE_COLUMNS,
     TOKENIZERS,
     RowReport,
     check_columns,
 )
-from hf_lightning.data.model_facts import Columns, check_inputs_survive
-from hf_lightning.data.on_the_fly import ExampleProcessor, fn_kwargs_for, scan_torch_dataset
 from hf_lightning.data.packing import UNPACKED, RowPlan
+from hf_lightning.data.sampling import mask_example
 from hf_lightning.data.sources import describe_row, is_stream, non_utf8_error, row_names
-
-__all__ = ["prepare_split", "prune_dataset", "tokenize_dataset"]
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +131,7 @@ def tokenize_dataset(
 
     Columns the format does not read are kept (pruning against the model's ``forward`` is a separate step).
     ``plan``: what the rows are for (:class:`~hf_lightning.data.packing.RowPlan`, read by
-    :func:`~hf_lightning.data.on_the_fly.fn_kwargs_for`). ``num_proc``: processes of ``Dataset.map``
+    :func:`fn_kwargs_for`). ``num_proc``: processes of ``Dataset.map``
     (``datasets``' own argument; ``None``: this process). The result, its row order and the row report are the
     same for any value (``map`` concatenates the shards in order, the report columns come back with the rows);
     one INFO line gives the rows, tokens and rates of the tokenization.
@@ -234,6 +247,228 @@ def log_rate(out: datasets.Dataset, split: str, seconds: float, num_proc: int | 
     )
 
 
+# ---------------------------------------------------------------- one example at a time (streams, torch data)
+def fn_kwargs_for(
+    fmt: str,
+    tokenizer: Any,
+    max_length: int,
+    label2id: Mapping[str, int] | None,
+    plan: RowPlan = UNPACKED,
+) -> dict:
+    """The keyword arguments of format ``fmt``'s function for rows bound for ``plan``.
+
+    ``wrapped`` packing tokenizes whole documents (``max_length=None``: the concatenation is cut, no document
+    is truncated; HF ``run_clm``'s ``group_texts`` and TRL's ``wrapped`` keep every token too); packed
+    ``text`` ends each document with EOS; packed and padding-free pre-tokenized rows lose their padding.
+    """
+    kwargs: dict[str, Any] = {"tokenizer": tokenizer, "max_length": max_length if plan.truncate else None}
+    if fmt == "classification":
+        kwargs["label2id"] = dict(label2id) if label2id else None
+    if fmt == "text":
+        kwargs["add_eos"] = plan.add_eos
+    if fmt == "tokenized":
+        kwargs["drop_padding"] = plan.drop_padding
+    return kwargs
+
+
+class ExampleProcessor:
+    """Tokenizes one example on the fly (streams, plain torch datasets), as
+    :func:`tokenize_dataset` would.
+
+    Args:
+        fmt: a format name of :mod:`~hf_lightning.data.formats`.
+        tokenizer / max_length / label2id / plan: as for :func:`tokenize_dataset`.
+
+    Calling it with one example mapping returns ``(example, report)``: the example keeps the columns the
+    format does not read; ``report`` holds its report columns (:mod:`~hf_lightning.data.formats`). A row
+    without a target comes back as a zero-weight stand-in (labels all -100; one pad token when it has no real
+    token, so that no ``(B, 0)`` batch can reach a model), for streams that cannot drop it. Picklable (runs
+    inside ``DataLoader`` workers).
+
+    Raises:
+        DataError: a missing field or a bad value (from the format function).
+        TypeError: an example that is not a mapping.
+    """
+
+    def __init__(
+        self,
+        fmt: str,
+        tokenizer: Any,
+        max_length: int,
+        label2id: Mapping[str, int] | None = None,
+        plan: RowPlan = UNPACKED,
+    ) -> None:
+        self.fmt = fmt
+        self.fn = TOKENIZERS[fmt]
+        self.kwargs = fn_kwargs_for(fmt, tokenizer, max_length, label2id, plan)
+        self.pad_token_id = getattr(tokenizer, "pad_token_id", None) or 0
+
+    def __call__(self, example: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        if not isinstance(example, Mapping):
+            raise TypeError(f"examples must be mappings of column -> value, got {type(example).__name__}")
+        check_columns(list(example), self.fmt, "<stream>", "streamed")
+        out = self.fn({k: [v] for k, v in example.items()}, **self.kwargs)
+        row = {k: v[0] for k, v in out.items()}
+        report = {k: row.pop(k) for k in REPORT_COLUMNS if k in row}
+        row = {**{k: v for k, v in example.items() if k not in row}, **row}
+        if report.get("untrainable"):
+            row = self.stand_in(row, report["untrainable"])
+        return row, report
+
+    def stand_in(self, row: dict[str, Any], cause: str) -> dict[str, Any]:
+        """``row`` with no loss term; a row with no real token becomes one pad token (attended, label
+        -100)."""
+        if cause in (EMPTY, ALL_PADDING):
+            token = {"input_ids": [self.pad_token_id], "attention_mask": [1], "position_ids": [0]}
+            row = {**row, **{k: v for k, v in token.items() if k == "input_ids" or k in row}}
+        return mask_example(row)
+
+
+class ProcessedDataset(Dataset):
+    """A plain torch map-style dataset, tokenized on the fly; rows without a target are left out.
+
+    Built by :func:`scan_torch_dataset`, which reads every row once to count truncations, find the rows
+    without a target and measure lengths (for ``group_by_length``); rows are tokenized again when read.
+    """
+
+    def __init__(self, base: Any, processor: ExampleProcessor, indices: list[int]) -> None:
+        self.base = base
+        self.processor = processor
+        self.indices = indices
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        return self.processor(self.base[self.indices[index]])[0]
+
+
+def scan_torch_dataset(
+    base: Any, processor: ExampleProcessor, split: str, path: Any = None
+) -> tuple[ProcessedDataset, list[int]]:
+    """One pass over a torch map-style dataset: ``(view without target-less rows, token length of each kept
+    row)``.
+
+    Truncated and dropped rows are counted and logged at WARNING (per cause), as
+    :func:`tokenize_dataset` does.
+
+    Raises:
+        DataError: a bad row (named by index) or nothing left.
+    """
+    keep: list[int] = []
+    lengths: list[int] = []
+    report = RowReport(split)
+    n = len(base)
+    for i in range(n):
+        try:
+            row, info = processor(base[i])
+        except (DataError, TypeError) as err:
+            raise DataError(f"data.path={path} ({split}), row {i}: {err}") from err
+        if not report.add(i, info):
+            keep.append(i)
+            lengths.append(len(_flat_ids(row["input_ids"])))
+    report.log(processor.kwargs["max_length"])
+    if not keep:
+        raise DataError(
+            f"data.path={path}: the {split} split is empty after tokenization: {n} rows were read and none "
+            f"has a trained-on token [{report.describe_causes()}]: "
+            f"{report.empty_remedy(processor.kwargs['max_length'])}"
+        )
+    return ProcessedDataset(base, processor, keep), lengths
+
+
+def _flat_ids(value: Any) -> list:
+    if hasattr(value, "reshape"):
+        return value.reshape(-1).tolist()
+    return list(value)
+
+
+# ------------------------------------------------------------------------------ column pruning
+# HF's default collator accepts labels under these names too (``Trainer._set_signature_columns_if_needed``)
+LABEL_COLUMNS = ("label", "label_ids")
+# inputs that only qualify another input: a batch of these alone (an image model's ``attention_mask`` kept
+# from text data) gives the model nothing to read
+AUXILIARY_INPUTS = ("attention_mask", "token_type_ids", "position_ids", "decoder_attention_mask", "head_mask")
+
+
+def find_label_names(model: Any) -> list[str]:
+    """HF's ``transformers.utils.find_labels`` of the (unwrapped) model's class: ``forward`` parameters with
+    ``label`` in their name, plus ``start_positions``/``end_positions`` for question answering; ``["labels"]``
+    if none."""
+    from transformers.utils import find_labels
+
+    return find_labels(type(unwrap_model(model))) or ["labels"]
+
+
+def signature_columns(model_input_names: Iterable[str], label_names: Iterable[str]) -> list[str]:
+    """The columns pruning keeps: model inputs, then ``label``, ``label_ids`` and ``label_names``."""
+    keep = list(dict.fromkeys(model_input_names))
+    keep += [c for c in (*LABEL_COLUMNS, *label_names) if c not in keep]
+    return keep
+
+
+def check_inputs_survive(
+    columns: Sequence[str],
+    keep: Sequence[str],
+    model_input_names: Sequence[str],
+    where: str,
+    inputs_from: str,
+) -> None:
+    inputs = [
+        c
+        for c in model_input_names
+        if c in columns and c not in LABEL_COLUMNS and "label" not in c and c not in AUXILIARY_INPUTS
+    ]
+    if not inputs:
+        raise DataError(
+            f"{where}: no model input survives column pruning. Columns found: {sorted(columns)}; "
+            f"model inputs ({inputs_from}): {list(model_input_names)}. Tokenize into one of those "
+            "(usually input_ids), pass data.model_input_names, or set data.remove_unused_columns=false"
+        )
+
+
+@dataclass(frozen=True)
+class Columns:
+    """What column pruning keeps: ``keep`` (model inputs, then the label columns), ``inputs`` (the model's
+    input names) and ``inputs_from`` (where those came from, for messages)."""
+
+    keep: list[str]
+    inputs: list[str]
+    inputs_from: str
+
+
+def resolve_columns(
+    model: Any, model_input_names: Sequence[str] | None, label_names: Sequence[str], tokenizer: Any
+) -> Columns:
+    """:class:`Columns` of a model (or of ``model_input_names``, else the tokenizer's names) and
+    ``label_names``."""
+    inputs, inputs_from = resolve_model_inputs(model, model_input_names, tokenizer)
+    return Columns(signature_columns(inputs, label_names), inputs, inputs_from)
+
+
+def resolve_model_inputs(
+    model: Any, model_input_names: Sequence[str] | None, tokenizer: Any
+) -> tuple[list[str], str]:
+    """``(model input names, where they came from)`` for pruning.
+
+    In order: the explicit ``model_input_names``; the ``forward`` signature of ``model`` (the bound model);
+    the tokenizer's ``model_input_names`` (what it produces; logged at
+    WARNING because the model's real signature is unknown then).
+    """
+    if model_input_names is not None:
+        return list(model_input_names), "data.model_input_names"
+    if model is not None:
+        return forward_parameters(model), f"{type(unwrap_model(model)).__name__}.forward"
+    names = list(getattr(tokenizer, "model_input_names", None) or ["input_ids", "attention_mask"])
+    log.warning(
+        "no model to read forward() from (none bound: HFDataModule.bind(model), or a LightningModule with "
+        "data_binding(); and data.model_input_names is not set): pruning columns to the tokenizer's "
+        "model_input_names %s plus the label columns",
+        names,
+    )
+    return names, "tokenizer.model_input_names"
+
+
 def prune_dataset(
     ds: datasets.Dataset,
     keep: Sequence[str],
@@ -271,6 +506,78 @@ def prune_dataset(
     return ds, dropped
 
 
+class PruneColumnsCollator:
+    """Collator wrapper that filters each example mapping to ``keep`` (HF's ``RemoveColumnsCollator``).
+
+    For datasets whose columns cannot be removed up front (streams, plain torch datasets). The first batch
+    that loses a key logs the dropped keys once at WARNING; :attr:`dropped` records them.
+
+    Raises:
+        DataError: an example with no model input left (lists keys and ``forward`` parameters).
+    """
+
+    def __init__(
+        self,
+        collator: Callable[[list[Mapping[str, Any]]], Any],
+        keep: Sequence[str],
+        model_input_names: Sequence[str],
+        split: str = "train",
+        inputs_from: str = "the model inputs",
+    ) -> None:
+        self.collator = collator
+        self.keep = list(keep)
+        self.model_input_names = list(model_input_names)
+        self.split = split
+        self.inputs_from = inputs_from
+        self.dropped: list[str] = []
+        self._checked = False
+
+    def inspect(self, example: Mapping[str, Any]) -> None:
+        """Check one example: raise if no model input survives, log keys dropped for the first time."""
+        if not self._checked:
+            check_inputs_survive(
+                list(example), self.keep, self.model_input_names, f"{self.split} examples", self.inputs_from
+            )
+            self._checked = True
+        extra = [k for k in example if k not in self.keep and k not in self.dropped]
+        if extra:
+            self.dropped += extra
+            log.warning(
+                "%s: keys %s are not in %s and are dropped from every example (remove_unused_columns=true)",
+                self.split,
+                extra,
+                self.inputs_from,
+            )
+
+    def __call__(self, examples: Sequence[Mapping[str, Any]]) -> Any:
+        for ex in examples:
+            self.inspect(ex)
+        return self.collator([{k: v for k, v in ex.items() if k in self.keep} for ex in examples])
+
+
+def prune_per_example(
+    base: Callable[[list[Mapping[str, Any]]], Any],
+    columns: Any,
+    example: Mapping[str, Any] | None,
+    split: str,
+) -> PruneColumnsCollator:
+    """``base`` behind a :class:`PruneColumnsCollator` of ``columns`` (a
+    :class:`Columns`), for datasets that keep their columns (streams, torch
+    datasets).
+
+    ``example``, the split's first, is checked at once, in the main process: the drop is logged once (not once
+    per worker) and a dataset without model inputs fails at setup rather than in the first batch.
+
+    Raises:
+        DataError: ``example`` has no model input left.
+    """
+    collator = PruneColumnsCollator(base, columns.keep, columns.inputs, split, columns.inputs_from)
+    if example is not None:
+        collator.inspect(example)
+    return collator
+
+
+# ------------------------------------------------------------------------------ one split
 def prepare_split(
     ds: Any,
     fmt: str,
@@ -288,7 +595,7 @@ def prepare_split(
     """One split from source rows to model rows: ``(rows, dropped columns or None, token lengths or None)``.
 
     A stream is returned as it is (tokenized on the fly by :class:`~hf_lightning.data.streams.ShardedStream`);
-    a torch map-style dataset is scanned once (:func:`~hf_lightning.data.on_the_fly.scan_torch_dataset`, which
+    a torch map-style dataset is scanned once (:func:`scan_torch_dataset`, which
     measures the lengths); a ``datasets.Dataset`` is tokenized (:func:`tokenize_dataset`) and pruned to
     ``columns`` (``None``: ``remove_unused_columns=false``). Rows bound for packing are then packed
     (``plan.pack``, :func:`~hf_lightning.data.packing.pack_dataset`). ``num_proc`` (``data.num_proc``) reaches

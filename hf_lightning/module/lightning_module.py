@@ -18,7 +18,7 @@ from hf_lightning.compat import attached_trainer
 from hf_lightning.core.arguments import FRACTION, OPTIONAL_NON_NEGATIVE, OPTIONAL_POSITIVE_INT, check_call
 from hf_lightning.core.batch import MICRO_ITEMS_KEY, Window
 from hf_lightning.core.errors import ConfigError
-from hf_lightning.data.model_facts import forward_parameters
+from hf_lightning.data.checks import forward_parameters
 from hf_lightning.models.loading import pretrained_causal_lm
 from hf_lightning.module.eval_steps import EvalStepsMixin
 from hf_lightning.module.grad_norm import SharedGradNorm, StepGradNorm
@@ -205,7 +205,7 @@ class HFLightningModule(
 
     def data_binding(self) -> dict[str, Any]:
         """What :class:`~hf_lightning.HFDataModule` needs from this module, as keyword arguments of
-        :meth:`HFDataModule.bind <hf_lightning.data.model_facts.ModelBinding.bind>`: the model (pruning, the
+        :meth:`HFDataModule.bind <hf_lightning.data.datamodule.HFDataModule.bind>`: the model (pruning, the
         checks against the data), :meth:`count_loss_items` (the window keys), ``forward_kwargs``, whether
         ``compute_metrics`` needs a label key, and that placeholder batches are handled. The DataModule asks
         for it at ``setup`` when nobody called ``bind``."""

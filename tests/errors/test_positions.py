@@ -24,7 +24,7 @@ import transformers as T
 
 from hf_lightning import HFDataModule
 from hf_lightning.core.errors import ConfigError
-from hf_lightning.data.positions import check_positions, position_limit
+from hf_lightning.data.checks import check_positions, position_limit
 from tests.data_support import make_word_tokenizer
 from tests.errors.support import fit, one_line_error, run_train_cli
 
@@ -210,7 +210,7 @@ def test_a_long_max_length_with_short_rows_trains_and_says_so(tmp_path, caplog):
     dm = HFDataModule(
         make_word_tokenizer(), path=_long_texts(words=12), per_device_train_batch_size=2, max_length=512
     )
-    with caplog.at_level(logging.WARNING, logger="hf_lightning.data.positions"):
+    with caplog.at_level(logging.WARNING, logger="hf_lightning.data.checks"):
         trainer = fit(tmp_path, model, dm)
     assert trainer.global_step == 1
     assert (
@@ -259,7 +259,7 @@ def test_rotary_model_past_its_positions_warns_and_trains(tmp_path, caplog):
     dm = HFDataModule(
         make_word_tokenizer(), path=_long_texts(), per_device_train_batch_size=2, max_length=100
     )
-    with caplog.at_level(logging.WARNING, logger="hf_lightning.data.positions"):
+    with caplog.at_level(logging.WARNING, logger="hf_lightning.data.checks"):
         trainer = fit(tmp_path, model, dm)
     assert trainer.global_step == 1
     assert (

@@ -103,7 +103,7 @@ def test_a_dict_that_is_not_a_position_is_refused(word_tokenizer, state, found):
 
 
 def said(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "hf_lightning.data.dataloaders"]
+    return [r.getMessage() for r in caplog.records if r.name == "hf_lightning.data.datamodule"]
 
 
 def test_a_changed_setting_is_named_when_the_loop_continues(word_tokenizer, caplog):
@@ -112,14 +112,14 @@ def test_a_changed_setting_is_named_when_the_loop_continues(word_tokenizer, capl
     state = saved.state_dict()
     dm = datamodule(word_tokenizer, per_device_train_batch_size=2)
     dm.load_state_dict(state)
-    with caplog.at_level(logging.WARNING, logger="hf_lightning.data.dataloaders"):
+    with caplog.at_level(logging.WARNING, logger="hf_lightning.data.datamodule"):
         dm.train_dataloader()
     assert said(caplog) == [
         "resuming with data settings that changed since the state was saved, so the loop cannot continue "
         "exactly as it would have: per_device_train_batch_size: 3 -> 2"
     ]
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="hf_lightning.data.dataloaders"):
+    with caplog.at_level(logging.WARNING, logger="hf_lightning.data.datamodule"):
         same = datamodule(word_tokenizer)
         same.load_state_dict(state)
         same.train_dataloader()

@@ -12,9 +12,12 @@ from torch import nn
 from transformers.modeling_outputs import CausalLMOutput
 
 from hf_lightning import ConfigError, DataError, HFDataModule
-from hf_lightning.data.column_pruning import PruneColumnsCollator
-from hf_lightning.data.model_facts import find_label_names, signature_columns
-from hf_lightning.data.tokenize import prune_dataset
+from hf_lightning.data.tokenize import (
+    PruneColumnsCollator,
+    find_label_names,
+    prune_dataset,
+    signature_columns,
+)
 
 
 class Forward4(nn.Module):
