@@ -33,12 +33,13 @@ targets, then runs the micro-steps (``Trainer.get_batch_samples``). :class:`Wind
 data side: it yields one :class:`~hf_lightning.core.batch.Window` per optimizer step, the window's
 micro-batches counted on the host (no device sync), which ``HFLightningModule.training_step`` steps itself.
 For a module of one's own on Lightning's automatic optimization (Lightning pulls one micro-batch at a time),
-:class:`AccumulationWindowLoader` reads a whole window ahead and yields its micro-batches with the count
-attached under ``num_items_in_batch``.
+:class:`AccumulationWindowLoader` flattens those windows: it reads a whole window ahead and yields its
+micro-batches one by one with the count attached under ``num_items_in_batch``.
 
-Resume inside an epoch (:class:`ResumableLoader`, the base of :class:`AccumulationWindowLoader`): Lightning
-saves a train loader's ``state_dict`` with its checkpoints; here it is the epoch and the batches consumed, and
-a restored loader continues the epoch after them.
+Resume inside an epoch (:class:`ResumableLoader`, the base of both): Lightning saves a train loader's
+``state_dict`` with its checkpoints; here it is the epoch and the batches consumed (windows for
+:class:`WindowLoader`; micro-batches for :class:`AccumulationWindowLoader`, which may stop inside a window),
+and a restored loader continues the epoch after them.
 
 A window never spans two epochs, and the last one of an epoch may be shorter (HF ``Trainer`` cuts them so); it
 is counted over the batches it really holds. For :class:`AccumulationWindowLoader` that is Lightning's own
@@ -351,78 +352,6 @@ class ResumableLoader:
         yield from self._iterator(self._start())
 
 
-class AccumulationWindowLoader(ResumableLoader):
-    """Wraps a train dataloader and attaches the window's label count to each batch (and resumes as
-    :class:`ResumableLoader`).
-
-    Args:
-        loader: any iterable of dict batches (usually a ``torch.utils.data.DataLoader``).
-        accumulate_grad_batches: the window length (Lightning's ``accumulate_grad_batches``, HF's
-            ``gradient_accumulation_steps``); must be >= 1.
-        count_fn: ``batch -> int``, the number of label positions of one micro-batch that get a loss term
-            (e.g. :func:`hf_lightning.module.loss.count_loss_items`).
-        max_batches: optional ``() -> int | float``, read at the start of each epoch: how many batches the
-            training loop will consume (``trainer.num_training_batches``); windows are cut there so that
-            ``limit_train_batches`` cannot leak unseen batches into the count.
-        progress: optional ``() -> (epoch, batches consumed in that epoch)``, read when a checkpoint is saved
-            (Lightning calls :meth:`state_dict`); on resume the epoch continues after those batches.
-
-    Each yielded batch is a shallow copy of the original mapping (a
-    :class:`WindowBatch`, a ``dict``) with three extra keys, all Python ``int``:
-    ``num_items_in_batch``, the count summed over the micro-batches of its window on this process (the model
-    module sums it across ranks); ``num_items_in_micro_batch``, this micro-batch's own count; and
-    ``num_batches_in_window``, the number of micro-batches in its window (``accumulate_grad_batches``, or
-    fewer for the last window of an epoch).
-
-    Raises:
-        ValueError: ``accumulate_grad_batches < 1``.
-        TypeError: a batch is not a mapping.
-    """
-
-    def __init__(
-        self,
-        loader: Iterable[Mapping[str, Any]],
-        accumulate_grad_batches: int,
-        count_fn: Callable[[Mapping[str, Any]], int],
-        max_batches: Callable[[], int | float] | None = None,
-        progress: Callable[[], tuple[int, int]] | None = None,
-    ) -> None:
-        if accumulate_grad_batches < 1:
-            raise ValueError(f"accumulate_grad_batches must be >= 1, got {accumulate_grad_batches}")
-        super().__init__(loader, progress)
-        self.accumulate_grad_batches = accumulate_grad_batches
-        self.count_fn = count_fn
-        self.max_batches = max_batches
-
-    def __iter__(self) -> Iterator[dict[str, Any]]:
-        # a generator: the body runs at the first next(), after Lightning has called set_epoch
-        start = self._start()
-        limit = self.max_batches() if self.max_batches is not None else float("inf")
-        iterator = self._iterator(start)
-        remaining = limit - start
-        # after a resume inside a window (a checkpoint not taken at a step boundary) the first window is the
-        # rest of the interrupted one; its count then misses the micro-batches consumed before the stop
-        first = self.accumulate_grad_batches - start % self.accumulate_grad_batches
-        while remaining > 0:
-            size = int(min(first, remaining))
-            first = self.accumulate_grad_batches
-            window = list(itertools.islice(iterator, size))
-            if not window:
-                return
-            remaining -= len(window)
-            for batch in window:
-                if not isinstance(batch, Mapping):
-                    raise TypeError(
-                        f"AccumulationWindowLoader needs dict batches (got {type(batch).__name__}); "
-                        "the collator must return a mapping of tensors"
-                    )
-            counts = [self.count_fn(batch) for batch in window]
-            total = sum(counts)
-            for batch, count in zip(window, counts):
-                keys = {NUM_ITEMS_KEY: total, MICRO_ITEMS_KEY: count, WINDOW_LENGTH_KEY: len(window)}
-                yield WindowBatch(batch, **keys)
-
-
 class WindowLoader(ResumableLoader):
     """Wraps a train dataloader of micro-batches and yields one :class:`~hf_lightning.core.batch.Window` per
     optimizer step (and resumes as :class:`ResumableLoader`, in windows).
@@ -469,20 +398,84 @@ class WindowLoader(ResumableLoader):
         k = self.gradient_accumulation_steps
         start = self._start()
         limit = self.max_windows() if self.max_windows is not None else float("inf")
-        iterator = self._iterator(start * k)
-        done = start
-        while done < limit:
-            micro = list(itertools.islice(iterator, k))
+        yield from self._windows(start * k, k, (limit - start) * k)
+
+    def _windows(self, skip: int, first: int, limit: int | float) -> Iterator[Window]:
+        """This epoch's windows after its first ``skip`` micro-batches: the first holds at most ``first``
+        micro-batches, the others ``gradient_accumulation_steps``, and no micro-batch past the first ``limit``
+        (counted from ``skip``) is read."""
+        iterator = self._iterator(skip)
+        size = first
+        while limit > 0:
+            micro = list(itertools.islice(iterator, int(min(size, limit))))
             if not micro:
                 return
+            limit -= len(micro)
+            size = self.gradient_accumulation_steps
             for batch in micro:
                 if not isinstance(batch, Mapping):
                     raise TypeError(
                         f"the training collator must return a mapping of tensors (got {type(batch).__name__})"
                     )
             counts = [self.count_fn(batch) for batch in micro] if self.count_fn is not None else None
-            done += 1
             yield Window(micro, counts)
+
+
+class AccumulationWindowLoader(WindowLoader):
+    """The micro-batches of :class:`WindowLoader`'s windows one at a time, each with its window's label count,
+    for a module on Lightning's automatic optimization (which pulls one micro-batch at a time and accumulates
+    ``accumulate_grad_batches`` of them).
+
+    Args:
+        loader: any iterable of dict batches (usually a ``torch.utils.data.DataLoader``).
+        accumulate_grad_batches: the window length (Lightning's ``accumulate_grad_batches``, HF's
+            ``gradient_accumulation_steps``); must be >= 1.
+        count_fn: ``batch -> int``, the number of label positions of one micro-batch that get a loss term
+            (e.g. :func:`hf_lightning.module.loss.count_loss_items`).
+        max_batches: optional ``() -> int | float``, read at the start of each epoch: how many batches the
+            training loop will consume (``trainer.num_training_batches``); windows are cut there so that
+            ``limit_train_batches`` cannot leak unseen batches into the count.
+        progress: optional ``() -> (epoch, batches consumed in that epoch)``, read when a checkpoint is saved
+            (Lightning calls :meth:`state_dict`); on resume the epoch continues after those batches, which
+            may end inside a window (a checkpoint not taken at a step boundary): the first window is then the
+            rest of the interrupted one, and its count misses the micro-batches consumed before the stop.
+
+    Each yielded batch is a shallow copy of the original mapping (a
+    :class:`WindowBatch`, a ``dict``) with three extra keys, all Python ``int``:
+    ``num_items_in_batch``, the count summed over the micro-batches of its window on this process (the model
+    module sums it across ranks); ``num_items_in_micro_batch``, this micro-batch's own count; and
+    ``num_batches_in_window``, the number of micro-batches in its window (``accumulate_grad_batches``, or
+    fewer for the last window of an epoch). ``len()`` is the epoch's number of micro-batches.
+
+    Raises:
+        ValueError: ``accumulate_grad_batches < 1``.
+        TypeError: a batch is not a mapping.
+    """
+
+    def __init__(
+        self,
+        loader: Iterable[Mapping[str, Any]],
+        accumulate_grad_batches: int,
+        count_fn: Callable[[Mapping[str, Any]], int],
+        max_batches: Callable[[], int | float] | None = None,
+        progress: Callable[[], tuple[int, int]] | None = None,
+    ) -> None:
+        super().__init__(loader, accumulate_grad_batches, count_fn, progress=progress)
+        self.max_batches = max_batches
+
+    def __len__(self) -> int:
+        return len(self.loader)  # type: ignore[arg-type]
+
+    def __iter__(self) -> Iterator[WindowBatch]:
+        # a generator: the body runs at the first next(), after Lightning has called set_epoch
+        k = self.gradient_accumulation_steps
+        start = self._start()  # in micro-batches
+        limit = self.max_batches() if self.max_batches is not None else float("inf")
+        for window in self._windows(start, k - start % k, limit - start):
+            total = sum(window.counts)
+            for batch, count in zip(window.micro_batches, window.counts):
+                keys = {NUM_ITEMS_KEY: total, MICRO_ITEMS_KEY: count, WINDOW_LENGTH_KEY: len(window)}
+                yield WindowBatch(batch, **keys)
 
 
 # ------------------------------------------------------------------ whether the module uses the count
