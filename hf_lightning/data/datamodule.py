@@ -779,8 +779,9 @@ class HFDataModule(L.LightningDataModule):
 
     def _accumulation(self) -> int:
         """Micro-batches per optimizer step: ``gradient_accumulation_steps`` for a module that steps windows,
-        else Lightning's ``accumulate_grad_batches``."""
-        if self.gradient_accumulation_steps > 1 or self._binding().steps_windows:
+        else Lightning's ``accumulate_grad_batches`` (a module on automatic optimization with
+        ``gradient_accumulation_steps > 1`` is refused by :meth:`train_dataloader`)."""
+        if self._binding().steps_windows:
             return self.gradient_accumulation_steps
         trainer = self.trainer
         return int(getattr(trainer, "accumulate_grad_batches", 1) or 1) if trainer is not None else 1
