@@ -188,18 +188,18 @@ def checked_column(
     return flat
 
 
-def _input_ids(examples: Sequence[Mapping[str, Any]], owner: str) -> tuple[torch.Tensor, list[int]]:
-    """The concatenated ``input_ids`` and the row lengths.
+def input_ids_of(examples: Sequence[Mapping[str, Any]], owner: str) -> list[Any]:
+    """Each example's ``input_ids``.
 
     Raises:
-        ValueError: an empty list or an example without ``input_ids``.
+        DataError: an empty list (named by ``owner``, the collator) or an example without ``input_ids``.
     """
     if not examples:
         raise DataError(f"{owner}: cannot collate an empty list of examples")
     for i, ex in enumerate(examples):
         if "input_ids" not in ex:
             raise DataError(f"example {i} has no 'input_ids' (keys: {sorted(ex)})")
-    return flatten_rows([ex["input_ids"] for ex in examples])
+    return [ex["input_ids"] for ex in examples]
 
 
 class PaddingCollator:
@@ -235,7 +235,7 @@ class PaddingCollator:
         self._extra = ExtraKeys(type(self).__name__)
 
     def __call__(self, examples: Sequence[Mapping[str, Any]]) -> dict[str, torch.Tensor]:
-        ids, lengths = _input_ids(examples, type(self).__name__)
+        ids, lengths = flatten_rows(input_ids_of(examples, type(self).__name__))
         labels = checked_column(examples, "labels", lengths)
         attention = checked_column(examples, "attention_mask", lengths)
         mask = row_mask(lengths, round_up(max(lengths), self.pad_to_multiple_of))
@@ -290,13 +290,8 @@ class PaddingFreeCollator:
         self._announced: set[str] = set()
 
     def __call__(self, examples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-        if not examples:
-            raise DataError("PaddingFreeCollator: cannot collate an empty list of examples")
-        for i, ex in enumerate(examples):
-            if "input_ids" not in ex:
-                raise DataError(f"example {i} has no 'input_ids' (keys: {sorted(ex)})")
         # whole-batch tensor ops on the concatenated rows (no per-example tensors)
-        ids, lengths = flatten_rows([ex["input_ids"] for ex in examples])
+        ids, lengths = flatten_rows(input_ids_of(examples, "PaddingFreeCollator"))
         if not ids.numel():
             raise DataError("PaddingFreeCollator: every example of the batch is empty")
         labels = checked_column(examples, "labels", lengths)
@@ -420,12 +415,7 @@ class ClassificationCollator:
         self._extra = ExtraKeys(type(self).__name__)
 
     def __call__(self, examples: Sequence[Mapping[str, Any]]) -> dict[str, torch.Tensor]:
-        if not examples:
-            raise DataError("ClassificationCollator: cannot collate an empty list of examples")
-        for i, ex in enumerate(examples):
-            if "input_ids" not in ex:
-                raise DataError(f"example {i} has no 'input_ids' (keys: {sorted(ex)})")
-        ids = [as_row(ex["input_ids"]) for ex in examples]
+        ids = [as_row(row) for row in input_ids_of(examples, "ClassificationCollator")]
         length = round_up(max(r.numel() for r in ids), self.pad_to_multiple_of)
         batch = {"input_ids": pad_rows(ids, length, self.pad_token_id)}
         for key in ("attention_mask", "token_type_ids"):
@@ -478,12 +468,7 @@ class Seq2SeqCollator:
         self._extra = ExtraKeys(type(self).__name__)
 
     def __call__(self, examples: Sequence[Mapping[str, Any]]) -> dict[str, torch.Tensor]:
-        if not examples:
-            raise DataError("Seq2SeqCollator: cannot collate an empty list of examples")
-        for i, ex in enumerate(examples):
-            if "input_ids" not in ex:
-                raise DataError(f"example {i} has no 'input_ids' (keys: {sorted(ex)})")
-        ids = [as_row(ex["input_ids"]) for ex in examples]
+        ids = [as_row(row) for row in input_ids_of(examples, "Seq2SeqCollator")]
         masks = [
             as_row(ex["attention_mask"]) if "attention_mask" in ex else torch.ones_like(r)
             for ex, r in zip(examples, ids)

@@ -41,7 +41,7 @@ from torch.utils.data import DataLoader
 from hf_lightning.compat import (
     dataset_fingerprint,
 )
-from hf_lightning.data.streams import ShardedStream, stream_batches
+from hf_lightning.data.streams import ShardedStream, reader_batches, stream_batches
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -229,4 +229,4 @@ def batches_per_epoch(
     if stream:
         return stream_batches(n, world, batch_size, num_workers, drop_last)
     per_rank = n // world if drop_last else math.ceil(n / world)
-    return per_rank // batch_size if drop_last else math.ceil(per_rank / batch_size)
+    return reader_batches(per_rank, batch_size, drop_last)

@@ -178,6 +178,14 @@ class RowReport:
         remedies = [said[c] for c in self.causes if c in said]
         return "; ".join(remedies or ["check which fields hold the targets"])
 
+    def empty_error(self, path: Any, max_length: int | None) -> DataError:
+        """The refusal of a split in which no row has a target: the rows read, the causes and the remedy."""
+        return DataError(
+            f"data.path={path}: the {self.split} split is empty after tokenization: {self.rows} rows were "
+            f"read and none has a trained-on token [{self.describe_causes()}]: "
+            f"{self.empty_remedy(max_length)}"
+        )
+
     def log(
         self,
         max_length: int | None,

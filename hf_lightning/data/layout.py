@@ -110,11 +110,6 @@ LAYOUT = Allowed(
 )
 
 
-def attention_of(model: Any) -> str | None:
-    """The model's attention implementation (:func:`hf_lightning.compat.attention_backend`)."""
-    return attention_backend(model)
-
-
 def cannot_flatten(model: Any, forward_kwargs: Mapping[str, Any] | None) -> str | None:
     """``None`` when ``model`` keeps the documents of one row apart, else why not (for the log).
 
@@ -133,8 +128,8 @@ def cannot_flatten(model: Any, forward_kwargs: Mapping[str, Any] | None) -> str 
         return f"{name}'s parameters are not materialised here, so its attention could not be probed"
     if not isolated:
         return (
-            f"{name} with {attention_of(model)!r} attention lets the documents of one row attend to each "
-            "other (probed)"
+            f"{name} with {attention_backend(model)!r} attention lets the documents of one row attend to "
+            "each other (probed)"
         )
     return None
 
@@ -176,7 +171,7 @@ def choose_layout(
     why_not = cannot_flatten(model, forward_kwargs)
     if why_not is not None:
         return Layout(False, None, False, f"padding-free does not apply: {why_not}")
-    attention = attention_of(model)
+    attention = attention_backend(model)
     if attention in VARLEN_ATTENTION:
         return Layout(
             False, None, True, f"one flat row per batch, per-document positions, {attention} attention"

@@ -114,7 +114,9 @@ def _leaf_counts(arr: pa.Array) -> np.ndarray:
     return pc.fill_null(pc.list_value_length(arr), 0).to_numpy().astype(np.int64)
 
 
-def _numel(value: Any) -> int:
+def token_count(value: Any) -> int:
+    """The number of elements of a token row (a list, a nested list, an array or a tensor: ``(1, n)`` counts
+    ``n``)."""
     if hasattr(value, "numel"):
         return int(value.numel())
     return int(np.asarray(value).size)
@@ -137,14 +139,14 @@ def sequence_lengths(ds: Any, column: str = "input_ids") -> list[int]:
         for table in ds.select_columns([column]).with_format("arrow").iter(batch_size=10_000):
             out += _leaf_counts(table.column(column)).tolist()
         return out
-    return [_numel(ds[i][column]) for i in range(len(ds))]
+    return [token_count(ds[i][column]) for i in range(len(ds))]
 
 
 def mask_example(example: Mapping[str, Any]) -> dict[str, Any]:
     """A copy of ``example`` that adds no loss term: every label ``-100`` (token labels and class labels)."""
     out = dict(example)
     if "input_ids" in out:
-        out["labels"] = [IGNORE_INDEX] * _numel(out["input_ids"])
+        out["labels"] = [IGNORE_INDEX] * token_count(out["input_ids"])
     for key in ("label", "label_ids"):
         if key in out:
             out[key] = IGNORE_INDEX

@@ -587,19 +587,8 @@ def detect_format(columns: Sequence[str], path: Any = None) -> str:
     )
 
 
-# ------------------------------------------------------------------------------ where in the file
-def _root_cause(err: BaseException) -> BaseException:
-    """The innermost exception of a ``raise ... from`` / implicit-context chain."""
-    seen = {id(err)}
-    while True:
-        nxt = err.__cause__ or err.__context__
-        if nxt is None or id(nxt) in seen:
-            return err
-        seen.add(id(nxt))
-        err = nxt
-
-
 def _chain(err: BaseException) -> Iterator[BaseException]:
+    """``err``, then its ``raise ... from`` / implicit-context chain, down to the innermost exception."""
     seen: set[int] = set()
     current: BaseException | None = err
     while current is not None and id(current) not in seen:
@@ -640,18 +629,6 @@ def first_bad_json_line(path: str) -> tuple[int, str, str] | None:
                 return number, f"{err.msg}: column {err.colno}", _excerpt(line)
             if not isinstance(value, dict):
                 return number, f"a JSON {type(value).__name__}, not an object", _excerpt(line)
-    return None
-
-
-def jsonl_line_of_row(path: str, row: int) -> int | None:
-    """The 1-based line of a JSON Lines file that holds source row ``row`` (blank lines are not rows)."""
-    seen = -1
-    with open(path, "rb") as fh:
-        for number, raw in enumerate(fh, start=1):
-            if raw.strip():
-                seen += 1
-                if seen == row:
-                    return number
     return None
 
 
@@ -733,7 +710,7 @@ def explain_load_error(path: str, builder: str, err: BaseException) -> str:
         if bad_json is not None:
             line, message, excerpt = bad_json
             return f"could not be read as json: line {line} is not a JSON object ({message}): {excerpt}"
-    root = _root_cause(err)
+    root = causes[-1]
     message = str(root) or type(root).__name__
     if "corresponds to no data" in message or isinstance(root, StopIteration):
         return "the file holds no rows (only a header, an empty list, or blank lines)"
@@ -822,7 +799,7 @@ def file_place(ds: Any, row: int, path: Any) -> str | None:
     if path.lower().endswith(".csv"):
         line = csv_line_of_row(path, src)
     elif not path.lower().endswith(".parquet") and is_json_lines(path):
-        line = jsonl_line_of_row(path, src)
+        line = jsonl_lines(path, [src])[0]
     return f"line {line}" if line is not None else f"row {src} of the file"
 
 

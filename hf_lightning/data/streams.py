@@ -59,8 +59,8 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from hf_lightning.core.errors import DataError
 from hf_lightning.data.formats import RowReport, row_numbers
-from hf_lightning.data.sampling import PlaceholderRow, mask_example
-from hf_lightning.data.sources import is_json_lines, jsonl_line_of_row, read_error
+from hf_lightning.data.sampling import PlaceholderRow, mask_example, token_count
+from hf_lightning.data.sources import is_json_lines, jsonl_lines, read_error
 
 log = logging.getLogger(__name__)
 
@@ -108,9 +108,7 @@ def _unbatch(batches: Iterable[Mapping[str, list]]) -> Iterator[dict[str, Any]]:
 
 def _length(example: Mapping[str, Any]) -> int:
     value = example.get("input_ids")
-    if value is None:
-        return 0
-    return int(value.numel()) if hasattr(value, "numel") else len(torch.as_tensor(value).reshape(-1))
+    return 0 if value is None else token_count(value)
 
 
 def per_reader(length: int | None, world_size: int, num_workers: int) -> int | None:
@@ -121,27 +119,24 @@ def per_reader(length: int | None, world_size: int, num_workers: int) -> int | N
     return math.ceil(length / (world_size * max(num_workers, 1)))
 
 
+def reader_batches(rows: int, batch_size: int, drop_last: bool) -> int:
+    """Batches one reader makes of ``rows`` examples."""
+    return rows // batch_size if drop_last else -(-rows // batch_size)
+
+
 def stream_batches(
     length: int | None, world_size: int, batch_size: int, num_workers: int, drop_last: bool
 ) -> int | None:
     """Batches one rank's ``DataLoader`` yields from a stream of ``length`` rows (each worker batches its
     share); ``None`` when the length is unknown."""
     n = per_reader(length, world_size, num_workers)
-    if n is None:
-        return None
-    per_worker = n // batch_size if drop_last else math.ceil(n / batch_size)
-    return per_worker * max(num_workers, 1)
+    return None if n is None else reader_batches(n, batch_size, drop_last) * max(num_workers, 1)
 
 
 # ------------------------------------------------------------------ which shards each reader reads
 MAX_EXTRA_BATCHES = (
     0.01  # share of an epoch's batches the split by shards may add (masked copies of uneven shards)
 )
-
-
-def reader_batches(rows: int, batch_size: int, drop_last: bool) -> int:
-    """Batches one reader makes of ``rows`` examples."""
-    return rows // batch_size if drop_last else -(-rows // batch_size)
 
 
 @dataclass(frozen=True)
@@ -314,13 +309,7 @@ class ShardedStream(IterableDataset):
         """Split a training stream by shards over ``world_size x max(num_workers, 1)`` readers where it has
         enough (:func:`plan_shards`: counts each shard's rows once, logs one
         line); evaluation keeps the split by rows. Returns the plan (``None``: by rows)."""
-        holdout = None
-        if self.holdout is not None:
-            fraction, keep = self.holdout
-
-            def holdout(ex: Mapping[str, Any]) -> bool:
-                return in_holdout(ex, fraction) == keep
-
+        holdout = self._kept if self.holdout is not None else None
         readers = self.world_size * max(num_workers, 1)
         if self.top_up:
             self.plan = plan_shards(
@@ -349,7 +338,7 @@ class ShardedStream(IterableDataset):
         n = self.per_reader(num_workers)
         if n is None or self.length is None:
             return None
-        return (n // batch_size if drop_last else math.ceil(n / batch_size)) * max(num_workers, 1)
+        return reader_batches(n, batch_size, drop_last) * max(num_workers, 1)
 
     def __len__(self) -> int:
         n = self.per_reader(1)  # examples per rank with one reader; DataLoader length comes from num_batches
@@ -367,8 +356,7 @@ class ShardedStream(IterableDataset):
             if shard is not None:
                 src = src.shard(num_shards=shard[1], index=shard[0], contiguous=False)
             if holdout is not None:
-                fraction, keep = holdout
-                src = src.filter(lambda ex: in_holdout(ex, fraction) == keep)
+                src = src.filter(self._kept)
             if self.shuffle:
                 # set_epoch only with shuffling: datasets also reorders the files of an epoch > 0
                 src = src.shuffle(seed=self.seed, buffer_size=self.buffer_size)
@@ -381,11 +369,15 @@ class ShardedStream(IterableDataset):
             src.set_epoch(epoch)
         rows: Iterable[Any] = iter(src)
         if holdout is not None:
-            fraction, keep = holdout
-            rows = (r for r in rows if in_holdout(r, fraction) == keep)
+            rows = (r for r in rows if self._kept(r))
         if self.shuffle:
             rows = buffer_shuffle(rows, self.buffer_size, random.Random(self.seed + epoch))
         yield from rows
+
+    def _kept(self, example: Mapping[str, Any]) -> bool:
+        """Whether ``example`` is on this split's side of the validation hold-out (:attr:`holdout`)."""
+        fraction, keep = self.holdout
+        return in_holdout(example, fraction) == keep
 
     def reader(self) -> tuple[int, int]:
         """``(index, count)`` of this reader among all ranks x workers."""
@@ -475,7 +467,7 @@ class ShardedStream(IterableDataset):
             and self.holdout is None
         ):
             path = os.fspath(name)
-            line = jsonl_line_of_row(path, j) if is_json_lines(path) else None
+            line = jsonl_lines(path, [j])[0] if is_json_lines(path) else None
             if line is not None:
                 return f"data.path={path} line {line} ({self.split} stream row {j})"
         order = ", in this epoch's shuffled order" if self.shuffle else ""

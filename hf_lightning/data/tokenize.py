@@ -53,7 +53,7 @@ from hf_lightning.data.formats import (
     check_columns,
 )
 from hf_lightning.data.packing import UNPACKED, RowPlan
-from hf_lightning.data.sampling import mask_example
+from hf_lightning.data.sampling import mask_example, token_count
 from hf_lightning.data.sources import describe_row, is_stream, non_utf8_error, row_names
 
 log = logging.getLogger(__name__)
@@ -179,10 +179,7 @@ def tokenize_dataset(
     report.log(max_length, remedy=remedy)
     out = out.remove_columns(columns)
     if not keep:
-        raise DataError(
-            f"data.path={path}: the {split} split is empty after tokenization: {len(ds)} rows were read and "
-            f"none has a trained-on token [{report.describe_causes()}]: {report.empty_remedy(max_length)}"
-        )
+        raise report.empty_error(path, max_length)
     if len(keep) < len(out):
         out = out.select(keep)
     log.info("%s: %d examples (%s format)", split, len(out), fmt)
@@ -366,21 +363,11 @@ def scan_torch_dataset(
             raise DataError(f"data.path={path} ({split}), row {i}: {err}") from err
         if not report.add(i, info):
             keep.append(i)
-            lengths.append(len(_flat_ids(row["input_ids"])))
+            lengths.append(token_count(row["input_ids"]))
     report.log(processor.kwargs["max_length"])
     if not keep:
-        raise DataError(
-            f"data.path={path}: the {split} split is empty after tokenization: {n} rows were read and none "
-            f"has a trained-on token [{report.describe_causes()}]: "
-            f"{report.empty_remedy(processor.kwargs['max_length'])}"
-        )
+        raise report.empty_error(path, processor.kwargs["max_length"])
     return ProcessedDataset(base, processor, keep), lengths
-
-
-def _flat_ids(value: Any) -> list:
-    if hasattr(value, "reshape"):
-        return value.reshape(-1).tolist()
-    return list(value)
 
 
 # ------------------------------------------------------------------------------ column pruning
