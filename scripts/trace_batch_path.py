@@ -8,9 +8,10 @@ Runs ``train(cfg)`` of the composed config under ``sys.setprofile`` until the fi
 ``torch.autograd.backward`` and records every ``hf_lightning`` function that receives the data: the
 ``data.path`` string, a dataset, rows or a batch (a mapping with a column such as ``input_ids`` or ``text``),
 or a loader or sampler of them. Prints the files (with the functions seen in each) and the cross-file hops (a
-new caller file -> callee file pair). ``config/`` and ``callbacks/`` are listed apart, with the files reached
-only through ``callbacks/``: they read the path or the batch (the schema, the throughput figures) but never
-change it. Slow (the profiler sees every call).
+new caller file -> callee file pair). ``config/``, ``callbacks/`` and ``core/arguments.py`` are listed apart,
+with the files reached only through ``callbacks/``: they read the path or the batch (the schema and the value
+rules it shares with the constructors, the throughput figures) but never change it. Slow (the profiler sees
+every call).
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from collections.abc import Mapping
 from typing import Any
 
 COLUMNS = {"input_ids", "text", "messages", "conversations", "prompt", "source", "labels"}
-SIDE = ("config/", "callbacks/")  # they read the data, never change it
+# they read the data, never change it (core/arguments.py: the value rules the schema and constructors check)
+SIDE = ("config/", "callbacks/", "core/arguments.py")
 
 
 def main() -> int:

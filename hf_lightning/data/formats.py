@@ -117,7 +117,7 @@ class RowReport:
 
     Args:
         split: the split's name in the log (``train``, ``validation``).
-        name_rows: turns row indices into words (see :func:`row_names`).
+        name_rows: turns row indices into words (see :func:`~hf_lightning.data.sources.row_names`).
     """
 
     def __init__(self, split: str, name_rows: Callable[[list[int]], str] | None = None) -> None:

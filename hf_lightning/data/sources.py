@@ -286,7 +286,7 @@ def load_source(
 
 
 def _sized(loaded: Any, max_row_bytes: int | None, name: Any) -> Any:
-    """``loaded`` after :func:`~hf_lightning.data.checks.check_row_sizes` on each of its splits."""
+    """``loaded`` after :func:`check_row_sizes` on each of its splits."""
     for ds in loaded.values() if isinstance(loaded, datasets.DatasetDict) else [loaded]:
         check_row_sizes(ds, max_row_bytes, name)
     return loaded
