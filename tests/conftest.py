@@ -9,7 +9,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest  # noqa: E402
 
-
 # A spawned gloo process sometimes aborts in torch's teardown as it exits, after its work is done ("terminate
 # called without an active exception", the parent sees SIGABRT after fit has ended on both ranks): seen in CI,
 # not reproduced in a dozen runs of the same test alone. Distributed tests get one more try for that failure

@@ -44,7 +44,7 @@ from hf_lightning.compat import (
     epoch_being_trained,
     epochs_processed,
 )
-from hf_lightning.core.batch import Window
+from hf_lightning.core.batch import Window, to_device
 from hf_lightning.core.errors import ConfigError
 from hf_lightning.data.checks import check_fits_one_batch
 from hf_lightning.data.placeholder import PlaceholderAwareCollator
@@ -638,12 +638,7 @@ class DataLoaderHooks:
             return super().transfer_batch_to_device(batch, device, dataloader_idx)
         if self._count_use is not None:
             self._count_use.handed_out(batch)  # the previous training batch's step has run by now
-        # as Lightning: non-blocking copies except to the CPU / MPS (blocking device types)
-        non_blocking = device.type not in ("cpu", "mps")
-        moved = {
-            k: v.to(device, non_blocking=non_blocking) if isinstance(v, torch.Tensor) else v
-            for k, v in batch.items()
-        }
+        moved = to_device(batch, device)
         return moved if kind is dict else WindowBatch(moved)
 
     def teardown(self, stage: str) -> None:
