@@ -85,8 +85,8 @@ class HFLightningModule(L.LightningModule):
     x world size); otherwise the token cross-entropy from the logits
     (:func:`~hf_lightning.module.loss.token_cross_entropy_sum`, HF's ``LabelSmoother`` when
     ``label_smoothing_factor > 0``), computed without the ``(tokens x vocab)`` logits for a causal LM whose
-    head ``get_output_embeddings()`` reaches (``lean_loss``). A loss that does not take the count is HF's
-    fallback, a mean per micro-batch divided by the window length, with one warning.
+    head ``get_output_embeddings()`` reaches, where that is faster (``lean_loss``). A loss that does not take
+    the count is HF's fallback, a mean per micro-batch divided by the window length, with one warning.
 
     Args:
         model: an ``nn.Module`` whose ``forward(**batch)`` returns an object with ``.logits`` ``(B, L, V)``
@@ -126,8 +126,11 @@ class HFLightningModule(L.LightningModule):
             instead of once (HF's); the last call's result is logged.
         lean_loss: the built-in token loss (and ``val/loss``, ``val/accuracy``) from the final hidden states
             and the LM head in chunks of tokens, never holding the ``(tokens x vocab)`` logits
-            (:class:`~hf_lightning.module.lean_loss.LeanLoss`, which says with one INFO line when it falls
-            back to the logits); ``compute_loss`` then returns outputs whose ``logits`` is ``None``.
+            (:class:`~hf_lightning.module.lean_loss.LeanLoss`); ``compute_loss`` then returns outputs whose
+            ``logits`` is ``None``. ``None`` (auto): the lean loss where it is the faster exact path, an LM
+            head whose vocabulary is at least :data:`~hf_lightning.module.lean_loss.LEAN_MIN_VOCAB`, the full
+            logits below it; ``True``: whenever the model allows it; ``False``: never. One INFO line at
+            ``setup`` says which path runs and why (and another if the model turns out not to fit).
         metric_for_best_model: the logged metric (HF's name, ``loss`` -> ``val/loss``) that steps a
             ``reduce_lr_on_plateau`` / ``greedy`` schedule after each validation, as HF does.
         max_grad_norm: HF's ``max_grad_norm``: before each optimizer step the gradients' total 2-norm is
@@ -179,7 +182,7 @@ class HFLightningModule(L.LightningModule):
         preprocess_logits_for_metrics: Callable[[torch.Tensor, torch.Tensor], Any] | None = None,
         eval_accumulation_steps: Annotated[int | None, OPTIONAL_POSITIVE_INT] = None,
         batch_eval_metrics: bool = False,
-        lean_loss: bool = True,
+        lean_loss: bool | None = None,
         metric_for_best_model: str | None = None,
         max_grad_norm: Annotated[float | None, OPTIONAL_NON_NEGATIVE] = 1.0,
     ) -> None:
@@ -213,7 +216,9 @@ class HFLightningModule(L.LightningModule):
         #: whether :meth:`compute_loss` returns a share of the window loss (else HF's fallback)
         self.loss_is_share, self._fallback_reason = loss_is_share(self)
         decoder_only = self.causal and not self._encoder_decoder
-        self.lean = LeanLoss(model, arguments_reason(lean_loss, self.loss_source, decoder_only))
+        self.lean = LeanLoss(
+            model, arguments_reason(lean_loss, self.loss_source, decoder_only), auto=lean_loss is None
+        )
         # evaluation: HF's compute_metrics hooks, and the metric states of each stage
         takes_result = (
             compute_metrics is not None and "compute_result" in inspect.signature(compute_metrics).parameters
