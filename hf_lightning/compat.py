@@ -18,41 +18,7 @@ from typing import Any
 
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 
-# ------------------------------------------------------------------------------------- Lightning: fit loop
-# (read by the train loader of a module on Lightning's automatic optimization)
-
-
-def batches_processed(trainer: Any) -> int:
-    """Batches of the current epoch whose training step finished (``batch_progress.current.processed``): what
-    the train loader's state must skip on a resume."""
-    return int(trainer.fit_loop.epoch_loop.batch_progress.current.processed)
-
-
-def epochs_processed(trainer: Any) -> int:
-    """Epochs the fit loop has processed (``fit_loop.epoch_progress.current.processed``): the epoch number a
-    loader's sampler uses while the epoch runs (a stream's worker seeds, its reshuffle)."""
-    return int(trainer.fit_loop.epoch_progress.current.processed)
-
-
-def epoch_being_trained(trainer: Any) -> int:
-    """The epoch being trained, ``epoch_progress.current.started - 1``. Unlike ``trainer.current_epoch`` it
-    does not move on when training stops in the middle of an epoch (Lightning then counts the epoch as
-    processed)."""
-    return int(trainer.fit_loop.epoch_progress.current.started) - 1
-
-
-# ------------------------------------------------------------------------------ Lightning: checkpoint layout
-# The fit loop's counters inside a checkpoint (``checkpoint["loops"]``) are written by Lightning's loops'
-# ``state_dict``; their layout is not part of the documented API.
-
-
-def epoch_progress_state(checkpoint: dict[str, Any]) -> dict[str, Any] | None:
-    """The fit loop's epoch counters in a Lightning checkpoint,
-    ``checkpoint["loops"]["fit_loop"]["epoch_progress"]`` (``_Progress.state_dict``: ``{"total": {...},
-    "current": {"ready", "started", "processed", "completed"}}``); ``None`` when absent. The dict is the
-    checkpoint's own: changing it changes the checkpoint."""
-    fit = (checkpoint.get("loops") or {}).get("fit_loop") or {}
-    return fit.get("epoch_progress") or None
+# ------------------------------------------ Lightning: evaluation results, the launcher, a module's trainer
 
 
 def evaluation_results(loop: Any) -> list[dict[str, float]] | None:

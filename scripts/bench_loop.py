@@ -3,6 +3,7 @@
 
     python scripts/bench_loop.py [--rounds 5] [--steps N] [--warmup 2] [--models overhead compute]
         [--json OUT]
+    python scripts/bench_loop.py --lean-sweep 64 256 1024 4096 [--rounds 3] [--models overhead compute]
 
 Every side trains the same seeded ``LlamaForCausalLM`` (fp32, CPU, one torch thread) on the same
 ``datasets.Dataset`` (random token rows of varying length, the first quarter of each masked with -100, so
@@ -19,7 +20,8 @@ same collator (``PaddingCollator``) and a loss log line (a host read) every 10 o
     Lightning's model summary, the TensorBoard logger and checkpointing; ``log_every_n_steps=10``.
     "b lean": the same without progress bar, logger and model summary.
     "b plain": "b lean" with ``module.lean_loss=false`` (the loss from the full logits, as (a) and (c) compute
-    it): the lean loss's own cost on each model.
+    it). (b) and "b lean" take the module's default, ``module.lean_loss=null``: the lean loss where the head's
+    vocabulary makes it pay.
     "b rich": (b) with Lightning's own default bar instead (with ``rich`` installed: ``RichProgressBar``,
     redrawn every training batch: each is one optimizer step here), what a plain ``lightning.Trainer`` user
     gets.
@@ -40,6 +42,10 @@ dominates) and ``compute`` (hidden 128, 2 layers, vocab 4096, rows <= 128 tokens
 ``--device cuda`` runs every side on one GPU (fp32, same settings); a round's figure is then the mean wall
 time of the timed steps, the stamps of the first and last of them taken after ``torch.cuda.synchronize()`` (no
 other sync is added to any side, so each keeps the host syncs it has by itself).
+
+``--lean-sweep V ...``: instead, only "b lean" with the lean loss forced on (``lean_loss=True``) and "b plain"
+(``lean_loss=False``), each model's shape with each vocabulary ``V`` in place of its own: lean/plain per
+vocabulary, where the lean loss starts to pay (``hf_lightning.module.lean_loss.LEAN_MIN_VOCAB``).
 
 Also measured: the cost of the ``Throughput`` callback, as the CPU time spent inside its hooks over the step
 time of the "b lean" run it is added to (goal < 1%).
@@ -149,7 +155,13 @@ def run_raw(spec: dict, rows, steps: int) -> list[tuple[float, float]]:
 
 
 def run_ours(
-    spec: dict, rows, steps: int, quiet: bool = False, meter=None, bar: str = "cli", lean_loss: bool = True
+    spec: dict,
+    rows,
+    steps: int,
+    quiet: bool = False,
+    meter=None,
+    bar: str = "cli",
+    lean_loss: bool | None = None,
 ) -> list[tuple[float, float]]:
     import lightning as L
 
@@ -308,6 +320,40 @@ def run_model(name: str, rounds: int, steps: int | None, warmup: int) -> tuple[d
         return interleaved(runs, rounds), meter_share
 
 
+def lean_sweep(models: list[str], vocabs: list[int], rounds: int, steps: int | None, warmup: int) -> list:
+    """``[model, vocab, lean ms, plain ms, lean/plain]`` per model shape and vocabulary: median step CPU time
+    of "b lean" with ``lean_loss=True`` and with ``lean_loss=False``, and the median of per-round ratios."""
+    import datasets
+
+    out = []
+    for name in models:
+        for vocab in vocabs:
+            spec = {**MODELS[name], "vocab": vocab}
+            n = steps or spec["steps"]
+            rows = datasets.Dataset.from_list(
+                make_rows(spec, n * ACCUMULATION * spec["batch"] + spec["batch"])
+            )
+            runs = {
+                "lean": lambda spec=spec, rows=rows, n=n: run_ours(spec, rows, n, quiet=True, lean_loss=True),
+                "plain": lambda spec=spec, rows=rows, n=n: run_ours(
+                    spec, rows, n, quiet=True, lean_loss=False
+                ),
+            }
+            with (
+                open(os.devnull, "w") as null,
+                contextlib.redirect_stderr(null),
+                contextlib.redirect_stdout(null),
+            ):
+                stamps = interleaved(runs, rounds)
+            per_round = {k: [round_time(s, warmup, 1) for s in v] for k, v in stamps.items()}
+            ratio = median([a / b for a, b in zip(per_round["lean"], per_round["plain"])])
+            out.append(
+                [name, vocab, 1e3 * median(per_round["lean"]), 1e3 * median(per_round["plain"]), ratio]
+            )
+            print(table(["model", "vocab", "lean ms", "plain ms", "lean/plain"], out[-1:]), flush=True)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
@@ -318,6 +364,13 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (see bench_support)")
     parser.add_argument("--json", help="write every step time here")
+    parser.add_argument(
+        "--lean-sweep",
+        type=int,
+        nargs="+",
+        metavar="VOCAB",
+        help="only lean (forced) against plain, each model's shape with these vocabularies",
+    )
     parser.add_argument(
         "--device",
         choices=["cpu", "cuda"],
@@ -340,6 +393,14 @@ def main() -> None:
         if name.split(".")[0] in ("lightning", "pytorch_lightning", "hf_lightning", "transformers"):
             logging.getLogger(name).setLevel(logging.ERROR)
     print(machine_note())
+    if args.lean_sweep:
+        rows = lean_sweep(args.models, args.lean_sweep, args.rounds, args.steps, args.warmup)
+        print(
+            f"\nmedian optimizer-step CPU time, lean loss forced on against off, {args.rounds} interleaved "
+            "rounds; lean/plain: median of per-round ratios"
+        )
+        print(table(["model", "vocab", "lean ms", "plain ms", "lean/plain"], rows))
+        return
     tables: dict[str, list] = {"cpu": [], "wall": []}
     meters, report = [], {}
     for model_name in args.models:

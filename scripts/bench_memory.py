@@ -20,7 +20,8 @@ Sides, each measurement in a fresh Python process (a peak RSS only grows):
   whose model computes its own loss from the full logits;
 - ``plain``: ``HFLightningModule(lean_loss=False)`` + ``HFDataModule`` + ``lightning.Trainer`` (no logger, no
   checkpoint, no bar): our loss from the full logits, as before the lean loss;
-- ``lean``: the same with the default, the lean loss (:mod:`hf_lightning.module.lean_loss`).
+- ``lean``: the same with the lean loss (``lean_loss=True``, what the default takes for these vocabularies:
+  :mod:`hf_lightning.module.lean_loss`).
 
 Peak RSS above the imports: ``VmHWM`` (``/proc/self/status``) at the end minus the RSS once torch,
 transformers, datasets, lightning and hf_lightning are imported (so it counts the model, the optimizer state,

@@ -9,7 +9,7 @@
 ``peft=null`` (the default) is full fine-tuning and none of this runs.
 """
 
-from hf_lightning.adapters.checkpoint import AdapterCheckpointState, is_adapter_model
+from hf_lightning.adapters.checkpoint import is_adapter_model
 from hf_lightning.adapters.settings import AdapterSettings, apply_adapters
 
-__all__ = ["AdapterCheckpointState", "AdapterSettings", "apply_adapters", "is_adapter_model"]
+__all__ = ["AdapterSettings", "apply_adapters", "is_adapter_model"]

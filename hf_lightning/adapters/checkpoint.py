@@ -6,7 +6,8 @@ checkpoint's ``state_dict`` keeps the trainable parameters only (and the optimiz
 those: see :func:`hf_lightning.module.optim.parameter_groups`), and records how many frozen entries it left
 out. On load the frozen entries are filled back from the model as built, so Lightning's strict load still
 refuses a checkpoint whose trainable weights do not fit (an adapter checkpoint without ``peft``, or another
-rank or target list).
+rank or target list). ``HFLightningModule.on_save_checkpoint`` / ``on_load_checkpoint`` call
+:func:`drop_frozen` / :func:`fill_frozen`.
 """
 
 from __future__ import annotations
@@ -123,16 +124,3 @@ def fill_frozen(module: Any, checkpoint: dict[str, Any]) -> None:
     for name, value in module.state_dict().items():
         if name not in keep and name not in state:
             state[name] = value
-
-
-class AdapterCheckpointState:
-    """Mixin of :class:`~hf_lightning.HFLightningModule`: adapter checkpoints hold the trainable weights only
-    (:func:`drop_frozen` on save, :func:`fill_frozen` on load)."""
-
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        super().on_save_checkpoint(checkpoint)  # type: ignore[misc]
-        drop_frozen(self, checkpoint)
-
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        fill_frozen(self, checkpoint)
-        super().on_load_checkpoint(checkpoint)  # type: ignore[misc]

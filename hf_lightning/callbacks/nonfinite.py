@@ -12,7 +12,7 @@ loss from the log); one NaN step makes every weight NaN, and the checkpoints sav
   update (the weights and the last checkpoint stay as they were), ``"skip"`` drops the window's gradients
   (every included), counts the step in ``skipped_steps`` and goes on; ``max_consecutive_skips`` skipped steps
   in a row stop the run. The skipped step's loss and gradient norm stay out of the train log (no NaN in a row:
-  :meth:`HFLightningModule.skip_step_in_log <hf_lightning.module.train_log.TrainLog.skip_step_in_log>`);
+  :meth:`~hf_lightning.HFLightningModule.skip_step_in_log`);
 - after each update, before any callback can save it, the weights themselves (``on_train_batch_end``, one
   max-abs reduction per tensor and one host sync per step): an update that overflows a weight to inf/NaN while
   the loss and the gradient norm were finite (a learning rate far too high) raises :class:`TrainingError` in
@@ -293,7 +293,7 @@ def _step_norm(pl_module: L.LightningModule, optimizer: Any) -> torch.Tensor | N
 
 def _log_metric(trainer: L.Trainer, key: str, value: float, step: int) -> None:
     """A row ``{key: value}`` at ``step`` (the step being taken, from ``on_before_optimizer_step``): through
-    :meth:`HFLightningModule.log_to_loggers <hf_lightning.module.train_log.TrainLog.log_to_loggers>` (the one
+    :meth:`~hf_lightning.HFLightningModule.log_to_loggers` (the one
     writer, which says why not ``self.log``), else written to the loggers directly (any other module)."""
     write = getattr(trainer.lightning_module, "log_to_loggers", None)
     if callable(write):

@@ -15,6 +15,10 @@ it from there.
 
 :func:`steps_windows_from_micro_batches` carries a checkpoint of the micro-batch loop (written before
 ``HFLightningModule`` stepped its accumulation windows itself) over to the window loop's counts.
+
+Both edit the fit loop's counters inside a checkpoint (``checkpoint["loops"]["fit_loop"]``, written by
+Lightning's loops' ``state_dict`` before any hook of ours can run at a resume): the one place that reads that
+layout; no live loop state is read (a running fit is read through the ``Trainer``'s public attributes only).
 """
 
 from __future__ import annotations
@@ -23,7 +27,14 @@ import copy
 import math
 from typing import Any
 
-from hf_lightning.compat import epoch_progress_state
+
+def epoch_progress(checkpoint: dict[str, Any]) -> dict[str, Any] | None:
+    """The fit loop's epoch counters in a Lightning checkpoint, ``checkpoint["loops"]["fit_loop"]
+    ["epoch_progress"]`` (``{"total": {...}, "current": {"ready", "started", "processed", "completed"}}``,
+    as the loop's ``state_dict`` writes them); ``None`` when absent. The dict is the checkpoint's own:
+    changing it changes the checkpoint."""
+    fit = (checkpoint.get("loops") or {}).get("fit_loop") or {}
+    return fit.get("epoch_progress") or None
 
 
 def ends_epoch(trainer: Any, batch_idx: int) -> bool:
@@ -50,7 +61,7 @@ def reopen_stopped_epoch(checkpoint: dict[str, Any], ended_early: bool) -> bool:
     """
     if not ended_early:
         return False
-    progress = epoch_progress_state(checkpoint)
+    progress = epoch_progress(checkpoint)
     if not progress:
         return False
     changed = False

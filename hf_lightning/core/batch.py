@@ -15,6 +15,8 @@ Both packages import these names from here, so neither imports the other.
   predictions.
 - :func:`padding_mask`: which positions of a batch are padding (the real-token counts of the throughput
   figures and of the run's tokens/s leave them out).
+- :func:`to_device`: a flat batch's tensors on a device (the DataModule's transfer hook and the module's
+  per-micro-batch move share it).
 """
 
 from __future__ import annotations
@@ -59,6 +61,18 @@ class Window:
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         return iter(self.micro_batches)
+
+
+def to_device(batch: Mapping[str, Any], device: torch.device) -> dict[str, Any]:
+    """A new ``dict`` of ``batch`` with every tensor value moved to ``device`` (other values as they are).
+
+    The copies are non-blocking as Lightning's are, except to the CPU and to MPS (blocking device types).
+    """
+    non_blocking = device.type not in ("cpu", "mps")
+    return {
+        k: v.to(device, non_blocking=non_blocking) if isinstance(v, torch.Tensor) else v
+        for k, v in batch.items()
+    }
 
 
 #: batch key (a Python ``bool``, never a model input) marking a batch made only of placeholder rows

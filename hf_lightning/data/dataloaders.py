@@ -65,8 +65,8 @@ class LoaderPosition:
     :meth:`load_state_dict` the next pass is the rest of the saved epoch (empty when it had been read to its
     end), and the passes after it continue from the next epoch.
 
-    Under a Lightning trainer the same two numbers come from Lightning's loop progress instead
-    (:meth:`~hf_lightning.data.sampling.AccumulationWindowLoader.state_dict`, the same keys).
+    Under a Lightning trainer the train loader wrapper keeps the same two numbers itself
+    (:meth:`~hf_lightning.data.sampling.ResumableLoader.state_dict`, the same keys).
     """
 
     def __init__(self) -> None:

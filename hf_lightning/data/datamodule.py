@@ -32,7 +32,6 @@ import lightning as L
 import torch
 import torch.distributed as dist
 
-from hf_lightning.compat import batches_processed, epoch_being_trained, epochs_processed
 from hf_lightning.core.arguments import (
     FRACTION,
     NAMES,
@@ -42,7 +41,7 @@ from hf_lightning.core.arguments import (
     RENAMES,
     check_call,
 )
-from hf_lightning.core.batch import Window
+from hf_lightning.core.batch import Window, to_device
 from hf_lightning.core.errors import ConfigError
 from hf_lightning.data.chat import require_chat_template, warn_end_of_turn
 from hf_lightning.data.checks import (
@@ -372,6 +371,8 @@ class HFDataModule(L.LightningDataModule):
         self._bound: Binding | None = None
         # whether the first training step read num_items_in_batch (set by train_dataloader)
         self._count_use: CountUse | None = None
+        # the train loader under a Lightning trainer, whose position counts the batches trained
+        self._train_loader: ResumableLoader | None = None
         self._said_no_count = False
 
     # ----------------------------------------------------------------------------------------- setup
@@ -832,8 +833,8 @@ class HFDataModule(L.LightningDataModule):
                 check_fits_one_batch(stream.per_reader(self.num_workers), batch, self.drop_last)
             self._require_known_epoch(stream.length)
         trainer = self.trainer
-        # the fit loop's epoch (Lightning's loop progress, read through hf_lightning.compat)
-        epoch_fn = (lambda: epochs_processed(trainer)) if trainer is not None else None
+        # the epoch being trained (Lightning's own counter, moved on after the epoch-end hooks)
+        epoch_fn = (lambda: trainer.current_epoch) if trainer is not None else None
         return EpochDataLoader(
             stream,
             seed=self.seed,
@@ -950,13 +951,14 @@ class HFDataModule(L.LightningDataModule):
         count = binding.count_loss_items
         trainer = self.trainer
         if binding.steps_windows:
-            return WindowLoader(
+            windows = WindowLoader(
                 loader,
                 self.gradient_accumulation_steps,
                 count,
                 max_windows=(lambda: trainer.num_training_batches) if trainer is not None else None,
-                progress=self._fit_progress(trainer) if trainer is not None else None,
             )
+            self._train_loader = windows if trainer is not None else None
+            return windows
         if self.gradient_accumulation_steps > 1:
             raise ConfigError(
                 f"data.gradient_accumulation_steps={self.gradient_accumulation_steps} needs a module that "
@@ -968,38 +970,25 @@ class HFDataModule(L.LightningDataModule):
             # bound but not fitting (inspect a batch): windows of accumulate_grad_batches=1
             return loader if count is None else AccumulationWindowLoader(loader, 1, count)
 
-        progress = self._fit_progress(trainer)
         if count is None:
             if trainer.is_global_zero and not self._said_no_count:
                 self._said_no_count = True
                 warn_no_count(trainer.accumulate_grad_batches, trainer.world_size)
-            return ResumableLoader(loader, progress=progress)
+            self._train_loader = ResumableLoader(loader)
+            return self._train_loader
         self._count_use = CountUse(
             type(trainer.lightning_module).__name__,
             trainer.accumulate_grad_batches,
             trainer.world_size,
             speaks=trainer.is_global_zero,
         )
-        return AccumulationWindowLoader(
+        self._train_loader = AccumulationWindowLoader(
             loader,
             trainer.accumulate_grad_batches,
             count,
             max_batches=lambda: trainer.num_training_batches,
-            progress=progress,
         )
-
-    @staticmethod
-    def _fit_progress(trainer: Any) -> Callable[[], tuple[int, int]]:
-        """``() -> (epoch being trained, training batches processed in it)``, read when a checkpoint is
-        saved."""
-
-        def progress() -> tuple[int, int]:
-            # the epoch being trained: current_epoch counts it as done already when a checkpoint is written
-            # after training stopped in its middle (at on_train_end), epochs started minus one does not
-            # (Lightning's loop progress, read through hf_lightning.compat)
-            return epoch_being_trained(trainer), batches_processed(trainer)
-
-        return progress
+        return self._train_loader
 
     def val_dataloader(self) -> Any:
         """Batches of ``per_device_eval_batch_size`` examples in dataset order, this rank's share without any
@@ -1035,8 +1024,13 @@ class HFDataModule(L.LightningDataModule):
         tensors only; the window counts (``int``) send every batch down its slow path (ABC ``isinstance``
         checks per value, per micro-batch; docs/benchmarks.md has the timing). Any other batch type keeps
         Lightning's behaviour. Here rather than in the LightningModule: Lightning warns on every fit when both
-        define it.
+        define it. A training batch moves on the train loader's resume position
+        (:meth:`~hf_lightning.data.sampling.ResumableLoader.handed_out`): Lightning moves it right before its
+        step.
         """
+        trainer = self.trainer
+        if self._train_loader is not None and trainer is not None and trainer.training:
+            self._train_loader.handed_out()
         kind = type(batch)
         if kind is Window:
             return batch  # the module moves each micro-batch as it computes it
@@ -1044,12 +1038,7 @@ class HFDataModule(L.LightningDataModule):
             return super().transfer_batch_to_device(batch, device, dataloader_idx)
         if self._count_use is not None:
             self._count_use.handed_out(batch)  # the previous training batch's step has run by now
-        # as Lightning: non-blocking copies except to the CPU / MPS (blocking device types)
-        non_blocking = device.type not in ("cpu", "mps")
-        moved = {
-            k: v.to(device, non_blocking=non_blocking) if isinstance(v, torch.Tensor) else v
-            for k, v in batch.items()
-        }
+        moved = to_device(batch, device)
         return moved if kind is dict else WindowBatch(moved)
 
     def teardown(self, stage: str) -> None:

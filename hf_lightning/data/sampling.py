@@ -285,18 +285,22 @@ class ResumableLoader:
     Args:
         loader: any iterable of batches (usually an :class:`~hf_lightning.data.dataloaders.EpochDataLoader`,
             whose ``iter_from`` jumps to a batch without reading the ones before it).
-        progress: optional ``() -> (epoch, batches consumed in that epoch)``, read when a checkpoint is saved
-            (Lightning calls :meth:`state_dict`); on resume the epoch continues after those batches.
 
     Lightning saves and restores the state of a train loader that has ``state_dict`` and ``load_state_dict``
     (its ``_Stateful``); a plain ``DataLoader`` has neither, so a run resumed inside an epoch would read that
     epoch again from its first batch. The batches are the wrapped loader's, unchanged.
+
+    The state is the loader's own position: the epoch of the current pass and its batches handed to the
+    training step, counted by :meth:`handed_out` (:class:`~hf_lightning.HFDataModule`'s
+    ``transfer_batch_to_device`` calls it for each training batch: Lightning moves a batch once, right before
+    its step, so a batch fetched ahead to know ``trainer.is_last_batch`` is not counted). On resume the epoch
+    continues after those batches.
     """
 
-    def __init__(self, loader: Iterable[Any], progress: Callable[[], tuple[int, int]] | None = None) -> None:
+    def __init__(self, loader: Iterable[Any]) -> None:
         self.loader = loader
-        self.progress = progress
         self._resume: dict[str, int] | None = None
+        self._position: list[Any] | None = None  # [epoch of the current pass, batches handed to the step]
 
     # Lightning calls ``set_epoch`` on ``.sampler``/``.batch_sampler`` and reads ``.dataset``.
     @property
@@ -314,10 +318,20 @@ class ResumableLoader:
     def __len__(self) -> int:
         return len(self.loader)  # type: ignore[arg-type]
 
+    def handed_out(self) -> None:
+        """One batch of the current pass went to the training step."""
+        if self._position is not None:
+            self._position[1] += 1
+
     def state_dict(self) -> dict[str, int]:
-        if self.progress is None:
+        """``{"epoch", "batches_consumed"}``: the current pass's epoch and its batches handed to the training
+        step (a restored position not read yet: that one); ``{}`` before the first pass or when the wrapped
+        loader has no epoch."""
+        if self._resume is not None:
+            return dict(self._resume)
+        if self._position is None or self._position[0] is None:
             return {}
-        epoch, consumed = self.progress()
+        epoch, consumed = self._position
         return {"epoch": int(epoch), "batches_consumed": int(consumed)}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
@@ -331,11 +345,15 @@ class ResumableLoader:
         return None if epoch is None else int(epoch)
 
     def _start(self) -> int:
-        """Batches of this epoch already consumed before a resume (0 on a fresh epoch)."""
+        """Batches of this epoch already consumed before a resume (0 on a fresh epoch); the pass's position
+        starts there."""
         resume, self._resume = self._resume, None
-        if not resume or resume.get("epoch") != self._epoch():
-            return 0
-        return int(resume.get("batches_consumed", 0))
+        epoch = self._epoch()
+        start = 0
+        if resume and resume.get("epoch") == epoch:
+            start = int(resume.get("batches_consumed", 0))
+        self._position = [epoch, start]
+        return start
 
     def _iterator(self, start: int) -> Iterator[Any]:
         """The wrapped loader's iterator from batch ``start`` of this epoch."""
@@ -367,8 +385,6 @@ class WindowLoader(ResumableLoader):
         max_windows: optional ``() -> int | float``, read at the start of each epoch: how many windows the
             training loop will consume (``trainer.num_training_batches``, ``limit_train_batches`` included):
             no micro-batch past it is read or counted.
-        progress: optional ``() -> (epoch, windows consumed in that epoch)``, read when a checkpoint is saved;
-            on resume the epoch continues after those windows.
 
     ``len()`` is the epoch's number of windows, ``ceil(micro-batches / gradient_accumulation_steps)``.
 
@@ -383,11 +399,10 @@ class WindowLoader(ResumableLoader):
         gradient_accumulation_steps: int,
         count_fn: Callable[[Mapping[str, Any]], int] | None = None,
         max_windows: Callable[[], int | float] | None = None,
-        progress: Callable[[], tuple[int, int]] | None = None,
     ) -> None:
         if gradient_accumulation_steps < 1:
             raise ValueError(f"gradient_accumulation_steps must be >= 1, got {gradient_accumulation_steps}")
-        super().__init__(loader, progress)
+        super().__init__(loader)
         self.gradient_accumulation_steps = gradient_accumulation_steps
         self.count_fn = count_fn
         self.max_windows = max_windows
@@ -437,10 +452,10 @@ class AccumulationWindowLoader(WindowLoader):
         max_batches: optional ``() -> int | float``, read at the start of each epoch: how many batches the
             training loop will consume (``trainer.num_training_batches``); windows are cut there so that
             ``limit_train_batches`` cannot leak unseen batches into the count.
-        progress: optional ``() -> (epoch, batches consumed in that epoch)``, read when a checkpoint is saved
-            (Lightning calls :meth:`state_dict`); on resume the epoch continues after those batches, which
-            may end inside a window (a checkpoint not taken at a step boundary): the first window is then the
-            rest of the interrupted one, and its count misses the micro-batches consumed before the stop.
+
+    It resumes as :class:`ResumableLoader`, in micro-batches: a position may end inside a window (a checkpoint
+    not taken at a step boundary); the first window is then the rest of the interrupted one, and its count
+    misses the micro-batches consumed before the stop.
 
     Each yielded batch is a shallow copy of the original mapping (a
     :class:`WindowBatch`, a ``dict``) with three extra keys, all Python ``int``:
@@ -460,9 +475,8 @@ class AccumulationWindowLoader(WindowLoader):
         accumulate_grad_batches: int,
         count_fn: Callable[[Mapping[str, Any]], int],
         max_batches: Callable[[], int | float] | None = None,
-        progress: Callable[[], tuple[int, int]] | None = None,
     ) -> None:
-        super().__init__(loader, accumulate_grad_batches, count_fn, progress=progress)
+        super().__init__(loader, accumulate_grad_batches, count_fn)
         self.max_batches = max_batches
 
     def __len__(self) -> int:

@@ -6,6 +6,11 @@ of logits kept): :class:`TokenMeanLoss`, :class:`TokenAccuracy`. An HF-style
 them the way HF ``Trainer.evaluation_loop`` does (after ``preprocess_logits_for_metrics``, padded with
 ``-100`` along dim 1, moved to the CPU every ``eval_accumulation_steps`` batches), with one difference:
 evaluation samplers never pad a rank's shard, so no example is counted twice and nothing needs de-duplicating.
+
+Also here: the metrics of one stage (:func:`stage_metrics`, with macro F1 for a classifier:
+:func:`sequence_classes`), the warning before every logit of a set is kept (:func:`warn_if_logits_kept`), and
+the list ``trainer.validate()`` / ``.test()`` returns (:func:`returned_results`); ``HFLightningModule``'s
+evaluation hooks use them.
 """
 
 from __future__ import annotations
@@ -16,8 +21,11 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 from torchmetrics import Metric
+from torchmetrics.classification import MulticlassF1Score
 
+from hf_lightning.compat import evaluation_results
 from hf_lightning.core.batch import IGNORE_INDEX
 
 log = logging.getLogger(__name__)
@@ -87,12 +95,99 @@ class TokenAccuracy(Metric):
         return self.correct.float() / self.total.clamp(min=1).float()
 
 
+#: the evaluation stages whose metrics the module keeps
+STAGES = ("val", "test")
+
+
+def sequence_classes(model: nn.Module) -> int | None:
+    """Classes of a single-label ``*ForSequenceClassification`` model (``config.num_labels`` >= 2), else
+    ``None``.
+
+    Regression (one label) and multi-label problems get no F1 here (a user ``compute_metrics`` can add
+    theirs).
+    """
+    if not type(model).__name__.endswith("ForSequenceClassification"):
+        return None
+    config = model.config
+    num = int(getattr(config, "num_labels", 0) or 0)
+    if num < 2 or getattr(config, "problem_type", None) not in (None, "single_label_classification"):
+        return None
+    return num
+
+
+def stage_metrics(causal: bool, num_classes: int | None) -> dict[str, Metric]:
+    """One stage's metrics: ``loss`` (:class:`TokenMeanLoss`), ``accuracy`` (:class:`TokenAccuracy`, with the
+    causal shift when ``causal``) and, for a classifier of ``num_classes``, macro ``f1`` (accuracy is then
+    per example: labels ``(B,)``, no shift)."""
+    metrics: dict[str, Metric] = {"loss": TokenMeanLoss(), "accuracy": TokenAccuracy(causal)}
+    if num_classes:
+        metrics["f1"] = MulticlassF1Score(num_classes, average="macro", ignore_index=IGNORE_INDEX)
+    return metrics
+
+
+WARN_BYTES = 2**30  # warn when keeping every logit would take more than 1 GiB
+
+
 def estimate_logits_bytes(num_examples: int, max_length: int, vocab_size: int, dtype: torch.dtype) -> int:
     """Bytes that keeping every evaluation logit would take: ``N x L x V x sizeof(dtype)``.
 
     2,000 sequences x 512 tokens x 32,000 vocab in float32 is 131 GB.
     """
     return int(num_examples) * int(max_length) * int(vocab_size) * torch.finfo(dtype).bits // 8
+
+
+def warn_if_logits_kept(stage: str, dataset: Any, model: nn.Module) -> None:
+    """One WARNING when keeping every logit of ``dataset`` (``compute_metrics`` without
+    ``preprocess_logits_for_metrics``) would take more than :data:`WARN_BYTES` of host memory; nothing when
+    the size is unknown (no length, or a model config without ``vocab_size``)."""
+    vocab = getattr(getattr(model, "config", None), "vocab_size", None)
+    if dataset is None or vocab is None or not hasattr(dataset, "__len__"):
+        return
+    lengths = dataset["input_ids"] if hasattr(dataset, "column_names") else None
+    max_len = max(len(x) for x in lengths) if lengths is not None else 1
+    dtype = next(model.parameters()).dtype
+    need = estimate_logits_bytes(len(dataset), max_len, vocab, dtype)
+    if need > WARN_BYTES:
+        log.warning(
+            "compute_metrics without preprocess_logits_for_metrics keeps every logit of the %s set: "
+            "%d examples x %d tokens x %d vocab x %d bytes = %.1f GiB in host memory. Pass "
+            "preprocess_logits_for_metrics (e.g. lambda logits, labels: logits.argmax(-1)) or set "
+            "batch_eval_metrics=true",
+            stage,
+            len(dataset),
+            max_len,
+            vocab,
+            torch.finfo(dtype).bits // 8,
+            need / 2**30,
+        )
+
+
+def returned_results(trainer: Any, stage: str) -> list[dict[str, float]] | None:
+    """The list ``trainer.validate()`` / ``.test()`` will return (one dict per dataloader), while it is being
+    built; ``None`` inside ``fit`` (which returns nothing) or when ``stage`` is not the one running.
+
+    Lightning fills it from metrics logged with ``logger=True``; ``HFLightningModule`` writes its evaluation
+    metrics to the loggers itself (at HF's step), so it adds them to this list at ``on_{stage}_end``, after
+    Lightning has sent its own (then empty) row to the loggers. Read through
+    :func:`~hf_lightning.compat.evaluation_results`.
+    """
+    from lightning.pytorch.trainer.states import TrainerFn
+
+    loop = {TrainerFn.VALIDATING: trainer.validate_loop, TrainerFn.TESTING: trainer.test_loop}.get(
+        trainer.state.fn
+    )
+    if loop is None or (stage == "test") != (trainer.state.fn == TrainerFn.TESTING):
+        return None
+    return evaluation_results(loop)
+
+
+def all_gather_object(obj: Any, world_size: int) -> list[Any]:
+    """``obj`` of every rank of the initialized process group (``torch.distributed.all_gather_object``)."""
+    import torch.distributed as dist
+
+    out: list[Any] = [None] * world_size
+    dist.all_gather_object(out, obj)
+    return out
 
 
 def _pad_concat(chunks: Sequence[np.ndarray], pad: int = IGNORE_INDEX) -> np.ndarray:

@@ -92,26 +92,3 @@ class StepGradNorm:
         if norm is not None and params and not self._clipped:
             torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
         return True
-
-
-class SharedGradNorm:
-    """Mixin of :class:`~hf_lightning.HFLightningModule` (a ``LightningModule`` with ``self._grad_norm``, a
-    :class:`StepGradNorm` reset at every step's end): the step's norm for every reader, and norm clipping with
-    it."""
-
-    def step_gradient_norm(self, optimizer: torch.optim.Optimizer) -> torch.Tensor | None:
-        """The total gradient 2-norm of the optimizer step being taken (before clipping; 0-dim float tensor on
-        the gradients' device, no host sync), computed once per step and shared by the ``grad_norm`` log
-        column, norm clipping and :class:`~hf_lightning.callbacks.NonFiniteGuard`
-        (:mod:`hf_lightning.module.grad_norm`). ``None`` without gradients or under DeepSpeed. Valid between
-        ``backward`` and ``optimizer.step``."""
-        return self._grad_norm.get(self.trainer, optimizer, getattr(self, "max_grad_norm", None))
-
-    def clip_step_gradients(self, optimizer: torch.optim.Optimizer, max_norm: float) -> None:
-        """Clip the step's gradients to total 2-norm ``max_norm`` with the shared norm (``clip_grad_norm_``'s
-        result, one pass fewer); under FSDP through the root module's ``clip_grad_norm_``; where the shared
-        norm cannot serve, Lightning's ``clip_gradients`` (the precision plugin's, a no-op under DeepSpeed,
-        whose engine clips at ``gradient_clipping``). Call after AMP's unscale
-        (``on_before_optimizer_step``)."""
-        if not self._grad_norm.clip(self.trainer, optimizer, float(max_norm)):
-            self.clip_gradients(optimizer, gradient_clip_val=float(max_norm), gradient_clip_algorithm="norm")

@@ -14,6 +14,13 @@ files): ``final_logit_softcapping`` (Gemma 2/3/4, VaultGemma, nanochat, ...), Co
 ``output_multiplier``. A config key that looks like another logit transform makes the model fall back, and on
 its first micro-batch the model's own last-position logits are compared with the lean path's: a model whose
 forward changes its logits otherwise (a bias added, tokens masked, the vocabulary sliced) falls back too.
+
+Where it pays (``module.lean_loss=null``, the default): the lean path runs more small operations per
+micro-batch than one fused ``cross_entropy`` over the logits (a fixed cost), and saves work that grows with
+the vocabulary: the ``(tokens x vocab)`` logits, their softmax and gradient, and the head's products for
+positions without a target. Below an LM-head vocabulary of :data:`LEAN_MIN_VOCAB` the fixed cost wins and the
+full-logits loss is the faster exact path; from it on the lean loss is (measured with
+``scripts/bench_loop.py --lean-sweep``: docs/benchmarks.md). ``true`` / ``false`` force one path.
 """
 
 from __future__ import annotations
@@ -47,6 +54,16 @@ _INTERNAL_KEY = re.compile(r"^(attn|attention|conf_attention|moe_router|router|m
 # |logit|. dtype noise (a bf16 softcap against ours in float32) stays far below it; a missing factor, bias or
 # mask is far above it
 _CHECK_TOLERANCE = 2e-2
+
+#: the smallest LM-head vocabulary for which ``module.lean_loss=null`` (auto) takes the lean loss: below it
+#: the full logits are faster (docs/benchmarks.md, "Where the lean loss pays")
+LEAN_MIN_VOCAB = 256
+
+
+def pays(vocab_size: int) -> bool:
+    """Whether the lean loss is the faster exact path for an LM head of ``vocab_size`` outputs: at least
+    :data:`LEAN_MIN_VOCAB`."""
+    return vocab_size >= LEAN_MIN_VOCAB
 
 
 def logit_transform(config: Any) -> tuple[LogitTransform | None, str | None]:
@@ -97,6 +114,8 @@ class LeanLoss:
     Args:
         model: the model ``HFLightningModule`` trains.
         reason: a reason decided by the caller (``None``: look at the model).
+        auto: ``module.lean_loss=null``: also off when the head's vocabulary is too small for the lean loss to
+            pay (:func:`pays`); ``False``: on whenever the model allows it.
 
     Attributes:
         reason: why the lean loss is not used (``None`` while it is).
@@ -104,15 +123,21 @@ class LeanLoss:
         :func:`~hf_lightning.module.linear_cross_entropy.default_chunk_size`).
     """
 
-    def __init__(self, model: nn.Module, reason: str | None = None) -> None:
+    def __init__(self, model: nn.Module, reason: str | None = None, auto: bool = False) -> None:
         self.head: nn.Linear | None = None
         self.transform: LogitTransform | None = None
         self.reason = reason
+        self.auto = auto
         self.chunk_size: int | None = None
         self._checked = False
         self._said: str | None = None
         if reason is None:
             self.head, self.reason = output_head(model)
+        if self.reason is None and auto and not pays(self.head.weight.shape[0]):
+            self.reason = (
+                f"module.lean_loss=null chose them for an LM head of {self.head.weight.shape[0]} outputs, "
+                f"below {LEAN_MIN_VOCAB}, where they are faster (module.lean_loss=true forces the lean loss)"
+            )
         if self.reason is None:
             self.transform, self.reason = logit_transform(getattr(model, "config", None) or _NoConfig())
 
@@ -126,10 +151,15 @@ class LeanLoss:
             return f"the loss is computed from the full logits: {self.reason}"
         vocab, hidden = self.head.weight.shape
         chunk = self.chunk_size or default_chunk_size(vocab, self.head.weight.device)
+        chosen = (
+            f"module.lean_loss=null chose it: {vocab} outputs, at least {LEAN_MIN_VOCAB}; "
+            if self.auto
+            else ""
+        )
         return (
             f"lean loss: on (the {vocab} x {hidden} LM head applied to at most {chunk} tokens at a time, "
             f"never to all tokens at once; logit transform: {self.transform.describe()}; "
-            "module.lean_loss=false turns it off)"
+            f"{chosen}module.lean_loss=false turns it off)"
         )
 
     def say(self, rank_zero: bool = True) -> None:
@@ -277,13 +307,14 @@ def _logits(outputs: Any) -> torch.Tensor | None:
     return logits
 
 
-def arguments_reason(lean_loss: bool, loss_source: str, causal: bool) -> str | None:
-    """Why ``HFLightningModule``'s arguments rule the lean loss out (``None``: it is up to the model).
+def arguments_reason(lean_loss: bool | None, loss_source: str, causal: bool) -> str | None:
+    """Why ``HFLightningModule``'s arguments rule the lean loss out (``None``: it is up to the model; with
+    ``lean_loss=None`` also to the size of its head).
 
     ``loss_source`` is :attr:`HFLightningModule.loss_source`; ``causal`` whether the labels are shifted by one
     for a decoder-only model.
     """
-    if not lean_loss:
+    if lean_loss is False:
         return "module.lean_loss=false"
     if loss_source in ("compute_loss_func", "model"):
         what = "module.compute_loss_func" if loss_source == "compute_loss_func" else "the model's own loss"

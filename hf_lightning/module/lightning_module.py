@@ -1,7 +1,16 @@
-"""``HFLightningModule``: HF-style models trained with HF's loss semantics under Lightning."""
+"""``HFLightningModule``: HF-style models trained with HF's loss semantics under Lightning.
+
+One class, one file: the module's Lightning hooks and its own methods, in sections (the step's loss, the train
+log, the gradient norm, fit and optimizer, checkpoints, evaluation). What they call lives in the file of its
+concern: the loss math in :mod:`~hf_lightning.module.loss` and :mod:`~hf_lightning.module.lean_loss`, the rows
+in :mod:`~hf_lightning.module.train_log`, the metrics in :mod:`~hf_lightning.module.eval_metrics`, the shared
+gradient norm in :mod:`~hf_lightning.module.grad_norm`, adapter checkpoints in
+:mod:`~hf_lightning.adapters.checkpoint`.
+"""
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 import os
@@ -12,53 +21,63 @@ import lightning as L
 import torch
 from torch import nn
 
-from hf_lightning.adapters.checkpoint import AdapterCheckpointState
+from hf_lightning.adapters.checkpoint import drop_frozen, fill_frozen
 from hf_lightning.checkpointing.loop_state import steps_windows_from_micro_batches
 from hf_lightning.compat import attached_trainer
 from hf_lightning.core.arguments import FRACTION, OPTIONAL_NON_NEGATIVE, OPTIONAL_POSITIVE_INT, check_call
-from hf_lightning.core.batch import MICRO_ITEMS_KEY, Window
-from hf_lightning.core.errors import ConfigError
+from hf_lightning.core.batch import IGNORE_INDEX, MICRO_ITEMS_KEY, PLACEHOLDER_KEY, Window, to_device
+from hf_lightning.core.errors import ConfigError, ModelError
 from hf_lightning.data.checks import forward_parameters
 from hf_lightning.models.loading import pretrained_causal_lm
-from hf_lightning.module.eval_steps import EvalStepsMixin
-from hf_lightning.module.grad_norm import SharedGradNorm, StepGradNorm
+from hf_lightning.module.eval_metrics import (
+    STAGES,
+    PredictionCollector,
+    all_gather_object,
+    returned_results,
+    sequence_classes,
+    stage_metrics,
+    warn_if_logits_kept,
+)
+from hf_lightning.module.grad_norm import StepGradNorm
 from hf_lightning.module.lean_loss import LeanLoss, arguments_reason, strategy_reason
 from hf_lightning.module.loss import (
     FALLBACK_WARNING,
-    ComputeLoss,
+    NON_MODEL_KEYS,
     Count,
     check_loss_arguments,
+    count_loss_items,
     logits_of,
     loss_is_share,
     loss_shifts_labels,
-    loss_source,
+    loss_targets,
     resolve_model_loss,
+    token_cross_entropy_sum,
 )
 from hf_lightning.module.optim import make_optimizer
 from hf_lightning.module.run_plan import training_steps
 from hf_lightning.module.schedules import is_metric_driven, make_scheduler, metric_key, step_on_validation
-from hf_lightning.module.train_log import TrainLog, warn_empty_window
+from hf_lightning.module.train_log import KEY as TRAIN_LOG_KEY
+from hf_lightning.module.train_log import TrainRows, say_row, warn_empty_window
+from hf_lightning.run.loggers import adopt_csv_header
 from hf_lightning.strategies.gradient_sync import gradient_sync
 
 log = logging.getLogger(__name__)
 
 
-class HFLightningModule(
-    AdapterCheckpointState, ComputeLoss, TrainLog, SharedGradNorm, EvalStepsMixin, L.LightningModule
-):
+class HFLightningModule(L.LightningModule):
     """Train and evaluate any HF-style model (``forward(**batch)`` returning ``.logits``) with HF
     ``Trainer``'s loss semantics. Losses are in nats per target token.
 
     Reproduced from HF ``Trainer``: ``training_step`` / ``compute_loss`` with the window count of
     ``get_batch_samples`` (:meth:`training_step`, the one place the step's loss scale is decided),
     ``create_optimizer`` / ``create_scheduler`` (:mod:`~hf_lightning.module.optim`), ``evaluation_loop`` /
-    ``prediction_step`` for ``compute_metrics`` (:class:`~hf_lightning.module.eval_steps.EvalStepsMixin`), and
+    ``prediction_step`` for ``compute_metrics`` (:meth:`validation_step`, :meth:`test_step`), and
     ``model.train()`` before training (``from_pretrained`` returns the model in eval mode).
 
     The loss of one optimizer step is the sum of the loss terms over every micro-batch of the accumulation
     window divided by ``num_items_in_batch``, the window's number of targets summed across data-parallel
     ranks: it does not depend on how the window is split into micro-batches or ranks. Where the loss comes
-    from, first match wins (:func:`~hf_lightning.module.loss.loss_source`): a subclass overriding
+    from, first match wins (:attr:`loss_source`): a subclass overriding
     :meth:`compute_loss`; HF's ``compute_loss_func(outputs, labels, num_items_in_batch)``; the model's own
     ``outputs.loss`` when ``use_model_loss`` (by default: when the model is *declared* to honour
     ``num_items_in_batch``, ``model_accepts_loss_kwargs`` or ``accepts_loss_kwargs = True``; never inferred
@@ -66,8 +85,8 @@ class HFLightningModule(
     x world size); otherwise the token cross-entropy from the logits
     (:func:`~hf_lightning.module.loss.token_cross_entropy_sum`, HF's ``LabelSmoother`` when
     ``label_smoothing_factor > 0``), computed without the ``(tokens x vocab)`` logits for a causal LM whose
-    head ``get_output_embeddings()`` reaches (``lean_loss``). A loss that does not take the count is HF's
-    fallback, a mean per micro-batch divided by the window length, with one warning.
+    head ``get_output_embeddings()`` reaches, where that is faster (``lean_loss``). A loss that does not take
+    the count is HF's fallback, a mean per micro-batch divided by the window length, with one warning.
 
     Args:
         model: an ``nn.Module`` whose ``forward(**batch)`` returns an object with ``.logits`` ``(B, L, V)``
@@ -107,8 +126,11 @@ class HFLightningModule(
             instead of once (HF's); the last call's result is logged.
         lean_loss: the built-in token loss (and ``val/loss``, ``val/accuracy``) from the final hidden states
             and the LM head in chunks of tokens, never holding the ``(tokens x vocab)`` logits
-            (:class:`~hf_lightning.module.lean_loss.LeanLoss`, which says with one INFO line when it falls
-            back to the logits); ``compute_loss`` then returns outputs whose ``logits`` is ``None``.
+            (:class:`~hf_lightning.module.lean_loss.LeanLoss`); ``compute_loss`` then returns outputs whose
+            ``logits`` is ``None``. ``None`` (auto): the lean loss where it is the faster exact path, an LM
+            head whose vocabulary is at least :data:`~hf_lightning.module.lean_loss.LEAN_MIN_VOCAB`, the full
+            logits below it; ``True``: whenever the model allows it; ``False``: never. One INFO line at
+            ``setup`` says which path runs and why (and another if the model turns out not to fit).
         metric_for_best_model: the logged metric (HF's name, ``loss`` -> ``val/loss``) that steps a
             ``reduce_lr_on_plateau`` / ``greedy`` schedule after each validation, as HF does.
         max_grad_norm: HF's ``max_grad_norm``: before each optimizer step the gradients' total 2-norm is
@@ -123,7 +145,9 @@ class HFLightningModule(
     Logged (x-axis ``step`` = optimizer steps done, as HF; :mod:`~hf_lightning.module.train_log`):
     ``train/loss`` (mean of the window losses since the last row, over ranks: HF's ``loss``), ``lr`` (the rate
     used in that step), ``grad_norm`` (before clipping; logged steps only); ``val/loss`` (token-weighted mean
-    over the whole validation set), ``val/perplexity``, ``val/accuracy``.
+    over the whole validation set), ``val/perplexity``, ``val/accuracy`` (``val/f1`` instead of perplexity for
+    a sequence classifier; a user ``compute_metrics``'s keys under the same prefix; ``test/...`` likewise).
+    ``lightning.Trainer.validate()`` / ``.test()`` return the same floats: ``[{"val/loss": float, ...}]``.
     """
 
     # HF's logging_first_step: a train/loss row after the first optimizer step too (set by HFSteps)
@@ -158,7 +182,7 @@ class HFLightningModule(
         preprocess_logits_for_metrics: Callable[[torch.Tensor, torch.Tensor], Any] | None = None,
         eval_accumulation_steps: Annotated[int | None, OPTIONAL_POSITIVE_INT] = None,
         batch_eval_metrics: bool = False,
-        lean_loss: bool = True,
+        lean_loss: bool | None = None,
         metric_for_best_model: str | None = None,
         max_grad_norm: Annotated[float | None, OPTIONAL_NON_NEGATIVE] = 1.0,
     ) -> None:
@@ -192,11 +216,34 @@ class HFLightningModule(
         #: whether :meth:`compute_loss` returns a share of the window loss (else HF's fallback)
         self.loss_is_share, self._fallback_reason = loss_is_share(self)
         decoder_only = self.causal and not self._encoder_decoder
-        self.lean = LeanLoss(model, arguments_reason(lean_loss, self.loss_source, decoder_only))
-        self._init_evaluation(
-            compute_metrics, preprocess_logits_for_metrics, eval_accumulation_steps, batch_eval_metrics
+        self.lean = LeanLoss(
+            model, arguments_reason(lean_loss, self.loss_source, decoder_only), auto=lean_loss is None
         )
-        self._init_train_log()
+        # evaluation: HF's compute_metrics hooks, and the metric states of each stage
+        takes_result = (
+            compute_metrics is not None and "compute_result" in inspect.signature(compute_metrics).parameters
+        )
+        if batch_eval_metrics and compute_metrics is not None and not takes_result:
+            raise ConfigError(
+                "batch_eval_metrics=true calls compute_metrics(eval_pred, compute_result=...) per batch; "
+                "the given compute_metrics takes no compute_result argument (as in HF Trainer)"
+            )
+        #: the optimizer step whose weights the newest validation measured (``None``: not validated yet)
+        self.last_validated_step: int | None = None
+        self.compute_metrics = compute_metrics
+        self.preprocess_logits_for_metrics = preprocess_logits_for_metrics
+        self.batch_eval_metrics = batch_eval_metrics
+        num_classes = sequence_classes(self.model)
+        self.eval_metrics = nn.ModuleDict(
+            {s: nn.ModuleDict(stage_metrics(self.causal, num_classes)) for s in STAGES}
+        )
+        self._collector = PredictionCollector(eval_accumulation_steps)
+        self._lean_eval_said = False
+        #: what the next ``train/loss`` row is made of (:class:`~hf_lightning.module.train_log.TrainRows`)
+        self.train_rows = TrainRows()
+        #: the newest value of every metric written to the loggers (``final_metrics.json`` is built from it)
+        self.last_logged: dict[str, float] = {}
+        self._steps_seen = 0  # optimizer steps whose bookkeeping ended (_end_step)
         self._grad_norm = StepGradNorm()
         #: the optimizer step this process's fit started from (``None``: training never started, e.g. a resume
         #: of a run that had already reached its end)
@@ -220,14 +267,127 @@ class HFLightningModule(
 
     @property
     def loss_source(self) -> str:
-        """``"compute_loss"`` (a subclass override), ``"compute_loss_func"``, ``"model"`` or
-        ``"token_cross_entropy"``."""
-        return loss_source(self)
+        """Where the loss comes from, first match wins: ``"compute_loss"`` (a subclass overrides
+        :meth:`compute_loss`), ``"compute_loss_func"``, ``"model"`` (``use_model_loss``) or
+        ``"token_cross_entropy"`` (the built-in loss)."""
+        if type(self).compute_loss is not HFLightningModule.compute_loss:
+            return "compute_loss"
+        if self.compute_loss_func is not None:
+            return "compute_loss_func"
+        return "model" if self.use_model_loss else "token_cross_entropy"
 
     def _say_lean(self) -> None:
         """The lean loss's INFO line, when its state changed (rank zero)."""
         trainer = attached_trainer(self)
         self.lean.say(trainer is None or trainer.is_global_zero)
+
+    # ------------------------------------------------------------------------ one micro-batch's loss
+    def count_loss_items(self, batch: Mapping[str, Any]) -> int:
+        """Targets in one micro-batch (host side); the DataModule sums it over a window."""
+        return count_loss_items(batch, causal=self.causal)
+
+    def _model_inputs(self, batch: Mapping[str, Any]) -> dict[str, Any]:
+        inputs = {k: v for k, v in batch.items() if k not in NON_MODEL_KEYS}
+        if (
+            self._encoder_decoder
+            and "decoder_input_ids" not in inputs
+            and batch.get("labels") is not None
+            and hasattr(self.model, "prepare_decoder_input_ids_from_labels")
+        ):
+            # the decoder is fed the labels shifted right, as the model does itself when given labels
+            inputs["decoder_input_ids"] = self.model.prepare_decoder_input_ids_from_labels(
+                labels=batch["labels"]
+            )
+        return inputs
+
+    def forward(self, batch: Mapping[str, Any]) -> Any:
+        """``model(**inputs, **forward_kwargs)`` without the labels and the window keys; the model's output
+        (``.logits`` ``(B, L, V)``, or ``(B, C)`` for classification)."""
+        return self.model(**self._model_inputs(batch), **self.forward_kwargs)
+
+    def compute_loss(
+        self, batch: Mapping[str, Any], num_items_in_batch: Count | None
+    ) -> tuple[torch.Tensor, Any]:
+        """``(loss, model outputs)`` for one micro-batch: HF ``Trainer.compute_loss``. The scale of the step's
+        loss is decided by the caller, :meth:`training_step`; a subclass may override this, as HF's.
+
+        Args:
+            batch: the collated micro-batch (``labels`` ``(B, L)`` or ``(B,)``; the window keys of
+                :mod:`hf_lightning.data.sampling` are never passed to the model).
+            num_items_in_batch: the window's target count (``int``, or a 0-dim int64 tensor when summed across
+                ranks), at least 1; ``None`` when the batches carry no count (HF: "not counted") or the loss
+                is HF's fallback (``loss_is_scaled_for_ga`` resolved to ``False``): the loss is then a mean
+                over this micro-batch, which ``training_step`` divides by the window length.
+
+        Returns:
+            The micro-batch's share of the window loss (a sum over its items divided by
+            ``num_items_in_batch``) as a 0-dim float tensor, and the model outputs. An override must return
+            the same (or set ``loss_is_scaled_for_ga = False`` and return a per-micro-batch mean) for the step
+            to stay exact.
+        """
+        if self.compute_loss_func is not None:
+            outputs = self(batch)
+            if not self.loss_is_share:
+                return self.compute_loss_func(outputs, batch.get("labels")), outputs
+            return self.compute_loss_func(
+                outputs, batch.get("labels"), num_items_in_batch=num_items_in_batch
+            ), outputs
+        if self.use_model_loss:
+            return self._model_loss(batch, num_items_in_batch)
+        labels = batch["labels"]
+        if labels.is_floating_point():
+            raise ConfigError(
+                "labels are floating point (regression or multi-label): the built-in token cross-entropy "
+                "needs integer class ids; set module.use_model_loss=true or pass module.compute_loss_func"
+            )
+        loss_sum, outputs = self._token_loss_sum(batch, labels)
+        if num_items_in_batch is None:
+            # HF's "not counted" path: this micro-batch's own targets, counted on the device (no sync)
+            targets = loss_targets(labels, self.causal, batch.get("shift_labels"))
+            num_items_in_batch = (targets != IGNORE_INDEX).sum().clamp(min=1)
+        return loss_sum / num_items_in_batch, outputs
+
+    def _token_loss_sum(self, batch: Mapping[str, Any], labels: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        """The summed token CE of the micro-batch and the model outputs: lean when it can be, else from the
+        logits."""
+        if self.lean.active:
+            targets = loss_targets(labels, self.causal, batch.get("shift_labels"))
+            lean = self.lean.forward(lambda: self(batch), targets.shape)
+            if lean is not None:
+                # the window loader's count of this micro-batch lets the head skip the non-target rows without
+                # a host-device sync; it counts the targets when count_loss_items is ours
+                own_count = type(self).count_loss_items is HFLightningModule.count_loss_items
+                count = batch.get(MICRO_ITEMS_KEY) if own_count else None
+                return self.lean.loss_sum(lean[1], targets, self.label_smoothing_factor, count), lean[0]
+            self._say_lean()  # the model did not fit: say why
+        outputs = self(batch)
+        loss_sum = token_cross_entropy_sum(
+            logits_of(outputs),
+            labels,
+            causal=self.causal,
+            shift_labels=batch.get("shift_labels"),
+            label_smoothing=self.label_smoothing_factor,
+        )
+        return loss_sum, outputs
+
+    def _model_loss(
+        self, batch: Mapping[str, Any], num_items_in_batch: Count | None
+    ) -> tuple[torch.Tensor, Any]:
+        inputs = self._model_inputs(batch)
+        inputs["labels"] = batch["labels"]
+        if self.model_accepts_loss_kwargs:
+            if "shift_labels" in batch:
+                inputs["shift_labels"] = batch["shift_labels"]
+            if num_items_in_batch is not None:
+                inputs["num_items_in_batch"] = num_items_in_batch
+        outputs = self.model(**inputs, **self.forward_kwargs)
+        loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs[0]
+        if loss is None or not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+            raise ModelError(
+                f"use_model_loss=True but {type(self.model).__name__}(labels=...) returned no scalar loss; "
+                "leave module.use_model_loss unset to use the built-in token loss"
+            )
+        return loss, outputs
 
     # ------------------------------------------------------------------------------- the step's loss
     def training_step(self, batch: Window | Mapping[str, Any], batch_idx: int) -> torch.Tensor:
@@ -309,14 +469,8 @@ class HFLightningModule(
         (``num_items_in_micro_batch``, host ``int``: the lean head skips rows without targets without a
         host-device sync)."""
         device = self.device
-        if device.type == "cpu":  # the loader's tensors are on the host already
-            moved = dict(micro)
-        else:
-            non_blocking = device.type != "mps"  # as Lightning: MPS copies are blocking
-            moved = {
-                k: v.to(device, non_blocking=non_blocking) if isinstance(v, torch.Tensor) else v
-                for k, v in micro.items()
-            }
+        # the loader's tensors are on the host already: on the CPU a copy of the dict is enough
+        moved = dict(micro) if device.type == "cpu" else to_device(micro, device)
         if count is not None:
             moved[MICRO_ITEMS_KEY] = count
         return moved
@@ -326,6 +480,151 @@ class HFLightningModule(
         for config in self.trainer.lr_scheduler_configs:
             if not is_metric_driven(config.scheduler):
                 config.scheduler.step()
+
+    # ------------------------------------------------------------------------------------ the train log
+    # HF's loss row every logging_steps optimizer steps (hf_lightning.module.train_log says why it is ours)
+    def add_window_share(self, share: torch.Tensor) -> None:
+        """Add one micro-batch's logged share (detached, 0-dim) to the loss of its optimizer step's window."""
+        self.train_rows.add_share(share)
+
+    def check_window_count(self, step: int, count: torch.Tensor) -> None:
+        """Warn at the next row if the window count of optimizer step ``step`` (summed across ranks) is 0."""
+        self.train_rows.unchecked_counts.append((step, count))
+
+    def add_train_metrics(self, metrics: Mapping[str, float]) -> None:
+        """Add ``metrics`` (host floats) to the next train log row, so that a callback's figures for a step
+        share the row of ``train/loss`` (e.g. :class:`~hf_lightning.callbacks.Throughput`)."""
+        self.train_rows.extra.update(metrics)
+
+    def skip_step_in_log(self) -> None:
+        """The optimizer step being taken is skipped (no update): its window loss and gradient norm stay out
+        of the train log. Called by :class:`~hf_lightning.callbacks.NonFiniteGuard` between ``backward`` and
+        ``optimizer.step`` (in ``on_before_optimizer_step``, which runs before this module's)."""
+        self.train_rows.step_skipped = True
+
+    def is_log_step(self, step: int) -> bool:
+        """Whether the train row is written after optimizer step ``step`` (1-based): every
+        ``trainer.log_every_n_steps`` steps across epochs (HF's ``logging_steps``), at ``max_steps``, and
+        after the first step with ``logging_first_step``."""
+        trainer = self.trainer
+        if step == 1 and self.logging_first_step:  # HF's logging_first_step (set by HFSteps)
+            return True
+        return step % max(trainer.log_every_n_steps, 1) == 0 or step >= trainer.max_steps > 0
+
+    def wants_grad_norm(self) -> bool:
+        """Whether the optimizer step being taken is logged (its row, or the final flush after an epoch's last
+        batch): only then is ``grad_norm`` worth a pass over every gradient."""
+        return self.is_log_step(self.global_step + 1) or bool(self.trainer.is_last_batch)
+
+    @property
+    def has_pending_train_log(self) -> bool:
+        """Whether losses were accumulated since the last ``train/loss`` row (a final row is due)."""
+        return self.train_rows.pending
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self.global_step != self._steps_seen:  # else still accumulating, or a checkpoint ended the step
+            self._end_step()
+        rows = self.train_rows
+        if rows.bar_loss is not None:  # the progress bar shows the newest row (self.log: not from a save)
+            self.log("train/loss", rows.bar_loss, prog_bar=True, logger=False, on_step=True, on_epoch=False)
+            rows.bar_loss = None
+
+    def _end_step(self) -> None:
+        """The bookkeeping of a finished optimizer step: its window loss joins the next row; a log step
+        writes it."""
+        self._steps_seen = self.global_step
+        # the epoch of the step's batches: by the final flush (on_train_end) Lightning has already counted the
+        # epoch a stop or the last batch ended, and the row would show the next one
+        self.train_rows.end_step(self.current_epoch)
+        self._grad_norm.reset()
+        if self.is_log_step(self.global_step):
+            self.flush_train_log()
+
+    def on_train_end(self) -> None:
+        if getattr(self, "preempted", None):
+            return  # stopped on a signal: the losses since the last row are in last.ckpt, the resume goes on
+        self.flush_train_log(progress_bar=False)  # the steps since the last log boundary
+
+    def flush_train_log(self, progress_bar: bool = True) -> None:
+        """Write the row of the steps since the last one (nothing when there are none); every rank must call
+        it (the mean over ranks is a collective)."""
+        rows, trainer = self.train_rows, self.trainer
+        rows.warn_empty_windows(trainer.is_global_zero)
+        if not rows.pending:
+            return
+        # every rank skips the same steps (the guard's verdict is all-reduced): the same branch on every rank
+        loss = rows.take_loss()
+        if loss is not None and trainer.world_size > 1:
+            # training_step logs each rank's share times world size: the mean over ranks is the window loss
+            loss = trainer.strategy.reduce(loss, reduce_op="mean")
+        metrics = rows.metrics(loss.item() if loss is not None else None, self.current_epoch)
+        if progress_bar:
+            rows.bar_loss = metrics.get("train/loss")
+        self.log_to_loggers(metrics)
+        if trainer.is_global_zero and trainer.progress_bar_callback is None:
+            # no bar shows it (output to a file): the row as a log line, as HF prints; the total is the run's
+            # planned optimizer steps (trainer.max_epochs with trainer.max_steps=-1 too)
+            say_row(metrics, self.global_step, self.planned_steps or trainer.max_steps)
+
+    def log_to_loggers(self, metrics: Mapping[str, float | None], step: int | None = None) -> None:
+        """Write one row to every logger at ``step`` (default: optimizer steps done, HF's ``global_step``);
+        ``None`` values are left out. The one place where hf_lightning writes metrics to the loggers: the
+        ``train/loss`` rows, the evaluation rows and the :class:`~hf_lightning.callbacks.NonFiniteGuard`
+        counters.
+
+        Why not ``self.log`` (what Lightning's ``_LoggerConnector`` does with it):
+
+        - Lightning writes a step's logged values after every ``on_train_batch_end`` hook has run, i.e. after
+          ``ModelCheckpoint`` / ``Preemption`` saved the checkpoint of that step. The row of step N must be on
+          disk before checkpoint N: a kill between the two would resume from N without its row (the i15 kill
+          harness's ``after_save`` point). Here the row is written from ``on_save_checkpoint`` first.
+        - Lightning writes only when ``(batches_that_stepped + 1) % log_every_n_steps == 0`` or on
+          ``should_stop``: the rows of ``max_steps`` and of HF's ``logging_first_step`` would be dropped, and
+          it refuses ``self.log`` in ``on_train_end`` (the final flush) and in ``on_save_checkpoint``.
+        - Its step is ``batches_that_stepped``, one less than HF's inside ``on_train_batch_end`` and for a
+          validation inside ``fit``; the explicit ``"step"`` key that fixes it is also copied into
+          ``trainer.callback_metrics`` (hence ``final_metrics.json``) and the dicts ``trainer.validate()``
+          returns, and without it Lightning adds an ``epoch`` column to the evaluation rows.
+
+        The cost is the same as Lightning's: one ``log_metrics`` and one ``save`` per row, on log steps only
+        (Lightning's ``log_metrics`` also calls ``save`` after every write), plus the first line of a CSV
+        logger's file read (:func:`~hf_lightning.run.loggers.adopt_csv_header`: a ``trainer.test`` under
+        ``ddp_spawn`` writes from a new process whose logger has not seen the training columns)."""
+        clean = {k: float(v) for k, v in metrics.items() if v is not None}
+        self.last_logged.update(clean)
+        for logger in self.loggers:
+            adopt_csv_header(logger)
+            logger.log_metrics(clean, step=self.global_step if step is None else step)
+            logger.save()
+
+    # --------------------------------------------------------------------------------- the gradient norm
+    def step_gradient_norm(self, optimizer: torch.optim.Optimizer) -> torch.Tensor | None:
+        """The total gradient 2-norm of the optimizer step being taken (before clipping; 0-dim float tensor on
+        the gradients' device, no host sync), computed once per step and shared by the ``grad_norm`` log
+        column, norm clipping and :class:`~hf_lightning.callbacks.NonFiniteGuard`
+        (:mod:`hf_lightning.module.grad_norm`). ``None`` without gradients or under DeepSpeed. Valid between
+        ``backward`` and ``optimizer.step``."""
+        return self._grad_norm.get(self.trainer, optimizer, self.max_grad_norm)
+
+    def clip_step_gradients(self, optimizer: torch.optim.Optimizer, max_norm: float) -> None:
+        """Clip the step's gradients to total 2-norm ``max_norm`` with the shared norm (``clip_grad_norm_``'s
+        result, one pass fewer); under FSDP through the root module's ``clip_grad_norm_``; where the shared
+        norm cannot serve, Lightning's ``clip_gradients`` (the precision plugin's, a no-op under DeepSpeed,
+        whose engine clips at ``gradient_clipping``). Call after AMP's unscale
+        (``on_before_optimizer_step``)."""
+        if not self._grad_norm.clip(self.trainer, optimizer, float(max_norm)):
+            self.clip_gradients(optimizer, gradient_clip_val=float(max_norm), gradient_clip_algorithm="norm")
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """The train log's ``lr`` (the rate this step uses, read before the scheduler) and gradient norm
+        (read only when the step's row is logged: a pass over every gradient on the other steps would be
+        wasted; a skipped step has none); then clipping at ``max_grad_norm``."""
+        rows = self.train_rows
+        rows.lr = optimizer.param_groups[0]["lr"]
+        wanted = self.wants_grad_norm() and not rows.step_skipped
+        rows.grad_norm = self.step_gradient_norm(optimizer) if wanted else None
+        if self.max_grad_norm is not None:
+            self.clip_step_gradients(optimizer, self.max_grad_norm)
 
     # ------------------------------------------------------------------------------ fit and optimizer
     def configure_callbacks(self) -> list[L.Callback]:
@@ -355,28 +654,6 @@ class HFLightningModule(
     def on_fit_start(self) -> None:
         if self._fallback_reason is not None and self.trainer.is_global_zero:
             log.warning(FALLBACK_WARNING, self._fallback_reason)
-
-    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        super().on_before_optimizer_step(optimizer)  # the train log's lr and gradient norm
-        if self.max_grad_norm is not None:
-            self.clip_step_gradients(optimizer, self.max_grad_norm)
-
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        super().on_load_checkpoint(checkpoint)
-        # a checkpoint of the micro-batch loop (before this module stepped its windows): its counts as windows
-        saved = (checkpoint.get("hf_lightning") or {}).get("signature") or {}
-        accumulation = (
-            saved.get("accumulate_grad_batches") if "gradient_accumulation_steps" not in saved else 1
-        )
-        trainer = attached_trainer(self)
-        if accumulation is None:  # no signature (a Trainer without ResumeState): this run's window
-            accumulation = getattr(getattr(trainer, "datamodule", None), "gradient_accumulation_steps", 1)
-        if steps_windows_from_micro_batches(checkpoint, int(accumulation or 1)):
-            log.info(
-                "the checkpoint counts micro-batches (accumulation %d): its loop state is read as optimizer "
-                "steps, one accumulation window per training batch",
-                accumulation,
-            )
 
     def on_train_start(self) -> None:
         self._steps_seen = self.global_step  # a resumed run starts at its checkpoint's step
@@ -418,8 +695,157 @@ class HFLightningModule(
             )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
+    def total_training_steps(self) -> float:
+        """Optimizer steps of the whole run, for the LR schedule
+        (:func:`~hf_lightning.module.run_plan.training_steps`, which logs when ``max_epochs`` ends the run
+        first and when windows are shorter than asked)."""
+        return training_steps(self.trainer)
+
+    # -------------------------------------------------------------------------------------- checkpoints
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """The train log's state (every rank's losses since the last row, gathered: rank 0 writes the
+        checkpoint for all of them; the newest step's ``lr``, ``grad_norm``, ``epoch``) and the step validated
+        last; an adapter model's checkpoint keeps its trainable weights only
+        (:func:`~hf_lightning.adapters.checkpoint.drop_frozen`)."""
+        trainer = self.trainer
+        if trainer.training and self.global_step != self._steps_seen:
+            # the callbacks' on_train_batch_end (where checkpoints are saved) run before ours: the row of this
+            # step is written before its checkpoint
+            self._end_step()
+        pending = self.train_rows.pending_losses()
+        if trainer.world_size > 1:
+            pending = trainer.strategy.all_gather(pending.to(self.device)).reshape(trainer.world_size, -1)
+        else:
+            pending = pending.reshape(1, -1)
+        checkpoint[TRAIN_LOG_KEY] = {
+            **self.train_rows.state_dict(pending),
+            "last_validated_step": self.last_validated_step,
+        }
+        drop_frozen(self, checkpoint)
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """An adapter checkpoint's frozen weights filled back from the model as built
+        (:func:`~hf_lightning.adapters.checkpoint.fill_frozen`); the train log's state restored; a checkpoint
+        of the micro-batch loop (before this module stepped its windows) read as windows
+        (:func:`~hf_lightning.checkpointing.loop_state.steps_windows_from_micro_batches`)."""
+        fill_frozen(self, checkpoint)
+        trainer = attached_trainer(self)
+        state = checkpoint.get(TRAIN_LOG_KEY)
+        if state:
+            world = trainer.world_size if trainer is not None else 1
+            rank = trainer.global_rank if trainer is not None else 0
+            self.train_rows.load_state_dict(state, rank, world, self.device)
+            self.last_validated_step = state.get("last_validated_step")
+        saved = (checkpoint.get("hf_lightning") or {}).get("signature") or {}
+        accumulation = (
+            saved.get("accumulate_grad_batches") if "gradient_accumulation_steps" not in saved else 1
+        )
+        if accumulation is None:  # no signature (a Trainer without ResumeState): this run's window
+            accumulation = getattr(getattr(trainer, "datamodule", None), "gradient_accumulation_steps", 1)
+        if steps_windows_from_micro_batches(checkpoint, int(accumulation or 1)):
+            log.info(
+                "the checkpoint counts micro-batches (accumulation %d): its loop state is read as optimizer "
+                "steps, one accumulation window per training batch",
+                accumulation,
+            )
+
+    # --------------------------------------------------------------------------------------- evaluation
+    # Per stage (val, test): {stage}/loss is the token-weighted mean over the whole set and all ranks (sum
+    # of token CE / number of targets; HF's eval_loss is a sample-weighted mean of per-batch means and
+    # differs when batches hold different numbers of targets), {stage}/perplexity = exp(loss),
+    # {stage}/accuracy the token accuracy with the causal shift. A *ForSequenceClassification model gets
+    # {stage}/loss (mean CE per example), {stage}/accuracy (per example) and {stage}/f1 (macro) instead of
+    # perplexity. A user compute_metrics adds its keys under the same prefix. Without compute_metrics, a
+    # causal LM's loss and accuracy come from the lean path when it is on (the argmax per chunk of tokens, no
+    # logits held).
+    def validation_step(self, batch: Mapping[str, Any], batch_idx: int) -> None:
+        self._eval_step(batch, batch_idx, "val")
+
+    def test_step(self, batch: Mapping[str, Any], batch_idx: int) -> None:
+        self._eval_step(batch, batch_idx, "test")
+
+    def _eval_step(self, batch: Mapping[str, Any], batch_idx: int, stage: str) -> None:
+        metrics = self.eval_metrics[stage]
+        if self.lean.active and self.compute_metrics is None and self._lean_eval_step(batch, metrics):
+            return
+        outputs = self(batch)
+        logits, labels = outputs.logits, batch["labels"]
+        loss_sum = token_cross_entropy_sum(
+            logits, labels, causal=self.causal, shift_labels=batch.get("shift_labels")
+        )
+        # a placeholder (hf_lightning.data.collators.PlaceholderAwareCollator) has no target: it adds 0 to
+        # these sums, and nothing below
+        metrics["loss"].update(loss_sum, self.count_loss_items(batch))
+        metrics["accuracy"].update(logits, labels)
+        if "f1" in metrics:
+            metrics["f1"].update(logits.argmax(-1), labels)
+        if self.compute_metrics is None or batch.get(PLACEHOLDER_KEY):
+            return
+        preds = logits
+        if self.preprocess_logits_for_metrics is not None:
+            preds = self.preprocess_logits_for_metrics(logits, labels)
+        if self.batch_eval_metrics:
+            from transformers import EvalPrediction
+
+            last = batch_idx == self._num_eval_batches(stage) - 1
+            result = self.compute_metrics(
+                EvalPrediction(predictions=preds.detach().cpu().numpy(), label_ids=labels.cpu().numpy()),
+                compute_result=last,
+            )
+            if last:
+                self._user_metrics = dict(result or {})
+        else:
+            self._collector.add(preds, labels)
+
+    def _lean_eval_step(self, batch: Mapping[str, Any], metrics: Mapping[str, Any]) -> bool:
+        """Loss and token accuracy from the hidden states and the LM head, chunk by chunk (no logits held);
+        ``False`` when the model turned out not to fit (the caller takes the plain path)."""
+        targets = loss_targets(batch["labels"], self.causal, batch.get("shift_labels"))
+        lean = self.lean.forward(lambda: self(batch), targets.shape)
+        if lean is None:
+            self._say_lean()
+            return False
+        count = int((targets != IGNORE_INDEX).sum())
+        loss_sum, correct = self.lean.stats(lean[1], targets, count)
+        # the loss is averaged over the module's own target rule: the same count unless a subclass redefines
+        # it
+        own_count = type(self).count_loss_items is HFLightningModule.count_loss_items
+        metrics["loss"].update(loss_sum, count if own_count else self.count_loss_items(batch))
+        metrics["accuracy"].update(correct=correct, total=count)
+        return True
+
+    def _num_eval_batches(self, stage: str) -> int:
+        counts = self.trainer.num_val_batches if stage == "val" else self.trainer.num_test_batches
+        return int(counts[0])
+
+    def on_validation_start(self) -> None:
+        self._eval_start("val")
+
+    def on_test_start(self) -> None:
+        self._eval_start("test")
+
+    def _eval_start(self, stage: str) -> None:
+        self._collector.reset()
+        self._user_metrics: dict[str, float] = {}
+        if self.compute_metrics is not None and self.lean.active and not self._lean_eval_said:
+            self._lean_eval_said = True
+            if self.trainer.is_global_zero:
+                log.info(
+                    "evaluation computes the full logits: compute_metrics needs them (training stays lean)"
+                )
+        if (
+            self.compute_metrics is None
+            or self.preprocess_logits_for_metrics is not None
+            or self.batch_eval_metrics
+        ):
+            return
+        loader = self.trainer.val_dataloaders if stage == "val" else self.trainer.test_dataloaders
+        warn_if_logits_kept(stage, getattr(loader, "dataset", None), self.model)
+
     def on_validation_epoch_end(self) -> None:
-        super().on_validation_epoch_end()
+        """The validation metrics; inside ``fit`` a metric-driven schedule then steps on its metric (HF steps
+        it after each evaluation)."""
+        self._eval_epoch_end("val")
         trainer = self.trainer
         if trainer.sanity_checking or trainer.state.fn != "fit":
             return
@@ -427,8 +853,89 @@ class HFLightningModule(
             if is_metric_driven(config.scheduler):
                 step_on_validation(config.scheduler, self.last_logged, self.schedule_metric)
 
-    def total_training_steps(self) -> float:
-        """Optimizer steps of the whole run, for the LR schedule
-        (:func:`~hf_lightning.module.run_plan.training_steps`, which logs when ``max_epochs`` ends the run
-        first and when windows are shorter than asked)."""
-        return training_steps(self.trainer)
+    def on_test_epoch_end(self) -> None:
+        self._eval_epoch_end("test")
+
+    def _eval_epoch_end(self, stage: str) -> dict[str, float]:
+        """The stage's values: logged (the progress bar; the loggers at ``step`` = optimizer steps done) and
+        kept for the list ``trainer.validate()`` / ``.test()`` returns; the same floats everywhere."""
+        metrics = self.eval_metrics[stage]
+        loss = metrics["loss"].compute()
+        values = {f"{stage}/loss": loss, f"{stage}/accuracy": metrics["accuracy"].compute()}
+        if "f1" in metrics:
+            values[f"{stage}/f1"] = metrics["f1"].compute()
+        else:
+            values[f"{stage}/perplexity"] = torch.exp(loss)
+        for m in metrics.values():
+            m.reset()
+        world = self.trainer.world_size
+        if self.compute_metrics is not None and not self.batch_eval_metrics:
+            preds, labels = self._collector.gather(world, lambda obj: all_gather_object(obj, world))
+            self._collector.reset()
+            if preds is not None:
+                from transformers import EvalPrediction
+
+                self._user_metrics = dict(
+                    self.compute_metrics(EvalPrediction(predictions=preds, label_ids=labels))
+                )
+        for key, value in getattr(self, "_user_metrics", {}).items():
+            name = key.removeprefix("eval_")
+            values[f"{stage}/{name}"] = torch.as_tensor(float(value))
+        # the values are already the same on every rank (the metrics sync their states); a max over ranks
+        # keeps them exact and tells Lightning so (it warns about epoch-level values logged without sync_dist)
+        synced = world > 1
+        for key, value in values.items():
+            self.log(
+                key, value, prog_bar=key == f"{stage}/loss", logger=False, sync_dist=synced, reduce_fx="max"
+            )
+        floats = {k: float(v) for k, v in values.items()}
+        if not self.trainer.sanity_checking:
+            self.log_to_loggers(floats)
+            if stage == "val":
+                self.last_validated_step = self.global_step
+            self._returned_results = (returned_results(self.trainer, stage), floats)
+        return floats
+
+    def on_validation_end(self) -> None:
+        """``trainer.validate()`` returns ``[{"val/loss": ..., ...}]``: the values the loggers received."""
+        self._fill_returned_results()
+
+    def on_test_end(self) -> None:
+        """``trainer.test()`` returns ``[{"test/loss": ..., ...}]``: the values the loggers received."""
+        self._fill_returned_results()
+
+    def _fill_returned_results(self) -> None:
+        results, floats = getattr(self, "_returned_results", (None, {}))
+        self._returned_results = (None, {})
+        if results is None:
+            return
+        if not results:
+            results.append({})
+        for outputs in results:
+            outputs.update(floats)
+
+    def predict_step(self, batch: Mapping[str, Any], batch_idx: int) -> list[dict[str, Any]]:
+        """Per example: the argmax token at every target position (causal shift), and the label there.
+
+        Returns a list (one dict per example, in batch order) of ``{"positions", "predicted_ids",
+        "label_ids"}``; positions index the label sequence. Every target is there (every assistant turn of a
+        chat, the tokens ``val/loss`` averages over): HF ``Trainer.predict``'s predictions and ``label_ids``
+        at the labels that are not -100. A placeholder batch (a rank with no example of the
+        set, :class:`~hf_lightning.data.collators.PlaceholderAwareCollator`) returns ``[]``.
+        """
+        if batch.get(PLACEHOLDER_KEY):
+            return []
+        logits = self(batch).logits
+        preds = logits.argmax(-1)
+        labels = batch["labels"]
+        if self.causal:
+            preds = torch.nn.functional.pad(preds[..., :-1], (1, 0), value=IGNORE_INDEX)
+        out = []
+        for p, lab in zip(preds.cpu(), labels.cpu()):
+            pos = (lab != IGNORE_INDEX).nonzero().flatten()
+            if self.causal:
+                pos = pos[pos > 0]
+            out.append(
+                {"positions": pos.tolist(), "predicted_ids": p[pos].tolist(), "label_ids": lab[pos].tolist()}
+            )
+        return out

@@ -7,10 +7,10 @@ window (``Trainer.get_batch_samples``), summed across data-parallel ranks when
 count (cheap, on the host, before the first forward of the step) and the sum of per-token cross-entropy
 (optionally label-smoothed exactly as HF's ``LabelSmoother``). They also hold the two decisions HF takes by
 inspecting the model: whether its loss shifts labels, and whether its ``forward`` honours
-``num_items_in_batch``; which loss a module gets (:func:`loss_source`, :func:`loss_is_share`); and
-:class:`ComputeLoss`, HF's ``compute_loss`` for one micro-batch. How the micro-batch losses add up to the
-step's loss (the count across ranks, the fallback, the factor against DDP's mean over ranks) is decided in one
-place: ``HFLightningModule.training_step``.
+``num_items_in_batch``; and whether a module's loss is a share of the window's (:func:`loss_is_share`).
+``HFLightningModule.compute_loss`` (HF's ``compute_loss`` for one micro-batch) calls them. How the micro-batch
+losses add up to the step's loss (the count across ranks, the fallback, the factor against DDP's mean over
+ranks) is decided in one place: ``HFLightningModule.training_step``.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ import torch
 import torch.nn.functional as F
 
 from hf_lightning.compat import loss_is_causal_lm
-from hf_lightning.core.batch import IGNORE_INDEX, MICRO_ITEMS_KEY, PLACEHOLDER_KEY, WINDOW_KEYS
-from hf_lightning.core.errors import ConfigError, ModelError
+from hf_lightning.core.batch import IGNORE_INDEX, PLACEHOLDER_KEY, WINDOW_KEYS
+from hf_lightning.core.errors import ConfigError
 
 
 def count_loss_items(batch: Mapping[str, torch.Tensor], causal: bool = True) -> int:
@@ -158,23 +158,13 @@ def accepts_num_items(fn: Callable[..., Any]) -> bool:
     )
 
 
-def loss_source(module: Any) -> str:
-    """Where :class:`~hf_lightning.HFLightningModule`'s loss comes from, first match wins: ``"compute_loss"``
-    (a subclass overrides ``compute_loss``), ``"compute_loss_func"``, ``"model"`` (``use_model_loss``) or
-    ``"token_cross_entropy"`` (the built-in loss)."""
-    if type(module).compute_loss is not ComputeLoss.compute_loss:
-        return "compute_loss"
-    if module.compute_loss_func is not None:
-        return "compute_loss_func"
-    return "model" if module.use_model_loss else "token_cross_entropy"
-
-
 def loss_is_share(module: Any) -> tuple[bool, str | None]:
     """``(share, why not)``: does the module's ``compute_loss`` return a share of the window loss (a sum
     divided by ``num_items_in_batch``), or a per-micro-batch mean (HF's fallback, with the reason)? HF
     ``Trainer`` decides the same in ``__init__`` (``model_accepts_loss_kwargs``, ``compute_loss_func``) and
-    names it ``loss_is_scaled_for_ga``, which a subclass may set to override this."""
-    source = loss_source(module)
+    names it ``loss_is_scaled_for_ga``, which a subclass may set to override this. ``module.loss_source``
+    says where the loss comes from (``HFLightningModule.loss_source``)."""
+    source = module.loss_source
     if module.loss_is_scaled_for_ga is not None:
         share = bool(module.loss_is_scaled_for_ga)
         return share, None if share else f"{type(module).__name__}.loss_is_scaled_for_ga is False"
@@ -244,122 +234,6 @@ NON_MODEL_KEYS = ("labels", "shift_labels", *WINDOW_KEYS, PLACEHOLDER_KEY)
 
 #: a window count: a host ``int``, or a 0-dim int64 tensor when summed across ranks
 Count = int | torch.Tensor
-
-
-class ComputeLoss:
-    """Mixin of :class:`~hf_lightning.HFLightningModule`: HF ``Trainer.compute_loss`` for one micro-batch.
-
-    Needs ``model``, ``compute_loss_func``, ``use_model_loss``, ``model_accepts_loss_kwargs``,
-    ``loss_is_share``, ``causal``, ``label_smoothing_factor``, ``forward_kwargs``, ``lean`` (a
-    :class:`~hf_lightning.module.lean_loss.LeanLoss`) and ``_say_lean()``. The scale of the step's loss is
-    decided by the caller, ``HFLightningModule.training_step``.
-    """
-
-    def count_loss_items(self, batch: Mapping[str, Any]) -> int:
-        """Targets in one micro-batch (host side); the DataModule sums it over a window."""
-        return count_loss_items(batch, causal=self.causal)
-
-    def _model_inputs(self, batch: Mapping[str, Any]) -> dict[str, Any]:
-        inputs = {k: v for k, v in batch.items() if k not in NON_MODEL_KEYS}
-        if (
-            self._encoder_decoder
-            and "decoder_input_ids" not in inputs
-            and batch.get("labels") is not None
-            and hasattr(self.model, "prepare_decoder_input_ids_from_labels")
-        ):
-            # the decoder is fed the labels shifted right, as the model does itself when given labels
-            inputs["decoder_input_ids"] = self.model.prepare_decoder_input_ids_from_labels(
-                labels=batch["labels"]
-            )
-        return inputs
-
-    def forward(self, batch: Mapping[str, Any]) -> Any:
-        """``model(**inputs, **forward_kwargs)`` without the labels and the window keys; the model's output
-        (``.logits`` ``(B, L, V)``, or ``(B, C)`` for classification)."""
-        return self.model(**self._model_inputs(batch), **self.forward_kwargs)
-
-    def compute_loss(
-        self, batch: Mapping[str, Any], num_items_in_batch: Count | None
-    ) -> tuple[torch.Tensor, Any]:
-        """``(loss, model outputs)`` for one micro-batch.
-
-        Args:
-            batch: the collated micro-batch (``labels`` ``(B, L)`` or ``(B,)``; the window keys of
-                :mod:`hf_lightning.data.sampling` are never passed to the model).
-            num_items_in_batch: the window's target count (``int``, or a 0-dim int64 tensor when summed across
-                ranks), at least 1; ``None`` when the batches carry no count (HF: "not counted") or the loss
-                is HF's fallback (``loss_is_scaled_for_ga`` resolved to ``False``): the loss is then a mean
-                over this micro-batch, which ``training_step`` divides by the window length.
-
-        Returns:
-            The micro-batch's share of the window loss (a sum over its items divided by
-            ``num_items_in_batch``) as a 0-dim float tensor, and the model outputs. An override must return
-            the same (or set ``loss_is_scaled_for_ga = False`` and return a per-micro-batch mean) for the step
-            to stay exact.
-        """
-        if self.compute_loss_func is not None:
-            outputs = self(batch)
-            if not self.loss_is_share:
-                return self.compute_loss_func(outputs, batch.get("labels")), outputs
-            return self.compute_loss_func(
-                outputs, batch.get("labels"), num_items_in_batch=num_items_in_batch
-            ), outputs
-        if self.use_model_loss:
-            return self._model_loss(batch, num_items_in_batch)
-        labels = batch["labels"]
-        if labels.is_floating_point():
-            raise ConfigError(
-                "labels are floating point (regression or multi-label): the built-in token cross-entropy "
-                "needs integer class ids; set module.use_model_loss=true or pass module.compute_loss_func"
-            )
-        loss_sum, outputs = self._token_loss_sum(batch, labels)
-        if num_items_in_batch is None:
-            # HF's "not counted" path: this micro-batch's own targets, counted on the device (no sync)
-            targets = loss_targets(labels, self.causal, batch.get("shift_labels"))
-            num_items_in_batch = (targets != IGNORE_INDEX).sum().clamp(min=1)
-        return loss_sum / num_items_in_batch, outputs
-
-    def _token_loss_sum(self, batch: Mapping[str, Any], labels: torch.Tensor) -> tuple[torch.Tensor, Any]:
-        """The summed token CE of the micro-batch and the model outputs: lean when it can be, else from the
-        logits."""
-        if self.lean.active:
-            targets = loss_targets(labels, self.causal, batch.get("shift_labels"))
-            lean = self.lean.forward(lambda: self(batch), targets.shape)
-            if lean is not None:
-                # the window loader's count of this micro-batch lets the head skip the non-target rows without
-                # a host-device sync; it counts the targets when count_loss_items is ours
-                own_count = type(self).count_loss_items is ComputeLoss.count_loss_items
-                count = batch.get(MICRO_ITEMS_KEY) if own_count else None
-                return self.lean.loss_sum(lean[1], targets, self.label_smoothing_factor, count), lean[0]
-            self._say_lean()  # the model did not fit: say why
-        outputs = self(batch)
-        loss_sum = token_cross_entropy_sum(
-            logits_of(outputs),
-            labels,
-            causal=self.causal,
-            shift_labels=batch.get("shift_labels"),
-            label_smoothing=self.label_smoothing_factor,
-        )
-        return loss_sum, outputs
-
-    def _model_loss(
-        self, batch: Mapping[str, Any], num_items_in_batch: Count | None
-    ) -> tuple[torch.Tensor, Any]:
-        inputs = self._model_inputs(batch)
-        inputs["labels"] = batch["labels"]
-        if self.model_accepts_loss_kwargs:
-            if "shift_labels" in batch:
-                inputs["shift_labels"] = batch["shift_labels"]
-            if num_items_in_batch is not None:
-                inputs["num_items_in_batch"] = num_items_in_batch
-        outputs = self.model(**inputs, **self.forward_kwargs)
-        loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs[0]
-        if loss is None or not isinstance(loss, torch.Tensor) or loss.dim() != 0:
-            raise ModelError(
-                f"use_model_loss=True but {type(self.model).__name__}(labels=...) returned no scalar loss; "
-                "leave module.use_model_loss unset to use the built-in token loss"
-            )
-        return loss, outputs
 
 
 def logits_of(outputs: Any) -> torch.Tensor:

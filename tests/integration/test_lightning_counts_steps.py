@@ -74,10 +74,12 @@ def test_lightnings_own_counters_count_optimizer_steps_and_resume_exactly(word_t
     assert seen.windows == [2] * 6  # 5 windows of 2 per epoch (by hand), then the next epoch's first
     assert seen.validated_at == [2, 4, 6]
     assert sorted(p.name for p in (tmp_path / "straight").glob("*.ckpt")) == ["step=3.ckpt", "step=6.ckpt"]
-    for step in (3, 6):
-        assert (
-            torch.load(tmp_path / "straight" / f"step={step}.ckpt", weights_only=False)["global_step"] == step
-        )
+    for step, epoch, consumed in ((3, 0, 3), (6, 1, 1)):
+        position = {"epoch": epoch, "batches_consumed": consumed}
+        saved = torch.load(tmp_path / "straight" / f"step={step}.ckpt", weights_only=False)
+        assert saved["global_step"] == step
+        # the train loader's own position: the windows trained in the epoch (not the one fetched ahead)
+        assert saved["loops"]["fit_loop"]["state_dict"]["combined_loader"] == [position]
 
     expected = straight.model.state_dict()
     for step in (3, 6):

@@ -33,9 +33,9 @@ class Unshared(HFLightningModule):
     step_gradient_norm = None  # NonFiniteGuard falls back to its own pass
 
     def on_before_optimizer_step(self, optimizer):
-        self._last_lr = optimizer.param_groups[0]["lr"]
+        self.train_rows.lr = optimizer.param_groups[0]["lr"]
         grads = [p.grad for p in self.parameters() if p.grad is not None]
-        self._last_grad_norm = torch.nn.utils.get_total_norm(grads)
+        self.train_rows.grad_norm = torch.nn.utils.get_total_norm(grads)
         # what Lightning's precision plugin clipped: the optimizer's parameters, in its order
         params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
         torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
@@ -66,8 +66,8 @@ class Logged(L.Callback):
         self.norms = []
 
     def on_train_batch_end(self, trainer, module, *args):
-        if module._last_grad_norm is not None and len(self.norms) < trainer.global_step:
-            self.norms.append(float(module._last_grad_norm))
+        if module.train_rows.grad_norm is not None and len(self.norms) < trainer.global_step:
+            self.norms.append(float(module.train_rows.grad_norm))
 
 
 def train(tmp_path, word_tokenizer, cls, monkeypatch, clip=0.05):

@@ -11,6 +11,7 @@ accumulation and 2 DDP ranks are in ``tests/parity/test_lean_loss.py``.
 from __future__ import annotations
 
 import copy
+import inspect
 import logging
 
 import pytest
@@ -21,7 +22,7 @@ from torch.utils._pytree import tree_flatten
 
 from hf_lightning import HFLightningModule
 from hf_lightning.core.batch import MICRO_ITEMS_KEY
-from hf_lightning.module.lean_loss import strategy_reason
+from hf_lightning.module.lean_loss import LEAN_MIN_VOCAB, pays, strategy_reason
 from hf_lightning.module.linear_cross_entropy import LogitTransform
 from tests.data_support import tiny_llama
 from tests.parity.lean_cases import ARCHS, TRANSFORMS, make_arch_model
@@ -49,7 +50,7 @@ def _loss_and_grads(module, batch, count):
 
 def _pair(arch, **kwargs):
     model = make_arch_model(arch)
-    lean = HFLightningModule(model, **kwargs)
+    lean = HFLightningModule(model, lean_loss=True, **kwargs)  # a small vocabulary: auto takes the logits
     lean.lean.chunk_size = 5  # several chunks per micro-batch
     plain = HFLightningModule(copy.deepcopy(model), lean_loss=False, **kwargs)
     return lean, plain
@@ -78,7 +79,7 @@ def test_16_bit_runs_agree_within_bf16_rounding(precision):
     model = make_arch_model("gemma2")
     if precision == "bf16 weights":
         model = model.to(torch.bfloat16)
-    lean = HFLightningModule(model)
+    lean = HFLightningModule(model, lean_loss=True)
     lean.lean.chunk_size = 5
     plain = HFLightningModule(copy.deepcopy(model), lean_loss=False)
     batch, count = _batch()
@@ -192,7 +193,7 @@ class ScaledLogits(torch.nn.Module):
 
 def test_a_model_whose_logits_differ_from_its_head_falls_back_on_its_first_batch(caplog):
     model = ScaledLogits()
-    module = HFLightningModule(model)
+    module = HFLightningModule(model, lean_loss=True)
     assert module.lean.active  # nothing in the config says so: the first batch's check finds it
     plain = HFLightningModule(copy.deepcopy(model), lean_loss=False)
     batch, count = _batch()
@@ -215,7 +216,7 @@ def test_an_unknown_logit_cap_in_the_config_falls_back():
         num_attention_heads=4,
         logits_soft_cap=30.0,
     )
-    module = HFLightningModule(LlamaForCausalLM(config))
+    module = HFLightningModule(LlamaForCausalLM(config), lean_loss=True)
     assert not module.lean.active and "logits_soft_cap=30.0" in module.lean.reason
 
 
@@ -235,6 +236,32 @@ def test_arguments_that_need_the_logits_turn_it_off(kwargs, reason):
     module = HFLightningModule(make_arch_model("llama"), **kwargs)
     assert not module.lean.active and reason in module.lean.reason
     assert module.lean.describe().startswith("the loss is computed from the full logits: ")
+
+
+@pytest.mark.parametrize(
+    ("vocab", "lean_loss", "active"),
+    [
+        (LEAN_MIN_VOCAB - 1, None, False),  # auto: below the threshold the full logits are faster
+        (LEAN_MIN_VOCAB, None, True),  # auto: from it on the lean loss
+        (LEAN_MIN_VOCAB - 1, True, True),  # forced on
+        (LEAN_MIN_VOCAB, False, False),  # forced off
+    ],
+)
+def test_auto_takes_the_lean_loss_from_the_vocabulary_where_it_pays(caplog, vocab, lean_loss, active):
+    module = HFLightningModule(tiny_llama(vocab_size=vocab), lean_loss=lean_loss)
+    assert module.lean.active is active and pays(vocab) is (vocab >= LEAN_MIN_VOCAB)
+    with caplog.at_level(logging.INFO, logger="hf_lightning.module.lean_loss"):
+        module._say_lean()
+    (line,) = [r.getMessage() for r in caplog.records]  # the INFO line says which path and why
+    if lean_loss is None:
+        chosen = f"module.lean_loss=null chose {'it' if active else 'them'}"
+        assert chosen in line and f"{vocab} outputs" in line and str(LEAN_MIN_VOCAB) in line
+    assert line.startswith("lean loss: on" if active else "the loss is computed from the full logits: ")
+    assert ("module.lean_loss=false" in line) is (lean_loss is False or active)
+
+
+def test_the_default_is_auto():
+    assert inspect.signature(HFLightningModule).parameters["lean_loss"].default is None
 
 
 def test_a_model_without_a_linear_head_keeps_the_logits():
@@ -283,7 +310,9 @@ def test_val_loss_and_accuracy_equal_the_plain_path(arch):
 
 def test_compute_metrics_gets_the_full_logits_in_evaluation():
     seen = []
-    lean = HFLightningModule(make_arch_model("llama"), compute_metrics=lambda p: seen.append(p) or {})
+    lean = HFLightningModule(
+        make_arch_model("llama"), compute_metrics=lambda p: seen.append(p) or {}, lean_loss=True
+    )
     batch, _ = _batch()
     lean._collector.reset()
     lean._eval_step(batch, 0, "val")

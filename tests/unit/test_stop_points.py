@@ -1,4 +1,5 @@
-"""Where an epoch ends and where a preempted run stops, read from Lightning's public API only.
+"""Where an epoch ends and where a preempted run stops, read from Lightning's public API only; a checkpoint of
+a run stopped mid-epoch reopened (the fit loop's counters in the checkpoint).
 
 ``ends_epoch`` is checked against the batches Lightning really trains (a loader that runs out, a
 ``limit_train_batches`` cut, a loader without a length). ``Preemption`` is checked with a real SIGTERM sent
@@ -18,7 +19,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader, IterableDataset
 
 from hf_lightning.callbacks.preemption import Preemption
-from hf_lightning.checkpointing.loop_state import ends_epoch
+from hf_lightning.checkpointing.loop_state import ends_epoch, epoch_progress, reopen_stopped_epoch
 
 
 class Tiny(L.LightningModule):
@@ -133,3 +134,37 @@ def test_a_module_that_does_not_skip_stops_at_once_and_lightning_validates(tmp_p
     trainer, saved = _preempted_fit(tmp_path, module)
     assert trainer.global_step == saved["global_step"] == 3
     assert module.validated_at == [2, 3]
+
+
+class EpochsSeen(L.Callback):
+    def __init__(self) -> None:
+        self.seen: list[tuple[int, int]] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.seen.append((trainer.current_epoch, batch_idx))
+
+
+def test_a_checkpoint_of_a_run_stopped_mid_epoch_is_reopened_and_resumes_inside_it(tmp_path):
+    """``max_steps=3`` stops epoch 0 (5 batches) after its third batch: Lightning's checkpoint counts the
+    epoch as processed and completed; :func:`reopen_stopped_epoch` sets it back to running, so the resumed fit
+    trains the epoch's last 2 batches (indices 3, 4) before epoch 1, as the uninterrupted run does."""
+    data = DataLoader(torch.randn(5, 2), batch_size=1)
+    trainer = _trainer(tmp_path, [], max_steps=3, enable_checkpointing=False, limit_val_batches=0)
+    trainer.fit(Tiny(), data)
+    path = tmp_path / "stopped.ckpt"
+    trainer.save_checkpoint(path)
+    checkpoint = torch.load(path, weights_only=False)
+    progress = epoch_progress(checkpoint)
+    total = progress["total"]
+    assert total["started"] == total["processed"] == total["completed"] == 1
+    assert set(progress["current"]) >= {"ready", "started", "processed", "completed"}
+    assert epoch_progress({}) is None
+    assert not reopen_stopped_epoch(checkpoint, ended_early=False)
+    assert reopen_stopped_epoch(checkpoint, ended_early=True)
+    assert epoch_progress(checkpoint)["total"] == {"ready": 1, "started": 1, "processed": 0, "completed": 0}
+    torch.save(checkpoint, path)
+    seen = EpochsSeen()
+    _trainer(tmp_path, [seen], max_steps=5, enable_checkpointing=False, limit_val_batches=0).fit(
+        Tiny(), data, ckpt_path=path
+    )
+    assert seen.seen == [(0, 3), (0, 4)]

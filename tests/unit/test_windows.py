@@ -47,10 +47,19 @@ def test_limit_cuts_the_window_at_the_last_consumed_batch():
 def test_resume_skips_the_consumed_batches_and_keeps_windows_aligned():
     batches = [_batch([0, 1, 1])] * 3 + [_batch([0, 1, -100])] * 4  # counts 2, 2, 2, 1, 1, 1, 1
     marked = [{**b, "i": torch.tensor(i)} for i, b in enumerate(batches)]
-    saved = AccumulationWindowLoader(marked, 2, count_loss_items, progress=lambda: (0, 4)).state_dict()
-    assert saved == {"epoch": 0, "batches_consumed": 4}
+    trained = AccumulationWindowLoader(marked, 2, count_loss_items)
+    trained._epoch = lambda: 0  # a plain list has no sampler epoch
+    assert trained.state_dict() == {}  # no pass yet
+    batches = iter(trained)
+    for _ in range(5):  # Lightning fetches one batch ahead of the one it trains
+        next(batches)
+    for _ in range(4):  # the DataModule's transfer hook: 4 batches went to their training step
+        trained.handed_out()
+    saved = trained.state_dict()
+    assert saved == {"epoch": 0, "batches_consumed": 4}  # the batch fetched ahead is not counted
     resumed = AccumulationWindowLoader(marked, 2, count_loss_items)
     resumed.load_state_dict(saved)
+    assert resumed.state_dict() == saved  # restored, not read yet: the restored position stands
     resumed._epoch = lambda: 0  # a plain list has no sampler epoch; the epoch matches the saved one
     out = list(resumed)
     assert [int(b["i"]) for b in out] == [4, 5, 6]
