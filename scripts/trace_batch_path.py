@@ -7,7 +7,9 @@
 Runs ``train(cfg)`` of the composed config under ``sys.setprofile`` until the first
 ``torch.autograd.backward`` and records every ``hf_lightning`` function that receives the data: the
 ``data.path`` string, a dataset, rows or a batch (a mapping with a column such as ``input_ids`` or ``text``),
-or a loader or sampler of them. Prints the files (with the functions seen in each) and the cross-file hops (a
+or a loader or sampler of them; from the first ``training_step`` on, also every function that receives a
+tensor (the loss files: ``compute_loss``, the lean loss and its chunked cross-entropy get the hidden states
+and the labels, not the batch). Prints the files (with the functions seen in each) and the cross-file hops (a
 new caller file -> callee file pair). ``config/``, ``callbacks/`` and ``core/arguments.py`` are listed apart,
 with the files reached only through ``callbacks/``: they read the path or the batch (the schema and the value
 rules it shares with the constructors, the throughput figures) but never change it. Slow (the profiler sees
@@ -35,6 +37,7 @@ def main() -> int:
     args, overrides = parser.parse_known_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import datasets
+    import torch
     from torch.utils.data import DataLoader, Dataset, Sampler
 
     import hf_lightning
@@ -64,10 +67,11 @@ def main() -> int:
     reads: dict[str, set[str]] = {}  # in config/ or callbacks/, or reached only from callbacks/ (reads)
     hops: dict[tuple[str, str], str] = {}
     reached = False
+    stepping = False  # inside the first training_step: tensors are the batch's from here on
     backward = os.path.join("torch", "autograd", "__init__.py")
 
     def profile(frame: Any, event: str, arg: Any) -> None:
-        nonlocal reached
+        nonlocal reached, stepping
         if reached or event != "call":
             return
         code = frame.f_code
@@ -78,8 +82,11 @@ def main() -> int:
         if not code.co_filename.startswith(root) or not code.co_flags & 0x02:  # a function, not a module
             return
         names = code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
+        if code.co_name == "training_step":
+            stepping = True
         try:
-            if not any(carries(frame.f_locals.get(n)) for n in names):
+            values = [frame.f_locals.get(n) for n in names]
+            if not any(carries(v) or (stepping and isinstance(v, torch.Tensor)) for v in values):
                 return
         except Exception:  # a value whose __eq__ or keys fail: not data
             return
