@@ -1,7 +1,7 @@
 """The files a batch passes through from ``data.path`` to ``backward``
 (``scripts/trace_batch_path.py``, which runs a real one-step training under the profiler) stay at most 12,
-8 of them in ``data/``, for the default layout (packed per batch) and the padded one. The trace must see the loss
-files (the lean loss of a 50,257-token head included) and a collator, so an empty or broken trace cannot
+8 of them in ``data/``, for the default layout (packed per batch) and the padded one. The trace must see the
+loss files (the lean loss of a 50,257-token head included) and a collator, so an empty or broken trace cannot
 pass."""
 
 from __future__ import annotations
