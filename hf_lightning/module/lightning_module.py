@@ -417,7 +417,7 @@ class HFLightningModule(L.LightningModule):
         # (4) DDP, FSDP and DeepSpeed average gradients over ranks; a count that spans ranks is multiplied
         #     back, as HF's compute_loss does
         factor = world if scaled and self.average_tokens_across_devices else 1
-        loss = torch.zeros((), device=self.device)
+        loss = torch.zeros((), dtype=torch.float32, device=self.device)
         last = len(window) - 1
         for i, micro in enumerate(window):
             micro = self._to_device(micro, window.counts[i] if window.counts is not None else None)

@@ -125,7 +125,8 @@ def _chunk(
     # the softmax, in place; an ignored row is divided by infinity instead: its gradient is 0 with no extra
     # pass
     grad = z.div_(total.masked_fill_(~valid.unsqueeze(1), float("inf")))
-    grad.scatter_add_(1, safe, torch.where(valid, eps - 1.0, 0.0).unsqueeze(1))
+    # in the gradient's dtype: a bf16-true run makes bfloat16 the default dtype of a Python number's tensor
+    grad.scatter_add_(1, safe, valid.to(grad.dtype).mul_(eps - 1.0).unsqueeze(1))
     if eps:
         grad.sub_((eps / z.size(-1)) * valid.unsqueeze(1))
     if capped is not None:
