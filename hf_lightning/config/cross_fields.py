@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from hf_lightning.core.arguments import GPU_ONLY_PRECISIONS, gpu_only_precision_error
 from hf_lightning.core.errors import ConfigError
 
 
@@ -26,11 +27,12 @@ def cross_field_errors(c: Mapping[str, Any]) -> list[str]:
 
     errors += packing_config_errors(data, model)  # data.packing: its rules live in data/packing.py
 
-    if accelerator == "cpu" and precision in ("16-mixed", "16-true"):
-        errors.append(
-            f"trainer.precision={precision} on trainer.accelerator=cpu: float16 autocast needs a GPU; "
-            "allowed values on cpu: 32-true, bf16-mixed, bf16-true"
-        )
+    if precision in GPU_ONLY_PRECISIONS:
+        import torch
+
+        refusal = gpu_only_precision_error(precision, accelerator, torch.cuda.is_available())
+        if refusal:
+            errors.append(refusal)
 
     strategy = trainer.get("strategy")
     target = strategy.get("_target_", "") if isinstance(strategy, Mapping) else str(strategy)

@@ -90,7 +90,11 @@ OURS: dict[str, _Key] = {
     "max_grad_norm": "module.max_grad_norm={value}",
     "label_smoothing_factor": "module.label_smoothing_factor={value}",
     "bf16": lambda v: f"trainer.precision={'bf16-mixed' if v else '32-true'}",
-    "fp16": lambda v: "trainer=gpu trainer.precision=16-mixed" if v else "trainer.precision=32-true",
+    "fp16": lambda v: (
+        "trainer=gpu trainer.precision=16-mixed on a GPU (on the CPU: trainer.precision=bf16-mixed)"
+        if v
+        else "trainer.precision=32-true"
+    ),
     "activation_checkpointing": "model.gradient_checkpointing={value}",
     "gradient_checkpointing": "model.gradient_checkpointing={value}",
     "torch_compile": "model.compile={value}",

@@ -132,7 +132,11 @@ OVERLAY: dict[str, Allowed] = {
     "trainer.num_nodes": POSITIVE_INT,
     "trainer.devices": Allowed(devices_ok, "an integer >= 1, -1, 'auto', or a list of device indices"),
     "trainer.accelerator": one_of(ACCELERATORS),
-    "trainer.precision": Allowed(lambda v: str(v) in PRECISIONS, ", ".join(PRECISIONS)),
+    "trainer.precision": Allowed(
+        lambda v: str(v) in PRECISIONS,
+        ", ".join(PRECISIONS)
+        + " (HF's bf16: bf16-mixed; HF's fp16: 16-mixed on a GPU, bf16-mixed on the CPU)",
+    ),
     "trainer.limit_train_batches": Allowed(
         _some_training,
         "null (every batch), a fraction in (0, 1] or a count >= 1: 0 trains nothing (to only evaluate, use "

@@ -21,10 +21,31 @@ from typing import Any
 
 # the precisions this project supports (Lightning accepts a few more that no path here is tested with)
 PRECISIONS = ("32", "32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true", "64-true")
+# the float16 ones run on a GPU only: on the CPU Lightning would swap 16-mixed for bf16-mixed with a warning
+# and run 16-true's float16 weights without a loss scaler
+GPU_ONLY_PRECISIONS = ("16-mixed", "16-true")
 ACCELERATORS = ("cpu", "gpu", "cuda", "mps", "tpu", "auto")
 
 # a key that is not in a mapping (``None`` is a value)
 MISSING = object()
+
+
+def gpu_only_precision_error(precision: Any, accelerator: Any, cuda_available: bool) -> str | None:
+    """The one-line refusal of a float16 ``trainer.precision`` (:data:`GPU_ONLY_PRECISIONS`) on the CPU:
+    ``trainer.accelerator=cpu``, or ``auto`` on a machine without a GPU; ``None`` otherwise."""
+    if str(precision) not in GPU_ONLY_PRECISIONS:
+        return None
+    if accelerator == "cpu":
+        where = "trainer.accelerator=cpu"
+    elif accelerator in (None, "auto") and not cuda_available:
+        where = "trainer.accelerator=auto, the CPU on this machine (no GPU found)"
+    else:
+        return None
+    return (
+        f"trainer.precision={precision} on {where}: float16 runs on a GPU only; on the CPU use "
+        "trainer.precision=bf16-mixed (bfloat16 autocast, float32 weights; or 32-true, bf16-true), or "
+        "trainer=gpu on a machine with a GPU"
+    )
 
 
 def counted(n: float, noun: str) -> str:
