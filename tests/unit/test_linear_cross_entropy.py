@@ -7,6 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 from hf_lightning.module.linear_cross_entropy import (
     CHUNK_BYTES,
@@ -115,3 +117,72 @@ def test_default_chunks_hold_the_byte_budget():
         rows = default_chunk_size(vocab, "cpu")
         assert rows * vocab * 4 <= CHUNK_BYTES["cpu"] or rows == 16
     assert default_chunk_size(128256, "cpu") == 65 and default_chunk_size(32000, "cpu") == 262
+
+
+# ------------------------------------------------------------------ bfloat16: what runs in which dtype
+class OpDtypes(TorchDispatchMode):
+    """Records ``(op name, input dtypes, output dtype)`` of every op run."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[tuple[str, tuple[torch.dtype, ...], torch.dtype | None]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = tuple(a.dtype for a in tree_flatten((args, kwargs or {}))[0] if isinstance(a, torch.Tensor))
+        self.ops.append(
+            (func.overloadpacket.__name__, inputs, out.dtype if isinstance(out, torch.Tensor) else None)
+        )
+        return out
+
+
+def _head_case(dtype=torch.float32):
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(12, 16, generator=g).to(dtype).requires_grad_()
+    weight = (torch.randn(300, 16, generator=g) * 0.3).to(dtype).requires_grad_()
+    targets = torch.randint(0, 300, (12,), generator=g)
+    targets[3] = -100
+    return hidden, weight, targets
+
+
+def test_under_bf16_autocast_the_head_runs_in_bf16_and_the_loss_in_float32():
+    """``trainer.precision=bf16-mixed``: the head's matrix product in bfloat16 (autocast's choice for a
+    linear, as the model's own ``lm_head`` under autocast), the softmax and the loss in float32 (HF's
+    ``ForCausalLMLoss`` upcasts the logits with ``.float()``); the loss equals that plain path's."""
+    hidden, weight, targets = _head_case()
+    with torch.autocast("cpu", dtype=torch.bfloat16), OpDtypes() as ops:
+        loss = linear_cross_entropy(hidden, weight, targets, chunk_size=5)
+    assert loss.dtype == torch.float32
+    products = [(inputs, out) for name, inputs, out in ops.ops if name in ("mm", "addmm", "linear")]
+    # the head's logits (the first product of each of the 3 chunks) are bfloat16
+    assert products and products[0][1] == torch.bfloat16
+    assert all(
+        out == torch.float32 for name, _, out in ops.ops if name in ("exp_", "exp", "log", "logsumexp")
+    )
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        plain = F.cross_entropy(F.linear(hidden, weight).float(), targets, reduction="sum")
+    assert rel(loss, plain) <= 1e-6  # the same bf16 logits, the same float32 loss
+    fp32 = F.cross_entropy(F.linear(hidden, weight), targets, reduction="sum")
+    assert float(loss) != float(fp32)  # autocast did change the head's dtype
+
+
+def test_a_bfloat16_default_dtype_keeps_the_loss_and_gradients_exact():
+    """``trainer.precision=bf16-true``: Lightning runs the training step with bfloat16 as the default dtype,
+    so a tensor made from a Python number is bfloat16 there; the gradient written in place stays float32."""
+    hidden, weight, targets = _head_case(torch.bfloat16)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        loss = linear_cross_entropy(hidden, weight, targets, chunk_size=5)
+        loss.backward()
+    finally:
+        torch.set_default_dtype(previous)
+    grads = hidden.grad.clone(), weight.grad.clone()
+    hidden.grad = weight.grad = None
+    plain = F.cross_entropy(F.linear(hidden, weight).float(), targets, reduction="sum")
+    plain.backward()
+    assert loss.dtype == torch.float32 and rel(loss, plain) <= 1e-6
+    assert (
+        rel(grads[0].float(), hidden.grad.float()) < 1e-2
+        and rel(grads[1].float(), weight.grad.float()) < 1e-2
+    )
