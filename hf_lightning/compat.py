@@ -205,3 +205,36 @@ def foreach_norm(tensors: list[Any], ord: float) -> list[Any]:
     import torch
 
     return list(torch._foreach_norm(tensors, ord))
+
+
+def is_compiled_in_place(model: Any) -> bool:
+    """Whether ``model.compile()`` (``nn.Module.compile``) compiled the module in place: it sets
+    ``_compiled_call_impl``, which ``__call__`` then runs; no public flag says so. A ``torch.compile(model)``
+    wrapper (``OptimizedModule``) counts too."""
+    return getattr(model, "_compiled_call_impl", None) is not None or hasattr(model, "_orig_mod")
+
+
+def compilations() -> list[tuple[str, str | None, str | None]]:
+    """``(compile id, recompile reason, failure)`` of each frame compilation ``torch.compile`` has recorded in
+    this process, oldest first (``torch._dynamo.utils.get_compilation_metrics``, a bounded record; no public
+    API lists compilations). The id is dynamo's ``frame/compile`` (``0/1``: frame 0's second compilation);
+    the reason is the failed guard that caused a recompilation (``None`` for a frame's first); the failure,
+    when the compilation failed and the frame ran eagerly. ``[]`` when the record is gone."""
+    try:
+        from torch._dynamo.utils import get_compilation_metrics
+    except ImportError:
+        return []
+    return [
+        (str(m.compile_id), m.recompile_reason, getattr(m, "fail_reason", None))
+        for m in get_compilation_metrics()
+    ]
+
+
+def mark_dimension_dynamic(tensor: Any, dim: int) -> None:
+    """Compile dimension ``dim`` of ``tensor`` as a symbol from the first compilation on
+    (``torch._dynamo.maybe_mark_dynamic``, the documented hint, only under ``torch._dynamo``; unlike
+    ``mark_dynamic`` it lets a size of 0 or 1 specialise instead of failing). Without it the first compilation
+    is static and the first other length recompiles."""
+    import torch._dynamo
+
+    torch._dynamo.maybe_mark_dynamic(tensor, dim)

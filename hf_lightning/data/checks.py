@@ -24,6 +24,7 @@ table is what fails.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import os
@@ -220,6 +221,12 @@ def _probe_ids(vocab: int | None, n: int, offset: int) -> list[int]:
     return [(offset + 7 * k) % max(top - 1, 1) + 1 for k in range(n)]
 
 
+def _eager() -> Any:
+    """``torch.compiler.set_stance("force_eager")`` where torch has it (2.6+), else nothing."""
+    set_stance = getattr(torch.compiler, "set_stance", None)
+    return set_stance("force_eager") if set_stance is not None else contextlib.nullcontext()
+
+
 def packed_sequences_isolated(model: Any, atol: float = 1e-4) -> bool | None:
     """Whether ``model`` keeps packed sequences apart, measured: two one-row batches that pack a different
     first sequence before the same second one (``position_ids`` restarting at 0, no ``attention_mask``, no KV
@@ -244,7 +251,9 @@ def packed_sequences_isolated(model: Any, atol: float = 1e-4) -> bool | None:
     was_training = model.training
     model.eval()
     try:
-        with torch.no_grad():
+        # eagerly under model.compile=true: a compilation of this one-off no-grad call would cost as much as
+        # the training graph's
+        with torch.no_grad(), _eager():
             logits = [
                 model(input_ids=torch.tensor([r], device=device), position_ids=position_ids, **extra)
                 .logits[0, 6:]

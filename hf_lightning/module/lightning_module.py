@@ -23,12 +23,13 @@ from torch import nn
 
 from hf_lightning.adapters.checkpoint import drop_frozen, fill_frozen
 from hf_lightning.checkpointing.loop_state import steps_windows_from_micro_batches
-from hf_lightning.compat import attached_trainer
+from hf_lightning.compat import attached_trainer, is_compiled_in_place
 from hf_lightning.core.arguments import FRACTION, OPTIONAL_NON_NEGATIVE, OPTIONAL_POSITIVE_INT, check_call
 from hf_lightning.core.batch import IGNORE_INDEX, MICRO_ITEMS_KEY, PLACEHOLDER_KEY, Window, to_device
 from hf_lightning.core.errors import ConfigError, ModelError
 from hf_lightning.data.checks import forward_parameters
 from hf_lightning.models.loading import pretrained_causal_lm
+from hf_lightning.module.compiled import CompileReport, mark_batch_dynamic
 from hf_lightning.module.eval_metrics import (
     STAGES,
     PredictionCollector,
@@ -288,6 +289,8 @@ class HFLightningModule(L.LightningModule):
 
     def _model_inputs(self, batch: Mapping[str, Any]) -> dict[str, Any]:
         inputs = {k: v for k, v in batch.items() if k not in NON_MODEL_KEYS}
+        if is_compiled_in_place(self.model):  # model.compile=true: lengths vary without a recompilation
+            mark_batch_dynamic(inputs)
         if (
             self._encoder_decoder
             and "decoder_input_ids" not in inputs
@@ -654,6 +657,15 @@ class HFLightningModule(L.LightningModule):
     def on_fit_start(self) -> None:
         if self._fallback_reason is not None and self.trainer.is_global_zero:
             log.warning(FALLBACK_WARNING, self._fallback_reason)
+        self._compile_report = CompileReport() if is_compiled_in_place(self.model) else None
+        if self._compile_report is not None:
+            self._compile_report.start()
+
+    def on_fit_end(self) -> None:
+        """``model.compile=true``: one INFO line, the compilations of this fit and why each recompilation
+        happened (:class:`~hf_lightning.module.compiled.CompileReport`)."""
+        if getattr(self, "_compile_report", None) is not None:
+            self._compile_report.say(self.trainer.is_global_zero)
 
     def on_train_start(self) -> None:
         self._steps_seen = self.global_step  # a resumed run starts at its checkpoint's step
