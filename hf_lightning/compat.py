@@ -214,12 +214,14 @@ def is_compiled_in_place(model: Any) -> bool:
     return getattr(model, "_compiled_call_impl", None) is not None or hasattr(model, "_orig_mod")
 
 
-def compilations() -> list[tuple[str, str | None, str | None]]:
+def compilations(since_us: int = 0) -> list[tuple[str, str | None, str | None]]:
     """``(compile id, recompile reason, failure)`` of each frame compilation ``torch.compile`` has recorded in
-    this process, oldest first (``torch._dynamo.utils.get_compilation_metrics``, a bounded record; no public
-    API lists compilations). The id is dynamo's ``frame/compile`` (``0/1``: frame 0's second compilation);
-    the reason is the failed guard that caused a recompilation (``None`` for a frame's first); the failure,
-    when the compilation failed and the frame ran eagerly. ``[]`` when the record is gone."""
+    this process that started at or after ``since_us`` (microseconds since the epoch, ``time.time_ns() //
+    1000``), oldest first (``torch._dynamo.utils.get_compilation_metrics``, a bounded record; no public API
+    lists compilations; its records of runtime events are left out). The id is dynamo's ``frame/compile``
+    (``0/1``: frame 0's second compilation; ids start again after ``torch._dynamo.reset()``); the reason is
+    the failed guard that caused a recompilation (``None`` for a frame's first); the failure, when the
+    compilation failed and the frame ran eagerly. ``[]`` when the record is gone."""
     try:
         from torch._dynamo.utils import get_compilation_metrics
     except ImportError:
@@ -227,6 +229,7 @@ def compilations() -> list[tuple[str, str | None, str | None]]:
     return [
         (str(m.compile_id), m.recompile_reason, getattr(m, "fail_reason", None))
         for m in get_compilation_metrics()
+        if not getattr(m, "is_runtime", False) and (getattr(m, "start_time_us", None) or 0) >= since_us
     ]
 
 

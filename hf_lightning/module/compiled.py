@@ -15,6 +15,7 @@ gradients) and evaluation or a probe (without) are separate graphs. :class:`Comp
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -48,18 +49,14 @@ class CompileReport:
     compiled function's: the model's forward, and any other a user compiled)."""
 
     def __init__(self) -> None:
-        self._before: set[str] = set()
+        self._since_us = time.time_ns() // 1000
 
     def start(self) -> None:
-        self._before = {compile_id for compile_id, _, _ in compilations()}
+        self._since_us = time.time_ns() // 1000
 
     def counts(self) -> tuple[int, list[str], list[str]]:
         """``(first compilations, recompilation reasons, failures)`` since :meth:`start`."""
-        new: dict[str, tuple[str, str | None, str | None]] = {}
-        for entry in compilations():  # one record per compile id (torch may keep two of one compilation)
-            if entry[0] not in self._before and (entry[0] not in new or entry[1] or entry[2]):
-                new[entry[0]] = entry
-        new = list(new.values())
+        new = compilations(self._since_us)
         firsts = sum(1 for _, reason, _ in new if reason is None)
         reasons = [f"{compile_id}: {_reason(reason)}" for compile_id, reason, _ in new if reason is not None]
         failures = [f"{compile_id}: {_reason(failure)}" for compile_id, _, failure in new if failure]

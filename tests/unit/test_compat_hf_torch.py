@@ -4,6 +4,8 @@ internals (models, datasets, compiled modules, optimizers, norms), on the instal
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -86,3 +88,36 @@ def test_foreach_norm():
         got = compat.foreach_norm(tensors, ord)
         expected = [torch.linalg.vector_norm(t, ord) for t in tensors]
         torch.testing.assert_close(torch.stack(got), torch.stack(expected), equal_nan=True)
+
+
+def test_is_compiled_in_place():
+    model = torch.nn.Linear(2, 2)
+    assert not compat.is_compiled_in_place(model)
+    assert compat.is_compiled_in_place(torch.compile(torch.nn.Linear(2, 2)))
+    model.compile()
+    assert compat.is_compiled_in_place(model)
+
+
+def _rows_sum(x):
+    return (x * 2).sum(dim=1)
+
+
+def test_compilations_and_mark_dimension_dynamic():
+    """A second length recompiles, and the record says why; marked symbolic, it does not."""
+    torch._dynamo.reset()
+    since = time.time_ns() // 1000
+    fn = torch.compile(_rows_sum, backend="eager")
+    fn(torch.ones(2, 3))
+    fn(torch.ones(2, 5))
+    new = compat.compilations(since)
+    assert [c[1] is None for c in new] == [True, False]
+    assert "size mismatch at index 1" in new[1][1] and new[0][2] is None
+
+    torch._dynamo.reset()
+    since = time.time_ns() // 1000
+    fn = torch.compile(_rows_sum, backend="eager")
+    for length in (3, 5, 7):
+        x = torch.ones(2, length)
+        compat.mark_dimension_dynamic(x, 1)
+        fn(x)
+    assert [c[0] for c in compat.compilations(since)] == ["0/0"]
