@@ -254,15 +254,15 @@ class HFDeepSpeedStrategy(DeepSpeedStrategy):
         gradient partitions instead of overwriting them). The engine's forward runs once per window here (the
         window's micro-batches go through the module inside ``training_step``), so without this a ZeRO-3
         window kept only its last micro-batch's gradient."""
-        from deepspeed.runtime.base_optimizer import ZeROOptimizer
-
         self.model.set_gradient_accumulation_boundary(False)
         try:
             yield
         finally:
             self.model.set_gradient_accumulation_boundary(True)
-            if isinstance(self.model.optimizer, ZeROOptimizer):
-                self.model.optimizer.clear_backward_seen_flag()
+            # only ZeRO optimizers have it (older DeepSpeed releases counted the micro-batch in the backward)
+            next_micro_batch = getattr(self.model.optimizer, "clear_backward_seen_flag", None)
+            if next_micro_batch is not None:
+                next_micro_batch()
 
     def backward(self, closure_loss: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
         kwargs.setdefault("scale_wrt_gas", False)
