@@ -144,6 +144,15 @@ def zero3_full_state_dict(engine: Any) -> dict[str, Any]:
     return engine._zero3_consolidated_16bit_state_dict()
 
 
+def set_deepspeed_engine_setup(strategy_cls: type, setup: Any) -> None:
+    """Make ``setup(strategy, model, optimizer, lr_scheduler=None) -> (engine, optimizer)`` build the engine
+    of ``strategy_cls`` (a subclass of Lightning's ``DeepSpeedStrategy``): it becomes the class's
+    ``_setup_model_and_optimizer``, the one method through which Lightning's training and inference set-ups
+    call ``deepspeed.initialize``. Lightning passes ``device_rank=root_device.index`` there, ``None`` for a
+    CPU device, which DeepSpeed's engine compares with 0; no public hook sets it."""
+    strategy_cls._setup_model_and_optimizer = setup
+
+
 # ------------------------------------------------------------------------------------------------
 # transformers
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -39,7 +40,12 @@ def _clean_global_state():
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+        deepspeed_comm = sys.modules.get("deepspeed.comm")
+        if deepspeed_comm is not None:
+            # DeepSpeed's own, which also drops the groups it caches (a later engine would reuse them)
+            deepspeed_comm.destroy_process_group()
+        else:
+            dist.destroy_process_group()
 
 
 @pytest.fixture(scope="session")

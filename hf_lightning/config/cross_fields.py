@@ -36,11 +36,11 @@ def cross_field_errors(c: Mapping[str, Any]) -> list[str]:
 
     strategy = trainer.get("strategy")
     target = strategy.get("_target_", "") if isinstance(strategy, Mapping) else str(strategy)
-    if accelerator == "cpu" and ("fsdp" in target.lower() or "deepspeed" in target.lower()):
+    if accelerator == "cpu" and "fsdp" in target.lower():
         errors.append(
-            f"trainer.strategy={target} on trainer.accelerator=cpu: FSDP and DeepSpeed run on GPUs here; "
-            "allowed strategies on cpu: auto, ddp (trainer.accelerator=gpu for fsdp, deepspeed_zero2, "
-            "deepspeed_zero3)"
+            f"trainer.strategy={target} on trainer.accelerator=cpu: FSDP runs on GPUs here; "
+            "allowed strategies on cpu: auto, ddp, deepspeed_zero2, deepspeed_zero3 (trainer.accelerator=gpu "
+            "for fsdp)"
         )
     if "deepspeed" in target.lower() and isinstance(strategy, Mapping):
         from hf_lightning.strategies.deepspeed import deepspeed_config

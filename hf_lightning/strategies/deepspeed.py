@@ -19,6 +19,7 @@ strategy checks), while the accumulation is ours.
 
 from __future__ import annotations
 
+import argparse
 import copy
 import json
 import os
@@ -26,8 +27,11 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from lightning.pytorch.strategies import DeepSpeedStrategy
+from lightning.fabric.utilities.seed import reset_seed
+from lightning.pytorch.accelerators import CPUAccelerator
+from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy
 
+from hf_lightning import compat
 from hf_lightning.core.arguments import MISSING as _MISSING
 from hf_lightning.core.arguments import PRECISIONS as _PRECISIONS
 from hf_lightning.core.arguments import get_dotted as _get
@@ -194,17 +198,101 @@ class HFDeepSpeedStrategy(DeepSpeedStrategy):
     is (see the module docstring).
     """
 
+    def setup_environment(self) -> None:
+        """Lightning's, and on the CPU accelerator the same steps without its CUDA-only check.
+
+        Lightning's ``DeepSpeedStrategy.setup_environment`` refuses any accelerator but CUDA, then runs
+        ``DDPStrategy.setup_environment`` (device set-up, ``deepspeed.init_distributed``). DeepSpeed has a
+        CPU accelerator of its own (``deepspeed.accelerator.get_accelerator()`` is ``cpu`` where no GPU is
+        found, or with ``DS_ACCELERATOR=cpu``) whose process group is gloo; with it the ZeRO-2/3 engines run
+        on CPU ranks.
+
+        Raises:
+            ConfigError: ``trainer.accelerator=cpu`` while DeepSpeed picked another accelerator (set
+                ``DS_ACCELERATOR=cpu`` before the run).
+        """
+        if not isinstance(self.accelerator, CPUAccelerator):
+            super().setup_environment()
+            return
+        from deepspeed.accelerator import get_accelerator
+
+        found = get_accelerator().device_name()
+        if found != "cpu":
+            raise ConfigError(
+                f"trainer.accelerator=cpu with DeepSpeed, but DeepSpeed picked the {found!r} accelerator; "
+                "set DS_ACCELERATOR=cpu in the environment to run it on CPU, or trainer.accelerator=gpu"
+            )
+        DDPStrategy.setup_environment(self)
+
+    def setup_distributed(self) -> None:
+        """Lightning's, and on the CPU accelerator the same steps without its check that device indices
+        equal local ranks (CPU devices have no index): the world ranks, the variables
+        ``deepspeed.init_distributed`` reads (``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``,
+        ``LOCAL_RANK``, as Lightning sets them), then its gloo process group."""
+        if not isinstance(self.accelerator, CPUAccelerator):
+            super().setup_distributed()
+            return
+        import deepspeed
+
+        reset_seed()
+        self.set_world_ranks()
+        env = self.cluster_environment
+        os.environ.update(
+            MASTER_ADDR=env.main_address,
+            MASTER_PORT=str(env.main_port),
+            RANK=str(self.global_rank),
+            WORLD_SIZE=str(self.world_size),
+            LOCAL_RANK=str(self.local_rank),
+        )
+        deepspeed.init_distributed("gloo", distributed_port=env.main_port)
+
     @contextmanager
     def block_backward_sync(self) -> Iterator[None]:
+        """The backward of a micro-batch that does not close its window: the engine is told so, and after it
+        the ZeRO optimizer starts the next micro-batch as ``DeepSpeedEngine.forward`` starts one
+        (``clear_backward_seen_flag``: ZeRO-3 counts the micro-batch, so that the next backward adds to the
+        gradient partitions instead of overwriting them). The engine's forward runs once per window here (the
+        window's micro-batches go through the module inside ``training_step``), so without this a ZeRO-3
+        window kept only its last micro-batch's gradient."""
         self.model.set_gradient_accumulation_boundary(False)
         try:
             yield
         finally:
             self.model.set_gradient_accumulation_boundary(True)
+            # only ZeRO optimizers have it (older DeepSpeed releases counted the micro-batch in the backward)
+            next_micro_batch = getattr(self.model.optimizer, "clear_backward_seen_flag", None)
+            if next_micro_batch is not None:
+                next_micro_batch()
 
     def backward(self, closure_loss: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
         kwargs.setdefault("scale_wrt_gas", False)
         return super().backward(closure_loss, optimizer, *args, **kwargs)
+
+
+def _setup_engine(
+    strategy: HFDeepSpeedStrategy, model: Any, optimizer: Any, lr_scheduler: Any = None
+) -> tuple[Any, Any]:
+    """``deepspeed.initialize`` as Lightning calls it, with the device rank of a CPU rank set to its local
+    rank (Lightning passes the device index, which CPU devices lack)."""
+    import deepspeed
+
+    if isinstance(strategy.accelerator, CPUAccelerator):
+        device_rank = strategy.local_rank
+    else:
+        device_rank = strategy.root_device.index
+    engine, deepspeed_optimizer, _, _ = deepspeed.initialize(
+        args=argparse.Namespace(device_rank=device_rank),
+        config=strategy.config,
+        model=model,
+        model_parameters=[p for p in model.parameters() if p.requires_grad],
+        optimizer=optimizer,
+        lr_scheduler=lr_scheduler,
+        dist_init_required=False,
+    )
+    return engine, deepspeed_optimizer
+
+
+compat.set_deepspeed_engine_setup(HFDeepSpeedStrategy, _setup_engine)
 
 
 def deepspeed_strategy(
