@@ -205,3 +205,31 @@ def foreach_norm(tensors: list[Any], ord: float) -> list[Any]:
     import torch
 
     return list(torch._foreach_norm(tensors, ord))
+
+
+def checkpoint_blocks(root: Any, is_block: Any) -> list[Any]:
+    """Wrap every module of ``root`` for which ``is_block(module)`` holds in torch's non-reentrant
+    ``checkpoint_wrapper`` (its activations recomputed in backward), in place; returns the wrappers. torch's
+    FSDP activation checkpointing (``torch.distributed.algorithms._checkpoint.checkpoint_wrapper``, what
+    accelerate and torchtitan apply before ``fully_shard``) has no public module path. Parameter and state-dict
+    names are unchanged where torch's state-dict functions read them (the wrapper's prefix is stripped)."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        CheckpointImpl,
+        CheckpointWrapper,
+        apply_activation_checkpointing,
+        checkpoint_wrapper,
+    )
+
+    def wrap(module: Any) -> Any:
+        return checkpoint_wrapper(module, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+
+    apply_activation_checkpointing(root, checkpoint_wrapper_fn=wrap, check_fn=is_block)
+    return [m for m in root.modules() if isinstance(m, CheckpointWrapper)]
+
+
+def set_model_parallel_sizes(strategy: Any, data_parallel: int, tensor_parallel: int) -> None:
+    """Set a Lightning ``ModelParallelStrategy``'s mesh sizes before its ``setup_environment`` builds the
+    mesh (``_data_parallel_size``, ``_tensor_parallel_size``): the world size is known only then, and its
+    ``"auto"`` means one data-parallel rank per node, not per process."""
+    strategy._data_parallel_size = data_parallel
+    strategy._tensor_parallel_size = tensor_parallel

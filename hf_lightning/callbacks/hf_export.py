@@ -7,6 +7,7 @@ import os
 from typing import Any
 
 import lightning as L
+from lightning.pytorch.strategies import ModelParallelStrategy
 
 from hf_lightning.compat import zero3_full_state_dict
 
@@ -17,7 +18,9 @@ def full_model_state_dict(trainer: L.Trainer, pl_module: L.LightningModule) -> d
     """The HF model's complete state dict, gathered from every rank (a collective: call it on all ranks).
 
     - DDP / single device: the module's own weights (``None``: ``save_pretrained`` reads them itself).
-    - FSDP: ``strategy.lightning_module_state_dict()`` (full state dict on rank 0 with
+    - FSDP2 (``ModelParallelStrategy``, ``strategy=fsdp``): torch's ``get_model_state_dict`` with
+      ``full_state_dict=True``, whole tensors on rank 0.
+    - FSDP1 (Lightning's ``FSDPStrategy``): ``strategy.lightning_module_state_dict()`` (full state dict on rank 0 with
       ``state_dict_type=full``; with ``sharded`` a full one is gathered here all the same, since an HF folder
       holds whole tensors).
     - DeepSpeed ZeRO-3: the engine's consolidated 16-bit weights
@@ -30,6 +33,12 @@ def full_model_state_dict(trainer: L.Trainer, pl_module: L.LightningModule) -> d
     name = type(strategy).__name__
     if "DeepSpeed" in name and getattr(strategy, "zero_stage_3", False):
         state = zero3_full_state_dict(strategy.deepspeed_engine)
+    elif isinstance(strategy, ModelParallelStrategy):
+        # FSDP2 (strategy=fsdp): DTensor shards gathered into whole tensors on rank 0 (torch's state-dict API)
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        state = get_model_state_dict(strategy.model, options=options)
     elif "FSDP" in name:
         from torch.distributed.fsdp import FullStateDictConfig, StateDictType
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
