@@ -207,24 +207,15 @@ def foreach_norm(tensors: list[Any], ord: float) -> list[Any]:
     return list(torch._foreach_norm(tensors, ord))
 
 
-def checkpoint_blocks(root: Any, is_block: Any) -> list[Any]:
-    """Wrap every module of ``root`` for which ``is_block(module)`` holds in torch's non-reentrant
-    ``checkpoint_wrapper`` (its activations recomputed in backward), in place; returns the wrappers. torch's
-    FSDP activation checkpointing (``torch.distributed.algorithms._checkpoint.checkpoint_wrapper``, what
-    accelerate and torchtitan apply before ``fully_shard``) has no public module path. Parameter and state-dict
-    names are unchanged where torch's state-dict functions read them (the wrapper's prefix is stripped)."""
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
-        CheckpointImpl,
-        CheckpointWrapper,
-        apply_activation_checkpointing,
-        checkpoint_wrapper,
-    )
+def checkpoint_blocks(blocks: list[Any]) -> None:
+    """Recompute each of ``blocks``' activations in backward (non-reentrant), in place, with torch's composable
+    ``checkpoint`` (``torch.distributed._composable.checkpoint``: forward hooks, made to be combined with
+    ``fully_shard``; no public module path). Unlike ``checkpoint_wrapper`` it keeps the module tree and every
+    parameter name, which the optimizer's groups, peft's adapter state dict and the export read."""
+    from torch.distributed._composable import checkpoint
 
-    def wrap(module: Any) -> Any:
-        return checkpoint_wrapper(module, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
-
-    apply_activation_checkpointing(root, checkpoint_wrapper_fn=wrap, check_fn=is_block)
-    return [m for m in root.modules() if isinstance(m, CheckpointWrapper)]
+    for block in blocks:
+        checkpoint(block)
 
 
 def set_model_parallel_sizes(strategy: Any, data_parallel: int, tensor_parallel: int) -> None:

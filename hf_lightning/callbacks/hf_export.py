@@ -39,6 +39,13 @@ def full_model_state_dict(trainer: L.Trainer, pl_module: L.LightningModule) -> d
 
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         state = get_model_state_dict(strategy.model, options=options)
+        # a tied parameter (an LM head sharing the embedding) is gathered once per name: one tensor again, so
+        # that save_pretrained drops the tied name as it does for the unsharded model
+        first: dict[int, str] = {}
+        for key, param in strategy.model.named_parameters(remove_duplicate=False):
+            if id(param) in first and key in state and first[id(param)] in state:
+                state[key] = state[first[id(param)]]
+            first.setdefault(id(param), key)
     elif "FSDP" in name:
         from torch.distributed.fsdp import FullStateDictConfig, StateDictType
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
@@ -97,6 +104,8 @@ class HFExport(L.Callback):
         from hf_lightning.data.chat import stop_on_end_of_turn
 
         state = full_model_state_dict(trainer, pl_module)  # every rank takes part in the gather
+        # FSDP2's parameters are shards: the adapter is written from the gathered tensors
+        sharded_state = state if isinstance(trainer.strategy, ModelParallelStrategy) else None
         if not trainer.is_global_zero:
             return
         try:
@@ -110,7 +119,7 @@ class HFExport(L.Callback):
                     what = (
                         save_merged(pl_module.model, tmp)
                         if self.merge_adapters
-                        else save_adapter(pl_module.model, tmp, self.dirpath)
+                        else save_adapter(pl_module.model, tmp, self.dirpath, sharded_state)
                     )
                 else:
                     pl_module.model.save_pretrained(tmp, state_dict=state)

@@ -12,8 +12,8 @@ tree once the model exists. HF / accelerate options and what they become here:
 - ``fsdp="full_shard"`` / ``"shard_grad_op"`` (accelerate's FSDP2 ``reshard_after_forward`` true / false):
   ``reshard_after_forward``;
 - ``fsdp="offload"`` (accelerate's ``cpu_offload``): ``offload``, torch's ``CPUOffloadPolicy``;
-- ``fsdp_config.activation_checkpointing``: ``activation_checkpointing``, torch's non-reentrant
-  ``checkpoint_wrapper`` around each block;
+- ``fsdp_config.activation_checkpointing``: ``activation_checkpointing``, torch's composable,
+  non-reentrant ``checkpoint`` of each block (parameter names unchanged);
 - ``bf16=True`` (``trainer.precision=bf16-mixed``): ``MixedPrecisionPolicy(param_dtype=bfloat16,
   reduce_dtype=float32)``, accelerate's FSDP2 default for bf16;
 - ``fsdp_config.state_dict_type``: ``state_dict_type`` (``sharded``: a distributed checkpoint folder, one shard
@@ -102,8 +102,7 @@ class NoSplitModulesPolicy:
         return found
 
     def __call__(self, module: nn.Module) -> bool:
-        """Whether ``module`` is one of the blocks (the ``check_fn`` form torch's
-        ``apply_activation_checkpointing`` takes); valid after :meth:`resolve`."""
+        """Whether ``module`` is one of the blocks; valid after :meth:`resolve`."""
         return type(module).__name__ in (self._names or ())
 
 
@@ -153,7 +152,7 @@ def shard_module(
     blocks = policy.blocks(root)
     names = sorted({type(b).__name__ for b in blocks})
     if activation_checkpointing:
-        blocks = checkpoint_blocks(root, policy)
+        checkpoint_blocks(blocks)
     kwargs: dict[str, Any] = {"mesh": mesh, "mp_policy": mp_policy or MixedPrecisionPolicy()}
     if offload:
         kwargs["offload_policy"] = CPUOffloadPolicy()
