@@ -82,7 +82,18 @@ def rejected(compose_cfg, *overrides) -> str:
         (["data.shuffle=maybe"], "data.shuffle='maybe': allowed values: true or false"),
         (["trainer.max_steps=0"], "trainer.max_steps=0: allowed values: -1 (no limit) or an integer >= 1"),
         (["trainer.devices=0"], "trainer.devices=0: allowed values: an integer >= 1, -1, 'auto'"),
-        (["strategy=fsdp"], "FSDP and DeepSpeed run on GPUs here; allowed strategies on cpu: auto, ddp"),
+        (
+            ["strategy=deepspeed_zero2"],
+            "DeepSpeed runs on GPUs here; allowed strategies on cpu: auto, ddp, fsdp",
+        ),
+        (
+            ["strategy=fsdp", "trainer.strategy.offload=true"],
+            "strategy.offload=true with trainer.accelerator=cpu: the parameters live on the CPU already",
+        ),
+        (
+            ["strategy=fsdp", "trainer.strategy.state_dict_type=local"],
+            "strategy.state_dict_type='local'; allowed values: ['sharded', 'full']",
+        ),
     ],
     ids=lambda v: v[0] if isinstance(v, list) else None,
 )
