@@ -208,10 +208,11 @@ def foreach_norm(tensors: list[Any], ord: float) -> list[Any]:
 
 
 def checkpoint_blocks(blocks: list[Any]) -> None:
-    """Recompute each of ``blocks``' activations in backward (non-reentrant), in place, with torch's composable
-    ``checkpoint`` (``torch.distributed._composable.checkpoint``: forward hooks, made to be combined with
-    ``fully_shard``; no public module path). Unlike ``checkpoint_wrapper`` it keeps the module tree and every
-    parameter name, which the optimizer's groups, peft's adapter state dict and the export read."""
+    """Recompute each of ``blocks``' activations in backward (non-reentrant), in place, with torch's
+    composable ``checkpoint`` (``torch.distributed._composable.checkpoint``: forward hooks, made to be
+    combined with ``fully_shard``; no public module path). Unlike ``checkpoint_wrapper`` it keeps the module
+    tree and every parameter name, which the optimizer's groups, peft's adapter state dict and the export
+    read."""
     from torch.distributed._composable import checkpoint
 
     for block in blocks:

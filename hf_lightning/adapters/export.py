@@ -57,9 +57,7 @@ def base_state_dict(model: Any, full_state: dict[str, Any] | None = None) -> dic
     return state
 
 
-def save_adapter(
-    model: Any, folder: str, final_folder: str, full_state: dict[str, Any] | None = None
-) -> str:
+def save_adapter(model: Any, folder: str, final_folder: str, full_state: dict[str, Any] | None = None) -> str:
     """Write the adapter of ``model`` into ``folder`` (which will be renamed ``final_folder``); returns what
     was written, for the log. ``full_state``: the ``PeftModel``'s whole state dict where its parameters are
     shards (FSDP2), gathered on this rank beforehand; ``None``: the model's own tensors."""

@@ -20,9 +20,8 @@ def full_model_state_dict(trainer: L.Trainer, pl_module: L.LightningModule) -> d
     - DDP / single device: the module's own weights (``None``: ``save_pretrained`` reads them itself).
     - FSDP2 (``ModelParallelStrategy``, ``strategy=fsdp``): torch's ``get_model_state_dict`` with
       ``full_state_dict=True``, whole tensors on rank 0.
-    - FSDP1 (Lightning's ``FSDPStrategy``): ``strategy.lightning_module_state_dict()`` (full state dict on rank 0 with
-      ``state_dict_type=full``; with ``sharded`` a full one is gathered here all the same, since an HF folder
-      holds whole tensors).
+    - FSDP1 (Lightning's ``FSDPStrategy``): the FSDP full state dict on rank 0 (an HF folder holds whole
+      tensors).
     - DeepSpeed ZeRO-3: the engine's consolidated 16-bit weights
       (``stage3_gather_16bit_weights_on_model_save``, which the derived DeepSpeed config sets), as HF
       ``Trainer`` exports them.

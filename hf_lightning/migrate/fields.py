@@ -86,10 +86,10 @@ REASONS = {
     "ddp_backend": "the DDP strategy picks nccl on GPUs, gloo on CPUs",
     "ddp_timeout": "not carried over (Lightning's default timeout)",
     "fsdp": "strategy=fsdp (FSDP2, one unit per transformer block; full_shard: "
-    "trainer.strategy.reshard_after_forward=true, shard_grad_op: false, offload: trainer.strategy.offload=true; "
-    "hybrid_shard and no_shard are not built in)",
-    "fsdp_config": "strategy=fsdp with trainer.strategy.* keys (transformer_layer_cls_to_wrap: layer_classes, "
-    "reshard_after_forward, activation_checkpointing, state_dict_type: sharded or full)",
+    "trainer.strategy.reshard_after_forward=true, shard_grad_op: false, offload: "
+    "trainer.strategy.offload=true; hybrid_shard and no_shard are not built in)",
+    "fsdp_config": "strategy=fsdp with trainer.strategy.* keys (transformer_layer_cls_to_wrap: "
+    "layer_classes, reshard_after_forward, activation_checkpointing, state_dict_type: sharded or full)",
     "deepspeed": "strategy=deepspeed_zero2 (or deepspeed_zero3) trainer.strategy.config=ds.json",
     "debug": "not supported",
     "skip_memory_metrics": "memory metrics are not reported",

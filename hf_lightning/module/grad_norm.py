@@ -11,7 +11,8 @@ identical).
 
 Under FSDP2 (``strategy=fsdp``) the gradients are ``DTensor`` shards: ``get_total_norm`` over them gives a
 ``DTensor`` of per-rank partial norms, reduced over the ranks here (:func:`whole`), and the clipping
-multiplies each shard by the same global factor. Under FSDP1 the gradients are flat shards: the norm is FSDP's own ``clip_grad_norm_`` of the root module
+multiplies each shard by the same global factor. Under FSDP1 the gradients are flat shards: the norm is FSDP's
+own ``clip_grad_norm_`` of the root module
 (all-reduced over ranks; Lightning's FSDP precision plugin refuses norm clipping and its docs point to that
 method), which clips in the same call. Under DeepSpeed the gradients are not in ``p.grad`` (the engine clips
 itself): no norm.

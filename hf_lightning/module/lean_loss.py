@@ -342,10 +342,11 @@ def strategy_reason(strategy: Any) -> str | None:
     """Why the lean loss cannot run under a Lightning ``strategy`` (``None``: it can).
 
     The lean loss reads the head's weight after the model's forward: strategies that keep every parameter
-    whole on every rank qualify (single device, DDP), and FSDP2 (``ModelParallelStrategy``, ``strategy=fsdp``),
-    whose root unit keeps its gathered parameters (the LM head among them) from its forward until its backward;
-    :meth:`LeanLoss.forward` checks that the weight it reads is whole and falls back otherwise. FSDP1 and
-    DeepSpeed may shard it (DeepSpeed ZeRO-1/2 would keep it whole, but is not tested here).
+    whole on every rank qualify (single device, DDP), and FSDP2 (``ModelParallelStrategy``,
+    ``strategy=fsdp``), whose root unit keeps its gathered parameters (the LM head among them) from its
+    forward until its backward; :meth:`LeanLoss.forward` checks that the weight it reads is whole and falls
+    back otherwise. FSDP1 and DeepSpeed may shard it (DeepSpeed ZeRO-1/2 would keep it whole, but is not
+    tested here).
     """
     from lightning.pytorch.strategies import (
         DDPStrategy,

@@ -1,4 +1,5 @@
-"""FSDP2 as HF ``Trainer`` users configure FSDP: one ``fully_shard`` unit per decoder-layer block, plus the root.
+"""FSDP2 as HF ``Trainer`` users configure FSDP: one ``fully_shard`` unit per decoder-layer block plus the
+root.
 
 ``strategy=fsdp`` is Lightning's ``ModelParallelStrategy`` (PyTorch's FSDP2, ``torch.distributed.fsdp.
 fully_shard``, over a one-dimensional data-parallel mesh of every rank; gloo on the CPU, NCCL on GPUs), with
@@ -16,8 +17,8 @@ tree once the model exists. HF / accelerate options and what they become here:
   non-reentrant ``checkpoint`` of each block (parameter names unchanged);
 - ``bf16=True`` (``trainer.precision=bf16-mixed``): ``MixedPrecisionPolicy(param_dtype=bfloat16,
   reduce_dtype=float32)``, accelerate's FSDP2 default for bf16;
-- ``fsdp_config.state_dict_type``: ``state_dict_type`` (``sharded``: a distributed checkpoint folder, one shard
-  per rank; ``full``: one file gathered on rank 0).
+- ``fsdp_config.state_dict_type``: ``state_dict_type`` (``sharded``: a distributed checkpoint folder, one
+  shard per rank; ``full``: one file gathered on rank 0).
 """
 
 from __future__ import annotations
@@ -89,7 +90,8 @@ class NoSplitModulesPolicy:
         return names
 
     def blocks(self, root: nn.Module) -> list[nn.Module]:
-        """The modules of ``root`` to shard one by one, outermost first (a block inside a block is not one)."""
+        """The modules of ``root`` to shard one by one, outermost first (a block inside a block is not
+        one)."""
         names = self.resolve(root)
         found: list[nn.Module] = []
         inside: set[int] = set()

@@ -3,9 +3,9 @@
 ``HFLightningModule.training_step`` runs every micro-batch's backward but the window's last one inside
 :func:`gradient_sync` with ``sync=False``: the strategy's own switch (``block_backward_sync``: DDP's
 ``no_sync``, :class:`~hf_lightning.strategies.fsdp.HFFSDPStrategy`'s FSDP2
-``set_requires_gradient_sync(False)``, :class:`~hf_lightning.strategies.deepspeed.HFDeepSpeedStrategy`'s engine
-boundary), the context Lightning's automatic loop enters for the same purpose. A module sharded with FSDP2
-under a strategy without that switch (Lightning's own ``ModelParallelStrategy``, whose
+``set_requires_gradient_sync(False)``, :class:`~hf_lightning.strategies.deepspeed.HFDeepSpeedStrategy`'s
+engine boundary), the context Lightning's automatic loop enters for the same purpose. A module sharded with
+FSDP2 under a strategy without that switch (Lightning's own ``ModelParallelStrategy``, whose
 ``block_backward_sync`` does nothing for FSDP2) gets FSDP2's switch directly. One process, or a strategy
 without a switch: nothing to skip.
 """

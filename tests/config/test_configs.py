@@ -193,7 +193,8 @@ def _build_trainer(cfg):
 
             assert isinstance(strategy, HFFSDPStrategy) and isinstance(strategy, ModelParallelStrategy)
             assert isinstance(strategy.policy, NoSplitModulesPolicy) and strategy.policy.layer_classes is None
-            assert strategy.reshard_after_forward and strategy.activation_checkpointing and not strategy.offload
+            assert strategy.reshard_after_forward and strategy.activation_checkpointing
+            assert not strategy.offload
             assert strategy.state_dict_type == "sharded"
     if gpu_only and not torch.cuda.is_available():
         pytest.skip("the Trainer of this option needs a CUDA device (composed and validated above)")

@@ -8,8 +8,8 @@ and one thread per process (a thread count sums a matmul in another order).
 What is compared with the 1-process run, from one run each:
 
 - every logged ``train/loss`` (relative 1e-6) and ``grad_norm`` (relative 5e-5: the fp32 norm over 3.7M
-  gradient entries sums them in another order over two shards; a float64 sum of the same gradients put both runs
-  within 2e-5 of it, while a norm of one rank's shard only would be ~30% off);
+  gradient entries sums them in another order over two shards; a float64 sum of the same gradients put
+  both runs within 2e-5 of it, while a norm of one rank's shard only would be ~30% off);
 - the final weights of the HF export (max abs difference <= 1e-5 of the largest weight);
 - the same with LoRA (``peft=lora``, the adapter's weights in the export);
 - 2 simulated nodes x 1 rank (``NODE_RANK`` / ``MASTER_ADDR``, see ``test_multinode.py``) against 1 node x 2
@@ -102,7 +102,8 @@ def runs(tmp_path_factory):
         start(dirs["fsdp"], *FSDP, "trainer.devices=2"), start(dirs["single"], *SINGLE)
     )
     logs["lora_fsdp"], logs["lora_single"] = finish(
-        start(dirs["lora_fsdp"], *FSDP, *LORA, "trainer.devices=2"), start(dirs["lora_single"], *SINGLE, *LORA)
+        start(dirs["lora_fsdp"], *FSDP, *LORA, "trainer.devices=2"),
+        start(dirs["lora_single"], *SINGLE, *LORA),
     )
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

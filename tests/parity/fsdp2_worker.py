@@ -1,5 +1,5 @@
-"""Train a small Llama for 3 optimizer steps on 2 gloo ranks with ``strategy=fsdp`` (FSDP2) or DDP and write what
-each rank held and sent.
+"""Train a small Llama for 3 optimizer steps on 2 gloo ranks with ``strategy=fsdp`` (FSDP2) or DDP and write
+what each rank held and sent.
 
 Usage: ``python tests/parity/fsdp2_worker.py OUTDIR fsdp|ddp``. Lightning's ``ModelParallelStrategy`` starts
 rank 1 by re-running this command line, so the test runs it as a script in a subprocess. Each rank writes

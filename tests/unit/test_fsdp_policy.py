@@ -35,9 +35,8 @@ def test_decoder_layers_of_the_wrapped_hf_model():
     assert wrapped(policy, root) == ["LlamaDecoderLayer"]
     assert len(policy.blocks(root)) == 2  # one unit per layer
     # a block inside a block is not a unit of its own
-    assert [type(m).__name__ for m in NoSplitModulesPolicy(["LlamaDecoderLayer", "LlamaMLP"]).blocks(root)] == [
-        "LlamaDecoderLayer"
-    ] * 2
+    nested = NoSplitModulesPolicy(["LlamaDecoderLayer", "LlamaMLP"]).blocks(root)
+    assert [type(m).__name__ for m in nested] == ["LlamaDecoderLayer"] * 2
 
 
 def test_t5_blocks():
@@ -69,7 +68,6 @@ def test_explicit_classes_and_errors():
 
 
 def test_shard_module_on_one_rank_keeps_names(tmp_path):
-    import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import FSDPModule
