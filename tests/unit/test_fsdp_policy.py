@@ -88,3 +88,30 @@ def test_shard_module_on_one_rank_keeps_names(tmp_path):
         assert all(isinstance(p, DTensor) for p in root.parameters())
     finally:
         dist.destroy_process_group()
+
+
+def test_bf16_mixed_computes_in_bf16_and_keeps_fp32_shards(tmp_path):
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from hf_lightning.strategies import shard_module
+    from hf_lightning.strategies.fsdp import mixed_precision_policy
+
+    assert mixed_precision_policy("32-true") is None and mixed_precision_policy("bf16-true") is None
+    policy = mixed_precision_policy("bf16-mixed")
+    assert (policy.param_dtype, policy.reduce_dtype) == (torch.bfloat16, torch.float32)
+    model = tiny_llama()
+    seen = []
+    model.model.layers[0].mlp.register_forward_hook(
+        lambda module, args, out: seen.append(module.gate_proj.weight.dtype)
+    )
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        shard_module(model, init_device_mesh("cpu", (1,)), NoSplitModulesPolicy(), mp_policy=policy)
+        model(input_ids=torch.tensor([[1, 2, 3]])).logits.float().sum().backward()
+        assert seen == [torch.bfloat16]  # the block computed with bf16 weights
+        weight = model.model.layers[0].mlp.gate_proj.weight
+        assert weight.dtype == torch.float32 and weight.grad.dtype == torch.float32  # fp32 shards and grads
+    finally:
+        dist.destroy_process_group()
