@@ -34,7 +34,7 @@ from torch import nn
 
 from hf_lightning.compat import checkpoint_blocks, no_split_modules, set_model_parallel_sizes
 from hf_lightning.core.errors import ConfigError
-from hf_lightning.strategies.gradient_sync import fsdp_root, no_gradient_sync
+from hf_lightning.strategies.gradient_sync import fsdp_units, no_gradient_sync
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +119,17 @@ def mixed_precision_policy(precision: str) -> Any:
     return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
 
 
+def outer_units(root: nn.Module, blocks: list[nn.Module]) -> list[nn.Module]:
+    """The units above the blocks: ``root`` itself, or for a LightningModule without parameters of its own
+    each child holding parameters outside the blocks (what its steps call: ``self.model``)."""
+    import lightning as L
+
+    if not isinstance(root, L.LightningModule) or any(True for _ in root.parameters(recurse=False)):
+        return [root]
+    inside = {id(p) for block in blocks for p in block.parameters()}
+    return [c for c in root.children() if any(id(p) not in inside for p in c.parameters())]
+
+
 def shard_module(
     root: nn.Module,
     mesh: Any,
@@ -127,24 +138,27 @@ def shard_module(
     offload: bool = False,
     activation_checkpointing: bool = True,
     mp_policy: Any = None,
-) -> list[str]:
+) -> tuple[list[str], list[str]]:
     """Apply FSDP2 to ``root`` in place: activation checkpointing around each block (optional), then
-    ``fully_shard`` on each block and on ``root`` (its remaining parameters: embeddings, final norm, LM head).
+    ``fully_shard`` on each block, then on the rest (:func:`outer_units`): ``root``, or a LightningModule's
+    children that hold parameters outside the blocks (its ``model``: embeddings, final norm, LM head). The
+    outer units are the modules a step calls: FSDP2 gathers a unit's parameters in its forward, and a
+    LightningModule's ``training_step`` may call ``self.model(...)`` rather than ``self(...)``.
 
     Args:
-        root: the module to shard (a LightningModule, whose parameters include the HF model's).
+        root: the module to shard (a LightningModule holding the HF model).
         mesh: the one-dimensional data-parallel ``DeviceMesh``.
         policy: which modules are blocks.
         reshard_after_forward: free each block's gathered parameters after its forward (HF ``full_shard``)
             or keep them until its backward (``shard_grad_op``). The root keeps its own until backward either
-            way (FSDP2's rule for the root).
+            way (FSDP2's rule for a root).
         offload: keep the parameter shards, their gradients and the optimizer step on the CPU
             (``CPUOffloadPolicy``; a GPU run only).
         activation_checkpointing: recompute each block's activations in backward (non-reentrant).
         mp_policy: a ``MixedPrecisionPolicy`` or ``None``.
 
     Returns:
-        The class names sharded as blocks.
+        ``(block class names, outer unit names)`` for the log.
 
     Raises:
         ConfigError: see :class:`NoSplitModulesPolicy`.
@@ -153,6 +167,8 @@ def shard_module(
 
     blocks = policy.blocks(root)
     names = sorted({type(b).__name__ for b in blocks})
+    outer = outer_units(root, blocks)
+    outer_names = [n for n, m in root.named_modules() if any(m is o for o in outer)]
     if activation_checkpointing:
         checkpoint_blocks(blocks)
     kwargs: dict[str, Any] = {"mesh": mesh, "mp_policy": mp_policy or MixedPrecisionPolicy()}
@@ -160,16 +176,17 @@ def shard_module(
         kwargs["offload_policy"] = CPUOffloadPolicy()
     for block in blocks:
         fully_shard(block, reshard_after_forward=reshard_after_forward, **kwargs)
-    # the root keeps its gathered parameters from its forward to its backward (FSDP2's own choice for a root
-    # when none is given): they would be gathered again at once, and the lean loss reads the LM head's weight
-    # after the forward
-    fully_shard(root, reshard_after_forward=False, **kwargs)
-    return names
+    # the outer units keep their gathered parameters from their forward to their backward (FSDP2's own choice
+    # for a root when none is given): they would be gathered again at once, and the lean loss reads the LM
+    # head's weight after the forward
+    for unit in outer:
+        fully_shard(unit, reshard_after_forward=False, **kwargs)
+    return names, [n or type(root).__name__ for n in outer_names]
 
 
 class HFFSDPStrategy(ModelParallelStrategy):
     """Lightning's ``ModelParallelStrategy`` as FSDP2 data parallelism over every rank (data-parallel size =
-    world size, tensor-parallel size 1), sharding the LightningModule itself in :meth:`setup` with
+    world size, tensor-parallel size 1), sharding the LightningModule in :meth:`setup` with
     :func:`shard_module` (unless its ``configure_model`` already applied ``fully_shard``).
 
     Lightning requires a ``configure_model`` hook of a module under this strategy (``HFLightningModule`` has
@@ -211,8 +228,8 @@ class HFFSDPStrategy(ModelParallelStrategy):
         module = self.lightning_module
         if self.offload and self.root_device.type == "cpu":
             raise ConfigError(OFFLOAD_ON_CPU)
-        if fsdp_root(module) is None:
-            names = shard_module(
+        if not fsdp_units(module):
+            names, outer = shard_module(
                 module,
                 self.device_mesh["data_parallel"],
                 self.policy,
@@ -223,10 +240,11 @@ class HFFSDPStrategy(ModelParallelStrategy):
             )
             if self.global_rank == 0:
                 log.info(
-                    "FSDP2: %d ranks, one fully_shard unit per %s block plus the root; "
+                    "FSDP2: %d ranks, one fully_shard unit per %s block plus %s (the rest); "
                     "reshard_after_forward=%s, activation_checkpointing=%s, offload=%s, mixed precision: %s",
                     self.world_size,
                     "/".join(names),
+                    ", ".join(outer),
                     self.reshard_after_forward,
                     self.activation_checkpointing,
                     self.offload,
@@ -238,11 +256,7 @@ class HFFSDPStrategy(ModelParallelStrategy):
     def block_backward_sync(self) -> Iterator[None]:
         """Gradients of the backwards inside accumulate locally, unsharded, and are reduce-scattered at the
         next backward outside (FSDP2's ``set_requires_gradient_sync(False)``, its ``no_sync``)."""
-        root = fsdp_root(self.model)
-        if root is None:
-            yield
-            return
-        with no_gradient_sync(root):
+        with no_gradient_sync(fsdp_units(self.model)):
             yield
 
 

@@ -20,28 +20,27 @@ from lightning.pytorch.strategies import ModelParallelStrategy, ParallelStrategy
 from torch import nn
 
 
-def fsdp_root(module: Any) -> nn.Module | None:
-    """``module`` or its outermost FSDP2 submodule (``torch.distributed.fsdp.FSDPModule``), or ``None`` when
-    nothing in it is sharded with ``fully_shard``."""
+def fsdp_units(module: Any) -> list[nn.Module]:
+    """The FSDP2 units in ``module`` (``torch.distributed.fsdp.FSDPModule``s: modules that ``fully_shard``
+    was applied to, ``module`` itself included), outermost first; ``[]`` when nothing is sharded."""
     from torch.distributed.fsdp import FSDPModule
 
     if not isinstance(module, nn.Module):
-        return None
-    for sub in module.modules():  # pre-order: the outermost first
-        if isinstance(sub, FSDPModule):
-            return sub
-    return None
+        return []
+    return [sub for sub in module.modules() if isinstance(sub, FSDPModule)]
 
 
 @contextmanager
-def no_gradient_sync(root: nn.Module) -> Iterator[None]:
-    """FSDP2's ``no_sync``: the backwards inside keep their gradients local (unsharded, accumulated) for
-    every FSDP unit under ``root``; the first backward after the context reduce-scatters them."""
-    root.set_requires_gradient_sync(False)
+def no_gradient_sync(units: list[nn.Module]) -> Iterator[None]:
+    """FSDP2's ``no_sync``: the backwards inside keep the gradients of every unit in ``units`` local
+    (unsharded, accumulated); the first backward after the context reduce-scatters them."""
+    for unit in units:
+        unit.set_requires_gradient_sync(False, recurse=False)
     try:
         yield
     finally:
-        root.set_requires_gradient_sync(True)
+        for unit in units:
+            unit.set_requires_gradient_sync(True, recurse=False)
 
 
 @contextmanager
@@ -51,9 +50,9 @@ def gradient_sync(strategy: Any, sync: bool) -> Iterator[None]:
     if sync or not isinstance(strategy, ParallelStrategy):
         yield
         return
-    root = fsdp_root(strategy.model) if isinstance(strategy, ModelParallelStrategy) else None
-    if root is not None and type(strategy).block_backward_sync is ModelParallelStrategy.block_backward_sync:
-        with no_gradient_sync(root):
+    units = fsdp_units(strategy.model) if isinstance(strategy, ModelParallelStrategy) else []
+    if units and type(strategy).block_backward_sync is ModelParallelStrategy.block_backward_sync:
+        with no_gradient_sync(units):
             yield
         return
     with strategy.block_backward_sync():

@@ -147,7 +147,7 @@ def assert_same_weights(run, reference) -> float:
 def test_fsdp2_two_ranks_equal_one_process(runs):
     dirs, _ = runs
     log = (dirs["fsdp"] / "train.log").read_text()
-    assert "FSDP2: 2 ranks, one fully_shard unit per LlamaDecoderLayer block plus the root" in log
+    assert "FSDP2: 2 ranks, one fully_shard unit per LlamaDecoderLayer block plus model (the rest)" in log
     assert "lean loss: on" in log and "full logits" not in log  # the lean loss ran on the sharded model
     assert_same_steps(dirs["fsdp"], dirs["single"], grad_norm_rel=5e-5)
     print(f"fsdp2 vs 1 process: weights within {assert_same_weights(dirs['fsdp'], dirs['single']):.1e}")

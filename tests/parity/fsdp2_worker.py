@@ -1,7 +1,11 @@
 """Train a small Llama for 3 optimizer steps on 2 gloo ranks with ``strategy=fsdp`` (FSDP2) or DDP and write
 what each rank held and sent.
 
-Usage: ``python tests/parity/fsdp2_worker.py OUTDIR fsdp|ddp``. Lightning's ``ModelParallelStrategy`` starts
+Usage: ``python tests/parity/fsdp2_worker.py OUTDIR fsdp|ddp|plain|own``: ``fsdp`` is ``fsdp_strategy()``
+with ``HFLightningModule``; ``plain`` Lightning's own ``ModelParallelStrategy`` with an ``HFLightningModule``
+whose ``configure_model`` shards itself (``shard_module``); ``own`` ``fsdp_strategy()`` with a LightningModule
+of one's own (automatic optimization, Lightning's ``accumulate_grad_batches=2``, an empty
+``configure_model``). Lightning's ``ModelParallelStrategy`` starts
 rank 1 by re-running this command line, so the test runs it as a script in a subprocess. Each rank writes
 ``rank{r}.json``:
 
@@ -91,8 +95,8 @@ class Measure(L.Callback):
         self.bytes: dict[str, int] | None = None
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
-        if trainer.global_step != 1:  # the second step: the optimizer state exists, the gradients too
-            return
+        if trainer.global_step != 1 or self.bytes is not None:  # the second step: optimizer state and
+            return  # gradients exist
         params = [p for group in optimizer.param_groups for p in group["params"]]
         state = [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
         self.bytes = {
@@ -114,19 +118,82 @@ class Measure(L.Callback):
             json.dump(out, fh)
 
 
+class SelfSharding:
+    """``HFLightningModule`` applying FSDP2 in its own ``configure_model`` (Lightning's documented way)."""
+
+    @staticmethod
+    def make(model):
+        from hf_lightning import HFLightningModule
+        from hf_lightning.strategies import NoSplitModulesPolicy, shard_module
+
+        class Module(HFLightningModule):
+            def configure_model(self) -> None:
+                shard_module(self, self.device_mesh["data_parallel"], NoSplitModulesPolicy())
+
+        return Module(model, optim={"name": "adamw_torch", "lr": 1e-3}, scheduler={"name": "constant"})
+
+
+class OwnModule(L.LightningModule):
+    """A LightningModule of one's own: the HF model's own loss, AdamW, automatic optimization."""
+
+    def __init__(self, model) -> None:
+        super().__init__()
+        self.model = model
+
+    def configure_model(self) -> None:  # Lightning's rule under ModelParallelStrategy; the strategy shards
+        pass
+
+    def training_step(self, batch, batch_idx):
+        loss = self.model(input_ids=batch, labels=batch).loss
+        self.log("train/loss", loss)
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+
+def fit_own(outdir: str) -> None:
+    from lightning.pytorch.loggers import CSVLogger
+    from torch.utils.data import DataLoader
+
+    from hf_lightning.strategies import fsdp_strategy
+
+    rows = [torch.tensor(r["input_ids"][:8]) for r in make_rows() if len(r["input_ids"]) >= 8]
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy=fsdp_strategy(),
+        max_steps=STEPS,
+        accumulate_grad_batches=ACCUMULATION,
+        logger=CSVLogger(outdir, name="", version="own"),
+        log_every_n_steps=1,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[Measure(outdir)],
+    )
+    loader = DataLoader(rows, batch_size=MICRO_BATCH, collate_fn=torch.stack)
+    trainer.fit(OwnModule(make_model()), loader)
+
+
 def main(outdir: str, kind: str) -> None:
     from types import SimpleNamespace
 
     import datasets
     from lightning.pytorch.loggers import CSVLogger
-    from lightning.pytorch.strategies import DDPStrategy
+    from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
 
     from hf_lightning import HFDataModule, HFLightningModule
     from hf_lightning.strategies import fsdp_strategy
 
-    module = HFLightningModule(
-        make_model(), optim={"name": "adamw_torch", "lr": 1e-3}, scheduler={"name": "constant"}
-    )
+    if kind == "own":
+        return fit_own(outdir)
+    if kind == "plain":
+        module = SelfSharding.make(make_model())
+    else:
+        module = HFLightningModule(
+            make_model(), optim={"name": "adamw_torch", "lr": 1e-3}, scheduler={"name": "constant"}
+        )
     data = HFDataModule(
         SimpleNamespace(pad_token_id=0),
         path=datasets.Dataset.from_list(make_rows()),
@@ -137,11 +204,12 @@ def main(outdir: str, kind: str) -> None:
         max_length=64,
         gradient_accumulation_steps=ACCUMULATION,
     )
-    strategy = (
-        fsdp_strategy(activation_checkpointing=False)
-        if kind == "fsdp"
-        else DDPStrategy(process_group_backend="gloo")
-    )
+    strategies = {
+        "fsdp": lambda: fsdp_strategy(activation_checkpointing=False),
+        "ddp": lambda: DDPStrategy(process_group_backend="gloo"),
+        "plain": lambda: ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1),
+    }
+    strategy = strategies[kind]()
     trainer = L.Trainer(
         accelerator="cpu",
         devices=2,

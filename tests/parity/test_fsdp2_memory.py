@@ -5,7 +5,10 @@
   (measured: the storages behind those tensors, a shard's padding included; FSDP2 shards all three);
 - with accumulation 2, FSDP2 reduce-scatters each unit's gradients once per optimizer step, not once per
   micro-batch: the first backward of each window runs without gradient sync;
-- the logged losses are DDP's (the sharding changes where tensors live, not the arithmetic).
+- the logged losses are DDP's (the sharding changes where tensors live, not the arithmetic);
+- the same gradient sync, once per window, where the module shards itself in ``configure_model`` under
+  Lightning's own ``ModelParallelStrategy`` (``plain``), and for a LightningModule of one's own under
+  ``fsdp_strategy()`` with Lightning's ``accumulate_grad_batches=2`` (``own``: the strategy shards it).
 """
 
 from __future__ import annotations
@@ -53,7 +56,7 @@ def losses(outdir: Path, kind: str) -> list[float]:
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory):
     out = {}
-    for kind in ("fsdp", "ddp"):
+    for kind in ("fsdp", "ddp", "plain", "own"):
         outdir = tmp_path_factory.mktemp(kind)
         out[kind] = (outdir, run_worker(outdir, kind))
     return out
@@ -80,8 +83,17 @@ def test_fsdp2_reduces_gradients_once_per_window(measured):
         assert rank["reduce_scatters"] == STEPS * units
 
 
+@pytest.mark.parametrize("kind", ["plain", "own"])
+def test_other_modules_are_sharded_and_sync_once_per_window(measured, kind):
+    _, ranks = measured[kind]
+    for rank in ranks:
+        assert rank["units"] == 4 + 1
+        assert rank["reduce_scatters"] == STEPS * rank["units"]
+
+
 def test_fsdp2_losses_equal_ddp(measured):
     (fsdp_dir, _), (ddp_dir, _) = measured["fsdp"], measured["ddp"]
     got, ref = losses(fsdp_dir, "fsdp"), losses(ddp_dir, "ddp")
     assert len(ref) == STEPS
     assert got == pytest.approx(ref, rel=1e-5)
+    assert losses(measured["plain"][0], "plain") == pytest.approx(ref, rel=1e-5)

@@ -80,9 +80,10 @@ def test_shard_module_on_one_rank_keeps_names(tmp_path):
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
     try:
         sharded = shard_module(root, init_device_mesh("cpu", (1,)), NoSplitModulesPolicy())
-        assert sharded == ["LlamaDecoderLayer"]
-        assert sum(isinstance(m, FSDPModule) for m in root.modules()) == 3  # 2 layers + the root
-        assert isinstance(root, FSDPModule)
+        assert sharded == (["LlamaDecoderLayer"], ["model"])
+        assert sum(isinstance(m, FSDPModule) for m in root.modules()) == 3  # 2 layers + the HF model
+        # the unit above the blocks is what training_step calls (the LightningModule holds no parameter)
+        assert isinstance(root.model, FSDPModule) and not isinstance(root, FSDPModule)
         # activation checkpointing included: the names the optimizer groups and peft read are unchanged
         assert [n for n, _ in root.named_parameters()] == names
         assert all(isinstance(p, DTensor) for p in root.parameters())
