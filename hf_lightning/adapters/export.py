@@ -79,14 +79,34 @@ def save_adapter(model: Any, folder: str, final_folder: str, full_state: dict[st
     return f"the adapter (base: {base})"
 
 
-def save_merged(model: Any, folder: str) -> str:
-    """Write the base model with the adapter merged into ``folder``; returns what was written, for the log."""
-    if getattr(model.get_base_model(), "is_loaded_in_4bit", False):
+def save_merged(model: Any, folder: str, full_state: dict[str, Any] | None = None) -> str:
+    """Write the base model with the adapter merged into ``folder``; returns what was written, for the log.
+    ``full_state``: as in :func:`save_adapter` (a sharded model's tensors, gathered on this rank)."""
+    if full_state is not None:
+        merged = _merged_from_state(model, full_state)
+    elif getattr(model.get_base_model(), "is_loaded_in_4bit", False):
         merged = _merged_from_reloaded_base(model)
     else:
         merged = copy.deepcopy(model).merge_and_unload()
     merged.save_pretrained(folder)
     return "the model with the adapter merged"
+
+
+def _merged_from_state(model: Any, full_state: dict[str, Any]) -> Any:
+    """A sharded ``PeftModel``'s merge on one rank: a fresh base of the same class and config on the CPU, the
+    gathered base and adapter tensors set into it, merged (the sharded model itself is left as it is)."""
+    from peft import get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
+
+    base = model.get_base_model()
+    fresh = type(base)(copy.deepcopy(base.config))
+    missing, unexpected = fresh.load_state_dict(base_state_dict(model, full_state), strict=False)
+    tied = set(getattr(fresh, "all_tied_weights_keys", None) or {})
+    if unexpected or set(missing) - tied:
+        raise RuntimeError(f"merging the gathered adapter: missing {missing}, unexpected {unexpected}")
+    fresh.tie_weights()
+    peft_model = get_peft_model(fresh, copy.deepcopy(model.peft_config["default"]))
+    set_peft_model_state_dict(peft_model, get_peft_model_state_dict(model, state_dict=full_state))
+    return peft_model.merge_and_unload()
 
 
 def _merged_from_reloaded_base(model: Any) -> Any:

@@ -116,7 +116,7 @@ class HFExport(L.Callback):
             with atomic_folder(self.dirpath) as tmp:
                 if is_adapter_model(pl_module.model):
                     what = (
-                        save_merged(pl_module.model, tmp)
+                        save_merged(pl_module.model, tmp, sharded_state)
                         if self.merge_adapters
                         else save_adapter(pl_module.model, tmp, self.dirpath, sharded_state)
                     )
