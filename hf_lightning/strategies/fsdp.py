@@ -103,10 +103,6 @@ class NoSplitModulesPolicy:
                 inside.update(id(m) for m in module.modules())
         return found
 
-    def __call__(self, module: nn.Module) -> bool:
-        """Whether ``module`` is one of the blocks; valid after :meth:`resolve`."""
-        return type(module).__name__ in (self._names or ())
-
 
 def mixed_precision_policy(precision: str) -> Any:
     """FSDP2's ``MixedPrecisionPolicy`` for ``trainer.precision``: bf16 compute with float32 gradient
@@ -150,8 +146,8 @@ def shard_module(
         mesh: the one-dimensional data-parallel ``DeviceMesh``.
         policy: which modules are blocks.
         reshard_after_forward: free each block's gathered parameters after its forward (HF ``full_shard``)
-            or keep them until its backward (``shard_grad_op``). The root keeps its own until backward either
-            way (FSDP2's rule for a root).
+            or keep them until its backward (``shard_grad_op``). The units above the blocks keep theirs until
+            their backward either way (FSDP2's default for a root).
         offload: keep the parameter shards, their gradients and the optimizer step on the CPU
             (``CPUOffloadPolicy``; a GPU run only).
         activation_checkpointing: recompute each block's activations in backward (non-reentrant).

@@ -11,7 +11,8 @@ What is compared with the 1-process run, from one run each:
   gradient entries sums them in another order over two shards; a float64 sum of the same gradients put
   both runs within 2e-5 of it, while a norm of one rank's shard only would be ~30% off);
 - the final weights of the HF export (max abs difference <= 1e-5 of the largest weight);
-- the same with LoRA (``peft=lora``, the adapter's weights in the export);
+- the same with LoRA (``peft=lora``, the adapter's weights in the export), and its merged export
+  (``export.merge_adapters=true``) against the 1-process adapter merged here;
 - 2 simulated nodes x 1 rank (``NODE_RANK`` / ``MASTER_ADDR``, see ``test_multinode.py``) against 1 node x 2
   ranks: the same losses and weights.
 """
@@ -95,7 +96,7 @@ def exported(run) -> dict[str, torch.Tensor]:
 def runs(tmp_path_factory):
     """Every run of this file, two at a time (2 cores)."""
     root = tmp_path_factory.mktemp("fsdp2")
-    names = ("fsdp", "single", "lora_fsdp", "lora_single", "nodes")
+    names = ("fsdp", "single", "lora_fsdp", "lora_single", "nodes", "lora_merged")
     dirs = {n: root / n for n in names}
     logs = {}
     logs["fsdp"], logs["single"] = finish(
@@ -120,7 +121,8 @@ def runs(tmp_path_factory):
         )
         for r in (0, 1)
     ]
-    logs["nodes"] = finish(*nodes)[0]
+    merged = start(dirs["lora_merged"], *FSDP, *LORA, "trainer.devices=2", "export.merge_adapters=true")
+    logs["nodes"] = finish(*nodes, merged)[0]
     return dirs, logs
 
 
@@ -166,3 +168,13 @@ def test_fsdp2_two_nodes_equal_one_node(runs):
     assert (dirs["nodes"] / "train_node_1.log").read_text().count(" - done: ") == 1
     assert_same_steps(dirs["nodes"], dirs["fsdp"], grad_norm_rel=1e-6)
     assert_same_weights(dirs["nodes"], dirs["fsdp"])
+
+
+def test_fsdp2_lora_merged_export_equals_the_merged_one_process_adapter(runs, tmp_path):
+    from peft import AutoPeftModelForCausalLM
+
+    dirs, _ = runs
+    reference = AutoPeftModelForCausalLM.from_pretrained(str(dirs["lora_single"] / "hf_model"))
+    reference.merge_and_unload().save_pretrained(str(tmp_path / "hf_model"))
+    assert not (dirs["lora_merged"] / "hf_model" / "adapter_model.safetensors").exists()
+    print(f"lora merged: weights within {assert_same_weights(dirs['lora_merged'], tmp_path):.1e}")
