@@ -214,9 +214,14 @@ def test_valid_configs_pass(compose_cfg):
             "trainer=gpu",
             "trainer.accelerator=gpu",
             "strategy=fsdp",
-            "trainer.precision=16-mixed",
+            "trainer.precision=bf16-mixed",
         )
     )
+    # float16 under FSDP2 is refused (a per-rank gradient scaler could skip a step on one rank only)
+    message = rejected(
+        compose_cfg, "trainer=gpu", "trainer.accelerator=gpu", "strategy=fsdp", "trainer.precision=16-mixed"
+    )
+    assert "float16 needs a gradient scaler" in message
 
 
 def test_a_packing_value_outside_its_annotation_is_refused_before_anything_is_built(compose_cfg):

@@ -7,9 +7,10 @@ and one thread per process (a thread count sums a matmul in another order).
 
 What is compared with the 1-process run, from one run each:
 
-- every logged ``train/loss`` (relative 1e-6) and ``grad_norm`` (relative 5e-5: the fp32 norm over 3.7M
-  gradient entries sums them in another order over two shards; a float64 sum of the same gradients put
-  both runs within 2e-5 of it, while a norm of one rank's shard only would be ~30% off);
+- every logged ``train/loss`` and the ``val/loss`` at step 3 (relative 1e-6), and ``grad_norm`` (relative
+  5e-5: the fp32 norm over 3.7M gradient entries sums them in another order over two shards; a float64 sum of
+  the same gradients put both runs within 2e-5 of it, while a norm of one rank's shard only would be ~30%
+  off);
 - the final weights of the HF export (max abs difference <= 1e-5 of the largest weight);
 - the same with LoRA (``peft=lora``, the adapter's weights in the export), and its merged export
   (``export.merge_adapters=true``) against the 1-process adapter merged here;
@@ -34,7 +35,8 @@ COMMON = (
     "+experiment=sft",
     "trainer.accelerator=cpu",
     "trainer.max_steps=3",
-    "trainer.limit_val_batches=0",
+    "trainer.limit_val_batches=1",
+    "trainer.val_check_interval=3",
     "trainer.log_every_n_steps=1",
     "trainer.enable_progress_bar=false",
     "trainer.enable_model_summary=false",
@@ -44,8 +46,9 @@ COMMON = (
     "optim=sgd",
     "optim.lr=0.1",
 )
-FSDP = ("strategy=fsdp", "data.per_device_train_batch_size=2")
-SINGLE = ("trainer.devices=1", "data.per_device_train_batch_size=4")
+# one validation batch at step 3: the same 4 rows on 2 ranks x 2 as on 1 process x 4
+FSDP = ("strategy=fsdp", "data.per_device_train_batch_size=2", "data.per_device_eval_batch_size=2")
+SINGLE = ("trainer.devices=1", "data.per_device_train_batch_size=4", "data.per_device_eval_batch_size=4")
 LORA = ("peft=lora", "peft.lora_dropout=0")
 LAUNCH_VARS = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "RANK", "WORLD_SIZE", "GROUP_RANK")
 
@@ -135,6 +138,8 @@ def assert_same_steps(run, reference, grad_norm_rel: float) -> None:
     assert sorted(norm) == [1, 2, 3]
     for step, value in ref_norm.items():
         assert norm[step] == pytest.approx(value, rel=grad_norm_rel, abs=0), step
+    # the validation at step 3 (the lean loss's evaluation path on the sharded model)
+    assert logged(run, "val/loss")[3] == pytest.approx(logged(reference, "val/loss")[3], rel=1e-6)
 
 
 def assert_same_weights(run, reference) -> float:
