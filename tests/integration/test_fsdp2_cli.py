@@ -13,7 +13,8 @@ What is compared with the 1-process run, from one run each:
   off);
 - the final weights of the HF export (max abs difference <= 1e-5 of the largest weight);
 - the same with LoRA (``peft=lora``, the adapter's weights in the export), and its merged export
-  (``export.merge_adapters=true``) against the 1-process adapter merged here;
+  (``export.merge_adapters=true``, run with HF's ``shard_grad_op``: ``reshard_after_forward=false``, and
+  without activation checkpointing) against the 1-process adapter merged here;
 - 2 simulated nodes x 1 rank (``NODE_RANK`` / ``MASTER_ADDR``, see ``test_multinode.py``) against 1 node x 2
   ranks: the same losses and weights.
 """
@@ -124,7 +125,16 @@ def runs(tmp_path_factory):
         )
         for r in (0, 1)
     ]
-    merged = start(dirs["lora_merged"], *FSDP, *LORA, "trainer.devices=2", "export.merge_adapters=true")
+    # HF's shard_grad_op (gathered block weights kept until backward), no activation checkpointing
+    merged = start(
+        dirs["lora_merged"],
+        *FSDP,
+        *LORA,
+        "trainer.devices=2",
+        "export.merge_adapters=true",
+        "trainer.strategy.reshard_after_forward=false",
+        "trainer.strategy.activation_checkpointing=false",
+    )
     logs["nodes"] = finish(*nodes, merged)[0]
     return dirs, logs
 
@@ -182,4 +192,6 @@ def test_fsdp2_lora_merged_export_equals_the_merged_one_process_adapter(runs, tm
     reference = AutoPeftModelForCausalLM.from_pretrained(str(dirs["lora_single"] / "hf_model"))
     reference.merge_and_unload().save_pretrained(str(tmp_path / "hf_model"))
     assert not (dirs["lora_merged"] / "hf_model" / "adapter_model.safetensors").exists()
+    log = (dirs["lora_merged"] / "train.log").read_text()
+    assert "reshard_after_forward=False, activation_checkpointing=False" in log
     print(f"lora merged: weights within {assert_same_weights(dirs['lora_merged'], tmp_path):.1e}")
