@@ -250,3 +250,23 @@ def mark_dimension_dynamic(tensor: Any, dim: int) -> None:
     import torch._dynamo
 
     torch._dynamo.maybe_mark_dynamic(tensor, dim)
+
+
+def checkpoint_blocks(blocks: list[Any]) -> None:
+    """Recompute each of ``blocks``' activations in backward (non-reentrant), in place, with torch's
+    composable ``checkpoint`` (``torch.distributed._composable.checkpoint``: forward hooks, made to be
+    combined with ``fully_shard``; no public module path). Unlike ``checkpoint_wrapper`` it keeps the module
+    tree and every parameter name, which the optimizer's groups, peft's adapter state dict and the export
+    read."""
+    from torch.distributed._composable import checkpoint
+
+    for block in blocks:
+        checkpoint(block)
+
+
+def set_model_parallel_sizes(strategy: Any, data_parallel: int, tensor_parallel: int) -> None:
+    """Set a Lightning ``ModelParallelStrategy``'s mesh sizes before its ``setup_environment`` builds the
+    mesh (``_data_parallel_size``, ``_tensor_parallel_size``): the world size is known only then, and its
+    ``"auto"`` means one data-parallel rank per node, not per process."""
+    strategy._data_parallel_size = data_parallel
+    strategy._tensor_parallel_size = tensor_parallel

@@ -4,7 +4,7 @@ padded, ``data.layout=null``), bitsandbytes' 8-bit AdamW
 (``optim.name=adamw_8bit``: its checkpoint must hold uint8 optimizer state), FSDP and DeepSpeed ZeRO-2 (one
 GPU is enough), with their per-step train/loss compared to the fp32 CPU run of the same data and init, within
 bf16 tolerance, and their pre-clip ``grad_norm`` too (norm clipping at 1.0 is on, as HF's ``max_grad_norm``:
-under FSDP the norm comes from the root module's ``clip_grad_norm_`` over all shards); each run's HF export
+under FSDP2 the norm is reduced over every rank's gradient shards); each run's HF export
 must load. Exits 1 on any failure, and at once without CUDA.
 
 Adapters: the fp32 CPU run's export is the pretrained base of LoRA in fp32 on CPU (the reference), LoRA in
@@ -37,14 +37,14 @@ COMMON = [
     "scheduler.warmup_steps=0",
     "optim.lr=1e-3",
     "trainer.enable_progress_bar=false",
-    # accumulation 2: the windows HFLightningModule steps (DDP/FSDP no_sync, DeepSpeed's boundary and loss
-    # scaling) are exercised, not just one micro-batch
+    # accumulation 2: the windows HFLightningModule steps (DDP no_sync, FSDP2's gradient sync switch,
+    # DeepSpeed's boundary and loss scaling) are exercised, not just one micro-batch
     "data.per_device_train_batch_size=4",
     "data.gradient_accumulation_steps=2",
 ]
 RUNS = {
     "cpu_fp32": ["trainer.accelerator=cpu", "trainer.precision=32-true"],
-    # the lean loss (the default; FSDP and DeepSpeed fall back to the logits) and the loss from the full
+    # the lean loss (the default; DeepSpeed falls back to the logits) and the loss from the full
     # logits
     "gpu_bf16": ["trainer=gpu"],
     "gpu_bf16_logits": ["trainer=gpu", "module.lean_loss=false"],

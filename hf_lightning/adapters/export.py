@@ -37,50 +37,76 @@ def _base_source(model: Any) -> str | None:
 BASE_FOLDER = "base_model"
 
 
-def base_state_dict(model: Any) -> dict[str, Any]:
+def base_state_dict(model: Any, full_state: dict[str, Any] | None = None) -> dict[str, Any]:
     """The base model's own weights, under its own names, from a ``PeftModel`` whose LoRA layers wrap them.
 
     peft renames a wrapped layer's weight ``x.base_layer.weight`` and a ``modules_to_save`` module's original
     ``x.original_module.weight``; adapter tensors (``lora_*``, the trained copies of ``modules_to_save``) are
-    left out. The result loads into the base architecture with ``from_pretrained``.
+    left out. The result loads into the base architecture with ``from_pretrained``. ``full_state``: the
+    ``PeftModel``'s whole state dict gathered already (a sharded model's), read instead of the model's own.
     """
+    if full_state is None:
+        items = model.get_base_model().state_dict().items()
+    else:
+        items = [(k.removeprefix("base_model.model."), v) for k, v in full_state.items()]
     state = {}
-    for name, value in model.get_base_model().state_dict().items():
+    for name, value in items:
         if ".lora_" in name or ".modules_to_save." in name:
             continue
         state[name.replace(".base_layer.", ".").replace(".original_module.", ".")] = value
     return state
 
 
-def save_adapter(model: Any, folder: str, final_folder: str) -> str:
+def save_adapter(model: Any, folder: str, final_folder: str, full_state: dict[str, Any] | None = None) -> str:
     """Write the adapter of ``model`` into ``folder`` (which will be renamed ``final_folder``); returns what
-    was written, for the log."""
+    was written, for the log. ``full_state``: the ``PeftModel``'s whole state dict where its parameters are
+    shards (FSDP2), gathered on this rank beforehand; ``None``: the model's own tensors."""
     base = _base_source(model)
     config = model.peft_config["default"]
     previous = config.base_model_name_or_path
     embeddings: str | bool = "auto"  # peft saves the embeddings when their vocabulary changed
     if base is None:  # the random-init base: keep it beside the adapter
         model.get_base_model().save_pretrained(
-            os.path.join(folder, BASE_FOLDER), state_dict=base_state_dict(model)
+            os.path.join(folder, BASE_FOLDER), state_dict=base_state_dict(model, full_state)
         )
         base = os.path.join(os.path.abspath(final_folder), BASE_FOLDER)
         embeddings = False  # saved with the base
     config.base_model_name_or_path = base
     try:
-        model.save_pretrained(folder, save_embedding_layers=embeddings)
+        model.save_pretrained(folder, save_embedding_layers=embeddings, state_dict=full_state)
     finally:
         config.base_model_name_or_path = previous
     return f"the adapter (base: {base})"
 
 
-def save_merged(model: Any, folder: str) -> str:
-    """Write the base model with the adapter merged into ``folder``; returns what was written, for the log."""
-    if getattr(model.get_base_model(), "is_loaded_in_4bit", False):
+def save_merged(model: Any, folder: str, full_state: dict[str, Any] | None = None) -> str:
+    """Write the base model with the adapter merged into ``folder``; returns what was written, for the log.
+    ``full_state``: as in :func:`save_adapter` (a sharded model's tensors, gathered on this rank)."""
+    if full_state is not None:
+        merged = _merged_from_state(model, full_state)
+    elif getattr(model.get_base_model(), "is_loaded_in_4bit", False):
         merged = _merged_from_reloaded_base(model)
     else:
         merged = copy.deepcopy(model).merge_and_unload()
     merged.save_pretrained(folder)
     return "the model with the adapter merged"
+
+
+def _merged_from_state(model: Any, full_state: dict[str, Any]) -> Any:
+    """A sharded ``PeftModel``'s merge on one rank: a fresh base of the same class and config on the CPU, the
+    gathered base and adapter tensors set into it, merged (the sharded model itself is left as it is)."""
+    from peft import get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
+
+    base = model.get_base_model()
+    fresh = type(base)(copy.deepcopy(base.config))
+    missing, unexpected = fresh.load_state_dict(base_state_dict(model, full_state), strict=False)
+    tied = set(getattr(fresh, "all_tied_weights_keys", None) or {})
+    if unexpected or set(missing) - tied:
+        raise RuntimeError(f"merging the gathered adapter: missing {missing}, unexpected {unexpected}")
+    fresh.tie_weights()
+    peft_model = get_peft_model(fresh, copy.deepcopy(model.peft_config["default"]))
+    set_peft_model_state_dict(peft_model, get_peft_model_state_dict(model, state_dict=full_state))
+    return peft_model.merge_and_unload()
 
 
 def _merged_from_reloaded_base(model: Any) -> Any:

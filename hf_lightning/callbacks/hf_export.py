@@ -7,6 +7,7 @@ import os
 from typing import Any
 
 import lightning as L
+from lightning.pytorch.strategies import ModelParallelStrategy
 
 from hf_lightning.compat import zero3_full_state_dict
 
@@ -17,9 +18,10 @@ def full_model_state_dict(trainer: L.Trainer, pl_module: L.LightningModule) -> d
     """The HF model's complete state dict, gathered from every rank (a collective: call it on all ranks).
 
     - DDP / single device: the module's own weights (``None``: ``save_pretrained`` reads them itself).
-    - FSDP: ``strategy.lightning_module_state_dict()`` (full state dict on rank 0 with
-      ``state_dict_type=full``; with ``sharded`` a full one is gathered here all the same, since an HF folder
-      holds whole tensors).
+    - FSDP2 (``ModelParallelStrategy``, ``strategy=fsdp``): torch's ``get_model_state_dict`` with
+      ``full_state_dict=True``, whole tensors on rank 0.
+    - FSDP1 (Lightning's ``FSDPStrategy``): the FSDP full state dict on rank 0 (an HF folder holds whole
+      tensors).
     - DeepSpeed ZeRO-3: the engine's consolidated 16-bit weights
       (``stage3_gather_16bit_weights_on_model_save``, which the derived DeepSpeed config sets), as HF
       ``Trainer`` exports them.
@@ -30,6 +32,19 @@ def full_model_state_dict(trainer: L.Trainer, pl_module: L.LightningModule) -> d
     name = type(strategy).__name__
     if "DeepSpeed" in name and getattr(strategy, "zero_stage_3", False):
         state = zero3_full_state_dict(strategy.deepspeed_engine)
+    elif isinstance(strategy, ModelParallelStrategy):
+        # FSDP2 (strategy=fsdp): DTensor shards gathered into whole tensors on rank 0 (torch's state-dict API)
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        state = get_model_state_dict(strategy.model, options=options)
+        # a tied parameter (an LM head sharing the embedding) is gathered once per name: one tensor again, so
+        # that save_pretrained drops the tied name as it does for the unsharded model
+        first: dict[int, str] = {}
+        for key, param in strategy.model.named_parameters(remove_duplicate=False):
+            if id(param) in first and key in state and first[id(param)] in state:
+                state[key] = state[first[id(param)]]
+            first.setdefault(id(param), key)
     elif "FSDP" in name:
         from torch.distributed.fsdp import FullStateDictConfig, StateDictType
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
@@ -88,6 +103,8 @@ class HFExport(L.Callback):
         from hf_lightning.data.chat import stop_on_end_of_turn
 
         state = full_model_state_dict(trainer, pl_module)  # every rank takes part in the gather
+        # FSDP2's parameters are shards: the adapter is written from the gathered tensors
+        sharded_state = state if isinstance(trainer.strategy, ModelParallelStrategy) else None
         if not trainer.is_global_zero:
             return
         try:
@@ -99,9 +116,9 @@ class HFExport(L.Callback):
             with atomic_folder(self.dirpath) as tmp:
                 if is_adapter_model(pl_module.model):
                     what = (
-                        save_merged(pl_module.model, tmp)
+                        save_merged(pl_module.model, tmp, sharded_state)
                         if self.merge_adapters
-                        else save_adapter(pl_module.model, tmp, self.dirpath)
+                        else save_adapter(pl_module.model, tmp, self.dirpath, sharded_state)
                     )
                 else:
                     pl_module.model.save_pretrained(tmp, state_dict=state)

@@ -36,12 +36,10 @@ def cross_field_errors(c: Mapping[str, Any]) -> list[str]:
 
     strategy = trainer.get("strategy")
     target = strategy.get("_target_", "") if isinstance(strategy, Mapping) else str(strategy)
-    if accelerator == "cpu" and "fsdp" in target.lower():
-        errors.append(
-            f"trainer.strategy={target} on trainer.accelerator=cpu: FSDP runs on GPUs here; "
-            "allowed strategies on cpu: auto, ddp, deepspeed_zero2, deepspeed_zero3 (trainer.accelerator=gpu "
-            "for fsdp)"
-        )
+    if "fsdp" in target.lower() and isinstance(strategy, Mapping):
+        from hf_lightning.strategies.fsdp import fsdp_config_errors
+
+        errors += fsdp_config_errors(strategy, accelerator)
     if "deepspeed" in target.lower() and isinstance(strategy, Mapping):
         from hf_lightning.strategies.deepspeed import deepspeed_config
 

@@ -37,7 +37,7 @@ REASONS = {
     "fp16_full_eval": "evaluation runs in trainer.precision",
     "tf32": "not set by hf_lightning: torch.backends.cuda.matmul.allow_tf32 in your own launcher",
     "activation_checkpointing": "FSDP's activation checkpointing: strategy=fsdp "
-    "strategy.activation_checkpointing=true",
+    "trainer.strategy.activation_checkpointing=true (the default under strategy=fsdp)",
     "activation_checkpointing_kwargs": "not supported",
     "gradient_checkpointing_kwargs": "model.gradient_checkpointing=true uses the model's default kwargs",
     "torch_compile_backend": "model.compile=true uses torch.compile's default backend",
@@ -85,8 +85,11 @@ REASONS = {
     "ddp_static_graph": "strategy=ddp trainer.strategy.static_graph=true",
     "ddp_backend": "the DDP strategy picks nccl on GPUs, gloo on CPUs",
     "ddp_timeout": "not carried over (Lightning's default timeout)",
-    "fsdp": "strategy=fsdp trainer.accelerator=gpu (one FSDP unit per transformer block)",
-    "fsdp_config": "strategy=fsdp (its options are keys of trainer.strategy)",
+    "fsdp": "strategy=fsdp (FSDP2, one unit per transformer block; full_shard: "
+    "trainer.strategy.reshard_after_forward=true, shard_grad_op: false, offload: "
+    "trainer.strategy.offload=true; hybrid_shard and no_shard are not built in)",
+    "fsdp_config": "strategy=fsdp with trainer.strategy.* keys (transformer_layer_cls_to_wrap: "
+    "layer_classes, reshard_after_forward, activation_checkpointing, state_dict_type: sharded or full)",
     "deepspeed": "strategy=deepspeed_zero2 (or deepspeed_zero3) trainer.strategy.config=ds.json",
     "debug": "not supported",
     "skip_memory_metrics": "memory metrics are not reported",

@@ -9,7 +9,10 @@ up to three passes over every gradient per step (and, on a GPU, one reduction ke
 (``torch.nn.utils.clip_grads_with_norm_``: the second half of ``clip_grad_norm_``, so the result is
 identical).
 
-Under FSDP the gradients are shards: the norm is FSDP's own ``clip_grad_norm_`` of the root module
+Under FSDP2 (``strategy=fsdp``) the gradients are ``DTensor`` shards: ``get_total_norm`` over them gives a
+``DTensor`` of per-rank partial norms, reduced over the ranks here (:func:`whole`), and the clipping
+multiplies each shard by the same global factor. Under FSDP1 the gradients are flat shards: the norm is FSDP's
+own ``clip_grad_norm_`` of the root module
 (all-reduced over ranks; Lightning's FSDP precision plugin refuses norm clipping and its docs point to that
 method), which clips in the same call. Under DeepSpeed the gradients are not in ``p.grad`` (the engine clips
 itself): no norm.
@@ -36,6 +39,15 @@ def gradients_outside_params(trainer: L.Trainer) -> bool:
     """DeepSpeed keeps gradients in its engine, not in ``p.grad`` (any ``DeepSpeedStrategy``, ours
     included)."""
     return isinstance(trainer.strategy, DeepSpeedStrategy)
+
+
+def whole(norm: torch.Tensor) -> torch.Tensor:
+    """The global norm from ``get_total_norm`` over FSDP2's gradients: those are ``DTensor`` shards, and their
+    norm is a ``DTensor`` holding each rank's partial result; its ``full_tensor()`` reduces it over the ranks
+    (one all-reduce). A plain tensor is returned as it is."""
+    from torch.distributed.tensor import DTensor
+
+    return norm.full_tensor() if isinstance(norm, DTensor) else norm
 
 
 class StepGradNorm:
@@ -70,7 +82,7 @@ class StepGradNorm:
                 self._clipped = True
             else:
                 grads = [p.grad for p in params_with_grad(optimizer)]
-                self._norm = torch.nn.utils.get_total_norm(grads) if grads else None
+                self._norm = whole(torch.nn.utils.get_total_norm(grads)) if grads else None
         return self._norm
 
     def clip(self, trainer: L.Trainer, optimizer: torch.optim.Optimizer, max_norm: float) -> bool:

@@ -213,6 +213,12 @@ class LeanLoss:
             )
             return None
         hidden = inputs[0]
+        if is_sharded(self.head.weight):
+            self.turn_off(
+                "the LM head's weight is still sharded after the model's forward (FSDP2 gathers it for the "
+                "forward of the unit that holds it only)"
+            )
+            return None
         if hidden.shape[:-1] != label_shape:
             self.turn_off(
                 f"the LM head's input has shape {tuple(hidden.shape)}, not that of the labels + hidden size"
@@ -298,6 +304,14 @@ class _NoConfig:
         return {}
 
 
+def is_sharded(weight: torch.Tensor) -> bool:
+    """Whether ``weight`` is a ``DTensor`` (a shard of a parameter that FSDP2 or tensor parallelism split),
+    not the whole tensor the lean loss multiplies by."""
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(weight, DTensor)
+
+
 def _logits(outputs: Any) -> torch.Tensor | None:
     if isinstance(outputs, dict):
         return outputs.get("logits")
@@ -327,13 +341,21 @@ def arguments_reason(lean_loss: bool | None, loss_source: str, causal: bool) -> 
 def strategy_reason(strategy: Any) -> str | None:
     """Why the lean loss cannot run under a Lightning ``strategy`` (``None``: it can).
 
-    The lean loss reads the head's weight after the model's forward: only strategies that keep every parameter
-    whole on every rank qualify (single device, DDP). FSDP and DeepSpeed may shard it (DeepSpeed ZeRO-1/2
-    would keep it whole, but is not tested here).
+    The lean loss reads the head's weight after the model's forward: strategies that keep every parameter
+    whole on every rank qualify (single device, DDP), and FSDP2 (``ModelParallelStrategy``,
+    ``strategy=fsdp``), whose root unit keeps its gathered parameters (the LM head among them) from its
+    forward until its backward; :meth:`LeanLoss.forward` checks that the weight it reads is whole and falls
+    back otherwise. FSDP1 and DeepSpeed may shard it (DeepSpeed ZeRO-1/2 would keep it whole, but is not
+    tested here).
     """
-    from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, SingleDeviceStrategy
+    from lightning.pytorch.strategies import (
+        DDPStrategy,
+        DeepSpeedStrategy,
+        ModelParallelStrategy,
+        SingleDeviceStrategy,
+    )
 
-    whole = isinstance(strategy, SingleDeviceStrategy) or (
+    whole = isinstance(strategy, (SingleDeviceStrategy, ModelParallelStrategy)) or (
         isinstance(strategy, DDPStrategy) and not isinstance(strategy, DeepSpeedStrategy)
     )
     return None if whole else f"the strategy {type(strategy).__name__} may shard the LM head's weight"

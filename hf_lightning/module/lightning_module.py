@@ -689,6 +689,11 @@ class HFLightningModule(L.LightningModule):
             # agree
             self.model.train()
 
+    def configure_model(self) -> None:
+        """Nothing to build: the model exists from the constructor on. Lightning's ``ModelParallelStrategy``
+        (``strategy=fsdp``) requires this hook; :class:`~hf_lightning.strategies.fsdp.HFFSDPStrategy` shards
+        the module in its own ``setup``, after it."""
+
     def configure_optimizers(self) -> dict[str, Any]:
         optimizer = make_optimizer(self.optim, self.model)
         total = self.total_training_steps()

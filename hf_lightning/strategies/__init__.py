@@ -6,15 +6,17 @@ YAML can never disagree with the Trainer.
 """
 
 from hf_lightning.strategies.deepspeed import HFDeepSpeedStrategy, deepspeed_config, deepspeed_strategy
-from hf_lightning.strategies.fsdp import NoSplitModulesPolicy, fsdp_strategy
+from hf_lightning.strategies.fsdp import HFFSDPStrategy, NoSplitModulesPolicy, fsdp_strategy, shard_module
 from hf_lightning.strategies.launch import refuse_multirun_relaunch, relaunches_command_line
 
 __all__ = [
     "HFDeepSpeedStrategy",
+    "HFFSDPStrategy",
     "NoSplitModulesPolicy",
     "deepspeed_config",
     "deepspeed_strategy",
     "fsdp_strategy",
     "refuse_multirun_relaunch",
     "relaunches_command_line",
+    "shard_module",
 ]

@@ -78,9 +78,6 @@ def overrides_for(group: str, option: str) -> list[str]:
         return [f"+experiment={option}", f"data.path={DUMMY_DATA}"]
     if group == "hparams_search":
         return ["+experiment=sft", f"hparams_search={option}"]
-    if group == "strategy" and option in ("fsdp", "deepspeed_zero2", "deepspeed_zero3"):
-        # GPU strategies: compose against the GPU trainer (validated, built where the hardware allows)
-        return ["trainer=gpu", "trainer.accelerator=gpu", f"strategy={option}"]
     if group == "trainer" and option == "gpu":
         return ["trainer=gpu", "trainer.accelerator=gpu"]  # SHRINK puts every test on the CPU
     if group == "model" and option == "minilm_classifier":
@@ -187,15 +184,15 @@ def _build_trainer(cfg):
                 )
         strategy = instantiate(strategy_node)
         if "fsdp" in target:
-            from lightning.pytorch.strategies import FSDPStrategy
+            from lightning.pytorch.strategies import ModelParallelStrategy
 
-            from hf_lightning.strategies import NoSplitModulesPolicy
+            from hf_lightning.strategies import HFFSDPStrategy, NoSplitModulesPolicy
 
-            assert isinstance(strategy, FSDPStrategy)
-            policy = strategy.kwargs["auto_wrap_policy"]
-            assert isinstance(policy, NoSplitModulesPolicy) and strategy.kwargs["use_orig_params"] is True
-            assert strategy._activation_checkpointing_kwargs == {"auto_wrap_policy": policy}
-            assert strategy._state_dict_type == "full" and strategy.sharding_strategy.name == "FULL_SHARD"
+            assert isinstance(strategy, HFFSDPStrategy) and isinstance(strategy, ModelParallelStrategy)
+            assert isinstance(strategy.policy, NoSplitModulesPolicy) and strategy.policy.layer_classes is None
+            assert strategy.reshard_after_forward and strategy.activation_checkpointing
+            assert not strategy.offload
+            assert strategy.state_dict_type == "sharded"
     if gpu_only and not torch.cuda.is_available():
         pytest.skip("the Trainer of this option needs a CUDA device (composed and validated above)")
     trainer = instantiate(cfg.trainer, logger=False, callbacks=[])

@@ -82,7 +82,14 @@ def rejected(compose_cfg, *overrides) -> str:
         (["data.shuffle=maybe"], "data.shuffle='maybe': allowed values: true or false"),
         (["trainer.max_steps=0"], "trainer.max_steps=0: allowed values: -1 (no limit) or an integer >= 1"),
         (["trainer.devices=0"], "trainer.devices=0: allowed values: an integer >= 1, -1, 'auto'"),
-        (["strategy=fsdp"], "FSDP runs on GPUs here; allowed strategies on cpu: auto, ddp, deepspeed_zero2"),
+        (
+            ["strategy=fsdp", "trainer.strategy.offload=true"],
+            "strategy.offload=true with trainer.accelerator=cpu: the parameters live on the CPU already",
+        ),
+        (
+            ["strategy=fsdp", "trainer.strategy.state_dict_type=local"],
+            "strategy.state_dict_type='local'; allowed values: ['sharded', 'full']",
+        ),
     ],
     ids=lambda v: v[0] if isinstance(v, list) else None,
 )
@@ -203,9 +210,14 @@ def test_valid_configs_pass(compose_cfg):
             "trainer=gpu",
             "trainer.accelerator=gpu",
             "strategy=fsdp",
-            "trainer.precision=16-mixed",
+            "trainer.precision=bf16-mixed",
         )
     )
+    # float16 under FSDP2 is refused (a per-rank gradient scaler could skip a step on one rank only)
+    message = rejected(
+        compose_cfg, "trainer=gpu", "trainer.accelerator=gpu", "strategy=fsdp", "trainer.precision=16-mixed"
+    )
+    assert "float16 needs a gradient scaler" in message
 
 
 def test_a_packing_value_outside_its_annotation_is_refused_before_anything_is_built(compose_cfg):

@@ -220,3 +220,13 @@ def test_stop_own_triggers_and_save_checkpoint_now(tmp_path):
 
     _checkpoint_trainer(tmp_path, [Decides(), checkpoint], max_steps=3).fit(Tiny(), _loader())
     assert sorted(os.listdir(tmp_path / "ckpt")) == ["epoch=0-step=2.ckpt"]
+
+
+def test_set_model_parallel_sizes():
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    strategy = ModelParallelStrategy()
+    compat.set_model_parallel_sizes(strategy, 4, 1)
+    # the two sizes ModelParallelStrategy.setup_environment builds its mesh from
+    assert (strategy._data_parallel_size, strategy._tensor_parallel_size) == (4, 1)
+    assert set(vars(ModelParallelStrategy()).keys()) >= {"_data_parallel_size", "_tensor_parallel_size"}

@@ -121,3 +121,27 @@ def test_compilations_and_mark_dimension_dynamic():
         compat.mark_dimension_dynamic(x, 1)
         fn(x)
     assert [c[0] for c in compat.compilations(since)] == ["0/0"]
+
+
+def test_checkpoint_blocks():
+    class Block(torch.nn.Linear):
+        calls = 0
+
+        def forward(self, x):
+            Block.calls += 1
+            return super().forward(x)
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(Block(4, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
+    names = [n for n, _ in model.named_parameters()]
+    x = torch.randn(3, 4)
+    model(x).sum().backward()
+    plain = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    compat.checkpoint_blocks([model[0]])
+    assert [n for n, _ in model.named_parameters()] == names  # no wrapper, no renamed parameter
+    Block.calls = 0
+    model(x).sum().backward()
+    assert Block.calls == 2  # the block's forward ran again in backward
+    for got, ref in zip((p.grad for p in model.parameters()), plain, strict=True):
+        torch.testing.assert_close(got, ref)

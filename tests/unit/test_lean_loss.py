@@ -274,10 +274,15 @@ def test_strategies_that_may_shard_the_head_turn_it_off():
         DDPStrategy,
         DeepSpeedStrategy,
         FSDPStrategy,
+        ModelParallelStrategy,
         SingleDeviceStrategy,
     )
 
+    from hf_lightning.strategies import fsdp_strategy
+
     assert strategy_reason(SingleDeviceStrategy("cpu")) is None and strategy_reason(DDPStrategy()) is None
+    # FSDP2's root keeps the head's gathered weight until backward (LeanLoss.forward checks it per call)
+    assert strategy_reason(ModelParallelStrategy()) is None and strategy_reason(fsdp_strategy()) is None
     assert "FSDPStrategy" in strategy_reason(FSDPStrategy())
     # DeepSpeedStrategy() needs deepspeed installed; the check reads the class only
     assert "DeepSpeedStrategy" in strategy_reason(DeepSpeedStrategy.__new__(DeepSpeedStrategy))
