@@ -37,44 +37,57 @@ def _base_source(model: Any) -> str | None:
 BASE_FOLDER = "base_model"
 
 
-def base_state_dict(model: Any) -> dict[str, Any]:
-    """The base model's own weights, under its own names, from a ``PeftModel`` whose LoRA layers wrap them.
+def base_state_dict(model: Any, state: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The base model's own weights, under its own names, from a ``PeftModel`` whose LoRA layers wrap them
+    (or from ``state``, the ``PeftModel``'s whole state dict gathered from a sharded run).
 
     peft renames a wrapped layer's weight ``x.base_layer.weight`` and a ``modules_to_save`` module's original
     ``x.original_module.weight``; adapter tensors (``lora_*``, the trained copies of ``modules_to_save``) are
     left out. The result loads into the base architecture with ``from_pretrained``.
     """
-    state = {}
-    for name, value in model.get_base_model().state_dict().items():
+    own = (
+        model.get_base_model().state_dict()
+        if state is None
+        else {k.removeprefix("base_model.model."): v for k, v in state.items()}
+    )
+    base = {}
+    for name, value in own.items():
         if ".lora_" in name or ".modules_to_save." in name:
             continue
-        state[name.replace(".base_layer.", ".").replace(".original_module.", ".")] = value
-    return state
+        base[name.replace(".base_layer.", ".").replace(".original_module.", ".")] = value
+    return base
 
 
-def save_adapter(model: Any, folder: str, final_folder: str) -> str:
+def save_adapter(model: Any, folder: str, final_folder: str, state: dict[str, Any] | None = None) -> str:
     """Write the adapter of ``model`` into ``folder`` (which will be renamed ``final_folder``); returns what
-    was written, for the log."""
+    was written, for the log. ``state``: the ``PeftModel``'s whole state dict, gathered from a sharded run
+    (``None``: the model's own tensors)."""
     base = _base_source(model)
     config = model.peft_config["default"]
     previous = config.base_model_name_or_path
     embeddings: str | bool = "auto"  # peft saves the embeddings when their vocabulary changed
     if base is None:  # the random-init base: keep it beside the adapter
         model.get_base_model().save_pretrained(
-            os.path.join(folder, BASE_FOLDER), state_dict=base_state_dict(model)
+            os.path.join(folder, BASE_FOLDER), state_dict=base_state_dict(model, state)
         )
         base = os.path.join(os.path.abspath(final_folder), BASE_FOLDER)
         embeddings = False  # saved with the base
     config.base_model_name_or_path = base
     try:
-        model.save_pretrained(folder, save_embedding_layers=embeddings)
+        extra = {} if state is None else {"state_dict": state}
+        model.save_pretrained(folder, save_embedding_layers=embeddings, **extra)
     finally:
         config.base_model_name_or_path = previous
     return f"the adapter (base: {base})"
 
 
-def save_merged(model: Any, folder: str) -> str:
-    """Write the base model with the adapter merged into ``folder``; returns what was written, for the log."""
+def save_merged(model: Any, folder: str, state: dict[str, Any] | None = None) -> str:
+    """Write the base model with the adapter merged into ``folder``; returns what was written, for the log.
+    ``state``: the ``PeftModel``'s whole state dict, gathered from a sharded run: merged in an unsharded
+    copy built from the model's config."""
+    if state is not None:
+        _unsharded_copy(model, state).merge_and_unload().save_pretrained(folder)
+        return "the model with the adapter merged"
     if getattr(model.get_base_model(), "is_loaded_in_4bit", False):
         merged = _merged_from_reloaded_base(model)
     else:
@@ -104,3 +117,14 @@ def _merged_from_reloaded_base(model: Any) -> Any:
     peft_model = get_peft_model(fresh, copy.deepcopy(model.peft_config["default"]))
     set_peft_model_state_dict(peft_model, {k: v.cpu() for k, v in get_peft_model_state_dict(model).items()})
     return peft_model.merge_and_unload()
+
+
+def _unsharded_copy(model: Any, state: dict[str, Any]) -> Any:
+    """A ``PeftModel`` like ``model`` on CPU, unsharded, holding ``state`` (its gathered state dict)."""
+    from peft import get_peft_model
+
+    base = model.get_base_model()
+    fresh = type(base)(base.config)
+    copy_ = get_peft_model(fresh, copy.deepcopy(model.peft_config["default"]))
+    copy_.load_state_dict(state)
+    return copy_

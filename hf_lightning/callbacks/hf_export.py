@@ -20,15 +20,22 @@ def full_model_state_dict(trainer: L.Trainer, pl_module: L.LightningModule) -> d
     - FSDP: ``strategy.lightning_module_state_dict()`` (full state dict on rank 0 with
       ``state_dict_type=full``; with ``sharded`` a full one is gathered here all the same, since an HF folder
       holds whole tensors).
+    - FSDP2 (a sharded ``strategy=fsdp``, Lightning's ``ModelParallelStrategy``):
+      ``torch.distributed.checkpoint.state_dict.get_model_state_dict(full_state_dict=True, cpu_offload=True)``
+      (:func:`~hf_lightning.checkpointing.sharded.full_state_dict`), whole tensors on rank 0's CPU.
     - DeepSpeed ZeRO-3: the engine's consolidated 16-bit weights
       (``stage3_gather_16bit_weights_on_model_save``, which the derived DeepSpeed config sets), as HF
       ``Trainer`` exports them.
 
     Keys are the HF model's (the LightningModule's ``model.`` prefix removed).
     """
+    from hf_lightning.checkpointing.sharded import full_state_dict, is_sharded_strategy
+
     strategy = trainer.strategy
     name = type(strategy).__name__
-    if "DeepSpeed" in name and getattr(strategy, "zero_stage_3", False):
+    if is_sharded_strategy(strategy):
+        state = full_state_dict(strategy.model)
+    elif "DeepSpeed" in name and getattr(strategy, "zero_stage_3", False):
         state = zero3_full_state_dict(strategy.deepspeed_engine)
     elif "FSDP" in name:
         from torch.distributed.fsdp import FullStateDictConfig, StateDictType
@@ -99,9 +106,9 @@ class HFExport(L.Callback):
             with atomic_folder(self.dirpath) as tmp:
                 if is_adapter_model(pl_module.model):
                     what = (
-                        save_merged(pl_module.model, tmp)
+                        save_merged(pl_module.model, tmp, state)
                         if self.merge_adapters
-                        else save_adapter(pl_module.model, tmp, self.dirpath)
+                        else save_adapter(pl_module.model, tmp, self.dirpath, state)
                     )
                 else:
                     pl_module.model.save_pretrained(tmp, state_dict=state)
