@@ -1,6 +1,6 @@
-"""A sharded (FSDP2) run through the CLI, for the checkpoint tests: Lightning's ``ModelParallelStrategy`` with
-our checkpoint folders, and ``HFLightningModule`` whose ``configure_model`` applies ``fully_shard`` per decoder
-block and the root.
+"""A sharded (FSDP2) run through the CLI, for the checkpoint tests: Lightning's ``ModelParallelStrategy``
+with our checkpoint folders, and ``HFLightningModule`` whose ``configure_model`` applies ``fully_shard`` per
+decoder block and the root.
 
 The overrides :data:`SHARDED` select them (``trainer.strategy`` and ``module._target_``). ``strategy=fsdp``
 builds the same pieces in the library; these tests need only what the checkpoints see: parameters that are
@@ -43,10 +43,12 @@ class ShardedModule(HFLightningModule):
 
 
 def sharded(ranks: int) -> tuple[str, ...]:
-    """The CLI overrides of a sharded run over ``ranks`` CPU processes."""
+    """The CLI overrides of a sharded run over ``ranks`` CPU processes (the non-finite guard off: its
+    gradient norm is not read from DTensors until ``strategy=fsdp`` is FSDP2)."""
     return (
+        "~callbacks.nonfinite_guard",
         f"trainer.devices={ranks}",
         "trainer.accelerator=cpu",
-        "trainer.strategy={_target_:tests.sharded_support.sharded_strategy,data_parallel_size:%d}" % ranks,
+        f"trainer.strategy={{_target_:tests.sharded_support.sharded_strategy,data_parallel_size:{ranks}}}",
         "module._target_=tests.sharded_support.ShardedModule",
     )

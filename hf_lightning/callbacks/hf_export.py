@@ -35,6 +35,12 @@ def full_model_state_dict(trainer: L.Trainer, pl_module: L.LightningModule) -> d
     name = type(strategy).__name__
     if is_sharded_strategy(strategy):
         state = full_state_dict(strategy.model)
+        # tied weights (an LM head sharing the embedding) are gathered as two tensors: keep one name, as
+        # save_pretrained does for tensors that share memory
+        seen: dict[int, str] = {}
+        for key, param in pl_module.named_parameters(remove_duplicate=False):
+            if seen.setdefault(id(param), key) != key:
+                state.pop(key, None)
     elif "DeepSpeed" in name and getattr(strategy, "zero_stage_3", False):
         state = zero3_full_state_dict(strategy.deepspeed_engine)
     elif "FSDP" in name:
