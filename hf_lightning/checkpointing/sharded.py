@@ -261,7 +261,9 @@ class AtomicShardedCheckpoints:
             raise
 
     def _distributed_save(self) -> bool:
-        return bool(getattr(self, "_save_distributed_checkpoint", True))
+        from hf_lightning.compat import saves_distributed_checkpoint
+
+        return saves_distributed_checkpoint(self)
 
     def _save_folder(self, checkpoint: dict[str, Any], path: str) -> None:
         zero = self.global_rank == 0  # type: ignore[attr-defined]

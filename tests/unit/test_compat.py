@@ -220,3 +220,12 @@ def test_stop_own_triggers_and_save_checkpoint_now(tmp_path):
 
     _checkpoint_trainer(tmp_path, [Decides(), checkpoint], max_steps=3).fit(Tiny(), _loader())
     assert sorted(os.listdir(tmp_path / "ckpt")) == ["epoch=0-step=2.ckpt"]
+
+
+def test_saves_distributed_checkpoint():
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    from hf_lightning.compat import saves_distributed_checkpoint
+
+    assert saves_distributed_checkpoint(ModelParallelStrategy()) is True
+    assert saves_distributed_checkpoint(ModelParallelStrategy(save_distributed_checkpoint=False)) is False
