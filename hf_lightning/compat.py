@@ -109,6 +109,13 @@ def save_checkpoint_now(callback: Any, trainer: Any) -> None:
     callback._save_last_checkpoint(trainer, candidates)
 
 
+def saves_distributed_checkpoint(strategy: Any) -> bool:
+    """Whether a ``ModelParallelStrategy`` writes checkpoint folders of shards
+    (``_save_distributed_checkpoint``, its constructor's ``save_distributed_checkpoint``; no public
+    property); ``True`` when the attribute is gone (Lightning's default)."""
+    return bool(getattr(strategy, "_save_distributed_checkpoint", True))
+
+
 # ------------------------------------------------------------------------------------- Lightning: CSVLogger
 
 

@@ -106,6 +106,11 @@ class KillAt(L.Callback):
             json.dump = dump
 
     def _wrap_checkpoint_io(self, trainer: L.Trainer) -> None:
+        from hf_lightning.checkpointing.sharded import is_sharded_strategy
+
+        if is_sharded_strategy(trainer.strategy):
+            self._wrap_sharded_save(trainer)
+            return
         io_plugin = trainer.strategy.checkpoint_io
         real = io_plugin.save_checkpoint
         me = self
@@ -124,6 +129,34 @@ class KillAt(L.Callback):
                 me._fire()
 
         io_plugin.save_checkpoint = save_checkpoint
+
+    def _wrap_sharded_save(self, trainer: L.Trainer) -> None:
+        """A sharded run's checkpoint folder (the strategy's own ``save_checkpoint``; no ``CheckpointIO``):
+        ``in_save`` / ``in_last_save`` die once every rank's shard is in the temporary folder, before its
+        ``meta.pt``, manifest and rename."""
+        import hf_lightning.checkpointing.sharded as sharded
+
+        strategy, me = trainer.strategy, self
+        real_save, real_shards = strategy.save_checkpoint, sharded.write_shards
+        current: dict[str, bool] = {}
+
+        def write_shards(state: dict, folder: str) -> None:
+            real_shards(state, folder)
+            if current.get("die"):
+                me._fire()
+
+        def save_checkpoint(checkpoint: dict, path: Any, storage_options: Any = None) -> None:
+            last = os.path.basename(os.fspath(path)).startswith("last")
+            at_step = trainer.global_step == me.step and not me.sent
+            current["die"] = at_step and (me.point == "in_save" or (me.point == "in_last_save" and last))
+            real_save(checkpoint, path, storage_options)
+            if at_step and (
+                (me.point == "after_save" and last) or (me.point == "after_topk_save" and not last)
+            ):
+                me._fire()
+
+        sharded.write_shards = write_shards
+        strategy.save_checkpoint = save_checkpoint
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.point == "export_tokenizer":

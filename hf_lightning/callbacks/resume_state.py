@@ -11,6 +11,8 @@ import numpy as np
 import torch
 
 from hf_lightning.checkpointing.loop_state import ends_epoch, reopen_stopped_epoch
+from hf_lightning.checkpointing.sharded import is_sharded_strategy, resharding_problem
+from hf_lightning.core.errors import ConfigError
 from hf_lightning.data.dataloaders import data_signature, describe_differences
 
 log = logging.getLogger(__name__)
@@ -37,6 +39,10 @@ class ResumeState(L.Callback):
     On load the RNG states of this rank are restored, and a warning names every setting that changed
     since the checkpoint (batch size, accumulation, world size, max length, seed, dataset fingerprint):
     any of them makes the resumed data order or loss differ from the uninterrupted run.
+
+    A sharded run's checkpoint written by another number of ranks resumes when the rows per optimizer step are
+    the same (the model and optimizer state are resharded, the data position names the same rows), and is
+    refused in one line otherwise (:func:`~hf_lightning.checkpointing.sharded.resharding_problem`).
 
     A checkpoint written after ``trainer.max_steps`` (or a stop) ended training in the middle of an epoch
     records that epoch as unfinished (:func:`~hf_lightning.checkpointing.loop_state.reopen_stopped_epoch`): a
@@ -96,6 +102,10 @@ class ResumeState(L.Callback):
             accumulation = int(saved.pop("accumulate_grad_batches", 1) or 1)
             saved.update(gradient_accumulation_steps=accumulation, accumulate_grad_batches=1)
         self._saved_signature = saved
+        if is_sharded_strategy(trainer.strategy):
+            problem = resharding_problem(saved, _signature(trainer))
+            if problem:
+                raise ConfigError(f"ckpt_path={trainer.ckpt_path}: cannot resume: {problem}")
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         from hf_lightning.checkpointing.tidy import tidy_checkpoint_folders

@@ -2,5 +2,6 @@
 
 from hf_lightning.checkpointing.io import AtomicCheckpointIO
 from hf_lightning.checkpointing.resume import find_resume_checkpoint
+from hf_lightning.checkpointing.sharded import AtomicShardedCheckpoints
 
-__all__ = ["AtomicCheckpointIO", "find_resume_checkpoint"]
+__all__ = ["AtomicCheckpointIO", "AtomicShardedCheckpoints", "find_resume_checkpoint"]

@@ -7,6 +7,10 @@ checkpoint file (its bytes fail their checksum; it is empty, truncated or not a 
 dangling symbolic link, unreadable) is refused: the message names the newest intact checkpoint, and passing
 that one as ``ckpt_path`` resumes from it in the same folder. ``python -m hf_lightning.evaluate`` resolves
 ``ckpt_path`` with the same function (:func:`resolve_ckpt_path`), so ``last`` means the same there.
+
+A sharded run (``strategy=fsdp``) writes each checkpoint as a folder (``last.ckpt/``,
+:mod:`hf_lightning.checkpointing.sharded`): such a folder is a checkpoint like a file here, checked against
+its manifest and its parts (:func:`~hf_lightning.checkpointing.sharded.sharded_checkpoint_problem`).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import os
 import torch
 
 from hf_lightning.checkpointing.io import checksum_problem
+from hf_lightning.checkpointing.sharded import is_sharded_checkpoint, sharded_checkpoint_problem
 from hf_lightning.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -53,8 +58,15 @@ def checkpoint_problem(path: str, weights_only: bool = False) -> tuple[str | Non
 
     The reason reads after the file's name: ``is a directory, not a checkpoint file``, ``is a symbolic link to
     X, which does not exist``, ``cannot be read (...)``, ``is damaged: ...`` (checksum mismatch, an empty
-    file, or not a readable checkpoint), ``is not a Lightning checkpoint``, ``lacks ...``.
+    file, or not a readable checkpoint), ``is not a Lightning checkpoint``, ``lacks ...``. A sharded
+    checkpoint folder is checked by
+    :func:`~hf_lightning.checkpointing.sharded.sharded_checkpoint_problem`.
     """
+    if is_sharded_checkpoint(path):
+        try:
+            return sharded_checkpoint_problem(path, weights_only)
+        except OSError as err:
+            return f"cannot be read ({err.strerror or err})", None
     try:
         problem = _not_a_file(path) or checksum_problem(path)
         if problem:
@@ -225,7 +237,9 @@ def resolve_ckpt_path(
         (None, None),
     )
     in_it = "in it" if alternative and os.path.dirname(alternative) == path else "there"
-    blocks = ckpt_path == "last" and not evaluating and os.path.isdir(path)
+    blocks = (
+        ckpt_path == "last" and not evaluating and os.path.isdir(path) and not is_sharded_checkpoint(path)
+    )
     fix = (
         f"the newest intact checkpoint {in_it} is {alternative}{_step(step)}: "
         + (
@@ -249,7 +263,7 @@ def _check_last_is_a_file(ckpt_path: str, folder: str) -> None:
     """A resume saves ``<folder>/last.ckpt``: a directory of that name would refuse the first save, after
     training."""
     last = os.path.join(folder, "last.ckpt")
-    if os.path.isdir(last):
+    if os.path.isdir(last) and not is_sharded_checkpoint(last):
         raise ConfigError(
             f"ckpt_path={ckpt_path}: {last} is a directory, and this run saves its last checkpoint under "
             "that name (the save would fail after training): move it out of the way, then run the command "

@@ -60,9 +60,15 @@ def load_model_weights(module: torch.nn.Module, ckpt_path: str, model_path: Any)
         ConfigError: not a file, not a Lightning checkpoint (no ``state_dict``), or damaged (its ``.sha256``
             does not match).
         ModelError: model weights missing, unexpected or of another shape (names the first few).
+
+    A sharded checkpoint folder (``strategy=fsdp``) loads through ``torch.distributed.checkpoint`` into a
+    module sharded or not (a collective when it is sharded: call it on every rank).
     """
     from hf_lightning.checkpointing.io import checksum_problem
+    from hf_lightning.checkpointing.sharded import is_sharded_checkpoint
 
+    if is_sharded_checkpoint(str(ckpt_path)):
+        return _load_sharded(module, str(ckpt_path), model_path)
     problem = checksum_problem(str(ckpt_path)) if os.path.isfile(str(ckpt_path)) else None
     if problem:
         raise ConfigError(f"ckpt_path={ckpt_path}: {ckpt_path} {problem}")
@@ -91,3 +97,35 @@ def load_model_weights(module: torch.nn.Module, ckpt_path: str, model_path: Any)
             )
         raise ModelError(weights_mismatch_message(ckpt_path, model_path, "; ".join(parts)))
     return int(state.get("global_step", -1))
+
+
+def _load_sharded(module: torch.nn.Module, path: str, model_path: Any) -> int:
+    """:func:`load_model_weights` for a checkpoint folder of a sharded run."""
+    from hf_lightning.checkpointing.sharded import (
+        folder_problem,
+        load_sharded_weights,
+        read_meta,
+        stored_keys,
+    )
+
+    problem = folder_problem(path)
+    if problem:
+        raise ConfigError(f"ckpt_path={path}: {path} {problem}")
+    stored = {k.removeprefix("state_dict.") for k in stored_keys(path) if k.startswith("state_dict.")}
+    wanted = [k for k in module.state_dict() if k.startswith(MODEL_PREFIX)]
+    missing = [k for k in wanted if k not in stored]
+    unexpected = sorted(k for k in stored if k.startswith(MODEL_PREFIX) and k not in set(wanted))
+    if missing or unexpected:
+        parts = []
+        if missing:
+            parts.append(f"{len(missing)} weights missing from the checkpoint, e.g. {missing[:3]}")
+        if unexpected:
+            parts.append(
+                f"{len(unexpected)} checkpoint weights the model has no place for, e.g. {unexpected[:3]}"
+            )
+        raise ModelError(weights_mismatch_message(path, model_path, "; ".join(parts)))
+    try:
+        load_sharded_weights(module, path)
+    except Exception as err:  # DCP wraps a shape mismatch in its CheckpointException
+        raise ModelError(weights_mismatch_message(path, model_path, str(err).splitlines()[0][:300])) from None
+    return int(read_meta(path).get("global_step", -1))

@@ -230,3 +230,12 @@ def test_set_model_parallel_sizes():
     # the two sizes ModelParallelStrategy.setup_environment builds its mesh from
     assert (strategy._data_parallel_size, strategy._tensor_parallel_size) == (4, 1)
     assert set(vars(ModelParallelStrategy()).keys()) >= {"_data_parallel_size", "_tensor_parallel_size"}
+
+
+def test_saves_distributed_checkpoint():
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    from hf_lightning.compat import saves_distributed_checkpoint
+
+    assert saves_distributed_checkpoint(ModelParallelStrategy()) is True
+    assert saves_distributed_checkpoint(ModelParallelStrategy(save_distributed_checkpoint=False)) is False

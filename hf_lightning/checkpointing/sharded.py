@@ -1,0 +1,380 @@
+"""Checkpoints of a sharded (FSDP2) run: one folder, each rank writes its shard, with today's promises.
+
+Lightning's ``ModelParallelStrategy`` writes a checkpoint as a ``torch.distributed.checkpoint`` (DCP) folder:
+``.metadata`` and one ``__R_0.distcp`` per rank (the model's and the optimizers' shards), and ``meta.pt``
+(everything else: loops, schedulers, callbacks, the train log) from rank 0; it bypasses ``CheckpointIO``.
+:class:`AtomicShardedCheckpoints` (a mixin in front of such a strategy) gives that folder the promises of
+:class:`~hf_lightning.checkpointing.io.AtomicCheckpointIO`:
+
+- **atomic**: every rank writes into one temporary sibling folder (``.tmp-last.ckpt.XXXX``, named by rank 0);
+  each rank's files are fsync'd (DCP's ``sync_files``); after a barrier, rank 0 writes ``meta.pt`` and the
+  manifest, fsyncs them and renames the folder into place
+  (:func:`~hf_lightning.checkpointing.files.atomic_folder`). A kill before the rename leaves the previous
+  checkpoint as it was (the next start removes the temporary folder). A folder cannot be renamed over
+  another: between the two renames of a replace (the old folder aside, the new one in), a kill leaves no
+  ``last.ckpt`` and ``ckpt_path=last`` resumes from the newest intact periodic checkpoint.
+- **checksummed**: :data:`MANIFEST` inside the folder lists the SHA-256 of every other file in
+  ``sha256sum`` format (``cd last.ckpt && sha256sum -c manifest.sha256`` checks it by hand). A load and every
+  resume check (:mod:`hf_lightning.checkpointing.resume`) verify it (:func:`folder_problem`).
+- **reshardable**: DCP stores each tensor's global shape and every shard's offsets, so a folder written by N
+  ranks loads into M ranks (the model and the optimizer state are resharded on load). The data position is
+  the train loader's windows consumed, the same on every rank: it names the same rows of the one global order
+  when the rows per optimizer step (ranks x ``per_device_train_batch_size`` x ``gradient_accumulation_steps``)
+  are unchanged; :func:`resharding_problem` refuses a resume where they are not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hf_lightning.checkpointing.files import atomic_folder, fsync_folder
+
+MANIFEST = "manifest.sha256"
+META = "meta.pt"  # Lightning's name for the non-tensor part (``lightning.fabric.strategies.fsdp``)
+DCP_METADATA = ".metadata"  # torch.distributed.checkpoint's index of the shards
+_VERIFIED: dict[tuple, str | None] = {}  # (path, sizes and mtimes of its files) -> problem: hashed once
+
+
+def is_sharded_checkpoint(path: Any) -> bool:
+    """Whether ``path`` is a checkpoint folder of a sharded run: a folder holding DCP's ``.metadata``, a
+    ``meta.pt`` or a :data:`MANIFEST` (one of them missing is damage, which :func:`sharded_checkpoint_problem`
+    names)."""
+    path = os.fspath(path)
+    return os.path.isdir(path) and any(
+        os.path.isfile(os.path.join(path, name)) for name in (DCP_METADATA, META, MANIFEST)
+    )
+
+
+def is_sharded_strategy(strategy: Any) -> bool:
+    """Whether ``strategy`` keeps its model sharded as DTensors and saves DCP folders
+    (Lightning's ``ModelParallelStrategy``, the base of ``strategy=fsdp``)."""
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    return isinstance(strategy, ModelParallelStrategy)
+
+
+def _files(folder: str) -> list[str]:
+    """Every file under ``folder`` but the manifest, as sorted paths relative to it."""
+    found = []
+    for root, _, names in os.walk(folder):
+        for name in names:
+            rel = os.path.relpath(os.path.join(root, name), folder)
+            if rel != MANIFEST:
+                found.append(rel)
+    return sorted(found)
+
+
+def write_manifest(folder: str) -> None:
+    """Write :data:`MANIFEST` into ``folder``: ``SHA256  relative/path`` per file, fsync'd."""
+    from hf_lightning.checkpointing.io import file_sha256
+
+    lines = "".join(f"{file_sha256(os.path.join(folder, rel))}  {rel}\n" for rel in _files(folder))
+    with open(os.path.join(folder, MANIFEST), "w") as fh:
+        fh.write(lines)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def folder_problem(path: str) -> str | None:
+    """Why the checkpoint folder ``path`` fails its manifest (``'is damaged: ...'``), or ``None`` when every
+    file matches (a folder without a manifest, written elsewhere, has nothing to check against and passes).
+
+    A file listed but absent, a file present but not listed, and a hash that differs are each damage.
+    """
+    manifest = os.path.join(path, MANIFEST)
+    if not os.path.isfile(manifest):
+        return None
+    files = _files(path)
+    key = (
+        os.path.abspath(path),
+        tuple(
+            (f, os.stat(os.path.join(path, f)).st_size, os.stat(os.path.join(path, f)).st_mtime_ns)
+            for f in files
+        ),
+        os.stat(manifest).st_mtime_ns,
+    )
+    if key in _VERIFIED:
+        return _VERIFIED[key]
+    from hf_lightning.checkpointing.io import file_sha256
+
+    with open(manifest) as fh:
+        listed = {
+            parts[1].lstrip("*"): parts[0].lower()
+            for parts in (line.split(None, 1) for line in fh.read().splitlines())
+            if len(parts) == 2
+        }
+    problem = None
+    missing = sorted(set(listed) - set(files))
+    extra = sorted(set(files) - set(listed))
+    if missing:
+        problem = f"is damaged: {missing[0]} is listed in its {MANIFEST} but missing (an incomplete copy)"
+    elif extra:
+        problem = f"is damaged: {extra[0]} is not listed in its {MANIFEST} (a file added after it was saved)"
+    else:
+        bad = next((f for f in files if file_sha256(os.path.join(path, f)) != listed[f]), None)
+        if bad is not None:
+            problem = (
+                f"is damaged: the SHA-256 of {bad} does not match the one written with it ({MANIFEST}), so "
+                "its bytes changed after it was saved (a failing disk or an incomplete copy)"
+            )
+    _VERIFIED[key] = problem
+    return problem
+
+
+def read_meta(path: str) -> dict[str, Any]:
+    """The non-tensor part of a sharded checkpoint (``meta.pt``: loops, schedulers, callbacks, ...).
+
+    Raises:
+        OSError, RuntimeError, pickle errors: as ``torch.load`` (the caller words them).
+    """
+    return torch.load(os.path.join(path, META), map_location="cpu", weights_only=False)
+
+
+def stored_keys(path: str) -> list[str]:
+    """The fully qualified keys DCP stored in ``path`` (``state_dict.model.lm_head.weight``,
+    ``optimizer_0.state.model....exp_avg``, ...)."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    return sorted(FileSystemReader(path).read_metadata().state_dict_metadata)
+
+
+def sharded_checkpoint_problem(path: str, weights_only: bool = False) -> tuple[str | None, int | None]:
+    """``(why the folder path cannot be resumed from, its global_step)``: as
+    :func:`~hf_lightning.checkpointing.resume.checkpoint_problem` for a file."""
+    from hf_lightning.checkpointing.resume import REQUIRED_KEYS, _short
+
+    problem = folder_problem(path)
+    if problem:
+        return problem, None
+    for name, what in ((META, "the loop state"), (DCP_METADATA, "the index of the shards")):
+        if not os.path.isfile(os.path.join(path, name)):
+            return f"is damaged: it holds no {name} ({what}; a sharded checkpoint folder has one)", None
+    try:
+        meta = read_meta(path)
+        keys = stored_keys(path)
+    except Exception as err:  # a truncated pickle, an unreadable index
+        return f"is damaged: not a readable checkpoint folder ({_short(err)})", None
+    if not isinstance(meta, dict):
+        return "is not a Lightning checkpoint", None
+    step = meta.get("global_step")
+    has = {
+        "state_dict": any(k.startswith("state_dict.") for k in keys),
+        "optimizer_states": any(k.startswith("optimizer_0.") for k in keys),
+    }
+    needed = ("state_dict",) if weights_only else REQUIRED_KEYS
+    missing = [k for k in needed if not has.get(k, bool(meta.get(k)))]
+    if missing:
+        return f"lacks {', '.join(missing)}", step
+    return None, step
+
+
+def saved_world(meta: dict[str, Any]) -> dict[str, Any]:
+    """The data signature ``ResumeState`` stored (world size, per-device batch, accumulation); ``{}``
+    without one."""
+    return dict(((meta.get("hf_lightning") or {}).get("signature")) or {})
+
+
+def rows_per_step(signature: dict[str, Any]) -> int | None:
+    """Rows per optimizer step of a data signature: ranks x per-device batch x accumulation (``None`` when a
+    factor is unknown)."""
+    try:
+        return (
+            int(signature["world_size"])
+            * int(signature["per_device_train_batch_size"])
+            * int(signature.get("gradient_accumulation_steps") or 1)
+            * int(signature.get("accumulate_grad_batches") or 1)
+        )
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def resharding_problem(saved: dict[str, Any], current: dict[str, Any]) -> str | None:
+    """Why a checkpoint written with ``saved``'s world size cannot resume exactly with ``current``'s (both
+    data signatures), or ``None``: same world size, or another one with the same rows per optimizer step
+    (the train loader's position, in windows, then names the same rows of the global order)."""
+    if not saved or saved.get("world_size") == current.get("world_size"):
+        return None
+    before, now = rows_per_step(saved), rows_per_step(current)
+    if before is None or before == now:
+        return None
+    batch = int(saved.get("per_device_train_batch_size") or 0)
+    accumulation = int(saved.get("gradient_accumulation_steps") or 1)
+    world = int(current.get("world_size") or 1)
+    hint = (
+        f"set data.per_device_train_batch_size={before // (world * accumulation)}"
+        if before % (world * accumulation) == 0
+        else f"choose data.per_device_train_batch_size x data.gradient_accumulation_steps = {before // world}"
+        if before % world == 0
+        else f"run on {saved.get('world_size')} ranks"
+    )
+    return (
+        f"it was written by {saved.get('world_size')} ranks x {batch} rows x {accumulation} micro-batches = "
+        f"{before} rows per optimizer step, and this run takes {now}: the checkpoint's data position "
+        f"(windows consumed) would name other rows; {hint} to keep {before} rows per step"
+    )
+
+
+def write_shards(state: dict[str, Any], folder: str) -> None:
+    """``torch.distributed.checkpoint.save`` of ``state`` into ``folder`` (a collective: every rank writes its
+    shard, files fsync'd; rank 0 writes the index)."""
+    from torch.distributed.checkpoint import FileSystemWriter, save
+
+    save(state, storage_writer=FileSystemWriter(folder, sync_files=True))
+
+
+class AtomicShardedCheckpoints:
+    """A mixin for a Lightning ``ModelParallelStrategy`` (put it first among the bases): its checkpoint
+    folders are written atomically with a SHA-256 manifest, verified on load, and removed whole.
+
+    ``save_checkpoint``: every rank writes its shard into the temporary folder rank 0 named, rank 0 adds
+    ``meta.pt`` and :data:`MANIFEST` and renames it into place; the same layout as Lightning's
+    (``state_dict`` and ``optimizer_N`` in DCP, the rest in ``meta.pt``), so Lightning's own load reads it.
+    A ``save_distributed_checkpoint=False`` strategy writes one file through its ``CheckpointIO`` as
+    Lightning does.
+
+    Raises (``save_checkpoint``):
+        TrainingError: the disk refused a write (full, read-only, permissions): names the folder, the reason
+            and the free space; the previous checkpoint is intact.
+    Raises (``load_checkpoint``):
+        ConfigError: the folder fails its manifest (damaged).
+    """
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
+        if not self._distributed_save() or storage_options is not None:
+            return super().save_checkpoint(checkpoint, filepath, storage_options)  # type: ignore[misc]
+        path = os.fspath(self.broadcast(os.fspath(filepath)))  # type: ignore[attr-defined]
+        try:
+            self._save_folder(checkpoint, path)
+        except Exception as err:
+            from hf_lightning.checkpointing.files import disk_error
+            from hf_lightning.checkpointing.io import save_failure_message
+            from hf_lightning.core.errors import TrainingError
+
+            cause = disk_error(err)
+            if cause is not None:
+                raise TrainingError(save_failure_message(path, cause)) from err
+            raise
+
+    def _distributed_save(self) -> bool:
+        from hf_lightning.compat import saves_distributed_checkpoint
+
+        return saves_distributed_checkpoint(self)
+
+    def _save_folder(self, checkpoint: dict[str, Any], path: str) -> None:
+        zero = self.global_rank == 0  # type: ignore[attr-defined]
+        state = {"state_dict": checkpoint.pop("state_dict")}
+        state.update({f"optimizer_{i}": s for i, s in enumerate(checkpoint.pop("optimizer_states", []))})
+        with atomic_folder(path) if zero else contextlib.nullcontext(None) as tmp:
+            tmp = self.broadcast(tmp)  # type: ignore[attr-defined]
+            write_shards(state, tmp)
+            self.barrier("sharded checkpoint written")  # type: ignore[attr-defined]
+            if zero:
+                torch.save(checkpoint, os.path.join(tmp, META))
+                write_manifest(tmp)
+                fsync_folder(tmp)
+        self.barrier("sharded checkpoint in place")  # type: ignore[attr-defined]
+
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
+        """Load a checkpoint folder into the sharded model and optimizers (resharded when the world size
+        differs) and return the rest (``meta.pt``); a file goes to Lightning's own load.
+
+        The model's keys the folder lacks must be frozen (an adapter checkpoint keeps its trainable weights
+        only, :func:`~hf_lightning.adapters.checkpoint.drop_frozen`); they keep the weights as built.
+        """
+        from hf_lightning.core.errors import ConfigError
+
+        path = os.fspath(self.broadcast(os.fspath(checkpoint_path)))  # type: ignore[attr-defined]
+        if not is_sharded_checkpoint(path):
+            return super().load_checkpoint(path, weights_only=weights_only)  # type: ignore[misc]
+        problem = folder_problem(path) if self.global_rank == 0 else None  # type: ignore[attr-defined]
+        problem = self.broadcast(problem)  # type: ignore[attr-defined]
+        if problem:
+            raise ConfigError(f"{path} {problem}")
+        model = self.model  # type: ignore[attr-defined]
+        stored = {k.removeprefix("state_dict.") for k in stored_keys(path)}
+        frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
+        missing = [k for k in model.state_dict() if k not in stored and k not in frozen]
+        if missing:
+            from hf_lightning.checkpointing.weights import weights_mismatch_message
+            from hf_lightning.core.errors import ModelError
+
+            raise ModelError(
+                weights_mismatch_message(
+                    path, None, f"{len(missing)} weights missing from the checkpoint, e.g. {missing[:3]}"
+                )
+            )
+        load_sharded_weights(model, path)
+        _load_optimizers(model, self.optimizers, path)  # type: ignore[attr-defined]
+        return torch.load(os.path.join(path, META), map_location="cpu", weights_only=weights_only)
+
+    def remove_checkpoint(self, filepath: Any) -> None:
+        import shutil
+
+        if self.global_rank == 0:  # type: ignore[attr-defined]
+            path = os.fspath(filepath)
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+                from hf_lightning.checkpointing.io import checksum_path
+
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(checksum_path(path))
+
+
+def full_state_dict(model: torch.nn.Module) -> dict[str, Any]:
+    """The whole (unsharded) state dict of a model whose parameters are DTensors, on CPU, on rank 0 (``{}``
+    elsewhere): ``torch.distributed.checkpoint.state_dict.get_model_state_dict(full_state_dict=True,
+    cpu_offload=True)``. A collective: call it on every rank."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def load_sharded_weights(module: torch.nn.Module, path: str) -> None:
+    """Load the ``state_dict`` of the checkpoint folder ``path`` into ``module`` (sharded or not: DCP reads
+    each rank's part, resharded as needed); keys of ``module`` the folder does not hold are left as they are
+    (:func:`~hf_lightning.checkpointing.weights.load_model_weights` checks the model's keys first). A
+    collective when ``module`` is sharded.
+
+    Raises:
+        RuntimeError (DCP's ``CheckpointException``): a key of ``module`` missing from the folder, or a shape
+            that differs (the caller words it).
+    """
+    from torch.distributed.checkpoint import FileSystemReader, load
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        set_model_state_dict,
+    )
+
+    stored = {k.removeprefix("state_dict.") for k in stored_keys(path)}
+    own = get_model_state_dict(module)
+    state = {"state_dict": {k: v for k, v in own.items() if k in stored}}
+    load(state, storage_reader=FileSystemReader(Path(path)))
+    set_model_state_dict(module, state["state_dict"], options=StateDictOptions(strict=False))
+
+
+def _load_optimizers(model: torch.nn.Module, optimizers: list[Any], path: str) -> None:
+    """Each optimizer's state from ``optimizer_N`` of the folder (``get_optimizer_state_dict`` /
+    ``set_optimizer_state_dict``, as Lightning's own load)."""
+    from torch.distributed.checkpoint import FileSystemReader, load
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_optimizer_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    for i, optimizer in enumerate(optimizers):
+        key = f"optimizer_{i}"
+        state = {key: get_optimizer_state_dict(model, optimizer)}
+        load(state, storage_reader=FileSystemReader(Path(path)))
+        set_optimizer_state_dict(
+            model, optimizer, optim_state_dict=state[key], options=StateDictOptions(cpu_offload=True)
+        )
