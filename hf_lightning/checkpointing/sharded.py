@@ -328,15 +328,6 @@ class AtomicShardedCheckpoints:
                     os.unlink(checksum_path(path))
 
 
-def full_state_dict(model: torch.nn.Module) -> dict[str, Any]:
-    """The whole (unsharded) state dict of a model whose parameters are DTensors, on CPU, on rank 0 (``{}``
-    elsewhere): ``torch.distributed.checkpoint.state_dict.get_model_state_dict(full_state_dict=True,
-    cpu_offload=True)``. A collective: call it on every rank."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-
-
 def load_sharded_weights(module: torch.nn.Module, path: str) -> None:
     """Load the ``state_dict`` of the checkpoint folder ``path`` into ``module`` (sharded or not: DCP reads
     each rank's part, resharded as needed); keys of ``module`` the folder does not hold are left as they are

@@ -32,6 +32,7 @@ import torch
 from lightning.pytorch.strategies import ModelParallelStrategy
 from torch import nn
 
+from hf_lightning.checkpointing.sharded import AtomicShardedCheckpoints
 from hf_lightning.compat import checkpoint_blocks, no_split_modules, set_model_parallel_sizes
 from hf_lightning.core.errors import ConfigError
 from hf_lightning.strategies.gradient_sync import fsdp_units, no_gradient_sync
@@ -180,10 +181,13 @@ def shard_module(
     return names, [n or type(root).__name__ for n in outer_names]
 
 
-class HFFSDPStrategy(ModelParallelStrategy):
+class HFFSDPStrategy(AtomicShardedCheckpoints, ModelParallelStrategy):
     """Lightning's ``ModelParallelStrategy`` as FSDP2 data parallelism over every rank (data-parallel size =
     world size, tensor-parallel size 1), sharding the LightningModule in :meth:`setup` with
     :func:`shard_module` (unless its ``configure_model`` already applied ``fully_shard``).
+
+    Its checkpoints are :class:`~hf_lightning.checkpointing.sharded.AtomicShardedCheckpoints` folders (each
+    rank writes its shard; atomic, checksummed, resharded on load).
 
     Lightning requires a ``configure_model`` hook of a module under this strategy (``HFLightningModule`` has
     one that builds nothing); a LightningModule of one's own needs one too, which may do nothing.

@@ -1,4 +1,4 @@
-"""Checkpoints of a sharded (FSDP2) run on 2 gloo CPU ranks: killed at seeded points and resumed with
+"""Checkpoints of a sharded run (``strategy=fsdp``, FSDP2) on 2 gloo CPU ranks: killed at seeded points and resumed with
 ``ckpt_path=last``, the run equals the one that never stopped; a checkpoint of 2 ranks resumes on 1.
 
 One straight run (6 optimizer steps: 36 training rows, 2 ranks x 2 rows x 2 micro-batches = 8 rows per
