@@ -1,5 +1,6 @@
-"""Checkpoints of a sharded run (``strategy=fsdp``, FSDP2) on 2 gloo CPU ranks: killed at seeded points and resumed with
-``ckpt_path=last``, the run equals the one that never stopped; a checkpoint of 2 ranks resumes on 1.
+"""Checkpoints of a sharded run (``strategy=fsdp``, FSDP2) on 2 gloo CPU ranks: killed at seeded points and
+resumed with ``ckpt_path=last``, the run equals the one that never stopped; a checkpoint of 2 ranks resumes on
+1.
 
 One straight run (6 optimizer steps: 36 training rows, 2 ranks x 2 rows x 2 micro-batches = 8 rows per
 step, an epoch of 5 steps; a checkpoint folder every 3 steps, a metrics row every 2) is the reference. Each
