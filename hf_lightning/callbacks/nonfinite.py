@@ -40,7 +40,7 @@ import torch
 from hf_lightning.compat import foreach_norm
 from hf_lightning.core.arguments import OPTIONAL_POSITIVE, POSITIVE_INT, check_call, one_of
 from hf_lightning.core.errors import ConfigError, TrainingError
-from hf_lightning.module.grad_norm import gradients_outside_params, params_with_grad
+from hf_lightning.module.grad_norm import gradients_outside_params, params_with_grad, whole
 
 log = logging.getLogger(__name__)
 
@@ -192,20 +192,18 @@ class NonFiniteGuard(L.Callback):
         if not params:
             return
         # max |w| per tensor (torch's foreach kernel, one launch per dtype/device group): NaN or inf exactly
-        # when the tensor holds one; a 2-norm would overflow on large finite weights
-        finite = torch.isfinite(torch.stack([m.float() for m in foreach_norm(params, float("inf"))]))
-        bad = not bool(finite.all())  # one host sync per optimizer step
+        # when the tensor holds one; a 2-norm would overflow on large finite weights. Sharded weights (FSDP2's
+        # DTensors) are read through this rank's shard, and the per-tensor verdicts are summed over the ranks
+        # (one all-reduce), so every rank sees the global state and can name the tensor another rank holds
+        finite = _finite_per_tensor(params)
         if trainer.world_size > 1:  # sharded weights (FSDP, DeepSpeed): another rank may hold the bad part
-            bad = bool(trainer.strategy.reduce_boolean_decision(bad, all=False))
-        if not bad:
+            bad_count = trainer.strategy.reduce((~finite).float(), reduce_op="sum")
+            finite = bad_count == 0
+        if bool(finite.all()):  # one host sync per optimizer step
             return
         names = {id(p): n for n, p in pl_module.named_parameters()}
         wrong = [names.get(id(p), "?") for p, ok in zip(params, finite.tolist()) if not ok]
-        shown = (
-            f"{len(wrong)} of {len(params)} weight tensors, e.g. {wrong[:3]}"
-            if wrong
-            else "weights on another rank"
-        )
+        shown = f"{len(wrong)} of {len(params)} weight tensors, e.g. {wrong[:3]}"
         lr = trainer.optimizers[0].param_groups[0].get("lr")
         raise TrainingError(
             f"optimizer step {trainer.global_step} (epoch {trainer.current_epoch}): the update made {shown} "
@@ -281,6 +279,23 @@ class NonFiniteGuard(L.Callback):
         _log_metric(trainer, "train/exploding_steps", self.exploding_steps, step)
 
 
+def _finite_per_tensor(params: list[torch.Tensor]) -> torch.Tensor:
+    """Whether each tensor holds only finite values (a bool vector, one entry per tensor, on the tensors'
+    device), read on this rank's part: a ``DTensor``'s local shard (which may be empty: then finite)."""
+    from torch.distributed.tensor import DTensor
+
+    local = [p.to_local() if isinstance(p, DTensor) else p for p in params]
+    device = local[0].device
+    finite = torch.ones(len(local), dtype=torch.bool, device=device)
+    present = [i for i, t in enumerate(local) if t.numel()]
+    if present:
+        maxima = foreach_norm([local[i].detach() for i in present], float("inf"))
+        finite[torch.tensor(present, device=device)] = torch.isfinite(
+            torch.stack([m.float().to(device) for m in maxima])
+        )
+    return finite
+
+
 def _step_norm(pl_module: L.LightningModule, optimizer: Any) -> torch.Tensor | None:
     """The step's total gradient norm: shared with the log line and the clipping when the module offers it
     (:meth:`HFLightningModule.step_gradient_norm`, one pass per step), else computed here."""
@@ -288,7 +303,7 @@ def _step_norm(pl_module: L.LightningModule, optimizer: Any) -> torch.Tensor | N
     if shared is not None:
         return shared(optimizer)
     grads = [p.grad for p in params_with_grad(optimizer)]
-    return torch.nn.utils.get_total_norm(grads) if grads else None
+    return whole(torch.nn.utils.get_total_norm(grads)) if grads else None
 
 
 def _log_metric(trainer: L.Trainer, key: str, value: float, step: int) -> None:
