@@ -458,7 +458,7 @@ class RunFolderGuard(_HydraCallback):  # type: ignore[misc,valid-type]
         if not self.enabled:
             return
         from hf_lightning.checkpointing.resume import find_resume_checkpoint, remember_resolved
-        from hf_lightning.run.lock import hold_checkpoint_folder, hold_run_folder
+        from hf_lightning.run.lock import hold_checkpoint_folder, hold_run_folder, launched_as_other_rank
 
         run_dir = str(config.hydra.run.dir)
         ckpt_path = config.get("ckpt_path")
@@ -483,10 +483,10 @@ class RunFolderGuard(_HydraCallback):  # type: ignore[misc,valid-type]
                     return
             # a new checkpoint folder is created and locked by train(), after the schema pass: a refused run
             # leaves none behind
-            if ckpt_path is not None and not weights_only:
-                kept = keep_previous_settings(
-                    run_dir
-                )  # Hydra is about to rewrite .hydra/ with this command line
+            # Hydra is about to rewrite .hydra/ with this command line (the launcher's other ranks re-run it
+            # into the same folder after rank 0 has: their copy would be of this segment's settings)
+            if ckpt_path is not None and not weights_only and not launched_as_other_rank():
+                kept = keep_previous_settings(run_dir)
                 if kept:
                     note(f"the previous settings of this run are kept in {kept}")
         except ConfigError as err:

@@ -156,6 +156,8 @@ def test_stopped_and_resumed_equals_straight(case, runs):
     assert outcome["stopped"] == EXPECTED_EXIT[case[2]], outcome["stopped_err"]
     assert outcome["resumed"] == 0, outcome["resumed_err"]
     assert differences(straight, root / case_id(case)) == []
+    # one resume, one copy of the stopped segment's settings (rank 1 re-runs the command into the folder)
+    assert [p.name for p in (root / case_id(case) / ".hydra").glob("previous-*")] == ["previous-1"]
 
 
 def test_a_kill_mid_save_leaves_the_previous_checkpoint_and_only_a_temporary_folder(runs):
