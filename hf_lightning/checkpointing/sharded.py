@@ -80,11 +80,12 @@ def write_manifest(folder: str) -> None:
         os.fsync(fh.fileno())
 
 
-def folder_problem(path: str) -> str | None:
+def folder_problem(path: str, hash_files: bool = True) -> str | None:
     """Why the checkpoint folder ``path`` fails its manifest (``'is damaged: ...'``), or ``None`` when every
     file matches (a folder without a manifest, written elsewhere, has nothing to check against and passes).
 
-    A file listed but absent, a file present but not listed, and a hash that differs are each damage.
+    A file listed but absent, a file present but not listed, and (``hash_files``) a hash that differs are each
+    damage. ``hash_files=False`` checks the listing only (no file is read).
     """
     manifest = os.path.join(path, MANIFEST)
     if not os.path.isfile(manifest):
@@ -102,6 +103,11 @@ def folder_problem(path: str) -> str | None:
         return _VERIFIED[key]
     from hf_lightning.checkpointing.io import file_sha256
 
+    if not hash_files:
+        key = (*key, "listing")
+        if key in _VERIFIED:
+            return _VERIFIED[key]
+
     with open(manifest) as fh:
         listed = {
             parts[1].lstrip("*"): parts[0].lower()
@@ -115,7 +121,7 @@ def folder_problem(path: str) -> str | None:
         problem = f"is damaged: {missing[0]} is listed in its {MANIFEST} but missing (an incomplete copy)"
     elif extra:
         problem = f"is damaged: {extra[0]} is not listed in its {MANIFEST} (a file added after it was saved)"
-    else:
+    elif hash_files:
         bad = next((f for f in files if file_sha256(os.path.join(path, f)) != listed[f]), None)
         if bad is not None:
             problem = (
@@ -145,10 +151,16 @@ def stored_keys(path: str) -> list[str]:
 
 def sharded_checkpoint_problem(path: str, weights_only: bool = False) -> tuple[str | None, int | None]:
     """``(why the folder path cannot be resumed from, its global_step)``: as
-    :func:`~hf_lightning.checkpointing.resume.checkpoint_problem` for a file."""
-    from hf_lightning.checkpointing.resume import REQUIRED_KEYS, _short
+    :func:`~hf_lightning.checkpointing.resume.checkpoint_problem` for a file.
 
-    problem = folder_problem(path)
+    Only rank 0 of a launched job hashes the files (every rank checks the listing and reads ``meta.pt`` and
+    the index): the other ranks load the checkpoint rank 0 chose, and its verdict on the hashes, broadcast by
+    :meth:`AtomicShardedCheckpoints.load_checkpoint` (under Lightning's launcher rank 0 has checked the folder
+    before it starts them)."""
+    from hf_lightning.checkpointing.resume import REQUIRED_KEYS, _short
+    from hf_lightning.compat import launcher_rank
+
+    problem = folder_problem(path, hash_files=launcher_rank() == 0)
     if problem:
         return problem, None
     for name, what in ((META, "the loop state"), (DCP_METADATA, "the index of the shards")):

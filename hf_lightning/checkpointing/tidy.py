@@ -58,8 +58,9 @@ def tidy_checkpoint_folders(trainer: Any, restored: set[str] | None = None) -> l
             mark_saved_at(cb, trainer.global_step)
         if cb.save_last:
             last = os.path.abspath(cb.format_checkpoint_name({}, cb.CHECKPOINT_NAME_LAST))
-            if os.path.isfile(last) and os.path.abspath(cb.last_model_path or "") != last:
-                cb.last_model_path = last  # Lightning's attribute: the next "last" save replaces this file
+            # a file, or a sharded run's checkpoint folder
+            if os.path.exists(last) and os.path.abspath(cb.last_model_path or "") != last:
+                cb.last_model_path = last  # Lightning's attribute: the next "last" save replaces it
     if not trainer.is_global_zero:
         return []
     known = set()

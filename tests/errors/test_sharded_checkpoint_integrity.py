@@ -66,6 +66,28 @@ def test_a_flipped_byte_in_a_shard_is_damage_naming_the_file(folder):
     )
 
 
+def test_only_rank_0_hashes_the_files_the_other_ranks_check_the_listing(folder, monkeypatch):
+    """A launched job's rank 1 does not read the shards to hash them (rank 0 does, and its verdict is
+    broadcast at the load): a flipped byte passes there, a missing file does not; rank 0 finds the byte."""
+    shard = folder / "__0_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    shard.write_bytes(bytes(data))
+    for var in ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("RANK", "1")
+    assert checkpoint_problem(str(folder)) == (None, 7)
+    monkeypatch.setenv("RANK", "0")
+    assert checkpoint_problem(str(folder))[0].startswith(
+        "is damaged: the SHA-256 of __0_0.distcp does not match"
+    )
+    monkeypatch.setenv("RANK", "1")
+    (folder / "meta.pt").rename(folder / "moved.pt")
+    assert checkpoint_problem(str(folder))[0] == (
+        "is damaged: meta.pt is listed in its manifest.sha256 but missing (an incomplete copy)"
+    )
+
+
 def test_a_missing_or_added_file_is_damage(folder):
     (folder / "stray.txt").write_text("x")
     assert checkpoint_problem(str(folder))[0] == (

@@ -243,3 +243,17 @@ def test_a_damaged_shard_is_refused_naming_the_newest_intact_checkpoint(straight
         "it was saved (a failing disk or an incomplete copy); the newest intact checkpoint there is "
         f"{named} (step 6): resume from it with ckpt_path={named}"
     )
+
+
+def test_a_resume_from_an_earlier_checkpoint_of_the_run_replaces_its_last_folder(
+    straight, text_file, tmp_path
+):
+    """``ckpt_path=checkpoints/step000003.ckpt`` in the run's own folder, whose ``last.ckpt`` (a folder, step
+    6) the restored state does not name: it is adopted and replaced by the resumed run's (no
+    ``last-v1.ckpt``), and the run equals the straight one."""
+    run = tmp_path / "run"
+    shutil.copytree(straight, run)
+    proc = cli(run, text_file, f"ckpt_path={run / 'checkpoints' / 'step000003.ckpt'}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(os.listdir(run / "checkpoints")) == sorted(os.listdir(straight / "checkpoints"))
+    assert differences(straight, run) == []
