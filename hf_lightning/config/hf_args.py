@@ -241,27 +241,50 @@ def apply_schedule(cfg: DictConfig, schedule: StepSchedule) -> None:
             cfg.trainer.log_every_n_steps = int(schedule.logging_steps)
 
 
+#: the strategy whose checkpoint folders ``load_best_model_at_end`` loads back (``strategy=fsdp``, FSDP2)
+FSDP2_TARGET = "hf_lightning.strategies.fsdp_strategy"
+
+
+def load_best_problem(strategy: Any) -> str | None:
+    """Why ``load_best_model_at_end`` cannot run under ``trainer.strategy`` (a composed node or a name), or
+    ``None``: FSDP2 (``strategy=fsdp``) loads its ``best.ckpt`` folder back into the sharded model; its
+    ``state_dict_type=full`` (one gathered file) and the other sharded strategies (Lightning's FSDP,
+    DeepSpeed) do not."""
+    target = str(strategy.get("_target_", "") if isinstance(strategy, DictConfig) else strategy)
+    if target == FSDP2_TARGET:
+        kind = strategy.get("state_dict_type", "sharded")
+        if kind == "sharded":
+            return None
+        return (
+            f"load_best_model_at_end=true with strategy.state_dict_type={kind}: the best checkpoint would be "
+            "one gathered file, which is not loaded back into the sharded model; use "
+            "strategy.state_dict_type=sharded"
+        )
+    if "fsdp" in target.lower() or "deepspeed" in target.lower():
+        return (
+            f"load_best_model_at_end=true with trainer.strategy={target}: not supported yet (its "
+            "checkpoints are sharded); use strategy=fsdp (FSDP2), or drop load_best_model_at_end and export "
+            "checkpoints/best.ckpt yourself"
+        )
+    return None
+
+
 def prepare_schedule(cfg: DictConfig) -> StepSchedule | None:
     """The HF run-level keys (``eval_steps``, ``save_steps``, ``logging_steps``, ...) checked, resolved and
     applied to Lightning's knobs (:mod:`hf_lightning.config.hf_args`); ``None`` when none is given.
 
     Raises:
         ConfigError: a bad value, a clash with the Lightning knob it replaces, or ``load_best_model_at_end``
-            under a strategy whose checkpoints are not one file (FSDP, DeepSpeed).
+            under a strategy whose best checkpoint is not loaded back (:func:`load_best_problem`).
     """
     from hf_lightning.config.run_length import command_line_overrides, given_keys
 
     overrides = command_line_overrides()
     schedule = resolve_schedule(cfg, given_keys(overrides) if overrides is not None else None)
     if cfg.get("load_best_model_at_end"):
-        strategy = cfg.trainer.get("strategy")
-        target = str(strategy.get("_target_", "") if isinstance(strategy, DictConfig) else strategy)
-        if "fsdp" in target.lower() or "deepspeed" in target.lower():
-            raise ConfigError(
-                f"load_best_model_at_end=true with trainer.strategy={target}: not supported yet (its "
-                "checkpoints are sharded); drop load_best_model_at_end and export checkpoints/best.ckpt "
-                "yourself"
-            )
+        problem = load_best_problem(cfg.trainer.get("strategy"))
+        if problem:
+            raise ConfigError(problem)
     if not is_active(schedule):
         return None
     apply_schedule(cfg, schedule)

@@ -257,3 +257,66 @@ def test_a_resume_from_an_earlier_checkpoint_of_the_run_replaces_its_last_folder
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert sorted(os.listdir(run / "checkpoints")) == sorted(os.listdir(straight / "checkpoints"))
     assert differences(straight, run) == []
+
+
+def checkpoint_weights(folder: Path, like: Path) -> dict[str, torch.Tensor]:
+    """The HF model's weights in the checkpoint folder ``folder``, read into a plain model built from the
+    config of the export ``like``."""
+    import transformers
+
+    from hf_lightning.checkpointing.sharded import load_sharded_weights
+
+    class Holder(torch.nn.Module):
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+    fresh = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.from_pretrained(like))
+    load_sharded_weights(Holder(fresh), str(folder))
+    return fresh.state_dict()
+
+
+def test_load_best_model_at_end_exports_an_earlier_best_checkpoint(text_file, tmp_path):
+    """A learning rate high enough that the validation loss rises again: ``hf_model/`` holds the weights of
+    ``best.ckpt``, a folder written at the save step with the lowest ``val/loss`` in ``metrics.csv`` (not the
+    last step), and ``last.ckpt`` keeps the final, other weights."""
+    from safetensors.torch import load_file
+
+    run = tmp_path / "best"
+    proc = run_train_cli(
+        "+experiment=clm",
+        f"data.path={text_file}",
+        f"hydra.run.dir={run}",
+        f"trainer.max_steps={MAX_STEPS}",
+        "trainer.max_epochs=null",
+        "data.gradient_accumulation_steps=2",
+        "data.per_device_train_batch_size=2",
+        "data.per_device_eval_batch_size=4",
+        "data.max_length=32",
+        "data.validation_split=0.1",
+        "trainer.enable_progress_bar=false",
+        "eval_steps=2",
+        "save_steps=2",
+        "logging_steps=2",
+        "load_best_model_at_end=true",
+        "optim.lr=0.05",
+        "scheduler.warmup_steps=0",
+        *SMALL_MODEL,
+        *sharded(2),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    evaluated = {int(r["step"]): float(r["val/loss"]) for r in rows(run) if r.get("val/loss")}
+    assert sorted(evaluated) == [2, 4, 6]
+    best_step = min(evaluated, key=evaluated.get)
+    assert best_step != MAX_STEPS, evaluated  # the case under test: an earlier checkpoint is loaded
+    best = run / "checkpoints" / "best.ckpt"
+    assert torch.load(best / "meta.pt", weights_only=False)["global_step"] == best_step
+    exported = load_file(run / "hf_model" / "model.safetensors")
+    in_best = checkpoint_weights(best, run / "hf_model")
+    final = checkpoint_weights(run / "checkpoints" / "last.ckpt", run / "hf_model")
+    for name, tensor in exported.items():
+        assert torch.equal(tensor, in_best[name]), name
+    assert any(not torch.equal(t, final[n]) for n, t in exported.items())
+    import json
+
+    assert json.loads((run / "final_metrics.json").read_text())["best_model_step"] == best_step

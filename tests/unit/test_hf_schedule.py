@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from hf_lightning.callbacks.hf_steps import fires
-from hf_lightning.config.hf_args import StepSchedule, resolve_schedule
+from hf_lightning.config.hf_args import StepSchedule, load_best_problem, resolve_schedule
 from hf_lightning.core.errors import ConfigError
 
 
@@ -92,3 +92,23 @@ def test_an_hf_key_and_the_lightning_knob_it_replaces_are_refused_together():
         resolve_schedule({"logging_steps": 5}, given={"logging_steps", "trainer.log_every_n_steps"})
     # the experiment's val_check_interval is not the user's: the HF key simply wins
     assert resolve_schedule({"eval_steps": 10}, given={"eval_steps"}).eval_steps == 10
+
+
+def test_load_best_model_at_end_runs_under_fsdp2_with_sharded_checkpoints_only():
+    from omegaconf import OmegaConf
+
+    def node(target, **kw):
+        return OmegaConf.create({"_target_": target, **kw})
+
+    assert load_best_problem(node("hf_lightning.strategies.fsdp_strategy", state_dict_type="sharded")) is None
+    assert load_best_problem("ddp") is None
+    assert load_best_problem(node("hf_lightning.strategies.fsdp_strategy", state_dict_type="full")) == (
+        "load_best_model_at_end=true with strategy.state_dict_type=full: the best checkpoint would be one "
+        "gathered file, which is not loaded back into the sharded model; use strategy.state_dict_type=sharded"
+    )
+    assert load_best_problem("deepspeed_stage_3") == (
+        "load_best_model_at_end=true with trainer.strategy=deepspeed_stage_3: not supported yet (its "
+        "checkpoints are sharded); use strategy=fsdp (FSDP2), or drop load_best_model_at_end and export "
+        "checkpoints/best.ckpt yourself"
+    )
+    assert load_best_problem("fsdp").startswith("load_best_model_at_end=true with trainer.strategy=fsdp: ")
