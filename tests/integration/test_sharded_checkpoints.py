@@ -98,7 +98,9 @@ def straight(text_file, tmp_path_factory):
     return run
 
 
-def stop_and_resume(run_dir: Path, data: Path, case: tuple[str, int, str]) -> dict[str, object]:
+def stop_and_resume(
+    run_dir: Path, data: Path, case: tuple[str, int, str], *overrides: str
+) -> dict[str, object]:
     point, step, sig = case
     stopped = cli(
         run_dir,
@@ -107,12 +109,13 @@ def stop_and_resume(run_dir: Path, data: Path, case: tuple[str, int, str]) -> di
         f"+callbacks.kill.point={point}",
         f"+callbacks.kill.step={step}",
         f"+callbacks.kill.signal={sig}",
+        *overrides,
     )
     outcome: dict[str, object] = {"stopped": stopped.returncode, "stopped_err": stopped.stderr[-2000:]}
     if stopped.returncode != EXPECTED_EXIT[sig]:
         return outcome
     outcome["left"] = sorted(os.listdir(run_dir / "checkpoints"))
-    resumed = cli(run_dir, data, "ckpt_path=last")
+    resumed = cli(run_dir, data, "ckpt_path=last", *overrides)
     outcome.update(resumed=resumed.returncode, resumed_err=resumed.stderr[-3000:])
     return outcome
 
@@ -208,6 +211,37 @@ def test_a_checkpoint_of_two_ranks_resumes_on_one(straight, text_file, tmp_path)
     assert max((a[k] - b[k]).abs().max().item() for k in a) <= 1e-5 * largest
     after = [r for r in rows(straight) if int(r["step"]) > 3]
     resumed = rows(run)
+    assert [r["step"] for r in resumed] == [r["step"] for r in after]
+    for x, y in zip(after, resumed):
+        for key in ("train/loss", "val/loss"):
+            if key in x:
+                assert float(y[key]) == pytest.approx(float(x[key]), rel=1e-5), (key, x["step"])
+
+
+def test_a_checkpoint_of_one_rank_resumes_on_two(straight, text_file, tmp_path):
+    """1 rank x 4 rows -> 2 ranks x 2 rows from step 3: the one shard is split over two ranks (model and
+    AdamW state), the loader's position names the same rows; the end equals the straight 2-rank run within
+    float rounding."""
+    from safetensors.torch import load_file
+
+    one, two = tmp_path / "one", tmp_path / "two"
+    proc = cli(one, text_file, ranks=1, batch=4)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(os.listdir(one / "checkpoints" / "step000003.ckpt")) == [
+        ".metadata",
+        "__0_0.distcp",
+        "manifest.sha256",
+        "meta.pt",
+    ]
+    proc = cli(two, text_file, f"ckpt_path={one / 'checkpoints' / 'step000003.ckpt'}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    a = load_file(straight / "hf_model" / "model.safetensors")
+    b = load_file(two / "hf_model" / "model.safetensors")
+    assert a.keys() == b.keys()
+    largest = max(t.abs().max().item() for t in a.values())
+    assert max((a[k] - b[k]).abs().max().item() for k in a) <= 1e-5 * largest
+    after = [r for r in rows(straight) if int(r["step"]) > 3]
+    resumed = rows(two)
     assert [r["step"] for r in resumed] == [r["step"] for r in after]
     for x, y in zip(after, resumed):
         for key in ("train/loss", "val/loss"):
@@ -320,3 +354,31 @@ def test_load_best_model_at_end_exports_an_earlier_best_checkpoint(text_file, tm
     import json
 
     assert json.loads((run / "final_metrics.json").read_text())["best_model_step"] == best_step
+
+
+def test_a_lora_run_killed_and_resumed_equals_the_straight_one(text_file, tmp_path):
+    """``peft=lora`` under FSDP2: the checkpoint folder holds the adapter's weights only (the frozen base is
+    built again), a SIGKILL in step 5 and ``ckpt_path=last`` from step 3 end with the straight run's adapter,
+    bit for bit, and its ``metrics.csv`` rows."""
+    from safetensors.torch import load_file
+
+    from hf_lightning.checkpointing.sharded import stored_keys
+
+    lora = ("peft=lora", "peft.lora_dropout=0")
+    straight_run, run = tmp_path / "straight", tmp_path / "stopped"
+    proc = cli(straight_run, text_file, *lora)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    weights = [
+        k for k in stored_keys(str(straight_run / "checkpoints" / "last.ckpt")) if k.startswith("state_")
+    ]
+    assert weights and all("lora_" in k for k in weights), weights
+    kill = ("before_update", 5, "SIGKILL")
+    outcome = stop_and_resume(run, text_file, kill, *lora)
+    assert outcome["stopped"] == EXPECTED_EXIT["SIGKILL"], outcome["stopped_err"]
+    assert outcome["resumed"] == 0, outcome["resumed_err"]
+    a = load_file(straight_run / "hf_model" / "adapter_model.safetensors")
+    b = load_file(run / "hf_model" / "adapter_model.safetensors")
+    assert a.keys() == b.keys() and a
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+    assert rows(run) == rows(straight_run)
