@@ -309,7 +309,8 @@ class AtomicShardedCheckpoints:
             raise ConfigError(f"{path} {problem}")
         model = self.model  # type: ignore[attr-defined]
         stored = {k.removeprefix("state_dict.") for k in stored_keys(path)}
-        frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
+        # a tied weight (an LM head sharing the embedding) is one Parameter under two names: both are frozen
+        frozen = {n for n, p in model.named_parameters(remove_duplicate=False) if not p.requires_grad}
         missing = [k for k in model.state_dict() if k not in stored and k not in frozen]
         if missing:
             from hf_lightning.checkpointing.weights import weights_mismatch_message
