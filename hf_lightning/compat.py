@@ -224,10 +224,13 @@ def foreach_norm(tensors: list[Any], ord: float) -> list[Any]:
 
 
 def is_compiled_in_place(model: Any) -> bool:
-    """Whether ``model.compile()`` (``nn.Module.compile``) compiled the module in place: it sets
-    ``_compiled_call_impl``, which ``__call__`` then runs; no public flag says so. A ``torch.compile(model)``
-    wrapper (``OptimizedModule``) counts too."""
-    return getattr(model, "_compiled_call_impl", None) is not None or hasattr(model, "_orig_mod")
+    """Whether ``model.compile()`` (``nn.Module.compile``) compiled the module, or a module inside it (the
+    base model a PEFT wrapper holds), in place: it sets ``_compiled_call_impl``, which ``__call__`` then
+    runs; no public flag says so. A ``torch.compile(model)`` wrapper (``OptimizedModule``) counts too."""
+    if hasattr(model, "_orig_mod"):
+        return True
+    modules = model.modules() if hasattr(model, "modules") else [model]
+    return any(getattr(m, "_compiled_call_impl", None) is not None for m in modules)
 
 
 def compilations(since_us: int = 0) -> list[tuple[str, str | None, str | None]]:

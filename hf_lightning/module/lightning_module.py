@@ -250,6 +250,9 @@ class HFLightningModule(L.LightningModule):
         #: of a run that had already reached its end)
         self.fit_start_step: int | None = None
         self._warned_unwrapped = False
+        #: whether the model (or a module inside it, under PEFT) was compiled by ``model.compile()``; read at
+        #: the first forward and at each fit's start
+        self._compiled: bool | None = None
 
     def data_binding(self) -> dict[str, Any]:
         """What :class:`~hf_lightning.HFDataModule` needs from this module, as keyword arguments of
@@ -289,7 +292,9 @@ class HFLightningModule(L.LightningModule):
 
     def _model_inputs(self, batch: Mapping[str, Any]) -> dict[str, Any]:
         inputs = {k: v for k, v in batch.items() if k not in NON_MODEL_KEYS}
-        if is_compiled_in_place(self.model):  # model.compile=true: lengths vary without a recompilation
+        if self._compiled is None:
+            self._compiled = is_compiled_in_place(self.model)
+        if self._compiled:  # model.compile=true: lengths vary without a recompilation
             mark_batch_dynamic(inputs)
         if (
             self._encoder_decoder
@@ -657,7 +662,8 @@ class HFLightningModule(L.LightningModule):
     def on_fit_start(self) -> None:
         if self._fallback_reason is not None and self.trainer.is_global_zero:
             log.warning(FALLBACK_WARNING, self._fallback_reason)
-        self._compile_report = CompileReport() if is_compiled_in_place(self.model) else None
+        self._compiled = is_compiled_in_place(self.model)
+        self._compile_report = CompileReport() if self._compiled else None
         if self._compile_report is not None:
             self._compile_report.start()
 

@@ -96,6 +96,7 @@ def test_is_compiled_in_place():
     assert compat.is_compiled_in_place(torch.compile(torch.nn.Linear(2, 2)))
     model.compile()
     assert compat.is_compiled_in_place(model)
+    assert compat.is_compiled_in_place(torch.nn.Sequential(model))  # inside a wrapper (PEFT's)
 
 
 def _rows_sum(x):
