@@ -5,7 +5,12 @@ padded, ``data.layout=null``), bitsandbytes' 8-bit AdamW
 GPU is enough), with their per-step train/loss compared to the fp32 CPU run of the same data and init, within
 bf16 tolerance, and their pre-clip ``grad_norm`` too (norm clipping at 1.0 is on, as HF's ``max_grad_norm``:
 under FSDP2 the norm is reduced over every rank's gradient shards); each run's HF export
-must load. Exits 1 on any failure, and at once without CUDA.
+must load. Exits 1 on any failure, and at once, with one line, without CUDA.
+
+``strategy=fsdp`` runs on the GPUs present (``trainer.devices``: the most of them that split the global
+micro-batch of 4 rows evenly, so the losses stay comparable with the one-process reference); bf16 with
+``model.compile=true`` runs padding-free batches (``data.padding_free=true``) under flash-attention 2 when the
+``flash_attn`` package is installed, else SDPA (the script prints which).
 
 Adapters: the fp32 CPU run's export is the pretrained base of LoRA in fp32 on CPU (the reference), LoRA in
 bf16 on the GPU, and QLoRA (``peft=qlora``: the base in 4-bit NF4 with bitsandbytes), whose losses are
@@ -16,6 +21,9 @@ must load with ``AutoPeftModelForCausalLM`` and its merged export (``export.merg
     python scripts/gpu_smoke.py [--steps 4] [--rtol 0.03] [--norm-rtol 0.1] [--qlora-rtol 0.15]
         [--out gpu_smoke]
         [--skip deepspeed_zero2 qlora]
+
+Placeholders in :data:`RUNS`, filled by :func:`fill`: ``{base}`` (the cpu_fp32 run's export), ``{attn}``
+(the attention kernel), ``{devices}`` / ``{micro}`` (the FSDP run's devices and rows per device).
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ import sys
 from pathlib import Path
 
 import torch
+from gpu_support import attention_kernel, fsdp_layout, require_cuda
 
 COMMON = [
     "+experiment=sft",
@@ -54,7 +63,22 @@ RUNS = {
     # HF's optim="adamw_8bit" (bitsandbytes): 8-bit state, so the losses track fp32 AdamW's within bf16
     # tolerance
     "gpu_adamw_8bit": ["trainer=gpu", "optim.name=adamw_8bit"],
-    "fsdp": ["trainer=gpu", "strategy=fsdp"],
+    # bf16 + torch.compile on padding-free rows (one row per micro-batch, position_ids restarting per
+    # document)
+    "gpu_bf16_compiled_padding_free": [
+        "trainer=gpu",
+        "model.compile=true",
+        "data.layout=null",
+        "data.padding_free=true",
+        "model.attn_implementation={attn}",
+    ],
+    # on the GPUs present, the same global micro-batch of 4 rows
+    "fsdp": [
+        "trainer=gpu",
+        "strategy=fsdp",
+        "trainer.devices={devices}",
+        "data.per_device_train_batch_size={micro}",
+    ],
     "deepspeed_zero2": ["trainer=gpu", "strategy=deepspeed_zero2"],
     # {base}: the cpu_fp32 run's export, a pretrained folder (QLoRA quantizes pretrained weights)
     "lora_cpu_fp32": [
@@ -69,6 +93,17 @@ RUNS = {
 }
 # the run each is compared to (default: cpu_fp32)
 REFERENCE = {"lora_gpu_bf16": "lora_cpu_fp32", "qlora": "lora_cpu_fp32", "qlora_merged": "lora_cpu_fp32"}
+
+
+def fill(overrides: list[str], base: Path | str, attn: str, devices: int, micro: int) -> list[str]:
+    """``overrides`` with the placeholders of :data:`RUNS` filled in."""
+    values = {"{base}": str(base), "{attn}": attn, "{devices}": str(devices), "{micro}": str(micro)}
+    out = []
+    for override in overrides:
+        for key, value in values.items():
+            override = override.replace(key, value)
+        out.append(override)
+    return out
 
 
 def load_export(name: str, folder: Path):
@@ -113,7 +148,7 @@ def eight_bit_state(run_dir: Path) -> int:
     return count
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--rtol", type=float, default=0.03, help="bf16 vs fp32 relative tolerance per step")
@@ -128,15 +163,19 @@ def main() -> int:
     )
     parser.add_argument("--out", default="gpu_smoke")
     parser.add_argument("--skip", nargs="*", default=[], choices=list(RUNS)[1:])
-    args = parser.parse_args()
-    if not torch.cuda.is_available():
-        print(
-            "gpu_smoke: FAILED: no CUDA device (torch.cuda.is_available() is False); run it on a GPU machine",
-            file=sys.stderr,
-        )
+    return parser
+
+
+def main() -> int:
+    args = build_parser().parse_args()
+    if not require_cuda("gpu_smoke"):
         return 1
+    attn = attention_kernel()
+    devices, micro = fsdp_layout(torch.cuda.device_count())
     print(
-        f"gpu_smoke: {torch.cuda.get_device_name(0)}, torch {torch.__version__}, {args.steps} steps per run"
+        f"gpu_smoke: {torch.cuda.get_device_name(0)} x {torch.cuda.device_count()}, "
+        f"torch {torch.__version__}, {args.steps} steps per run; attention for padding-free: {attn}; "
+        f"fsdp: {devices} device(s) x {micro} row(s)"
     )
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}  # every model here is local: never wait on the network
     base = Path(args.out).resolve() / "cpu_fp32" / "hf_model"
@@ -151,7 +190,7 @@ def main() -> int:
             "hf_lightning.train",
             *COMMON,
             f"trainer.max_steps={args.steps}",
-            *(o.replace("{base}", str(base)) for o in overrides),
+            *fill(overrides, base, attn, devices, micro),
             f"hydra.run.dir={run_dir}",
         ]
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env)

@@ -31,9 +31,20 @@ def _private_cache(tmp_path_factory):
     yield
 
 
+# what a distributed strategy's set-up writes into the environment for its process group (Lightning's
+# DeepSpeedStrategy does, so does ours on CPU): a later test in the same process would read a world from them
+_RENDEZVOUS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
+
+
 @pytest.fixture(autouse=True)
 def _clean_global_state():
+    before = {key: os.environ.get(key) for key in _RENDEZVOUS}
     yield
+    for key, value in before.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
     from hydra.core.global_hydra import GlobalHydra
 
     GlobalHydra.instance().clear()

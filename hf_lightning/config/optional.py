@@ -37,7 +37,7 @@ class Package:
 PACKAGES = {
     p.pip: p
     for p in (
-        Package("deepspeed", ("deepspeed",), "deepspeed", "; DeepSpeed runs on CUDA machines"),
+        Package("deepspeed", ("deepspeed",), "deepspeed", "; DeepSpeed runs on GPUs and on CPU ranks (gloo)"),
         Package("tensorboard", ("tensorboard|tensorboardX",), "loggers"),
         Package("mlflow-skinny", ("mlflow",), "loggers"),
         Package("wandb", ("wandb",), "loggers"),

@@ -239,3 +239,61 @@ def test_saves_distributed_checkpoint():
 
     assert saves_distributed_checkpoint(ModelParallelStrategy()) is True
     assert saves_distributed_checkpoint(ModelParallelStrategy(save_distributed_checkpoint=False)) is False
+
+
+class _Regression(L.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 1)
+
+    def training_step(self, batch, batch_idx):
+        return torch.nn.functional.mse_loss(self.layer(batch[0]), batch[1])
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+@pytest.mark.slow  # a DeepSpeed engine's start-up
+def test_set_deepspeed_engine_setup(monkeypatch):
+    """Lightning builds its DeepSpeed engine through the method set here: a CPU fit calls the function (with
+    the strategy, the module and the optimizer) and trains through the engine it returns."""
+    deepspeed = pytest.importorskip("deepspeed")
+    from hf_lightning.strategies.deepspeed import HFDeepSpeedStrategy
+
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    calls = []
+
+    def setup(strategy, model, optimizer, lr_scheduler=None):
+        calls.append((type(strategy), type(optimizer)))
+        engine, ds_optimizer, _, _ = deepspeed.initialize(
+            args=None,  # DeepSpeed then takes the device rank from LOCAL_RANK
+            config=strategy.config,
+            model=model,
+            optimizer=optimizer,
+            dist_init_required=False,
+        )
+        return engine, ds_optimizer
+
+    class Probe(HFDeepSpeedStrategy):
+        pass
+
+    compat.set_deepspeed_engine_setup(Probe, setup)
+    config = {"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 2}}
+    config["zero_allow_untested_optimizer"] = True
+    module = _Regression()
+    before = module.layer.weight.detach().clone()
+    x = torch.randn(8, 2, generator=torch.Generator().manual_seed(0))
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        strategy=Probe(config=config),
+        max_steps=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(module, DataLoader(list(zip(x, x.sum(1, keepdim=True))), batch_size=4))
+    assert calls == [(Probe, torch.optim.SGD)]
+    assert isinstance(trainer.strategy.model, deepspeed.DeepSpeedEngine)
+    assert trainer.global_step == 2 and not torch.equal(module.layer.weight.detach(), before)

@@ -13,11 +13,37 @@ from hf_lightning import compat
 from tests.data_support import tiny_llama
 
 
-def test_zero3_full_state_dict():
-    """An upgrade tripwire only: the engine method still exists. The call itself needs a ZeRO-3 engine on GPUs
-    (``scripts/gpu_smoke.py``'s deepspeed run exports through it)."""
+@pytest.mark.slow  # a DeepSpeed engine's start-up
+def test_zero3_full_state_dict(monkeypatch):
+    """A one-process ZeRO-3 engine on DeepSpeed's CPU accelerator: every parameter is a partition (size 0
+    outside a gather), and the consolidated state dict holds the model's full weights."""
     deepspeed = pytest.importorskip("deepspeed")
-    assert callable(getattr(deepspeed.DeepSpeedEngine, "_zero3_consolidated_16bit_state_dict", None))
+    for key, value in {
+        "DS_ACCELERATOR": "cpu",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "29531",
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "1",
+    }.items():
+        monkeypatch.setenv(key, value)
+    deepspeed.init_distributed("gloo")
+    model = tiny_llama()
+    full = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    engine, *_ = deepspeed.initialize(
+        model=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        config={
+            "train_micro_batch_size_per_gpu": 1,
+            "zero_optimization": {"stage": 3},
+            "zero_allow_untested_optimizer": True,
+        },
+    )
+    assert all(p.numel() == 0 for p in engine.module.parameters())
+    gathered = compat.zero3_full_state_dict(engine)
+    assert gathered.keys() == full.keys()
+    for name, tensor in full.items():
+        assert torch.equal(gathered[name], tensor), name
 
 
 def test_loss_is_causal_lm():
