@@ -52,7 +52,15 @@ def case_id(case: tuple[str, int, str]) -> str:
     return "-".join(map(str, (case[2], case[0], case[1])))
 
 
-def cli(run_dir: Path, data: Path, *overrides: str, ranks: int = 2, batch: int = 2):
+def cli(
+    run_dir: Path,
+    data: Path,
+    *overrides: str,
+    ranks: int = 2,
+    batch: int = 2,
+    strategy: tuple[str, ...] | None = None,
+):
+    """The run of this module's cases; ``strategy``: other strategy overrides than FSDP2's on ``ranks``."""
     return run_train_cli(
         "+experiment=clm",
         f"data.path={data}",
@@ -72,7 +80,7 @@ def cli(run_dir: Path, data: Path, *overrides: str, ranks: int = 2, batch: int =
         "data.validation_split=0.1",
         "trainer.enable_progress_bar=false",
         *SMALL_MODEL,
-        *sharded(ranks),
+        *(strategy or sharded(ranks)),
         *overrides,
     )
 
