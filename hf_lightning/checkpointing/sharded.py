@@ -20,11 +20,12 @@ promises of :class:`~hf_lightning.checkpointing.io.AtomicCheckpointIO`:
 - **checksummed**: :data:`MANIFEST` inside the folder lists the SHA-256 of every other file in
   ``sha256sum`` format (``cd last.ckpt && sha256sum -c manifest.sha256`` checks it by hand). A load and every
   resume check (:mod:`hf_lightning.checkpointing.resume`) verify it (:func:`folder_problem`).
-- **reshardable** (DCP folders): DCP stores each tensor's global shape and every shard's offsets, so a folder written by N
-  ranks loads into M ranks (the model and the optimizer state are resharded on load). The data position is
-  the train loader's windows consumed, the same on every rank: it names the same rows of the one global order
-  when the rows per optimizer step (ranks x ``per_device_train_batch_size`` x ``gradient_accumulation_steps``)
-  are unchanged; :func:`resharding_problem` refuses a resume where they are not.
+- **reshardable** (DCP folders): DCP stores each tensor's global shape and every shard's offsets, so a
+  folder written by N ranks loads into M ranks (the model and the optimizer state are resharded on load).
+  The data position is the train loader's windows consumed, the same on every rank: it names the same rows
+  of the one global order when the rows per optimizer step (ranks x ``per_device_train_batch_size`` x
+  ``gradient_accumulation_steps``) are unchanged; :func:`resharding_problem` refuses a resume where they are
+  not.
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ from hf_lightning.checkpointing.files import atomic_folder, fsync_folder
 MANIFEST = "manifest.sha256"
 META = "meta.pt"  # Lightning's name for the non-tensor part (``lightning.fabric.strategies.fsdp``)
 DCP_METADATA = ".metadata"  # torch.distributed.checkpoint's index of the shards
-DS_LATEST = "latest"  # DeepSpeed's name for the file naming the tag folder (``DeepSpeedEngine.save_checkpoint``)
+# DeepSpeed's name for the file naming the tag folder (``DeepSpeedEngine.save_checkpoint``)
+DS_LATEST = "latest"
 _VERIFIED: dict[tuple, str | None] = {}  # (path, sizes and mtimes of its files) -> problem: hashed once
 
 

@@ -1,6 +1,6 @@
-"""A DeepSpeed run's checkpoint folder is written atomically with a SHA-256 manifest: a resume check reads it as
-a checkpoint (its step, its parts), and a file whose bytes changed, a ``latest`` naming no tag folder, or a tag
-folder without its model states is refused in one line naming what is wrong.
+"""A DeepSpeed run's checkpoint folder is written atomically with a SHA-256 manifest: a resume check reads it
+as a checkpoint (its step, its parts), and a file whose bytes changed, a ``latest`` naming no tag folder, or
+a tag folder without its model states is refused in one line naming what is wrong.
 
 The folder is a real one: a one-process ZeRO-2 fit on the CPU (:class:`HFDeepSpeedStrategy`, DeepSpeed's CPU
 accelerator) with Lightning's ``ModelCheckpoint``, so the engine's ``save_checkpoint`` wrote it through
@@ -103,9 +103,9 @@ def test_a_flipped_byte_in_the_optimizer_states_is_damage_naming_the_file(folder
     data[len(data) // 2] ^= 0x01
     part.write_bytes(bytes(data))
     assert checkpoint_problem(str(folder)) == (
-        "is damaged: the SHA-256 of checkpoint/zero_pp_rank_0_mp_rank_00_optim_states.pt does not match the "
-        "one written with it (manifest.sha256), so its bytes changed after it was saved (a failing disk or an "
-        "incomplete copy)",
+        "is damaged: the SHA-256 of checkpoint/zero_pp_rank_0_mp_rank_00_optim_states.pt does not match "
+        "the one written with it (manifest.sha256), so its bytes changed after it was saved (a failing disk "
+        "or an incomplete copy)",
         None,
     )
 

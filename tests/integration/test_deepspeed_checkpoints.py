@@ -6,9 +6,10 @@ optimizer steps of 2 ranks x 2 rows x 2 micro-batches, a checkpoint folder every
 2) under ``strategy=deepspeed_zero2``, with two of that module's kill points (:mod:`tests.kill_points`) drawn
 from a seeded RNG (:func:`deepspeed_kill_points`): a SIGKILL inside a step after the first checkpoint (so the
 resume loads a DeepSpeed folder) and one halfway through a checkpoint folder (every rank's part written by
-the engine, before the manifest and the rename). Compared with :func:`tests.integration.test_kill_harness.differences`: ``hf_model/`` weights bit
-for bit, every deterministic ``metrics.csv`` column, ``final_metrics.json``, the checkpoint folder's names, no
-temporary file.
+the engine, before the manifest and the rename). Compared with
+:func:`tests.integration.test_kill_harness.differences`: ``hf_model/`` weights bit for bit, every
+deterministic ``metrics.csv`` column, ``final_metrics.json``, the checkpoint folder's names, no temporary
+file.
 
 Needs the ``deepspeed`` package; DeepSpeed's CPU accelerator (``DS_ACCELERATOR=cpu``).
 """
@@ -20,14 +21,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.errors.support import run_train_cli
 from tests.integration.test_kill_harness import EXPECTED_EXIT, differences
 from tests.integration.test_sharded_checkpoints import MAX_STEPS, SAVE_EVERY
 
 pytest.importorskip("deepspeed")
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
-
 
 
 def deepspeed_kill_points(seed: int = 26) -> list[tuple[str, int, str]]:
