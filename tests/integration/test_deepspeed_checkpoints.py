@@ -159,3 +159,29 @@ def test_a_kill_mid_save_leaves_the_previous_checkpoint_and_only_a_temporary_fol
     assert [n for n in left if n.startswith(".tmp-")], left
     assert "last.ckpt" in left and "step000003.ckpt" in left, left
     assert not [n for n in os.listdir(root / case_id(case) / "checkpoints") if n.startswith(".tmp-")]
+
+
+def test_the_export_equals_the_weights_of_the_last_checkpoint_loaded_whole(straight):
+    """``hf_model/`` loads with ``from_pretrained`` without a missing or unexpected key, and equals the
+    weights of ``last.ckpt`` gathered whole from the ranks' partitions (``load_model_weights`` of a DeepSpeed
+    folder, as ``evaluate`` and ``resume_weights_only`` read it), at the checkpoint's step."""
+    import torch
+    import transformers
+
+    from hf_lightning.checkpointing.weights import load_model_weights
+
+    exported, info = transformers.AutoModelForCausalLM.from_pretrained(
+        straight / "hf_model", output_loading_info=True
+    )
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+
+    class Holder(torch.nn.Module):
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+    holder = Holder(transformers.AutoModelForCausalLM.from_config(exported.config))
+    step = load_model_weights(holder, str(straight / "checkpoints" / "last.ckpt"), straight / "hf_model")
+    assert step == 6
+    for (name, a), b in zip(exported.state_dict().items(), holder.model.state_dict().values()):
+        assert torch.equal(a, b), name
