@@ -36,7 +36,9 @@ class _Regression(L.LightningModule):
         return torch.nn.functional.mse_loss(self.layer(batch[0]), batch[1])
 
     def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.1)
+        optimizer = torch.optim.SGD(self.parameters(), lr=0.1)
+        schedule = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
 
 @pytest.fixture(scope="module")
