@@ -292,9 +292,11 @@ def test_a_resume_from_an_earlier_checkpoint_of_the_run_replaces_its_last_folder
 ):
     """``ckpt_path=checkpoints/step000003.ckpt`` in the run's own folder, whose ``last.ckpt`` (a folder, step
     6) the restored state does not name: it is adopted and replaced by the resumed run's (no
-    ``last-v1.ckpt``), and the run equals the straight one."""
+    ``last-v1.ckpt``), and the run equals the straight one. (The run is its own, not a copy: a moved or copied
+    run folder restores no checkpoint bookkeeping.)"""
     run = tmp_path / "run"
-    shutil.copytree(straight, run)
+    proc = cli(run, text_file)
+    assert proc.returncode == 0, proc.stderr[-3000:]
     proc = cli(run, text_file, f"ckpt_path={run / 'checkpoints' / 'step000003.ckpt'}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert sorted(os.listdir(run / "checkpoints")) == sorted(os.listdir(straight / "checkpoints"))
