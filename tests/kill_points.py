@@ -106,9 +106,9 @@ class KillAt(L.Callback):
             json.dump = dump
 
     def _wrap_checkpoint_io(self, trainer: L.Trainer) -> None:
-        from hf_lightning.checkpointing.sharded import is_sharded_strategy
+        from hf_lightning.checkpointing.sharded import AtomicShardedCheckpoints
 
-        if is_sharded_strategy(trainer.strategy):
+        if isinstance(trainer.strategy, AtomicShardedCheckpoints):
             self._wrap_sharded_save(trainer)
             return
         io_plugin = trainer.strategy.checkpoint_io
@@ -131,19 +131,18 @@ class KillAt(L.Callback):
         io_plugin.save_checkpoint = save_checkpoint
 
     def _wrap_sharded_save(self, trainer: L.Trainer) -> None:
-        """A sharded run's checkpoint folder (the strategy's own ``save_checkpoint``; no ``CheckpointIO``):
-        ``in_save`` / ``in_last_save`` die once every rank's shard is in the temporary folder, before its
-        ``meta.pt``, manifest and rename."""
-        import hf_lightning.checkpointing.sharded as sharded
-
+        """A sharded run's checkpoint folder (FSDP2's or DeepSpeed's, the strategy's own
+        ``save_checkpoint``; no ``CheckpointIO``): ``in_save`` / ``in_last_save`` die once every rank's part
+        is in the temporary folder, before rank 0's ``meta.pt``, manifest and rename."""
         strategy, me = trainer.strategy, self
-        real_save, real_shards = strategy.save_checkpoint, sharded.write_shards
+        real_save, real_parts = strategy.save_checkpoint, strategy._write_parts
         current: dict[str, bool] = {}
 
-        def write_shards(state: dict, folder: str) -> None:
-            real_shards(state, folder)
+        def write_parts(checkpoint: dict, folder: str) -> dict:
+            rest = real_parts(checkpoint, folder)
             if current.get("die"):
                 me._fire()
+            return rest
 
         def save_checkpoint(checkpoint: dict, path: Any, storage_options: Any = None) -> None:
             last = os.path.basename(os.fspath(path)).startswith("last")
@@ -155,7 +154,7 @@ class KillAt(L.Callback):
             ):
                 me._fire()
 
-        sharded.write_shards = write_shards
+        strategy._write_parts = write_parts
         strategy.save_checkpoint = save_checkpoint
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

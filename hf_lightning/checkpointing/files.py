@@ -164,8 +164,9 @@ def atomic_folder(path: str) -> Iterator[str]:
 
     A kill between the two renames leaves no ``path`` and the previous version under a temporary name: the
     next start removes it, and a resume writes ``path`` again (:func:`hf_lightning.train` completes a finished
-    run)."""
+    run). A missing parent folder is created (as Lightning's ``CheckpointIO`` creates a checkpoint's)."""
     parent = os.path.dirname(os.path.abspath(path))
+    os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=TMP_PREFIX + os.path.basename(path) + ".", dir=parent)
     try:
         yield tmp

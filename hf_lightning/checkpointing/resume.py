@@ -8,9 +8,10 @@ dangling symbolic link, unreadable) is refused: the message names the newest int
 that one as ``ckpt_path`` resumes from it in the same folder. ``python -m hf_lightning.evaluate`` resolves
 ``ckpt_path`` with the same function (:func:`resolve_ckpt_path`), so ``last`` means the same there.
 
-A sharded run (``strategy=fsdp``) writes each checkpoint as a folder (``last.ckpt/``,
-:mod:`hf_lightning.checkpointing.sharded`): such a folder is a checkpoint like a file here, checked against
-its manifest and its parts (:func:`~hf_lightning.checkpointing.sharded.sharded_checkpoint_problem`).
+A sharded run (``strategy=fsdp``, ``deepspeed_zero2`` / ``deepspeed_zero3``) writes each checkpoint as a
+folder (``last.ckpt/``, :mod:`hf_lightning.checkpointing.sharded`): such a folder is a checkpoint like a file
+here, checked against its manifest and its parts
+(:func:`~hf_lightning.checkpointing.sharded.sharded_checkpoint_problem`).
 """
 
 from __future__ import annotations

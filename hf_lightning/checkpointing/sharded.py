@@ -1,10 +1,14 @@
-"""Checkpoints of a sharded (FSDP2) run: one folder, each rank writes its shard, with today's promises.
+"""Checkpoints of a sharded run (FSDP2, DeepSpeed ZeRO): one folder, each rank writes its shard, with
+today's promises.
 
 Lightning's ``ModelParallelStrategy`` writes a checkpoint as a ``torch.distributed.checkpoint`` (DCP) folder:
 ``.metadata`` and one ``__R_0.distcp`` per rank (the model's and the optimizers' shards), and ``meta.pt``
 (everything else: loops, schedulers, callbacks, the train log) from rank 0; it bypasses ``CheckpointIO``.
-:class:`AtomicShardedCheckpoints` (a mixin in front of such a strategy) gives that folder the promises of
-:class:`~hf_lightning.checkpointing.io.AtomicCheckpointIO`:
+Lightning's ``DeepSpeedStrategy`` lets the engine write its own folder (``DeepSpeedEngine.save_checkpoint``:
+``latest`` naming the tag folder ``checkpoint/``, which holds the model states with the rest of Lightning's
+checkpoint and one ``zero_pp_rank_R_mp_rank_00_optim_states.pt`` per rank; under ZeRO-3 the model states per
+rank too). :class:`AtomicShardedCheckpoints` (a mixin in front of either strategy) gives that folder the
+promises of :class:`~hf_lightning.checkpointing.io.AtomicCheckpointIO`:
 
 - **atomic**: every rank writes into one temporary sibling folder (``.tmp-last.ckpt.XXXX``, named by rank 0);
   each rank's files are fsync'd (DCP's ``sync_files``); after a barrier, rank 0 writes ``meta.pt`` and the
@@ -16,11 +20,12 @@ Lightning's ``ModelParallelStrategy`` writes a checkpoint as a ``torch.distribut
 - **checksummed**: :data:`MANIFEST` inside the folder lists the SHA-256 of every other file in
   ``sha256sum`` format (``cd last.ckpt && sha256sum -c manifest.sha256`` checks it by hand). A load and every
   resume check (:mod:`hf_lightning.checkpointing.resume`) verify it (:func:`folder_problem`).
-- **reshardable**: DCP stores each tensor's global shape and every shard's offsets, so a folder written by N
-  ranks loads into M ranks (the model and the optimizer state are resharded on load). The data position is
-  the train loader's windows consumed, the same on every rank: it names the same rows of the one global order
-  when the rows per optimizer step (ranks x ``per_device_train_batch_size`` x ``gradient_accumulation_steps``)
-  are unchanged; :func:`resharding_problem` refuses a resume where they are not.
+- **reshardable** (DCP folders): DCP stores each tensor's global shape and every shard's offsets, so a
+  folder written by N ranks loads into M ranks (the model and the optimizer state are resharded on load).
+  The data position is the train loader's windows consumed, the same on every rank: it names the same rows
+  of the one global order when the rows per optimizer step (ranks x ``per_device_train_batch_size`` x
+  ``gradient_accumulation_steps``) are unchanged; :func:`resharding_problem` refuses a resume where they are
+  not.
 """
 
 from __future__ import annotations
@@ -37,17 +42,30 @@ from hf_lightning.checkpointing.files import atomic_folder, fsync_folder
 MANIFEST = "manifest.sha256"
 META = "meta.pt"  # Lightning's name for the non-tensor part (``lightning.fabric.strategies.fsdp``)
 DCP_METADATA = ".metadata"  # torch.distributed.checkpoint's index of the shards
+# DeepSpeed's name for the file naming the tag folder (``DeepSpeedEngine.save_checkpoint``)
+DS_LATEST = "latest"
 _VERIFIED: dict[tuple, str | None] = {}  # (path, sizes and mtimes of its files) -> problem: hashed once
 
 
 def is_sharded_checkpoint(path: Any) -> bool:
     """Whether ``path`` is a checkpoint folder of a sharded run: a folder holding DCP's ``.metadata``, a
-    ``meta.pt`` or a :data:`MANIFEST` (one of them missing is damage, which :func:`sharded_checkpoint_problem`
-    names)."""
+    ``meta.pt``, DeepSpeed's ``latest`` or a :data:`MANIFEST` (one of them missing is damage, which
+    :func:`sharded_checkpoint_problem` names)."""
     path = os.fspath(path)
     return os.path.isdir(path) and any(
-        os.path.isfile(os.path.join(path, name)) for name in (DCP_METADATA, META, MANIFEST)
+        os.path.isfile(os.path.join(path, name)) for name in (DCP_METADATA, META, DS_LATEST, MANIFEST)
     )
+
+
+def is_deepspeed_checkpoint(path: Any) -> bool:
+    """Whether the checkpoint folder ``path`` was written by a DeepSpeed engine: its :data:`MANIFEST` (or,
+    without one, its listing) names DeepSpeed's ``latest``."""
+    path = os.fspath(path)
+    manifest = os.path.join(path, MANIFEST)
+    if os.path.isfile(manifest):
+        with open(manifest) as fh:
+            return any(line.split(None, 1)[-1].lstrip("*") == DS_LATEST for line in fh.read().splitlines())
+    return os.path.isfile(os.path.join(path, DS_LATEST))
 
 
 def is_sharded_strategy(strategy: Any) -> bool:
@@ -163,6 +181,8 @@ def sharded_checkpoint_problem(path: str, weights_only: bool = False) -> tuple[s
     problem = folder_problem(path, hash_files=launcher_rank() == 0)
     if problem:
         return problem, None
+    if is_deepspeed_checkpoint(path):
+        return _deepspeed_checkpoint_problem(path, weights_only)
     for name, what in ((META, "the loop state"), (DCP_METADATA, "the index of the shards")):
         if not os.path.isfile(os.path.join(path, name)):
             return f"is damaged: it holds no {name} ({what}; a sharded checkpoint folder has one)", None
@@ -180,6 +200,61 @@ def sharded_checkpoint_problem(path: str, weights_only: bool = False) -> tuple[s
     }
     needed = ("state_dict",) if weights_only else REQUIRED_KEYS
     missing = [k for k in needed if not has.get(k, bool(meta.get(k)))]
+    if missing:
+        return f"lacks {', '.join(missing)}", step
+    return None, step
+
+
+def deepspeed_tag_folder(path: str) -> str:
+    """The tag folder of a DeepSpeed checkpoint folder (the name its ``latest`` holds).
+
+    Raises:
+        OSError: ``latest`` cannot be read.
+    """
+    with open(os.path.join(path, DS_LATEST)) as fh:
+        return os.path.join(path, fh.read().strip())
+
+
+def deepspeed_client_state(path: str) -> dict[str, Any]:
+    """Rank 0's model-states file of a DeepSpeed checkpoint folder (``mp_rank_00_model_states.pt``, under
+    ZeRO-3 ``zero_pp_rank_0_mp_rank_00_model_states.pt``): DeepSpeed's entries with Lightning's checkpoint
+    (loops, schedulers, callbacks, ``global_step``) beside them.
+
+    Raises:
+        FileNotFoundError: neither file is there; OSError, pickle errors: as ``torch.load``.
+    """
+    tag = deepspeed_tag_folder(path)
+    for name in ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt"):
+        if os.path.isfile(os.path.join(tag, name)):
+            return torch.load(os.path.join(tag, name), map_location="cpu", weights_only=False)
+    raise FileNotFoundError(f"no model states file in {tag}")
+
+
+def _deepspeed_checkpoint_problem(path: str, weights_only: bool) -> tuple[str | None, int | None]:
+    """:func:`sharded_checkpoint_problem` for a DeepSpeed folder (its manifest already checked)."""
+    from hf_lightning.checkpointing.resume import REQUIRED_KEYS, _short
+
+    try:
+        tag = deepspeed_tag_folder(path)
+        if not os.path.isdir(tag):
+            return (
+                f"is damaged: its {DS_LATEST} names {os.path.basename(tag)}, which is not a folder in it",
+                None,
+            )
+        state = deepspeed_client_state(path)
+    except FileNotFoundError as err:
+        return f"is damaged: it holds no DeepSpeed model states ({_short(err)})", None
+    except Exception as err:  # a truncated pickle
+        return f"is damaged: not a readable checkpoint folder ({_short(err)})", None
+    if not isinstance(state, dict):
+        return "is not a Lightning checkpoint", None
+    step = state.get("global_step")
+    has = {
+        "state_dict": "module" in state,
+        "optimizer_states": any(n.endswith("optim_states.pt") for n in os.listdir(tag)),
+    }
+    needed = ("state_dict",) if weights_only else REQUIRED_KEYS
+    missing = [k for k in needed if not has.get(k, bool(state.get(k)))]
     if missing:
         return f"lacks {', '.join(missing)}", step
     return None, step
@@ -240,14 +315,17 @@ def write_shards(state: dict[str, Any], folder: str) -> None:
 
 
 class AtomicShardedCheckpoints:
-    """A mixin for a Lightning ``ModelParallelStrategy`` (put it first among the bases): its checkpoint
-    folders are written atomically with a SHA-256 manifest, verified on load, and removed whole.
+    """A mixin for a strategy that writes a checkpoint as a folder, each rank its part (Lightning's
+    ``ModelParallelStrategy``, ``DeepSpeedStrategy``; put it first among the bases): its checkpoint folders
+    are written atomically with a SHA-256 manifest, verified on load, and removed whole.
 
-    ``save_checkpoint``: every rank writes its shard into the temporary folder rank 0 named, rank 0 adds
-    ``meta.pt`` and :data:`MANIFEST` and renames it into place; the same layout as Lightning's
-    (``state_dict`` and ``optimizer_N`` in DCP, the rest in ``meta.pt``), so Lightning's own load reads it.
-    A ``save_distributed_checkpoint=False`` strategy writes one file through its ``CheckpointIO`` as
-    Lightning does.
+    ``save_checkpoint``: every rank writes its part into the temporary folder rank 0 named
+    (:meth:`_write_parts`), then rank 0 its own part (:meth:`_write_rest`) and :data:`MANIFEST`, and renames
+    the folder into place. The default parts are Lightning's DCP layout (``state_dict`` and ``optimizer_N``
+    in DCP, the rest in ``meta.pt``), so Lightning's own load reads it; a DeepSpeed strategy overrides
+    :meth:`_write_parts` with its engine's ``save_checkpoint`` and :meth:`_load_folder` with its load. A
+    ``save_distributed_checkpoint=False`` strategy writes one file through its ``CheckpointIO`` as Lightning
+    does.
 
     Raises (``save_checkpoint``):
         TrainingError: the disk refused a write (full, read-only, permissions): names the folder, the reason
@@ -279,24 +357,35 @@ class AtomicShardedCheckpoints:
 
     def _save_folder(self, checkpoint: dict[str, Any], path: str) -> None:
         zero = self.global_rank == 0  # type: ignore[attr-defined]
-        state = {"state_dict": checkpoint.pop("state_dict")}
-        state.update({f"optimizer_{i}": s for i, s in enumerate(checkpoint.pop("optimizer_states", []))})
         with atomic_folder(path) if zero else contextlib.nullcontext(None) as tmp:
             tmp = self.broadcast(tmp)  # type: ignore[attr-defined]
-            write_shards(state, tmp)
+            rest = self._write_parts(checkpoint, tmp)
             self.barrier("sharded checkpoint written")  # type: ignore[attr-defined]
             if zero:
-                torch.save(checkpoint, os.path.join(tmp, META))
+                self._write_rest(rest, tmp)
                 write_manifest(tmp)
                 fsync_folder(tmp)
         self.barrier("sharded checkpoint in place")  # type: ignore[attr-defined]
 
-    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
-        """Load a checkpoint folder into the sharded model and optimizers (resharded when the world size
-        differs) and return the rest (``meta.pt``); a file goes to Lightning's own load.
+    def _write_parts(self, checkpoint: dict[str, Any], folder: str) -> dict[str, Any]:
+        """Every rank (a collective): write this rank's part of ``checkpoint`` into ``folder`` (fsync'd);
+        returns what rank 0 writes after the barrier (:meth:`_write_rest`). Here: the model's and the
+        optimizers' shards in DCP, the rest for ``meta.pt``."""
+        state = {"state_dict": checkpoint.pop("state_dict")}
+        state.update({f"optimizer_{i}": s for i, s in enumerate(checkpoint.pop("optimizer_states", []))})
+        write_shards(state, folder)
+        return checkpoint
 
-        The model's keys the folder lacks must be frozen (an adapter checkpoint keeps its trainable weights
-        only, :func:`~hf_lightning.adapters.checkpoint.drop_frozen`); they keep the weights as built.
+    def _write_rest(self, rest: dict[str, Any], folder: str) -> None:
+        """Rank 0, after every rank's part is written: ``meta.pt`` (loops, schedulers, callbacks, ...)."""
+        torch.save(rest, os.path.join(folder, META))
+
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
+        """Load a checkpoint folder, checked against its manifest on rank 0 (the verdict broadcast), into the
+        sharded model and optimizers and return the rest; a file goes to Lightning's own load.
+
+        Raises:
+            ConfigError: the folder fails its manifest.
         """
         from hf_lightning.core.errors import ConfigError
 
@@ -307,6 +396,15 @@ class AtomicShardedCheckpoints:
         problem = self.broadcast(problem)  # type: ignore[attr-defined]
         if problem:
             raise ConfigError(f"{path} {problem}")
+        return self._load_folder(path, weights_only)
+
+    def _load_folder(self, path: str, weights_only: bool | None) -> dict[str, Any]:
+        """The DCP folder ``path`` into the sharded model and optimizers (resharded when the world size
+        differs); returns ``meta.pt``.
+
+        The model's keys the folder lacks must be frozen (an adapter checkpoint keeps its trainable weights
+        only, :func:`~hf_lightning.adapters.checkpoint.drop_frozen`); they keep the weights as built.
+        """
         model = self.model  # type: ignore[attr-defined]
         stored = {k.removeprefix("state_dict.") for k in stored_keys(path)}
         # a tied weight (an LM head sharing the embedding) is one Parameter under two names: both are frozen

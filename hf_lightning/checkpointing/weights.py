@@ -62,20 +62,25 @@ def load_model_weights(module: torch.nn.Module, ckpt_path: str, model_path: Any)
         ModelError: model weights missing, unexpected or of another shape (names the first few).
 
     A sharded checkpoint folder (``strategy=fsdp``) loads through ``torch.distributed.checkpoint`` into a
-    module sharded or not (a collective when it is sharded: call it on every rank).
+    module sharded or not (a collective when it is sharded: call it on every rank). A DeepSpeed checkpoint
+    folder loads into a module that is not sharded: its partitions gathered into whole float32 weights by
+    DeepSpeed's ``get_fp32_state_dict_from_zero_checkpoint``.
     """
     from hf_lightning.checkpointing.io import checksum_problem
-    from hf_lightning.checkpointing.sharded import is_sharded_checkpoint
+    from hf_lightning.checkpointing.sharded import is_deepspeed_checkpoint, is_sharded_checkpoint
 
     if is_sharded_checkpoint(str(ckpt_path)):
-        return _load_sharded(module, str(ckpt_path), model_path)
-    problem = checksum_problem(str(ckpt_path)) if os.path.isfile(str(ckpt_path)) else None
-    if problem:
-        raise ConfigError(f"ckpt_path={ckpt_path}: {ckpt_path} {problem}")
-    try:
-        state = torch.load(ckpt_path, map_location="cpu", weights_only=False)
-    except FileNotFoundError:
-        raise ConfigError(f"ckpt_path={ckpt_path}: no such file") from None
+        if not is_deepspeed_checkpoint(str(ckpt_path)):
+            return _load_sharded(module, str(ckpt_path), model_path)
+        state = _deepspeed_state(str(ckpt_path))
+    else:
+        problem = checksum_problem(str(ckpt_path)) if os.path.isfile(str(ckpt_path)) else None
+        if problem:
+            raise ConfigError(f"ckpt_path={ckpt_path}: {ckpt_path} {problem}")
+        try:
+            state = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+        except FileNotFoundError:
+            raise ConfigError(f"ckpt_path={ckpt_path}: no such file") from None
     if not isinstance(state, dict) or "state_dict" not in state:
         raise ConfigError(f"ckpt_path={ckpt_path}: not a Lightning checkpoint (no state_dict)")
     from hf_lightning.adapters.checkpoint import fill_frozen
@@ -97,6 +102,24 @@ def load_model_weights(module: torch.nn.Module, ckpt_path: str, model_path: Any)
             )
         raise ModelError(weights_mismatch_message(ckpt_path, model_path, "; ".join(parts)))
     return int(state.get("global_step", -1))
+
+
+def _deepspeed_state(path: str) -> dict[str, Any]:
+    """``{"state_dict": whole float32 weights, "global_step": ...}`` of a DeepSpeed checkpoint folder, checked
+    against its manifest first.
+
+    Raises:
+        ConfigError: the folder fails its manifest.
+    """
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    from hf_lightning.checkpointing.sharded import deepspeed_client_state, folder_problem
+
+    problem = folder_problem(path)
+    if problem:
+        raise ConfigError(f"ckpt_path={path}: {path} {problem}")
+    step = deepspeed_client_state(path).get("global_step", -1)
+    return {"state_dict": get_fp32_state_dict_from_zero_checkpoint(path), "global_step": step}
 
 
 def _load_sharded(module: torch.nn.Module, path: str, model_path: Any) -> int:

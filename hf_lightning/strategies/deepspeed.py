@@ -32,6 +32,7 @@ from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy
 
 from hf_lightning import compat
+from hf_lightning.checkpointing.sharded import AtomicShardedCheckpoints
 from hf_lightning.core.arguments import MISSING as _MISSING
 from hf_lightning.core.arguments import PRECISIONS as _PRECISIONS
 from hf_lightning.core.arguments import get_dotted as _get
@@ -187,7 +188,7 @@ def _read_user_config(user_config: str | Mapping[str, Any]) -> dict[str, Any]:
     return data
 
 
-class HFDeepSpeedStrategy(DeepSpeedStrategy):
+class HFDeepSpeedStrategy(AtomicShardedCheckpoints, DeepSpeedStrategy):
     """Lightning's ``DeepSpeedStrategy`` whose engine steps once per accumulation window, as the module says.
 
     ``HFLightningModule.training_step`` runs the window's backwards and one ``optimizer.step()`` (DeepSpeed's
@@ -196,7 +197,30 @@ class HFDeepSpeedStrategy(DeepSpeedStrategy):
     (``set_gradient_accumulation_boundary(False)``, the call accelerate's ``DeepSpeedEngineWrapper.backward``
     makes for HF ``Trainer``); the last one closes it. ``scale_wrt_gas=False`` keeps the module's loss as it
     is (see the module docstring).
+
+    Checkpoints: the engine's own folder (``DeepSpeedEngine.save_checkpoint``, tag ``checkpoint``, as
+    Lightning's strategy writes it), made atomic and checksummed by
+    :class:`~hf_lightning.checkpointing.sharded.AtomicShardedCheckpoints`: every rank writes its part into a
+    temporary sibling folder, rank 0 adds the manifest and renames it into place; a load checks the manifest
+    first; a removed checkpoint is removed whole.
     """
+
+    def _distributed_save(self) -> bool:
+        return True  # the engine writes a folder, each rank its part
+
+    def _write_parts(self, checkpoint: dict[str, Any], folder: str) -> dict[str, Any]:
+        """Lightning's ``DeepSpeedStrategy.save_checkpoint`` into ``folder``: the engine writes the model
+        and optimizer states (each rank its partition) with the rest of ``checkpoint`` as its client state."""
+        DeepSpeedStrategy.save_checkpoint(self, checkpoint, folder)
+        return {}
+
+    def _write_rest(self, rest: dict[str, Any], folder: str) -> None:
+        """Nothing: the engine wrote Lightning's part with its model states."""
+
+    def _load_folder(self, path: str, weights_only: bool | None) -> dict[str, Any]:
+        """Lightning's ``DeepSpeedStrategy.load_checkpoint``: the engine loads its folder (model, and when
+        fitting the optimizer partitions) and returns Lightning's part."""
+        return DeepSpeedStrategy.load_checkpoint(self, path, weights_only)
 
     def setup_environment(self) -> None:
         """Lightning's, and on the CPU accelerator the same steps without its CUDA-only check.

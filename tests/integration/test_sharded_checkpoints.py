@@ -52,7 +52,15 @@ def case_id(case: tuple[str, int, str]) -> str:
     return "-".join(map(str, (case[2], case[0], case[1])))
 
 
-def cli(run_dir: Path, data: Path, *overrides: str, ranks: int = 2, batch: int = 2):
+def cli(
+    run_dir: Path,
+    data: Path,
+    *overrides: str,
+    ranks: int = 2,
+    batch: int = 2,
+    strategy: tuple[str, ...] | None = None,
+):
+    """The run of this module's cases; ``strategy``: other strategy overrides than FSDP2's on ``ranks``."""
     return run_train_cli(
         "+experiment=clm",
         f"data.path={data}",
@@ -72,7 +80,7 @@ def cli(run_dir: Path, data: Path, *overrides: str, ranks: int = 2, batch: int =
         "data.validation_split=0.1",
         "trainer.enable_progress_bar=false",
         *SMALL_MODEL,
-        *sharded(ranks),
+        *(strategy or sharded(ranks)),
         *overrides,
     )
 
@@ -284,9 +292,11 @@ def test_a_resume_from_an_earlier_checkpoint_of_the_run_replaces_its_last_folder
 ):
     """``ckpt_path=checkpoints/step000003.ckpt`` in the run's own folder, whose ``last.ckpt`` (a folder, step
     6) the restored state does not name: it is adopted and replaced by the resumed run's (no
-    ``last-v1.ckpt``), and the run equals the straight one."""
+    ``last-v1.ckpt``), and the run equals the straight one. (The run is its own, not a copy: a moved or copied
+    run folder restores no checkpoint bookkeeping.)"""
     run = tmp_path / "run"
-    shutil.copytree(straight, run)
+    proc = cli(run, text_file)
+    assert proc.returncode == 0, proc.stderr[-3000:]
     proc = cli(run, text_file, f"ckpt_path={run / 'checkpoints' / 'step000003.ckpt'}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert sorted(os.listdir(run / "checkpoints")) == sorted(os.listdir(straight / "checkpoints"))

@@ -73,10 +73,13 @@ def test_shard_module_on_one_rank_keeps_names(tmp_path):
     from torch.distributed.fsdp import FSDPModule
     from torch.distributed.tensor import DTensor
 
+    from hf_lightning.module.optim import decay_parameter_names
     from hf_lightning.strategies import shard_module
 
     root = HFLightningModule(tiny_llama())
     names = [n for n, _ in root.named_parameters()]
+    decay = decay_parameter_names(root.model)
+    assert decay and len(decay) < len(names)  # HF's two weight-decay groups, by parameter name
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
     try:
         sharded = shard_module(root, init_device_mesh("cpu", (1,)), NoSplitModulesPolicy())
@@ -86,6 +89,7 @@ def test_shard_module_on_one_rank_keeps_names(tmp_path):
         assert isinstance(root.model, FSDPModule) and not isinstance(root, FSDPModule)
         # activation checkpointing included: the names the optimizer groups and peft read are unchanged
         assert [n for n, _ in root.named_parameters()] == names
+        assert decay_parameter_names(root.model) == decay
         assert all(isinstance(p, DTensor) for p in root.parameters())
     finally:
         dist.destroy_process_group()
