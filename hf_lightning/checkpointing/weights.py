@@ -47,6 +47,19 @@ def summarize_load_error(err: BaseException) -> str:
     return "; ".join(parts) or str(err).splitlines()[0][:200]
 
 
+def key_problems(missing: list[str], unexpected: list[str]) -> str:
+    """``N weights missing from the checkpoint, e.g. [...]; M checkpoint weights the model has no place for,
+    e.g. [...]`` (either part only when it has keys)."""
+    parts = []
+    if missing:
+        parts.append(f"{len(missing)} weights missing from the checkpoint, e.g. {missing[:3]}")
+    if unexpected:
+        parts.append(
+            f"{len(unexpected)} checkpoint weights the model has no place for, e.g. {unexpected[:3]}"
+        )
+    return "; ".join(parts)
+
+
 def load_model_weights(module: torch.nn.Module, ckpt_path: str, model_path: Any) -> int:
     """Load the ``model.*`` weights of the Lightning checkpoint ``ckpt_path`` into ``module``.
 
@@ -93,14 +106,7 @@ def load_model_weights(module: torch.nn.Module, ckpt_path: str, model_path: Any)
     missing = [k for k in result.missing_keys if k.startswith(MODEL_PREFIX)]
     unexpected = [k for k in result.unexpected_keys if k.startswith(MODEL_PREFIX)]
     if missing or unexpected:
-        parts = []
-        if missing:
-            parts.append(f"{len(missing)} weights missing from the checkpoint, e.g. {missing[:3]}")
-        if unexpected:
-            parts.append(
-                f"{len(unexpected)} checkpoint weights the model has no place for, e.g. {unexpected[:3]}"
-            )
-        raise ModelError(weights_mismatch_message(ckpt_path, model_path, "; ".join(parts)))
+        raise ModelError(weights_mismatch_message(ckpt_path, model_path, key_problems(missing, unexpected)))
     return int(state.get("global_step", -1))
 
 
@@ -139,14 +145,7 @@ def _load_sharded(module: torch.nn.Module, path: str, model_path: Any) -> int:
     missing = [k for k in wanted if k not in stored]
     unexpected = sorted(k for k in stored if k.startswith(MODEL_PREFIX) and k not in set(wanted))
     if missing or unexpected:
-        parts = []
-        if missing:
-            parts.append(f"{len(missing)} weights missing from the checkpoint, e.g. {missing[:3]}")
-        if unexpected:
-            parts.append(
-                f"{len(unexpected)} checkpoint weights the model has no place for, e.g. {unexpected[:3]}"
-            )
-        raise ModelError(weights_mismatch_message(path, model_path, "; ".join(parts)))
+        raise ModelError(weights_mismatch_message(path, model_path, key_problems(missing, unexpected)))
     try:
         load_sharded_weights(module, path)
     except Exception as err:  # DCP wraps a shape mismatch in its CheckpointException
