@@ -222,6 +222,17 @@ class HFDeepSpeedStrategy(AtomicShardedCheckpoints, DeepSpeedStrategy):
         fitting the optimizer partitions) and returns Lightning's part."""
         return DeepSpeedStrategy.load_checkpoint(self, path, weights_only)
 
+    def teardown(self) -> None:
+        """Lightning's, then ``torch.nn.functional.linear`` as it was at :meth:`setup_environment`: a ZeRO-3
+        engine replaces it with DeepSpeed's own (from ``deepspeed.zero.Init`` on) and leaves it there, so
+        that a later model in the same process (a ``torch.compile`` among them) would run through it."""
+        super().teardown()
+        linear = getattr(self, "_linear", None)
+        if linear is not None:
+            import torch.nn.functional
+
+            torch.nn.functional.linear = linear
+
     def setup_environment(self) -> None:
         """Lightning's, and on the CPU accelerator the same steps without its CUDA-only check.
 
@@ -235,6 +246,9 @@ class HFDeepSpeedStrategy(AtomicShardedCheckpoints, DeepSpeedStrategy):
             ConfigError: ``trainer.accelerator=cpu`` while DeepSpeed picked another accelerator (set
                 ``DS_ACCELERATOR=cpu`` before the run).
         """
+        import torch.nn.functional
+
+        self._linear = torch.nn.functional.linear  # restored at teardown: ZeRO-3 replaces it
         if not isinstance(self.accelerator, CPUAccelerator):
             super().setup_environment()
             return
