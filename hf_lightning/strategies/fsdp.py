@@ -251,12 +251,14 @@ class HFFSDPStrategy(AtomicShardedCheckpoints, ModelParallelStrategy):
                     "bf16 parameters, fp32 reduction" if self.precision == "bf16-mixed" else "none",
                 )
         super().setup(trainer)
+        self._units = fsdp_units(self.model)  # fixed from here on: read by every window's backwards
 
     @contextmanager
     def block_backward_sync(self) -> Iterator[None]:
         """Gradients of the backwards inside accumulate locally, unsharded, and are reduce-scattered at the
         next backward outside (FSDP2's ``set_requires_gradient_sync(False)``, its ``no_sync``)."""
-        with no_gradient_sync(fsdp_units(self.model)):
+        units = getattr(self, "_units", None)
+        with no_gradient_sync(fsdp_units(self.model) if units is None else units):
             yield
 
 

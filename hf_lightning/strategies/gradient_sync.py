@@ -50,10 +50,13 @@ def gradient_sync(strategy: Any, sync: bool) -> Iterator[None]:
     if sync or not isinstance(strategy, ParallelStrategy):
         yield
         return
-    units = fsdp_units(strategy.model) if isinstance(strategy, ModelParallelStrategy) else []
-    if units and type(strategy).block_backward_sync is ModelParallelStrategy.block_backward_sync:
-        with no_gradient_sync(units):
-            yield
-        return
+    # Lightning's own ModelParallelStrategy switch does nothing for FSDP2: FSDP2's, on every unit (the module
+    # tree is walked only for that strategy; HFFSDPStrategy's switch holds its units)
+    if type(strategy).block_backward_sync is ModelParallelStrategy.block_backward_sync:
+        units = fsdp_units(strategy.model)
+        if units:
+            with no_gradient_sync(units):
+                yield
+            return
     with strategy.block_backward_sync():
         yield
