@@ -32,13 +32,16 @@ def _private_cache(tmp_path_factory):
 
 
 # what a distributed strategy's set-up writes into the environment for its process group (Lightning's
-# DeepSpeedStrategy does, so does ours on CPU): a later test in the same process would read a world from them
-_RENDEZVOUS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
+# strategies leave them behind): a later test in the same process, or a process it starts, would read a world
+# from them. After each test they are put back as they were when the session started, not as the test found
+# them, since a module-scoped fixture runs before a test's own snapshot would be taken.
+_RENDEZVOUS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+_SESSION_RENDEZVOUS = {key: os.environ.get(key) for key in _RENDEZVOUS}
 
 
 @pytest.fixture(autouse=True)
 def _clean_global_state():
-    before = {key: os.environ.get(key) for key in _RENDEZVOUS}
+    before = _SESSION_RENDEZVOUS
     import torch.nn.functional
 
     linear = torch.nn.functional.linear

@@ -39,6 +39,7 @@ from hf_lightning.core.arguments import get_dotted as _get
 from hf_lightning.core.arguments import set_dotted as _set
 from hf_lightning.core.arguments import world_size
 from hf_lightning.core.errors import ConfigError
+from hf_lightning.strategies.launch import rendezvous_variables, restore_rendezvous
 
 STAGES = (2, 3)
 # the project's precisions (hf_lightning.core.arguments) that DeepSpeed runs: no float64
@@ -203,7 +204,13 @@ class HFDeepSpeedStrategy(AtomicShardedCheckpoints, DeepSpeedStrategy):
     :class:`~hf_lightning.checkpointing.sharded.AtomicShardedCheckpoints`: every rank writes its part into a
     temporary sibling folder, rank 0 adds the manifest and renames it into place; a load checks the manifest
     first; a removed checkpoint is removed whole.
+
+    Args and keyword args: Lightning's ``DeepSpeedStrategy``.
     """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._rendezvous = rendezvous_variables()  # put back by teardown after a one-process run
 
     def _distributed_save(self) -> bool:
         return True  # the engine writes a folder, each rank its part
@@ -225,13 +232,16 @@ class HFDeepSpeedStrategy(AtomicShardedCheckpoints, DeepSpeedStrategy):
     def teardown(self) -> None:
         """Lightning's, then ``torch.nn.functional.linear`` as it was at :meth:`setup_environment`: a ZeRO-3
         engine replaces it with DeepSpeed's own (from ``deepspeed.zero.Init`` on) and leaves it there, so
-        that a later model in the same process (a ``torch.compile`` among them) would run through it."""
+        that a later model in the same process (a ``torch.compile`` among them) would run through it; after
+        a one-process run also the rendezvous variables as they were when the strategy was made
+        (:func:`~hf_lightning.strategies.launch.restore_rendezvous`)."""
         super().teardown()
         linear = getattr(self, "_linear", None)
         if linear is not None:
             import torch.nn.functional
 
             torch.nn.functional.linear = linear
+        restore_rendezvous(self._rendezvous, self.world_size)
 
     def setup_environment(self) -> None:
         """Lightning's, and on the CPU accelerator the same steps without its CUDA-only check.

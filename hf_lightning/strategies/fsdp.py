@@ -36,6 +36,7 @@ from hf_lightning.checkpointing.sharded import AtomicShardedCheckpoints
 from hf_lightning.compat import checkpoint_blocks, no_split_modules, set_model_parallel_sizes
 from hf_lightning.core.errors import ConfigError
 from hf_lightning.strategies.gradient_sync import fsdp_units, no_gradient_sync
+from hf_lightning.strategies.launch import rendezvous_variables, restore_rendezvous
 
 log = logging.getLogger(__name__)
 
@@ -218,6 +219,13 @@ class HFFSDPStrategy(AtomicShardedCheckpoints, ModelParallelStrategy):
         self.activation_checkpointing = activation_checkpointing
         self.precision = str(precision)
         self.state_dict_type = state_dict_type
+        self._rendezvous = rendezvous_variables()  # put back by teardown after a one-process run
+
+    def teardown(self) -> None:
+        """Lightning's, then after a one-process run the rendezvous variables as they were when the strategy
+        was made (:func:`~hf_lightning.strategies.launch.restore_rendezvous`)."""
+        super().teardown()
+        restore_rendezvous(self._rendezvous, self.world_size)
 
     def setup_environment(self) -> None:
         # one data-parallel dimension over all ranks: FSDP2 shards across every process, on every node

@@ -7,6 +7,10 @@ job's ``LOCAL_RANK`` in the environment and wait forever for ranks that never st
 multi-process jobs needs a launcher that starts the ranks itself: ``hydra/launcher=slurm`` (submitit, one
 SLURM task per device; Lightning's SLURM environment then launches nothing), or ``torchrun`` around single
 runs.
+
+The same launcher leaves the rendezvous variables it wrote in rank 0's environment (Lightning relies on them
+to not relaunch at a later ``trainer.test``); after a one-process run, where nothing is relaunched, our
+strategies put them back (:func:`restore_rendezvous`).
 """
 
 from __future__ import annotations
@@ -17,6 +21,28 @@ from typing import Any
 
 from hf_lightning.compat import uses_script_launcher
 from hf_lightning.core.errors import ConfigError
+
+# what Lightning's script launcher and a distributed strategy's set-up write into the process's environment
+RENDEZVOUS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
+
+
+def rendezvous_variables() -> dict[str, str | None]:
+    """The :data:`RENDEZVOUS` variables as they are now (``None`` for an absent one)."""
+    return {key: os.environ.get(key) for key in RENDEZVOUS}
+
+
+def restore_rendezvous(saved: dict[str, str | None], world_size: int) -> None:
+    """Put the :data:`RENDEZVOUS` variables back as ``saved`` after a one-process run (``world_size`` 1):
+    left behind, a later HF ``Trainer`` in the process (accelerate reads ``LOCAL_RANK``) or another
+    Lightning run would take them for a world that does not exist. Nothing for several processes, whose
+    rank 0 needs them to not relaunch its ranks at a later ``trainer.validate``/``test``."""
+    if world_size != 1:
+        return
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
 
 
 def relaunches_command_line(trainer: Any) -> bool:

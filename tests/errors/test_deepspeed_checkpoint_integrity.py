@@ -42,14 +42,21 @@ class _Regression(L.LightningModule):
 
 
 @pytest.fixture(scope="module")
-def written(tmp_path_factory):
-    """``step=2.ckpt/``: the checkpoint folder of 2 ZeRO-2 steps on one CPU process."""
+def fitted(tmp_path_factory):
+    """``step=2.ckpt/``, the checkpoint folder of 2 ZeRO-2 steps on one CPU process, and the rendezvous
+    variables of the environment after the fit (before it: ``MASTER_PORT`` set, the others absent)."""
+    from lightning.fabric.plugins.environments.lightning import find_free_network_port
+
     from hf_lightning.strategies.deepspeed import HFDeepSpeedStrategy
+    from hf_lightning.strategies.launch import RENDEZVOUS
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("DS_ACCELERATOR", "cpu")
-        for key in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
-            mp.delenv(key, raising=False)
+        for key in RENDEZVOUS:
+            mp.setenv(key, "")  # recorded, so that the context puts back what was there
+            mp.delenv(key)
+        port = str(find_free_network_port())
+        mp.setenv("MASTER_PORT", port)
         folder = tmp_path_factory.mktemp("ds") / "checkpoints"
         config = {"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 2}}
         config["zero_allow_untested_optimizer"] = True
@@ -72,7 +79,27 @@ def written(tmp_path_factory):
 
         if dist.is_initialized():  # DeepSpeed's own, which also drops the groups it caches
             deepspeed.comm.destroy_process_group()
-    return folder / "step=2.ckpt"
+        after = {key: os.environ.get(key) for key in RENDEZVOUS}
+    return folder / "step=2.ckpt", port, after
+
+
+@pytest.fixture(scope="module")
+def written(fitted):
+    return fitted[0]
+
+
+def test_the_fit_leaves_the_rendezvous_variables_as_they_were(fitted):
+    """Lightning's launcher and the set-up wrote ``MASTER_ADDR``, ``RANK``, ``WORLD_SIZE`` and ``LOCAL_RANK``
+    for DeepSpeed's process group; left behind, an HF ``Trainer`` created later in the process (accelerate
+    reads ``LOCAL_RANK``) would wait for a world that does not exist."""
+    _, port, after = fitted
+    assert after == {
+        "MASTER_ADDR": None,
+        "MASTER_PORT": port,
+        "RANK": None,
+        "WORLD_SIZE": None,
+        "LOCAL_RANK": None,
+    }
 
 
 @pytest.fixture
