@@ -162,6 +162,23 @@ def warn_if_logits_kept(stage: str, dataset: Any, model: nn.Module) -> None:
         )
 
 
+def position_wise_problem(chunked: torch.Tensor, whole: Any) -> str | None:
+    """Why ``preprocess_logits_for_metrics``'s predictions from chunks of positions (``chunked``) are not its
+    result on the whole batch's logits (``whole``), or ``None``: the same shape, and equal (integers,
+    booleans) or equal to float rounding (relative 1e-4: the head's product in chunks rounds differently).
+    """
+    if not isinstance(whole, torch.Tensor):
+        return f"on the whole logits it returned a {type(whole).__name__}, not a tensor"
+    if whole.shape != chunked.shape:
+        return f"on the whole logits it returned shape {tuple(whole.shape)}, on chunks {tuple(chunked.shape)}"
+    whole = whole.to(chunked.device)
+    if chunked.is_floating_point() or chunked.is_complex():
+        same = torch.allclose(chunked, whole.to(chunked.dtype), rtol=1e-4, atol=1e-6, equal_nan=True)
+    else:
+        same = torch.equal(chunked, whole.to(chunked.dtype))
+    return None if same else "its results on chunks of positions differ from those on the whole logits"
+
+
 def returned_results(trainer: Any, stage: str) -> list[dict[str, float]] | None:
     """The list ``trainer.validate()`` / ``.test()`` will return (one dict per dataloader), while it is being
     built; ``None`` inside ``fit`` (which returns nothing) or when ``stage`` is not the one running.

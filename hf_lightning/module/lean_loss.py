@@ -40,6 +40,7 @@ from hf_lightning.module.linear_cross_entropy import (
     LogitTransform,
     default_chunk_size,
     linear_cross_entropy,
+    linear_cross_entropy_predictions,
     linear_cross_entropy_stats,
 )
 
@@ -145,12 +146,16 @@ class LeanLoss:
     def active(self) -> bool:
         return self.reason is None
 
+    def chunk_rows(self) -> int:
+        """Tokens per chunk of the LM head's products (while :attr:`active`)."""
+        return self.chunk_size or default_chunk_size(self.head.weight.shape[0], self.head.weight.device)
+
     def describe(self) -> str:
         """One line for the log: what the lean loss does, or why it is off."""
         if not self.active:
             return f"the loss is computed from the full logits: {self.reason}"
         vocab, hidden = self.head.weight.shape
-        chunk = self.chunk_size or default_chunk_size(vocab, self.head.weight.device)
+        chunk = self.chunk_rows()
         chosen = (
             f"module.lean_loss=null chose it: {vocab} outputs, at least {LEAN_MIN_VOCAB}; "
             if self.auto
@@ -297,6 +302,37 @@ class LeanLoss:
         return linear_cross_entropy_stats(
             flat_h, self.head.weight, flat_t, self.head.bias, self.transform, self.chunk_size
         )
+
+    def predictions(
+        self,
+        hidden: torch.Tensor,
+        targets: torch.Tensor,
+        labels: torch.Tensor,
+        preprocess: Callable[[torch.Tensor, torch.Tensor], Any],
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Evaluation with HF's ``preprocess_logits_for_metrics`` on chunks of positions: ``(loss sum,
+        correct, predictions (B, L, ...))`` from ``hidden`` ``(B, L, H)``, shifted ``targets`` and the batch's
+        ``labels`` (both ``(B, L)``); see
+        :func:`~hf_lightning.module.linear_cross_entropy.linear_cross_entropy_predictions` (which raises
+        ``NotPositionWise``)."""
+        flat_h = hidden.reshape(-1, hidden.size(-1))
+        loss_sum, correct, preds = linear_cross_entropy_predictions(
+            flat_h,
+            self.head.weight,
+            targets.reshape(-1),
+            labels.reshape(-1),
+            preprocess,
+            self.head.bias,
+            self.transform,
+            self.chunk_size,
+        )
+        return loss_sum, correct, preds.reshape(*labels.shape, *preds.shape[2:])
+
+    @torch.no_grad()
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The model's logits ``(B, L, V)`` from ``hidden`` ``(B, L, H)``: its head, then its logit
+        transform (in the head's dtype)."""
+        return self.transform(F.linear(hidden, self.head.weight, self.head.bias))
 
 
 class _NoConfig:

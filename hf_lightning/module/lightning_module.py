@@ -34,6 +34,7 @@ from hf_lightning.module.eval_metrics import (
     STAGES,
     PredictionCollector,
     all_gather_object,
+    position_wise_problem,
     returned_results,
     sequence_classes,
     stage_metrics,
@@ -41,6 +42,7 @@ from hf_lightning.module.eval_metrics import (
 )
 from hf_lightning.module.grad_norm import StepGradNorm
 from hf_lightning.module.lean_loss import LeanLoss, arguments_reason, strategy_reason
+from hf_lightning.module.linear_cross_entropy import NotPositionWise
 from hf_lightning.module.loss import (
     FALLBACK_WARNING,
     NON_MODEL_KEYS,
@@ -121,7 +123,14 @@ class HFLightningModule(L.LightningModule):
         compute_metrics: HF-style ``compute_metrics(EvalPrediction) -> dict`` over the whole evaluation set
             (numpy arrays padded with -100, in dataset order); its keys are logged as ``val/<key>``.
         preprocess_logits_for_metrics: HF-style ``(logits, labels) -> preds`` applied per batch before
-            anything is kept (e.g. ``argmax``), so memory holds predictions, not logits.
+            anything is kept (e.g. ``argmax``), so memory holds predictions, not logits. Under the lean loss
+            it is applied to the logits of chunks of positions (``logits (1, n, V)``, ``labels (1, n)``,
+            results concatenated along dim 1), so no batch's whole logits exist, when it is position-wise.
+        preprocess_logits_position_wise: declare whether ``preprocess_logits_for_metrics`` is position-wise
+            (each position's result depends only on that position's logits and label: argmax, top-k,
+            log-softmax). ``None``: checked on the first evaluation batch, whose chunked predictions are
+            compared with the function's result on the whole logits; a function that is not position-wise
+            gets the whole logits of each batch, with one INFO line.
         eval_accumulation_steps: move collected predictions to the CPU every this many batches (HF's).
         batch_eval_metrics: call ``compute_metrics(EvalPrediction, compute_result=is_last_batch)`` per batch
             instead of once (HF's); the last call's result is logged.
@@ -181,6 +190,7 @@ class HFLightningModule(L.LightningModule):
         causal: bool | None = None,
         compute_metrics: Callable[..., Mapping[str, float]] | None = None,
         preprocess_logits_for_metrics: Callable[[torch.Tensor, torch.Tensor], Any] | None = None,
+        preprocess_logits_position_wise: bool | None = None,
         eval_accumulation_steps: Annotated[int | None, OPTIONAL_POSITIVE_INT] = None,
         batch_eval_metrics: bool = False,
         lean_loss: bool | None = None,
@@ -233,6 +243,9 @@ class HFLightningModule(L.LightningModule):
         self.last_validated_step: int | None = None
         self.compute_metrics = compute_metrics
         self.preprocess_logits_for_metrics = preprocess_logits_for_metrics
+        #: whether ``preprocess_logits_for_metrics`` runs on chunks of positions under the lean loss
+        #: (``None``: not known yet, checked on the first evaluation batch)
+        self.preprocess_chunks = preprocess_logits_position_wise
         self.batch_eval_metrics = batch_eval_metrics
         num_classes = sequence_classes(self.model)
         self.eval_metrics = nn.ModuleDict(
@@ -788,11 +801,16 @@ class HFLightningModule(L.LightningModule):
         self._eval_step(batch, batch_idx, "test")
 
     def _eval_step(self, batch: Mapping[str, Any], batch_idx: int, stage: str) -> None:
-        metrics = self.eval_metrics[stage]
-        if self.lean.active and self.compute_metrics is None and self._lean_eval_step(batch, metrics):
+        if self.lean.active and self._lean_eval_step(batch, batch_idx, stage):
             return
-        outputs = self(batch)
-        logits, labels = outputs.logits, batch["labels"]
+        self._eval_from_logits(batch, self(batch).logits, batch_idx, stage)
+
+    def _eval_from_logits(
+        self, batch: Mapping[str, Any], logits: torch.Tensor, batch_idx: int, stage: str
+    ) -> None:
+        """The stage's metrics of one batch from its whole ``(B, L, V)`` logits."""
+        metrics = self.eval_metrics[stage]
+        labels = batch["labels"]
         loss_sum = token_cross_entropy_sum(
             logits, labels, causal=self.causal, shift_labels=batch.get("shift_labels")
         )
@@ -807,6 +825,10 @@ class HFLightningModule(L.LightningModule):
         preds = logits
         if self.preprocess_logits_for_metrics is not None:
             preds = self.preprocess_logits_for_metrics(logits, labels)
+        self._keep_predictions(preds, labels, batch_idx, stage)
+
+    def _keep_predictions(self, preds: Any, labels: torch.Tensor, batch_idx: int, stage: str) -> None:
+        """``compute_metrics``'s share of one batch: called now (``batch_eval_metrics``) or collected."""
         if self.batch_eval_metrics:
             from transformers import EvalPrediction
 
@@ -820,22 +842,88 @@ class HFLightningModule(L.LightningModule):
         else:
             self._collector.add(preds, labels)
 
-    def _lean_eval_step(self, batch: Mapping[str, Any], metrics: Mapping[str, Any]) -> bool:
-        """Loss and token accuracy from the hidden states and the LM head, chunk by chunk (no logits held);
-        ``False`` when the model turned out not to fit (the caller takes the plain path)."""
-        targets = loss_targets(batch["labels"], self.causal, batch.get("shift_labels"))
+    def _lean_eval_step(self, batch: Mapping[str, Any], batch_idx: int, stage: str) -> bool:
+        """Loss and token accuracy from the hidden states and the LM head, chunk by chunk (no logits held),
+        and ``preprocess_logits_for_metrics`` applied to the same chunks' logits; ``False`` when the model
+        turned out not to fit, or ``compute_metrics`` needs the whole logits (the caller takes the plain
+        path)."""
+        wants_preds = self.compute_metrics is not None and not batch.get(PLACEHOLDER_KEY)
+        if wants_preds and (self.preprocess_logits_for_metrics is None or self.preprocess_chunks is False):
+            return False
+        labels = batch["labels"]
+        targets = loss_targets(labels, self.causal, batch.get("shift_labels"))
         lean = self.lean.forward(lambda: self(batch), targets.shape)
         if lean is None:
             self._say_lean()
             return False
+        hidden = lean[1]
         count = int((targets != IGNORE_INDEX).sum())
-        loss_sum, correct = self.lean.stats(lean[1], targets, count)
+        if not wants_preds:
+            loss_sum, correct = self.lean.stats(hidden, targets, count)
+        else:
+            chunked = self._chunked_predictions(hidden, targets, labels)
+            if chunked is None:  # the whole logits, from the hidden states the forward gave
+                self._eval_from_logits(batch, self.lean.logits(hidden), batch_idx, stage)
+                return True
+            loss_sum, correct, preds = chunked
+        metrics = self.eval_metrics[stage]
         # the loss is averaged over the module's own target rule: the same count unless a subclass redefines
         # it
         own_count = type(self).count_loss_items is HFLightningModule.count_loss_items
         metrics["loss"].update(loss_sum, count if own_count else self.count_loss_items(batch))
         metrics["accuracy"].update(correct=correct, total=count)
+        if wants_preds:
+            self._keep_predictions(preds, labels, batch_idx, stage)
         return True
+
+    def _chunked_predictions(
+        self, hidden: torch.Tensor, targets: torch.Tensor, labels: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """``(loss sum, correct, predictions)`` with ``preprocess_logits_for_metrics`` applied to chunks of
+        positions; ``None`` (and :attr:`preprocess_chunks` set to ``False`` with one INFO line) when it is
+        not position-wise. While :attr:`preprocess_chunks` is ``None`` (the first batch) the predictions
+        are compared with the function's result on the whole batch's logits."""
+        fn = self.preprocess_logits_for_metrics
+        try:
+            loss_sum, correct, preds = self.lean.predictions(hidden, targets, labels, fn)
+        except NotPositionWise as err:
+            self._not_position_wise(str(err))
+            return None
+        if self.preprocess_chunks is None:
+            problem = position_wise_problem(preds, fn(self.lean.logits(hidden), labels))
+            if problem is not None:
+                self._not_position_wise(problem)
+                return None
+            self.preprocess_chunks = True
+        return loss_sum, correct, preds
+
+    def _not_position_wise(self, why: str) -> None:
+        self.preprocess_chunks = False
+        if self.trainer.is_global_zero:
+            log.info(
+                "preprocess_logits_for_metrics is not position-wise (%s): evaluation computes each batch's "
+                "whole logits for it (preprocess_logits_position_wise=true declares it position-wise)",
+                why,
+            )
+
+    def _lean_eval_line(self) -> str:
+        """What evaluation with ``compute_metrics`` does with the logits while training is lean."""
+        if self.preprocess_logits_for_metrics is None:
+            return "evaluation computes the full logits: compute_metrics needs them (training stays lean)"
+        if self.preprocess_chunks is False:
+            return (
+                "evaluation computes each batch's whole logits for preprocess_logits_for_metrics "
+                "(preprocess_logits_position_wise=false; training stays lean)"
+            )
+        checked = (
+            "declared position-wise"
+            if self.preprocess_chunks
+            else "checked on the first batch against the whole batch's logits"
+        )
+        return (
+            f"evaluation applies preprocess_logits_for_metrics to the logits of at most "
+            f"{self.lean.chunk_rows()} positions at a time, never the whole batch's ({checked})"
+        )
 
     def _num_eval_batches(self, stage: str) -> int:
         counts = self.trainer.num_val_batches if stage == "val" else self.trainer.num_test_batches
@@ -853,9 +941,7 @@ class HFLightningModule(L.LightningModule):
         if self.compute_metrics is not None and self.lean.active and not self._lean_eval_said:
             self._lean_eval_said = True
             if self.trainer.is_global_zero:
-                log.info(
-                    "evaluation computes the full logits: compute_metrics needs them (training stays lean)"
-                )
+                log.info(self._lean_eval_line())
         if (
             self.compute_metrics is None
             or self.preprocess_logits_for_metrics is not None
@@ -937,6 +1023,16 @@ class HFLightningModule(L.LightningModule):
         for outputs in results:
             outputs.update(floats)
 
+    def _lean_argmax(self, batch: Mapping[str, Any]) -> torch.Tensor | None:
+        """The argmax token ``(B, L)`` at every position from the hidden states and the LM head, chunk by
+        chunk (no logits held); ``None`` when the model turned out not to fit."""
+        labels = batch["labels"]
+        lean = self.lean.forward(lambda: self(batch), labels.shape)
+        if lean is None:
+            self._say_lean()
+            return None
+        return self.lean.predictions(lean[1], labels, labels, _argmax)[2]
+
     def predict_step(self, batch: Mapping[str, Any], batch_idx: int) -> list[dict[str, Any]]:
         """Per example: the argmax token at every target position (causal shift), and the label there.
 
@@ -948,9 +1044,10 @@ class HFLightningModule(L.LightningModule):
         """
         if batch.get(PLACEHOLDER_KEY):
             return []
-        logits = self(batch).logits
-        preds = logits.argmax(-1)
         labels = batch["labels"]
+        preds = self._lean_argmax(batch) if self.lean.active else None
+        if preds is None:
+            preds = self(batch).logits.argmax(-1)
         if self.causal:
             preds = torch.nn.functional.pad(preds[..., :-1], (1, 0), value=IGNORE_INDEX)
         out = []
@@ -962,3 +1059,7 @@ class HFLightningModule(L.LightningModule):
                 {"positions": pos.tolist(), "predicted_ids": p[pos].tolist(), "label_ids": lab[pos].tolist()}
             )
         return out
+
+
+def _argmax(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return logits.argmax(-1)

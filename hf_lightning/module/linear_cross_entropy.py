@@ -22,7 +22,9 @@ and every gradient equal the plain path's up to float rounding (relative 1e-6 in
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -97,7 +99,18 @@ def _chunk(
     V`` (zero for ignored rows), times the transform's derivative. Computed in place on the one float32 logits
     tensor of the chunk (plus one for a soft-cap): a chunk allocates one or two ``(rows, V)`` tensors.
     """
-    raw = F.linear(hidden, weight, bias)
+    return _chunk_of_logits(F.linear(hidden, weight, bias), targets, transform, eps, want_grad, want_correct)
+
+
+def _chunk_of_logits(
+    raw: torch.Tensor,
+    targets: torch.Tensor,
+    transform: LogitTransform,
+    eps: float,
+    want_grad: bool,
+    want_correct: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """:func:`_chunk` from the head's output ``raw`` ``(rows, V)``, which it overwrites when float32."""
     z = raw.float()  # the head output itself when it is float32 (no copy): it is not needed afterwards
     if transform.multiplier is not None:
         z.mul_(transform.multiplier)
@@ -242,6 +255,60 @@ def linear_cross_entropy_stats(
     return _no_grad_stats(
         hidden, weight, bias, targets.to(hidden.device), transform, 0.0, chunk, with_correct=True
     )
+
+
+@torch.no_grad()
+def linear_cross_entropy_predictions(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    labels: torch.Tensor,
+    preprocess: Callable[[torch.Tensor, torch.Tensor], Any],
+    bias: torch.Tensor | None = None,
+    transform: LogitTransform = IDENTITY,
+    chunk_size: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Evaluation with HF's ``preprocess_logits_for_metrics`` applied chunk by chunk: ``(loss sum, correct,
+    predictions)`` without gradients, and no ``(tokens x vocab)`` tensor.
+
+    Args:
+        hidden: ``(N, H)`` final hidden states, every position of the batch in order.
+        targets: ``(N,)`` int64, the loss's targets (the causal shift applied; ``-100`` skipped).
+        labels: ``(N,)`` int64, the labels as the batch holds them (what HF passes to ``preprocess``).
+        preprocess: called as ``preprocess(logits (1, n, V), labels (1, n))`` per chunk of ``n`` positions,
+            ``logits`` in the head's dtype after the model's logit transform (the model's own logits); it
+            must return a tensor of shape ``(1, n, ...)``.
+
+    Returns:
+        ``loss sum`` and ``correct`` as :func:`linear_cross_entropy_stats`; predictions ``(1, N, ...)``, the
+        chunks' results concatenated along dim 1.
+
+    Raises:
+        NotPositionWise: ``preprocess`` returned something other than a ``(1, n, ...)`` tensor.
+    """
+    chunk = chunk_size or default_chunk_size(weight.size(0), hidden.device)
+    targets, labels = targets.to(hidden.device), labels.to(hidden.device)
+    total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+    correct = torch.zeros((), dtype=torch.long, device=hidden.device)
+    preds = []
+    for start in range(0, hidden.size(0), chunk):
+        raw = F.linear(hidden[start : start + chunk], weight, bias)
+        part = preprocess(transform(raw).unsqueeze(0), labels[start : start + chunk].unsqueeze(0))
+        rows = raw.size(0)
+        if not isinstance(part, torch.Tensor) or part.dim() < 2 or tuple(part.shape[:2]) != (1, rows):
+            found = tuple(part.shape) if isinstance(part, torch.Tensor) else type(part).__name__
+            raise NotPositionWise(f"it returned {found} for logits of shape (1, {rows}, {raw.size(1)})")
+        if part.untyped_storage().data_ptr() == raw.untyped_storage().data_ptr():
+            part = part.clone()  # a view of the logits, which the loss below overwrites
+        preds.append(part)
+        loss, _, right = _chunk_of_logits(raw, targets[start : start + chunk], transform, 0.0, False, True)
+        total += loss
+        correct += right
+    return total, correct, torch.cat(preds, dim=1)
+
+
+class NotPositionWise(ValueError):
+    """A ``preprocess_logits_for_metrics`` whose result is not one value (or vector) per position."""
 
 
 @torch.no_grad()

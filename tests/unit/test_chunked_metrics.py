@@ -1,0 +1,161 @@
+"""``preprocess_logits_for_metrics`` under the lean loss: applied to the logits of chunks of positions, never
+to a batch's whole ``(B, L, V)`` logits, with HF ``Trainer``'s metrics; a function that is not position-wise
+is found on the first batch and gets the whole logits."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import torch
+
+from hf_lightning import HFLightningModule
+from tests.data_support import tiny_llama
+from tests.unit.test_evaluation import _equal_target_rows, _hf_pad, _hf_trainer, validate
+
+VOCAB = 300  # at least LEAN_MIN_VOCAB: module.lean_loss=null takes the lean loss
+CHUNK = 5  # positions per chunk: a 2 x 12 batch is cut into 5 chunks, the last of 4
+
+
+def _rows():
+    rows = _equal_target_rows(n=7, length=12, vocab=VOCAB, seed=3)  # 7 rows: a ragged last batch
+    rows[3] = {"input_ids": rows[3]["input_ids"][:7], "labels": rows[3]["labels"][:7]}  # a shorter row
+    rows[5]["labels"] = [-100] * 4 + rows[5]["labels"][4:]  # a prompt without targets
+    return rows
+
+
+def _compute_metrics(seen):
+    def compute_metrics(p):
+        preds, labels = p.predictions, p.label_ids
+        seen["predictions"] = preds
+        top = preds if preds.ndim == 2 else preds.argmax(-1)
+        if top.shape != labels.shape:  # one value per row
+            return {"total": float(preds.sum())}
+        mask = labels[:, 1:] != -100
+        return {"accuracy": float((top[:, :-1] == labels[:, 1:])[mask].mean()), "total": float(preds.sum())}
+
+    return compute_metrics
+
+
+def _side_by_side(tmp_path, preprocess, **module_kwargs):
+    """HF ``Trainer.evaluate`` and ours on the same rows and model: (hf metrics, hf predictions, ours,
+    our predictions, the logits shapes ``preprocess`` saw on our side, our module)."""
+    hf_seen, our_seen, shapes = {}, {}, []
+    hf = _hf_trainer(
+        tiny_llama(vocab_size=VOCAB),
+        _rows(),
+        tmp_path,
+        compute_metrics=_compute_metrics(hf_seen),
+        preprocess_logits_for_metrics=preprocess,
+        data_collator=_hf_pad,
+    ).evaluate()
+
+    def recorded(logits, labels):
+        shapes.append(tuple(logits.shape))
+        return preprocess(logits, labels)
+
+    module = HFLightningModule(
+        tiny_llama(vocab_size=VOCAB),
+        compute_metrics=_compute_metrics(our_seen),
+        preprocess_logits_for_metrics=recorded,
+        **module_kwargs,
+    )
+    module.lean.chunk_size = CHUNK
+    assert module.lean.active
+    ours, _, _ = validate(module, _rows())
+    return hf, hf_seen["predictions"], ours, our_seen["predictions"], shapes, module
+
+
+def test_argmax_runs_on_chunks_and_matches_hf_trainer(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="hf_lightning")
+    hf, hf_preds, ours, preds, shapes, module = _side_by_side(
+        tmp_path, lambda logits, labels: logits.argmax(-1)
+    )
+    np.testing.assert_array_equal(preds, hf_preds)
+    assert preds.shape == (7, 12)
+    assert ours["val/accuracy"] == pytest.approx(hf["eval_accuracy"], rel=1e-6)
+    assert ours["val/total"] == hf["eval_total"]
+    assert ours["val/loss"] == pytest.approx(hf["eval_loss"], rel=1e-3)  # HF: a mean of batch means
+    # the first batch's check (after its 5 chunks) is the one call with a batch's whole logits
+    assert shapes[5] == (2, 12, VOCAB)
+    chunked = shapes[:5] + shapes[6:]
+    assert all(s[0] == 1 and s[1] <= CHUNK and s[2] == VOCAB for s in chunked)
+    assert sum(s[1] for s in chunked) == 2 * 12 * 3 + 1 * 12  # every position of the 4 batches once
+    assert module.preprocess_chunks is True
+    assert any("at most 5 positions at a time" in r.getMessage() for r in caplog.records)
+
+
+def test_a_vector_per_position_matches_hf_trainer(tmp_path):
+    """Log-probabilities of the top 3 tokens: a float result with a trailing dimension."""
+
+    def top3(logits, labels):
+        return torch.log_softmax(logits.float(), -1).topk(3, dim=-1).values
+
+    hf, hf_preds, ours, preds, shapes, module = _side_by_side(tmp_path, top3)
+    assert preds.shape == hf_preds.shape == (7, 12, 3)
+    np.testing.assert_allclose(preds, hf_preds, rtol=1e-5, atol=1e-6)  # -100 padding included
+    assert ours["val/total"] == pytest.approx(hf["eval_total"], rel=1e-5)
+    assert module.preprocess_chunks is True
+
+
+def test_a_function_over_the_sequence_is_found_and_gets_whole_logits(tmp_path, caplog):
+    """A softmax over positions is not position-wise: its chunked results differ on the first batch, so
+    every batch gets its whole logits and the results are HF's."""
+    caplog.set_level(logging.INFO, logger="hf_lightning")
+
+    def over_positions(logits, labels):
+        return torch.softmax(logits.float(), dim=1).amax(-1)
+
+    hf, hf_preds, ours, preds, shapes, module = _side_by_side(tmp_path, over_positions)
+    np.testing.assert_allclose(preds, hf_preds, rtol=1e-5, atol=1e-7)
+    assert ours["val/total"] == pytest.approx(hf["eval_total"], rel=1e-5)
+    assert module.preprocess_chunks is False
+    # the first batch: its chunks, then its whole logits; then whole batches only
+    assert shapes[5:] == [(2, 12, VOCAB)] * 4 + [(1, 12, VOCAB)]
+    said = [r.getMessage() for r in caplog.records if "not position-wise" in r.getMessage()]
+    assert len(said) == 1 and "differ from those on the whole logits" in said[0]
+
+
+def test_a_result_without_positions_is_found_and_gets_whole_logits(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="hf_lightning")
+
+    def per_row(logits, labels):
+        return logits.argmax(-1).sum(-1, keepdim=True)  # (B, 1): one value per row
+
+    hf, hf_preds, ours, preds, shapes, module = _side_by_side(tmp_path, per_row)
+    np.testing.assert_array_equal(preds, hf_preds)
+    assert module.preprocess_chunks is False
+    said = [r.getMessage() for r in caplog.records if "not position-wise" in r.getMessage()]
+    assert len(said) == 1 and f"for logits of shape (1, {CHUNK}, {VOCAB})" in said[0]
+
+
+def test_declared_position_wise_never_sees_whole_logits(tmp_path):
+    hf, hf_preds, ours, preds, shapes, _ = _side_by_side(
+        tmp_path, lambda logits, labels: logits.argmax(-1), preprocess_logits_position_wise=True
+    )
+    np.testing.assert_array_equal(preds, hf_preds)
+    assert all(s[0] == 1 and s[1] <= CHUNK for s in shapes)
+
+
+def test_declared_not_position_wise_gets_whole_logits(tmp_path):
+    hf, hf_preds, ours, preds, shapes, _ = _side_by_side(
+        tmp_path, lambda logits, labels: logits.argmax(-1), preprocess_logits_position_wise=False
+    )
+    np.testing.assert_array_equal(preds, hf_preds)
+    assert [s[0] for s in shapes] == [2, 2, 2, 1]
+
+
+def test_predict_step_takes_the_argmax_chunk_by_chunk():
+    """The lean path's predictions equal the full logits' argmax, with a chunk smaller than a row."""
+    batch = _hf_pad(_rows())
+    lean = HFLightningModule(tiny_llama(vocab_size=VOCAB))
+    lean.lean.chunk_size = CHUNK
+    plain = HFLightningModule(tiny_llama(vocab_size=VOCAB), lean_loss=False)
+    assert lean.lean.active and not plain.lean.active
+    with torch.no_grad():
+        ours, theirs = lean.predict_step(batch, 0), plain.predict_step(batch, 0)
+    assert ours == theirs
+    assert sum(len(r["positions"]) for r in ours) == sum(
+        sum(x != -100 for x in r["labels"][1:]) for r in _rows()
+    )
