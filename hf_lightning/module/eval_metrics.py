@@ -164,7 +164,7 @@ def warn_if_logits_kept(stage: str, dataset: Any, model: nn.Module) -> None:
 
 def position_wise_problem(chunked: torch.Tensor, whole: Any) -> str | None:
     """Why ``preprocess_logits_for_metrics``'s predictions from chunks of positions (``chunked``) are not its
-    result on the whole batch's logits (``whole``), or ``None``: the same shape, and equal (integers,
+    result on the same rows' whole logits (``whole``), or ``None``: the same shape, and equal (integers,
     booleans) or equal to float rounding (relative 1e-4: the head's product in chunks rounds differently).
     """
     if not isinstance(whole, torch.Tensor):

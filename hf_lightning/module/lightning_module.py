@@ -128,9 +128,10 @@ class HFLightningModule(L.LightningModule):
             results concatenated along dim 1), so no batch's whole logits exist, when it is position-wise.
         preprocess_logits_position_wise: declare whether ``preprocess_logits_for_metrics`` is position-wise
             (each position's result depends only on that position's logits and label: argmax, top-k,
-            log-softmax). ``None``: checked on the first evaluation batch, whose chunked predictions are
-            compared with the function's result on the whole logits; a function that is not position-wise
-            gets the whole logits of each batch, with one INFO line.
+            log-softmax). ``None``: checked on the first evaluation batch, whose first two rows' chunked
+            predictions are compared with the function's result on those rows' logits taken whole (half as
+            many positions as a chunk holds); a function that is not position-wise gets the whole logits of
+            each batch, with one INFO line.
         eval_accumulation_steps: move collected predictions to the CPU every this many batches (HF's).
         batch_eval_metrics: call ``compute_metrics(EvalPrediction, compute_result=is_last_batch)`` per batch
             instead of once (HF's); the last call's result is logged.
@@ -882,7 +883,8 @@ class HFLightningModule(L.LightningModule):
         """``(loss sum, correct, predictions)`` with ``preprocess_logits_for_metrics`` applied to chunks of
         positions; ``None`` (and :attr:`preprocess_chunks` set to ``False`` with one INFO line) when it is
         not position-wise. While :attr:`preprocess_chunks` is ``None`` (the first batch) the predictions
-        are compared with the function's result on the whole batch's logits."""
+        of the batch's first two rows (their first positions, half as many as a chunk holds) are compared with
+        the function's result on those positions' logits, taken whole."""
         fn = self.preprocess_logits_for_metrics
         try:
             loss_sum, correct, preds = self.lean.predictions(hidden, targets, labels, fn)
@@ -890,7 +892,11 @@ class HFLightningModule(L.LightningModule):
             self._not_position_wise(str(err))
             return None
         if self.preprocess_chunks is None:
-            problem = position_wise_problem(preds, fn(self.lean.logits(hidden), labels))
+            # on the first positions (half as many as a chunk holds, so that no row's part lines up with a
+            # chunk) of the batch's first two rows: enough to see a function mix positions or rows, with one
+            # chunk's worth of logits
+            part = (slice(0, 2), slice(0, max(1, self.lean.chunk_rows() // 2)))
+            problem = position_wise_problem(preds[part], fn(self.lean.logits(hidden[part]), labels[part]))
             if problem is not None:
                 self._not_position_wise(problem)
                 return None
@@ -918,7 +924,7 @@ class HFLightningModule(L.LightningModule):
         checked = (
             "declared position-wise"
             if self.preprocess_chunks
-            else "checked on the first batch against the whole batch's logits"
+            else "checked on the first batch against its first two rows' logits taken whole"
         )
         return (
             f"evaluation applies preprocess_logits_for_metrics to the logits of at most "

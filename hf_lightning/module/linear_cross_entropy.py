@@ -301,9 +301,15 @@ def linear_cross_entropy_predictions(
         if part.untyped_storage().data_ptr() == raw.untyped_storage().data_ptr():
             part = part.clone()  # a view of the logits, which the loss below overwrites
         preds.append(part)
-        loss, _, right = _chunk_of_logits(raw, targets[start : start + chunk], transform, 0.0, False, True)
-        total += loss
-        correct += right
+        # the loss and the argmax count of the positions with a target only (a prompt's or padding's
+        # positions add nothing to them)
+        part_targets = targets[start : start + chunk]
+        valid = part_targets != IGNORE_INDEX
+        raw, part_targets = raw[valid], part_targets[valid]
+        if raw.size(0):
+            loss, _, right = _chunk_of_logits(raw, part_targets, transform, 0.0, False, True)
+            total += loss
+            correct += right
     return total, correct, torch.cat(preds, dim=1)
 
 

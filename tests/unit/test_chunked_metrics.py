@@ -77,8 +77,8 @@ def test_argmax_runs_on_chunks_and_matches_hf_trainer(tmp_path, caplog):
     assert ours["val/accuracy"] == pytest.approx(hf["eval_accuracy"], rel=1e-6)
     assert ours["val/total"] == hf["eval_total"]
     assert ours["val/loss"] == pytest.approx(hf["eval_loss"], rel=1e-3)  # HF: a mean of batch means
-    # the first batch's check (after its 5 chunks) is the one call with a batch's whole logits
-    assert shapes[5] == (2, 12, VOCAB)
+    # the first batch's check (after its 5 chunks): its two rows' first CHUNK // 2 positions taken whole
+    assert shapes[5] == (2, CHUNK // 2, VOCAB)
     chunked = shapes[:5] + shapes[6:]
     assert all(s[0] == 1 and s[1] <= CHUNK and s[2] == VOCAB for s in chunked)
     assert sum(s[1] for s in chunked) == 2 * 12 * 3 + 1 * 12  # every position of the 4 batches once
@@ -111,8 +111,8 @@ def test_a_function_over_the_sequence_is_found_and_gets_whole_logits(tmp_path, c
     np.testing.assert_allclose(preds, hf_preds, rtol=1e-5, atol=1e-7)
     assert ours["val/total"] == pytest.approx(hf["eval_total"], rel=1e-5)
     assert module.preprocess_chunks is False
-    # the first batch: its chunks, then its whole logits; then whole batches only
-    assert shapes[5:] == [(2, 12, VOCAB)] * 4 + [(1, 12, VOCAB)]
+    # the first batch: its chunks, the check, then its whole logits; then whole batches only
+    assert shapes[5:] == [(2, CHUNK // 2, VOCAB)] + [(2, 12, VOCAB)] * 3 + [(1, 12, VOCAB)]
     said = [r.getMessage() for r in caplog.records if "not position-wise" in r.getMessage()]
     assert len(said) == 1 and "differ from those on the whole logits" in said[0]
 
