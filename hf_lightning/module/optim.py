@@ -3,10 +3,11 @@
 ``optim.name`` takes HF's ``TrainingArguments.optim`` names that run without an accelerator-specific build
 (``transformers.trainer_optimizer`` handlers): ``adamw_torch``, ``adamw_torch_fused``, ``adafactor``, ``sgd``,
 ``adagrad``, ``rmsprop``; and, on CUDA with ``bitsandbytes`` installed, ``adamw_8bit`` / ``adamw_bnb_8bit``,
-``paged_adamw_8bit``, ``lion_8bit``. ``adamw`` is ours: ``adamw_torch``, fused on CUDA (HF's default optimizer
-on torch >= 2.8 is ``adamw_torch_fused``). Any other ``torch.optim.Optimizer`` class comes through
-``optim.optimizer`` (a ``_target_`` node with ``_partial_: true``, or a callable in Python), as HF's
-``Trainer(optimizer_cls_and_kwargs=...)``.
+``paged_adamw_8bit``, ``lion_8bit``. ``adamw`` is ours: ``adamw_torch_fused`` (HF's default optimizer on
+torch >= 2.8) wherever torch's fused kernel takes the parameters (plain floating tensors on the CPU or CUDA),
+else ``adamw_torch`` (a sharded ``DTensor`` parameter, another device). Any other ``torch.optim.Optimizer``
+class comes through ``optim.optimizer`` (a ``_target_`` node with ``_partial_: true``, or a callable in
+Python), as HF's ``Trainer(optimizer_cls_and_kwargs=...)``.
 
 Every optimizer gets HF's two parameter groups (``Trainer.get_decay_parameter_names``): no weight decay for
 parameters inside ``nn.LayerNorm`` modules or whose name matches bias / layernorm / rmsnorm / norm; parameters
@@ -58,7 +59,7 @@ class OptimizerSpec:
 
 _ADAM = {"betas": (0.9, 0.999), "eps": 1e-8}
 SPECS: dict[str, OptimizerSpec] = {
-    "adamw": OptimizerSpec("torch.optim:AdamW", knobs={**_ADAM, "fused": None}),
+    "adamw": OptimizerSpec("torch.optim:AdamW", knobs={**_ADAM, "fused": "auto"}),
     "adamw_torch": OptimizerSpec("torch.optim:AdamW", knobs={**_ADAM, "fused": None}),
     "adamw_torch_fused": OptimizerSpec("torch.optim:AdamW", fixed={"fused": True}, knobs=dict(_ADAM)),
     "adafactor": OptimizerSpec(
@@ -190,6 +191,18 @@ def _accepted(cls: Callable) -> tuple[set[str], bool]:
     return names, any(p.kind is p.VAR_KEYWORD for p in params.values())
 
 
+def fused_kernel_applies(model: nn.Module) -> bool:
+    """Whether torch's fused AdamW kernel takes every trainable parameter of ``model``: plain (not
+    ``DTensor``) floating tensors on the CPU or CUDA."""
+    from torch.distributed.tensor import DTensor
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    return bool(params) and all(
+        not isinstance(p, DTensor) and p.is_floating_point() and p.device.type in ("cpu", "cuda")
+        for p in params
+    )
+
+
 def _on_cuda(model: nn.Module) -> bool:
     return any(p.is_cuda for p in model.parameters())
 
@@ -228,8 +241,9 @@ def build_optimizer(
         betas, eps: HF's ``adam_beta1/2`` and ``adam_epsilon`` (``None``: HF's 0.9, 0.999, 1e-8) for the AdamW
             names and Lion (betas only); for ``optim.optimizer`` passed when given.
         momentum: SGD / RMSprop momentum (``None``: 0, as HF, whose ``optim_args`` sets it).
-        fused: torch's fused kernel (``adamw``, ``adamw_torch``, ``sgd``, ``adagrad``; ``None``: torch's
-        choice). kwargs: more keyword arguments of the optimizer class (HF's ``optim_args``: a mapping, or the
+        fused: torch's fused kernel (``adamw``, ``adamw_torch``, ``sgd``, ``adagrad``; ``None``: for ``adamw``
+            where the kernel takes the parameters (:func:`fused_kernel_applies`), else torch's choice).
+        kwargs: more keyword arguments of the optimizer class (HF's ``optim_args``: a mapping, or the
             ``"momentum=0.9,nesterov=true"`` string); checked against the class's signature.
         optimizer: another optimizer class (see :func:`resolve_optimizer`); ``name`` must then be ``None``.
 
@@ -284,6 +298,8 @@ def build_optimizer(
     for key in set(fixed) & set(OWNED):
         raise ConfigError(f"optim.optimizer.{key}: set by {OWNED[key]}; remove it from the optimizer node")
     defaults = {k: v for k, v in knobs.items() if v is not None and k not in given}
+    if defaults.get("fused") == "auto":
+        defaults["fused"] = fused_kernel_applies(model)
     options = {**defaults, **given, **fixed, **extra}
     if "betas" in options:
         options["betas"] = tuple(options["betas"])

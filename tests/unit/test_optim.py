@@ -54,6 +54,20 @@ def test_each_name_builds_what_hf_trainer_builds(model, tmp_path, name, optim_ar
         assert (tuple(got) if isinstance(got, (list, tuple)) else got) == value, key
 
 
+def test_the_default_adamw_is_hf_trainers_default_optimizer_where_the_kernel_applies(model, tmp_path):
+    """``adamw`` builds what HF ``Trainer`` builds with its default ``optim`` (``adamw_torch_fused``) for a
+    CPU model; on parameters the fused kernel does not take (the meta device here) torch chooses."""
+    args = TrainingArguments(output_dir=str(tmp_path), learning_rate=2e-3, use_cpu=True)
+    assert args.optim == "adamw_torch_fused"
+    hf_cls, hf_kwargs = Trainer.get_optimizer_cls_and_kwargs(args, model)
+    ours = build_optimizer(model, lr=2e-3)
+    assert type(ours) is hf_cls and ours.defaults["fused"] is hf_kwargs["fused"] is True
+    with torch.device("meta"):
+        elsewhere = torch.nn.Linear(4, 4)
+    assert build_optimizer(elsewhere, lr=2e-3).defaults["fused"] is False
+    assert build_optimizer(model, lr=2e-3, fused=False).defaults["fused"] is False
+
+
 def test_hf_optim_args_string_is_read_with_types():
     assert parse_optim_args("momentum=0.9, nesterov=true,steps=3,mode=max") == {
         "momentum": 0.9,
