@@ -1,4 +1,5 @@
-"""The lean loss of a causal LM: its final hidden states and LM head, without its ``(tokens x vocab)`` logits.
+"""The lean loss of a causal or encoder-decoder LM: its final (decoder) hidden states and LM head, without its
+``(tokens x vocab)`` logits.
 
 :class:`LeanLoss` decides once whether a model qualifies, then, per micro-batch, runs the model's own
 ``forward`` with a forward pre-hook on its LM head (``get_output_embeddings()``): the hook keeps the head's
@@ -357,20 +358,20 @@ def _logits(outputs: Any) -> torch.Tensor | None:
     return logits
 
 
-def arguments_reason(lean_loss: bool | None, loss_source: str, causal: bool) -> str | None:
+def arguments_reason(lean_loss: bool | None, loss_source: str, token_targets: bool) -> str | None:
     """Why ``HFLightningModule``'s arguments rule the lean loss out (``None``: it is up to the model; with
     ``lean_loss=None`` also to the size of its head).
 
-    ``loss_source`` is :attr:`HFLightningModule.loss_source`; ``causal`` whether the labels are shifted by one
-    for a decoder-only model.
+    ``loss_source`` is :attr:`HFLightningModule.loss_source`; ``token_targets`` whether the labels are the LM
+    head's token targets (a causal LM's shifted by one, an encoder-decoder's decoder labels).
     """
     if lean_loss is False:
         return "module.lean_loss=false"
     if loss_source in ("compute_loss_func", "model"):
         what = "module.compute_loss_func" if loss_source == "compute_loss_func" else "the model's own loss"
         return f"{what} computes the loss from the model's logits"
-    if not causal:
-        return "the model is not a causal LM (its labels are not shifted by one)"
+    if not token_targets:
+        return "the model is neither a causal LM nor an encoder-decoder LM (its labels are not token targets)"
     return None
 
 

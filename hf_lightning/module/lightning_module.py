@@ -227,9 +227,11 @@ class HFLightningModule(L.LightningModule):
         self.forward_kwargs = {"use_cache": False} if "use_cache" in forward_parameters(model) else {}
         #: whether :meth:`compute_loss` returns a share of the window loss (else HF's fallback)
         self.loss_is_share, self._fallback_reason = loss_is_share(self)
-        decoder_only = self.causal and not self._encoder_decoder
+        # a causal LM's targets are its labels shifted by one, an encoder-decoder's its decoder's labels: both
+        # are the LM head's token targets
+        token_targets = self.causal or self._encoder_decoder
         self.lean = LeanLoss(
-            model, arguments_reason(lean_loss, self.loss_source, decoder_only), auto=lean_loss is None
+            model, arguments_reason(lean_loss, self.loss_source, token_targets), auto=lean_loss is None
         )
         # evaluation: HF's compute_metrics hooks, and the metric states of each stage
         takes_result = (

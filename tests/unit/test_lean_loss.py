@@ -229,7 +229,7 @@ def test_an_unknown_logit_cap_in_the_config_falls_back():
             "module.compute_loss_func computes the loss from the model's logits",
         ),
         ({"use_model_loss": True}, "the model's own loss computes the loss"),
-        ({"causal": False}, "not a causal LM"),
+        ({"causal": False}, "neither a causal LM nor an encoder-decoder LM"),
     ],
 )
 def test_arguments_that_need_the_logits_turn_it_off(kwargs, reason):
@@ -364,3 +364,70 @@ def test_no_tokens_x_vocab_tensor_is_ever_allocated(stage):
         largest[name] = mode.largest
     assert largest["plain"] >= tokens_x_vocab  # the control: the plain path does hold the logits
     assert largest["lean"] < tokens_x_vocab / 4, largest
+
+
+def _seq2seq_model(kind):
+    from transformers import BartConfig, BartForConditionalGeneration, T5Config, T5ForConditionalGeneration
+
+    torch.manual_seed(0)
+    if kind == "t5":  # a tied head: T5 scales the decoder's output by d_model ** -0.5 before it
+        config = T5Config(
+            vocab_size=300,
+            d_model=32,
+            d_ff=64,
+            num_layers=2,
+            num_heads=4,
+            d_kv=8,
+            decoder_start_token_id=0,
+            dropout_rate=0.0,
+        )
+        return T5ForConditionalGeneration(config)
+    config = BartConfig(
+        vocab_size=300,
+        d_model=32,
+        encoder_layers=1,
+        decoder_layers=1,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_position_embeddings=64,
+        dropout=0.0,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+    )
+    return BartForConditionalGeneration(config)
+
+
+@pytest.mark.parametrize("kind", ["t5", "bart"])
+def test_an_encoder_decoder_takes_the_lean_loss_with_the_plain_paths_loss_and_gradients(kind):
+    """The decoder's labels are the head's targets as they are (no shift); the head's input is captured after
+    whatever the model does before it (T5's rescaling), and the decoder inputs come from the labels."""
+    model = _seq2seq_model(kind).train()
+    lean = HFLightningModule(model)  # auto: a vocabulary of 300 takes the lean loss
+    lean.lean.chunk_size = 5
+    plain = HFLightningModule(copy.deepcopy(model), lean_loss=False)
+    assert lean.lean.active, lean.lean.reason
+    g = torch.Generator().manual_seed(1)
+    labels = torch.randint(3, 300, (3, 9), generator=g)
+    labels[0, 6:] = -100
+    labels[2, 4:] = -100
+    batch = {"input_ids": torch.randint(3, 300, (3, 11), generator=g), "attention_mask": torch.ones(3, 11)}
+    batch["attention_mask"][1, 8:] = 0
+    batch["labels"] = labels
+    count = int((labels != -100).sum())
+    loss, outputs, grads = _loss_and_grads(lean, batch, count)
+    ref_loss, ref_outputs, ref_grads = _loss_and_grads(plain, batch, count)
+    assert outputs.logits is None and ref_outputs.logits.shape == (3, 9, 300)
+    assert rel(loss, ref_loss) <= TOL
+    # HF's own loss of the model: the mean token CE over the decoder labels
+    with torch.no_grad():
+        hf = copy.deepcopy(model)(**batch).loss
+    assert rel(ref_loss, hf) <= TOL
+    assert grads.keys() == ref_grads.keys()
+    scale = max(float(g.abs().max()) for g in ref_grads.values())
+    for name in ref_grads:
+        if ref_grads[name].abs().max() < 1e-8 * scale:  # zero but for rounding (a key bias under softmax)
+            assert grads[name].abs().max() < 1e-8 * scale, name
+            continue
+        assert rel(grads[name], ref_grads[name]) <= TOL, name
