@@ -318,6 +318,10 @@ class HFDataModule(L.LightningDataModule):
         self.gradient_accumulation_steps = gradient_accumulation_steps
         self.shuffle = shuffle
         self.group_by_length = group_by_length
+        #: each accumulation window's documents sorted by length across its micro-batches (set by
+        #: ``data.layout=auto``)
+        self.sort_windows = False
+        self._sort_lengths: list[int] | None = None
         self.packing = packing_strategy(packing)  # the value only; the rules: check_packing at setup
         self.padding_free = padding_free
         # data.layout and the three settings as given (setup replaces the three with the chosen layout's)
@@ -496,12 +500,13 @@ class HFDataModule(L.LightningDataModule):
         the columns to keep, the row plan, the tokenizing processor and the batch collator (``_rows``)."""
         model = bound.model
         self.data_format = fmt
+        self._sort_lengths = None
         if fmt in ("messages", "conversations"):
             require_chat_template(self.tokenizer)
             warn_end_of_turn(self.tokenizer)  # an end-of-turn generation cannot stop on
         layout = apply_layout(
-            self, self._given_layout, fmt, model, bound.forward_kwargs
-        )  # data.layout=auto: sets the three keys
+            self, self._given_layout, fmt, model, bound.forward_kwargs, self._accumulation(), stream
+        )  # data.layout=auto: sets the three keys (and sort_windows)
         check_packing(
             self.packing,
             self.padding_free,
@@ -685,6 +690,15 @@ class HFDataModule(L.LightningDataModule):
         lengths = sequence_lengths(ds)
         log.info("group_by_length: measured %d training lengths once (tokens of input_ids)", len(lengths))
         return lengths
+
+    def _window_lengths(self, ds: Any) -> list[int]:
+        """What each window's documents are sorted by: their tokens (a seq2seq row's source and target)."""
+        if self._sort_lengths is None:
+            lengths = sequence_lengths(ds)
+            if self.data_format == "seq2seq":
+                lengths = [a + b for a, b in zip(lengths, sequence_lengths(ds, "labels"))]
+            self._sort_lengths = lengths
+        return self._sort_lengths
 
     def _first_example(self, ds: Any, split: str) -> Any:
         if is_stream(ds):
@@ -880,6 +894,8 @@ class HFDataModule(L.LightningDataModule):
             lengths=lengths,
             group_batch_size=batch * self._accumulation(),
             top_up=train,
+            window_lengths=self._window_lengths(ds) if train and self.sort_windows else None,
+            window_size=batch * self._accumulation(),
         )
         if train:
             check_fits_one_batch(len(sampler), batch, self.drop_last)

@@ -13,6 +13,8 @@ packed per batch  almost all: the batch's documents in the  the same documents, 
                   fewest rows of its longest document's     (:mod:`~hf_lightning.data.collators`)
                   length
 length-grouped    almost all (HF ``group_by_length``)       other documents: rows of similar length together
+padded, sorted    more than padded: each window's documents the same documents, the same loss and gradient
+within windows    sorted by length across its micro-batches (each window keeps its documents)
 packed            almost all (``data.packing``)             more documents per step, fewer steps
 ================= ========================================= ================================================
 
@@ -26,8 +28,11 @@ removes the padding the model's attention allows:
    of ``T = sum(L_i)`` tokens is a dense ``(T, T)``: about ``B`` times the padded rows' attention) **packed
    per batch**, whose rows are no longer than the padded rows.
 2. classification (one loss per example, each example weighs ``1/B`` in any batch): **length-grouped**.
-3. otherwise (seq2seq, a model that cannot keep documents apart, no model to probe): **padded**, said in the
-   line.
+3. otherwise (seq2seq, a model that cannot keep documents apart, no model to probe): **padded, sorted within
+   windows** when an optimizer step takes several micro-batches (``gradient_accumulation_steps`` > 1) from a
+   map-style source: each window's documents are ordered by length, longest first, before they are cut into
+   its micro-batches, so every micro-batch pads to a length close to its own rows' (the window's loss is the
+   sum over the same tokens divided by the same ``num_items_in_batch``). Else **padded**, said in the line.
 
 Not chosen, although each keeps the loss per token: length grouping for token losses, because a step's loss is
 divided by its own target count, so batches of short documents weigh each of their tokens more than batches of
@@ -60,7 +65,7 @@ from hf_lightning.data.collators import (
 )
 from hf_lightning.data.formats import CAUSAL_FORMATS
 from hf_lightning.data.packing import UNPACKED, RowPlan, best_fit_decreasing
-from hf_lightning.data.sampling import length_grouped_indices, sequence_lengths
+from hf_lightning.data.sampling import length_grouped_indices, sequence_lengths, sorted_within_windows
 from hf_lightning.data.sources import is_stream
 
 log = logging.getLogger(__name__)
@@ -83,11 +88,16 @@ class Layout:
     reason: str | None = None
     #: padding-free documents packed into rows per batch (:mod:`~hf_lightning.data.collators`)
     pack_batches: bool = False
+    #: each accumulation window's documents sorted by length across its micro-batches
+    #: (:class:`~hf_lightning.data.sampling.ExactDistributedSampler`'s ``window_lengths``)
+    sort_windows: bool = False
 
     @property
     def name(self) -> str:
         if self.pack_batches:
             return "packed per batch"
+        if self.sort_windows:
+            return "padded, sorted within windows"
         if self.padding_free:
             return "padding-free" + (f" + packing={self.packing}" if self.packing else "")
         if self.packing:
@@ -143,6 +153,8 @@ def choose_layout(
     fmt: str,
     model: Any = None,
     forward_kwargs: Mapping[str, Any] | None = None,
+    accumulation: int = 1,
+    stream: bool = False,
 ) -> Layout:
     """The layout of a run: the hand-set keys, or for ``layout="auto"`` the rule of this module's docstring.
 
@@ -150,6 +162,7 @@ def choose_layout(
         layout: ``"auto"`` or ``None`` (``data.layout``).
         group_by_length / packing / padding_free: the settings as given (``packing`` already a strategy).
         fmt: the data format; model / forward_kwargs: the bound model and what every forward gets.
+        accumulation: micro-batches per optimizer step; stream: the training source is a stream.
 
     Returns:
         the :class:`Layout` (``reason`` says why ``auto`` took it; ``None`` when ``layout`` is ``None``).
@@ -165,12 +178,12 @@ def choose_layout(
             True, None, False, "one loss per example, so grouping by length keeps every example's weight"
         )
     if fmt not in CAUSAL_FORMATS:
-        return Layout(
-            False, None, False, f"no padding-free layout for the {fmt!r} format (causal-LM rows only)"
+        return _padded(
+            f"no padding-free layout for the {fmt!r} format (causal-LM rows only)", accumulation, stream
         )
     why_not = cannot_flatten(model, forward_kwargs)
     if why_not is not None:
-        return Layout(False, None, False, f"padding-free does not apply: {why_not}")
+        return _padded(f"padding-free does not apply: {why_not}", accumulation, stream)
     attention = attention_backend(model)
     if attention in VARLEN_ATTENTION:
         return Layout(
@@ -183,8 +196,22 @@ def choose_layout(
     return Layout(False, None, True, reason, pack_batches=True)
 
 
+def _padded(why: str, accumulation: int, stream: bool) -> Layout:
+    """Padded rows, sorted within windows where a window holds several micro-batches of a map-style source."""
+    if accumulation > 1 and not stream:
+        return Layout(False, None, False, f"{why}; {accumulation} micro-batches per step", sort_windows=True)
+    what = "a stream" if stream else "one micro-batch per step"
+    return Layout(False, None, False, f"{why}; no window to sort ({what})")
+
+
 def apply_layout(
-    dm: Any, given: tuple[bool, str | None, bool], fmt: str, model: Any, forward_kwargs: Any
+    dm: Any,
+    given: tuple[bool, str | None, bool],
+    fmt: str,
+    model: Any,
+    forward_kwargs: Any,
+    accumulation: int = 1,
+    stream: bool = False,
 ) -> Layout:
     """Choose ``dm``'s layout (:func:`choose_layout` of ``dm.layout`` and the settings it was ``given``) and
     set its ``group_by_length``, ``packing`` and ``padding_free`` to it; called by ``HFDataModule.setup``.
@@ -199,12 +226,15 @@ def apply_layout(
         fmt=fmt,
         model=model,
         forward_kwargs=forward_kwargs,
+        accumulation=accumulation,
+        stream=stream,
     )
     dm.group_by_length, dm.packing, dm.padding_free = (
         chosen.group_by_length,
         chosen.packing,
         chosen.padding_free,
     )
+    dm.sort_windows = chosen.sort_windows
     return chosen
 
 
@@ -236,6 +266,26 @@ def packed_real_share(lengths: Sequence[int], batch_size: int, seed: int | None)
     return _share(batches, lambda b: len(best_fit_decreasing(b, max(max(b), 1))) * max(max(b), 1))
 
 
+def window_shares(
+    lengths: Sequence[int], batch_size: int, accumulation: int, seed: int | None
+) -> tuple[float, float]:
+    """Real tokens / slots of one epoch of padded batches on one rank (the seeded random order, or the
+    dataset's order for ``seed=None``): ``(sorted within windows of batch_size x accumulation, as they
+    come)``."""
+    n = len(lengths)
+    order = (
+        list(range(n))
+        if seed is None
+        else torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
+    )
+
+    def share(indices: list[int]) -> float:
+        batches = [[lengths[i] for i in indices[s : s + batch_size]] for s in range(0, n, batch_size)]
+        return _share(batches, lambda b: len(b) * max(b))
+
+    return share(sorted_within_windows(order, lengths, batch_size * accumulation)), share(order)
+
+
 def announce(layout: Layout, dm: Any, lengths: Sequence[int] | None, accumulation: int) -> None:
     """The one start-of-run INFO line of ``data.layout=auto``: the layout, why, and the share of real slots
     (padding-free: all; packed per batch and length groups: one epoch on one rank, from the training lengths
@@ -251,6 +301,16 @@ def announce(layout: Layout, dm: Any, lengths: Sequence[int] | None, accumulatio
     elif layout.group_by_length and lengths:
         value = grouped_real_share(lengths, batch, batch * accumulation, dm.seed)
         share = f": {100.0 * value:.1f}% of slots real (epoch 1, one rank)"
+    elif layout.sort_windows and ds is not None and not is_stream(ds):
+        measured = dm._window_lengths(ds)
+        sorted_share, as_they_come = window_shares(
+            measured, batch, accumulation, dm.seed if dm.shuffle else None
+        )
+        what = "source + target tokens" if dm.data_format == "seq2seq" else "tokens"
+        share = (
+            f": {100.0 * sorted_share:.1f}% of slots real, {100.0 * as_they_come:.1f}% unsorted "
+            f"(epoch 1, one rank, {what})"
+        )
     log.info("layout: %s (data.layout=auto; %s)%s", layout.name, layout.reason, share)
 
 

@@ -178,6 +178,16 @@ class TopUpDataset(Dataset):
         return [self[i] for i in indices]
 
 
+def sorted_within_windows(indices: Sequence[int], lengths: Sequence[int], window: int) -> list[int]:
+    """``indices`` with each run of ``window`` consecutive ones (the last may be shorter) ordered by
+    ``lengths``, longest first; ties keep their order. A masked top-up index ``~i`` has ``i``'s length."""
+    out: list[int] = []
+    for start in range(0, len(indices), window):
+        block = indices[start : start + window]
+        out += sorted(block, key=lambda i: -lengths[i if i >= 0 else ~i])
+    return out
+
+
 class ExactDistributedSampler(DistributedSampler):
     """Seeded global order, the same on every rank, split across ranks with each index used once.
 
@@ -194,6 +204,9 @@ class ExactDistributedSampler(DistributedSampler):
         group_batch_size: ``B`` of the length grouping (per-device batch x accumulation steps).
         top_up: pad short ranks with masked copies (training); ``False`` lets ranks differ by one
             (evaluation), and gives a rank with no example one placeholder (``~0``).
+        window_lengths: per-example lengths by which each window of ``window_size`` consecutive indices of
+            this rank's share is ordered, longest first (stable); the windows keep their indices, so an
+            optimizer step of ``window_size`` = micro-batch x accumulation steps keeps its documents.
 
     Yields:
         dataset indices, and ``~i`` for a masked top-up copy of ``i`` (read it through :class:`TopUpDataset`).
@@ -216,13 +229,18 @@ class ExactDistributedSampler(DistributedSampler):
         lengths: Sequence[int] | None = None,
         group_batch_size: int = 1,
         top_up: bool = True,
+        window_lengths: Sequence[int] | None = None,
+        window_size: int = 1,
     ) -> None:
         super().__init__(
             dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed, drop_last=drop_last
         )
         self.n = len(dataset)
-        if lengths is not None and len(lengths) != self.n:
-            raise ValueError(f"{len(lengths)} lengths for a dataset of {self.n} examples")
+        for given in (lengths, window_lengths):
+            if given is not None and len(given) != self.n:
+                raise ValueError(f"{len(given)} lengths for a dataset of {self.n} examples")
+        self.window_lengths = list(window_lengths) if window_lengths is not None else None
+        self.window_size = max(1, int(window_size))
         self.lengths = list(lengths) if lengths is not None else None
         self.group_batch_size = group_batch_size
         self.top_up = top_up
@@ -266,6 +284,8 @@ class ExactDistributedSampler(DistributedSampler):
             mine.append(~order[self.rank % self.n])
         if self.placeholder:
             mine = [~order[0]]
+        if self.window_lengths is not None:
+            mine = sorted_within_windows(mine, self.window_lengths, self.window_size)
         start, self.start = self.start, 0  # one pass only
         return iter(mine[start:])
 

@@ -72,7 +72,7 @@ LAYOUTS = {
         "packing=bfd",
         True,
     ),
-    "seq2seq": (("+experiment=seq2seq", *T5), "padded", False),
+    "seq2seq": (("+experiment=seq2seq", *T5), "padded", True),
     "classification": (
         ("+experiment=classification", "data.max_length=32", "optim.lr=1e-4"),
         "length-grouped",

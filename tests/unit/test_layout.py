@@ -174,7 +174,8 @@ def test_fallback_for_a_model_whose_attention_lets_documents_see_each_other(capl
     assert (dm.group_by_length, dm.packing, dm.padding_free) == (False, None, False)
     assert _layout_lines(caplog) == [
         "layout: padded (data.layout=auto; padding-free does not apply: LlamaForCausalLM with "
-        "'leaky_test' attention lets the documents of one row attend to each other (probed))"
+        "'leaky_test' attention lets the documents of one row attend to each other (probed); "
+        "no window to sort (one micro-batch per step))"
     ]
     assert "attention_mask" in next(iter(dm.train_dataloader()))
 
@@ -204,9 +205,15 @@ def test_fallback_for_a_model_without_position_ids(caplog):
 
 
 def test_formats_that_cannot_be_flattened():
-    def choose(fmt):
+    def choose(fmt, **kwargs):
         return choose_layout(
-            "auto", group_by_length=False, packing=None, padding_free=False, fmt=fmt, model=tiny_llama()
+            "auto",
+            group_by_length=False,
+            packing=None,
+            padding_free=False,
+            fmt=fmt,
+            model=tiny_llama(),
+            **kwargs,
         )
 
     # one loss per example: grouping by length changes no example's weight
@@ -215,8 +222,108 @@ def test_formats_that_cannot_be_flattened():
     seq2seq = choose("seq2seq")
     assert (seq2seq.name, seq2seq.reason) == (
         "padded",
-        "no padding-free layout for the 'seq2seq' format (causal-LM rows only)",
+        "no padding-free layout for the 'seq2seq' format (causal-LM rows only); no window to sort (one "
+        "micro-batch per step)",
     )
+    # several micro-batches per step: each window's documents sorted by length across them
+    windows = choose("seq2seq", accumulation=4)
+    assert (windows.name, windows.sort_windows, windows.padding_free) == (
+        "padded, sorted within windows",
+        True,
+        False,
+    )
+    assert windows.reason.endswith("; 4 micro-batches per step")
+    assert not choose("seq2seq", accumulation=4, stream=True).sort_windows
+
+
+def test_windows_are_sorted_and_keep_their_documents():
+    from hf_lightning.data.sampling import ExactDistributedSampler, sorted_within_windows
+
+    # by hand: windows of 3, the last one short; a masked copy ~1 has index 1's length (9); ties keep order
+    assert sorted_within_windows([0, 1, 2, 3, 4, ~1], [5, 9, 1, 4, 4, 7], 3) == [1, 0, 2, ~1, 3, 4]
+    assert sorted_within_windows([2, 0, 3, 5, 1], [5, 9, 1, 4, 4, 7], 2) == [0, 2, 5, 3, 1]
+    lengths = [len(ids) for ids in IDS]
+    for rank in (0, 1):
+        kwargs = dict(num_replicas=2, rank=rank, seed=5, group_batch_size=3)
+        plain = list(ExactDistributedSampler(ROWS, **kwargs))
+        sorted_ = list(ExactDistributedSampler(ROWS, window_lengths=lengths, window_size=3, **kwargs))
+        for start in range(0, len(plain), 3):
+            window = sorted_[start : start + 3]
+            assert sorted(window) == sorted(plain[start : start + 3])
+            assert [lengths[i] for i in window] == sorted((lengths[i] for i in window), reverse=True)
+
+
+def _seq2seq_run(tmp_path, layout, word_tokenizer):
+    """Three optimizer steps of a tiny T5 on source/target pairs, 2 micro-batches of 2 per step: the final
+    weights and the padded slots of every training micro-batch."""
+    import lightning as L
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    words = [chr(ord("a") + i) for i in range(26)]
+    pairs = [
+        {"source": " ".join(words[i : i + n]), "target": " ".join(words[n : n + 1 + (5 * i) % 7])}
+        for i, n in enumerate([3, 11, 2, 9, 4, 12, 5, 1, 10, 6, 8, 7])
+    ]
+    torch.manual_seed(0)
+    model = T5ForConditionalGeneration(
+        T5Config(
+            vocab_size=32,
+            d_model=16,
+            d_ff=32,
+            num_layers=1,
+            num_heads=2,
+            d_kv=8,
+            dropout_rate=0.0,
+            decoder_start_token_id=0,
+            pad_token_id=0,
+        )
+    )
+    dm = HFDataModule(
+        word_tokenizer,
+        path=datasets.Dataset.from_list(pairs),
+        validation_split=0.0,
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=2,
+        layout=layout,
+        seed=1,
+    )
+    module = HFLightningModule(model, optim={"lr": 1e-2}, max_grad_norm=None)
+    slots = []
+    trainer = L.Trainer(
+        accelerator="cpu",
+        max_steps=3,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+    )
+
+    class Slots(L.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            for micro in batch:
+                slots.append(int((micro["attention_mask"] == 0).sum()) + int((micro["labels"] == -100).sum()))
+
+    trainer.callbacks.append(Slots())
+    trainer.fit(module, datamodule=dm)
+    return {n: p.detach().clone() for n, p in model.named_parameters()}, slots, dm
+
+
+def test_a_seq2seq_run_sorted_within_windows_is_the_padded_run(tmp_path, word_tokenizer, caplog):
+    """The same documents in every optimizer step: the same weights after three steps, with fewer padded
+    slots (encoder and decoder) than the padded run."""
+    padded, padded_slots, _ = _seq2seq_run(tmp_path, None, word_tokenizer)
+    with caplog.at_level(logging.INFO, logger="hf_lightning"):
+        weights, slots, dm = _seq2seq_run(tmp_path, "auto", word_tokenizer)
+    assert dm.sort_windows
+    (line,) = _layout_lines(caplog)
+    assert line.startswith("layout: padded, sorted within windows (data.layout=auto; no padding-free layout")
+    assert "% unsorted (epoch 1, one rank, source + target tokens)" in line
+    assert len(slots) == len(padded_slots) == 6
+    assert sum(slots) < sum(padded_slots)
+    for name, value in padded.items():
+        torch.testing.assert_close(weights[name], value, rtol=1e-5, atol=1e-6, msg=name)
 
 
 def test_a_layout_set_by_hand_wins_and_null_changes_nothing(caplog):
