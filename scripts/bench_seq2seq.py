@@ -29,8 +29,16 @@ import tempfile
 import warnings
 
 import torch
-from bench_support import clock, gpt2_tokenizer, gsm8k_prompt_completion, interleaved, machine_note, median
-from bench_support import set_threads, table
+from bench_support import (
+    clock,
+    gpt2_tokenizer,
+    gsm8k_prompt_completion,
+    interleaved,
+    machine_note,
+    median,
+    set_threads,
+    table,
+)
 
 MAX_LENGTH = 256
 LR = 1e-3
@@ -249,8 +257,8 @@ def main() -> None:
             ]
         )
     print(
-        f"target tokens/s, T5 hidden {args.hidden} (4+4 layers, GPT-2 vocabulary) on GSM8K question -> answer "
-        f"({args.rows} rows), micro-batch {args.micro_batch} x {args.accumulation}, "
+        f"target tokens/s, T5 hidden {args.hidden} (4+4 layers, GPT-2 vocabulary) on GSM8K question -> "
+        f"answer ({args.rows} rows), micro-batch {args.micro_batch} x {args.accumulation}, "
         f"{args.steps - args.warmup} timed steps, {args.rounds} interleaved rounds"
     )
     print(
