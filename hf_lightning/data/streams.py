@@ -71,7 +71,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from hf_lightning.core.errors import DataError
-from hf_lightning.data.formats import RowReport, row_numbers
+from hf_lightning.data.formats import SOURCE_COLUMNS, RowReport, row_numbers
 from hf_lightning.data.packing import StreamPacker, StreamPacking
 from hf_lightning.data.sampling import PlaceholderRow, mask_example, token_count
 from hf_lightning.data.sources import is_json_lines, jsonl_lines, read_error
@@ -530,11 +530,13 @@ class ShardedStream(IterableDataset):
         if index == 0:  # every reader saw every row: one reader speaks for the stream
             level = logging.WARNING if epoch == 0 else logging.INFO
             report.log(max_length, level, "")
-            if packer.left_out and epoch == 0:
+            consumed = SOURCE_COLUMNS.get(getattr(self.processor, "fmt", None), ())
+            left_out = [c for c in packer.left_out if c not in consumed]  # tokenized: expected to go
+            if left_out and epoch == 0:
                 log.warning(
                     "%s: packing leaves the columns %s out (they cannot follow documents into shared rows)",
                     self.split,
-                    packer.left_out,
+                    left_out,
                 )
             packer.log(f"{self.split} stream")
 
