@@ -144,9 +144,7 @@ def test_wrapped_rows_do_not_depend_on_the_buffer():
             starts.append(total)
             total += len(d["input_ids"])
         across = sum(
-            1
-            for s, d in zip(starts, docs)
-            if d["input_ids"] and s // 8 != (s + len(d["input_ids"]) - 1) // 8
+            1 for s, d in zip(starts, docs) if d["input_ids"] and s // 8 != (s + len(d["input_ids"]) - 1) // 8
         )
         counts = (packer.documents, packer.rows, packer.tokens, packer.across)
         assert counts == (50, len(whole), total, across)
