@@ -70,9 +70,11 @@ from hf_lightning.data.dataloaders import (
 from hf_lightning.data.formats import FORMAT, check_columns
 from hf_lightning.data.layout import LAYOUT, Layout, LayoutChoice, announce, apply_layout, collator_for
 from hf_lightning.data.packing import (
+    PACK_BUFFER,
     PACKING,
     Packing,
     RowPlan,
+    StreamPacking,
     announce_document_ends,
     check_packing,
     packing_strategy,
@@ -188,8 +190,13 @@ class HFDataModule(L.LightningDataModule):
             with ``Trainer(accumulate_grad_batches=...)`` instead, so this must stay 1 for it.
         shuffle: random training order (seeded by ``seed + epoch``, the same on every rank).
         group_by_length: HF's mega-batch length grouping (map-style), a bounded sort buffer (streams).
-        packing: ``False``, ``"bfd"`` (``True`` means ``"bfd"``) or ``"wrapped"`` (causal formats, map-style);
-            packed ``text`` documents end with EOS (see :mod:`~hf_lightning.data.packing`).
+        packing: ``False``, ``"bfd"`` (``True`` means ``"bfd"``) or ``"wrapped"`` (causal formats); packed
+            ``text`` documents end with EOS (see :mod:`~hf_lightning.data.packing`). A stream is packed as
+            it is read, split over ranks x workers by packed rows (:mod:`~hf_lightning.data.streams`; the
+            number of packed rows is known only once read, so training needs ``trainer.max_steps``).
+        pack_buffer: documents a stream is packed within by ``bfd`` (``None``:
+            :data:`~hf_lightning.data.packing.PACK_BUFFER`); given for anything else, one INFO line says it
+            does not apply.
         padding_free: flatten each batch into one row with restarting ``position_ids`` (no padding).
         layout: ``None`` (the three settings above as given) or ``"auto"``: the fastest layout that keeps the
             loss exact, chosen at setup from the format and the model when none of the three is set, and said
@@ -271,6 +278,7 @@ class HFDataModule(L.LightningDataModule):
         shuffle: bool = True,
         group_by_length: bool = False,
         packing: Annotated[Packing, PACKING] = False,
+        pack_buffer: Annotated[int | None, OPTIONAL_POSITIVE_INT] = None,
         padding_free: bool = False,
         streaming: bool = False,
         shuffle_buffer_size: Annotated[int, POSITIVE_INT] = 1000,
@@ -323,6 +331,7 @@ class HFDataModule(L.LightningDataModule):
         self.sort_windows = False
         self._sort_lengths: list[int] | None = None
         self.packing = packing_strategy(packing)  # the value only; the rules: check_packing at setup
+        self.pack_buffer = pack_buffer
         self.padding_free = padding_free
         # data.layout and the three settings as given (setup replaces the three with the chosen layout's)
         self.layout = layout
@@ -511,7 +520,6 @@ class HFDataModule(L.LightningDataModule):
             self.packing,
             self.padding_free,
             fmt=fmt,
-            stream=stream,
             model=model,
             forward_kwargs=bound.forward_kwargs,
         )
@@ -527,6 +535,13 @@ class HFDataModule(L.LightningDataModule):
         columns = resolve_columns(model, self.model_input_names, self.resolved_label_names, self.tokenizer)
         self._columns = columns if self.remove_unused_columns else None
         self._plan = row_plan(self.packing, self.padding_free, self.max_length)  # read from here on
+        if self.pack_buffer is not None and not (self.packing == "bfd" and stream):
+            log.info(
+                "data.pack_buffer=%d does not apply: it bounds the documents a stream is packed within by "
+                "data.packing=bfd, and %s",
+                self.pack_buffer,
+                f"data.packing={self.packing}" if stream else "this source is map-style (packed whole)",
+            )
         self._processor = ExampleProcessor(fmt, self.tokenizer, self.max_length, self._label2id, self._plan)
         announce_document_ends(self.tokenizer, fmt, self.packing)
         base = collator_for(fmt, self.tokenizer.pad_token_id, model, self._plan, self.pad_to_multiple_of)
@@ -603,6 +618,8 @@ class HFDataModule(L.LightningDataModule):
         """``base``, pruning per example where the dataset keeps its columns (streams, torch datasets)."""
         if self._columns is None or ds is None or isinstance(ds, datasets.Dataset):
             return base
+        if self.packing is not None and is_stream(ds):
+            return base  # packed rows hold input_ids, labels and position_ids only (the rest is named)
         example = self._first_example(ds, split)
         collator = prune_per_example(base, self._columns, example, split)
         self.dropped_columns[split] = collator.dropped
@@ -708,6 +725,7 @@ class HFDataModule(L.LightningDataModule):
                 holdout=self._holdout_spec(HOLDOUT_KEEPS[split]),
                 split="validation" if split == "train" else split,
                 name=self._source_name(split),
+                packing=self._stream_packing(buffer=1),  # a packed row's keys, from the first documents
             )
             return next(iter(stream), None)
         return ds[0] if len(ds) else None
@@ -839,13 +857,14 @@ class HFDataModule(L.LightningDataModule):
             top_up=train,
             split=split,
             name=self._source_name(split),
+            packing=self._stream_packing(),
         )
         if train:
             # here, before the workers copy it: each shard's rows counted once
             stream.plan_readers(self.num_workers, batch, self.drop_last)
             if stream.length is not None:
                 check_fits_one_batch(stream.per_reader(self.num_workers), batch, self.drop_last)
-            self._require_known_epoch(stream.length)
+            self._require_known_epoch(stream.length if self.packing is None else None)
         trainer = self.trainer
         # the epoch being trained (Lightning's own counter, moved on after the epoch-end hooks)
         epoch_fn = (lambda: trainer.current_epoch) if trainer is not None else None
@@ -861,9 +880,23 @@ class HFDataModule(L.LightningDataModule):
             **self._loader_kwargs(),
         )
 
+    def _stream_packing(self, buffer: int | None = None) -> StreamPacking | None:
+        """How a stream is packed as it is read (``None``: not packed); ``buffer`` overrides
+        ``pack_buffer``."""
+        if self.packing is None:
+            return None
+        size = buffer or self.pack_buffer or PACK_BUFFER
+        return StreamPacking(self.packing, self.max_length, size)
+
     def _require_known_epoch(self, length: int | None) -> None:
         trainer = self.trainer
         if length is None and trainer is not None and (trainer.max_steps is None or trainer.max_steps < 0):
+            if self.packing is not None:
+                raise ConfigError(
+                    f"data.packing={self.packing} on a stream: the stream is packed as it is read, so the "
+                    "number of packed rows, hence of steps in an epoch, is known only once it is read: set "
+                    "trainer.max_steps"
+                )
             raise ConfigError(
                 "the training data is a stream of unknown length, so an epoch has no known number of steps: "
                 "set trainer.max_steps"
@@ -932,6 +965,8 @@ class HFDataModule(L.LightningDataModule):
             self.setup("fit")
         ds, stream = self.train_dataset, is_stream(self.train_dataset)
         n = self._stream_length(ds, self._holdout_spec(False)) if stream else len(ds)
+        if stream and self.packing is not None:
+            n = None  # known only once the stream is packed
         if stream:
             self._require_known_epoch(n)
         return batches_per_epoch(

@@ -32,8 +32,17 @@ Where one document ends is marked by the documents themselves, never after a cut
 EOS when packed (TRL appends ``eos_token`` to each text; ``group_texts`` adds nothing), prompt/completion rows
 always end with EOS, chat rows with the template's end of turn, and pre-tokenized rows are packed as given.
 
-The packing efficiency, real tokens / (rows x ``max_length``), is logged at INFO. A stream is not packed
-(:func:`check_packing` says why).
+The packing efficiency, real tokens / (rows x ``max_length``), is logged at INFO.
+
+A stream is packed as its rows come (:class:`StreamPacker`, driven by
+:class:`~hf_lightning.data.streams.ShardedStream`): ``bfd`` within consecutive buffers of ``data.pack_buffer``
+documents (each buffer's rows are :func:`best_fit_decreasing`'s rows of that buffer, row for row), ``wrapped``
+over the whole stream (the last, short row of a buffer is carried into the next one, so the rows are
+:func:`pack_wrapped`'s rows of the whole stream). Every reader packs the whole stream the same way and keeps
+packed row ``j`` when ``j mod S`` is its index (``S`` readers), so every document is in exactly one row per
+epoch and the readers' row counts differ by one at most (the tail is topped up with a masked copy). Beyond
+``trl.pack_dataset``, which packs a ``datasets.Dataset`` (map batches of 1,000) and not a stream: the same
+rows from a stream, bounded memory, the exact split over ranks x workers and the resume.
 
 The rows are computed on Arrow offsets and lengths, never per token in Python. Per document, Python touches
 one length (the best-fit choice, a ``bisect`` over the distinct rooms left: O(n log max_length)); every token
@@ -56,7 +65,7 @@ import bisect
 import functools
 import logging
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -144,7 +153,6 @@ def check_packing(
     padding_free: bool = False,
     *,
     fmt: str | None = None,
-    stream: bool | None = None,
     task: str | None = None,
     encoder_decoder: bool | None = None,
     model: Any = None,
@@ -155,12 +163,12 @@ def check_packing(
 
     A rule runs when its facts are given (``None``: not known yet), so the config schema calls it before
     anything is built (``packing``, ``task``, ``encoder_decoder``) and ``HFDataModule.setup`` once with the
-    data and the model (``fmt``, ``stream``, ``model``, ``forward_kwargs``).
+    data and the model (``fmt``, ``model``, ``forward_kwargs``).
 
     Args:
         packing / padding_free: the two options as given.
         fmt: the data format (:mod:`~hf_lightning.data.formats`); only causal formats can be packed or
-        flattened. stream: whether the training source is a stream (packing needs the whole dataset).
+            flattened (a stream is packed as it is read, :class:`StreamPacker`).
         task / encoder_decoder: the model's task (``model.task``) and whether it is an encoder-decoder.
         model: the ``nn.Module``; its ``forward`` must take ``position_ids`` and its attention must keep
             packed sequences apart (:func:`~hf_lightning.data.checks.check_sequence_isolation`, a probe
@@ -188,14 +196,6 @@ def check_packing(
     if strategy and fmt is not None and fmt not in CAUSAL_FORMATS:
         raise ConfigError(
             f"data.packing={strategy!r} packs causal-LM rows; the {fmt!r} format cannot be packed"
-        )
-    if strategy and stream:
-        # packing on the fly would give each rank a content-dependent number of rows, so ranks would run
-        # different numbers of steps (DDP hangs) and the exact per-rank split would be lost
-        raise ConfigError(
-            f"data.packing={strategy!r} needs the whole dataset (a map-style source) so that every rank "
-            "gets the same number of packed rows; this source is a stream. Use data.padding_free=true for "
-            "streams (no padding either), or data.streaming=false"
         )
     if padding_free and fmt is not None and fmt not in CAUSAL_FORMATS:
         raise ConfigError(
@@ -542,22 +542,193 @@ def pack_dataset(
     else:
         table = pack_wrapped_table(ids, labels, max_length)
     tokens = int(lengths.sum())
-    slots = table.num_rows * max_length
+    empty = int(np.count_nonzero(lengths == 0))
+    across = documents_across(lengths, max_length) if strategy == "wrapped" else None
+    log_packed(split, strategy, max_length, len(lengths), table.num_rows, tokens, empty, across)
+    return to_dataset(table)
+
+
+def log_packed(
+    split: str,
+    how: str,
+    max_length: int,
+    documents: int,
+    rows: int,
+    tokens: int,
+    empty: int = 0,
+    across: int | None = None,
+) -> None:
+    """The packing lines of a split: the efficiency (INFO), the empty documents left out (WARNING), and for
+    ``wrapped`` (``across`` given) the documents that continue into the next row (INFO).
+
+    Args:
+        how: the strategy as the line names it (``bfd``, ``bfd within buffers of 4096 documents``).
+        documents / rows / tokens: documents packed, rows made, real tokens in them.
+    """
+    slots = rows * max_length
     log.info(
         "%s: packed %d documents into %d rows of %d (%s): efficiency %.1f%% (%d real tokens / %d slots)",
         split,
-        len(lengths),
-        table.num_rows,
+        documents,
+        rows,
         max_length,
-        strategy,
+        how,
         100.0 * tokens / slots if slots else 0.0,
         tokens,
         slots,
     )
-    empty = int(np.count_nonzero(lengths == 0))
     if empty:
         log.warning("%s: %d empty documents (no token) are in no packed row", split, empty)
-    if strategy == "wrapped":
-        across = documents_across(lengths, max_length)
+    if across is not None:
         log.info("%s: %d documents continue from one row into the next (nothing is cut off)", split, across)
-    return to_dataset(table)
+
+
+# ------------------------------------------------------------------ a stream, packed as it is read
+#: documents a stream is packed within by ``bfd`` (``data.pack_buffer``'s default; TRL's ``SFTTrainer`` packs
+#: ``Dataset.map`` batches of 1,000)
+PACK_BUFFER = 4096
+
+
+@dataclass(frozen=True)
+class StreamPacking:
+    """How a stream is packed (:class:`StreamPacker`): ``strategy`` (``bfd`` or ``wrapped``), rows of
+    ``max_length`` tokens, ``bfd`` within consecutive buffers of ``buffer`` documents."""
+
+    strategy: str
+    max_length: int
+    buffer: int = PACK_BUFFER
+
+    @property
+    def how(self) -> str:
+        """The strategy as the log names it."""
+        if self.strategy == "bfd":
+            return f"bfd within buffers of {self.buffer} documents"
+        return "wrapped, the whole stream"
+
+
+def _list_array(rows: Sequence[Any]) -> pa.Array:
+    """Token rows (lists, numpy arrays or tensors of ints) as one Arrow list array."""
+    parts = [np.asarray(r, dtype=np.int64).reshape(-1) for r in rows]
+    offsets = np.zeros(len(parts) + 1, np.int64)
+    np.cumsum([p.size for p in parts], out=offsets[1:])
+    values = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+    return _rows(offsets, pa.array(values))
+
+
+def _row_dicts(table: pa.Table, order: np.ndarray | None = None) -> list[dict[str, list[int]]]:
+    """The rows of a packed table as ``{column: list of int}`` (in ``order`` when given)."""
+    columns = {}
+    for name in table.column_names:
+        column = list_column(table, name)
+        ends = np.cumsum(pc.list_value_length(column).to_numpy(zero_copy_only=False).astype(np.int64))
+        columns[name] = (ends, _values(column).to_numpy(zero_copy_only=False))
+    rows = range(table.num_rows) if order is None else order.tolist()
+    out = []
+    for r in rows:
+        row = {}
+        for name, (ends, values) in columns.items():
+            start = int(ends[r - 1]) if r else 0
+            row[name] = values[start : int(ends[r])].tolist()
+        out.append(row)
+    return out
+
+
+class StreamPacker:
+    """Packs tokenized documents as they come into the rows of :func:`pack_bfd_table` /
+    :func:`pack_wrapped_table`, in bounded memory.
+
+    ``bfd``: each consecutive buffer of ``packing.buffer`` documents is packed on its own, so its rows are
+    :func:`best_fit_decreasing`'s rows of that buffer (per-document ``position_ids``, each document's first
+    label -100). ``wrapped``: the buffers' concatenation is cut every ``max_length`` tokens and the short last
+    row of a buffer is carried into the next one, so the rows are :func:`pack_wrapped`'s rows of the whole
+    stream (only the stream's last row may be short).
+
+    Args:
+        packing: strategy, row length and buffer (:class:`StreamPacking`).
+        order_seed: ``None``: each buffer's rows in the order the packer makes them; else in a random order
+            drawn from ``(*order_seed, buffer index)``, the same in every process (a shuffled stream's
+            rows are not grouped longest first).
+
+    :meth:`pack` takes documents (mappings with ``input_ids`` and optionally ``labels``: lists, numpy arrays
+    or tensors of ints; other keys are left out and named in :attr:`left_out`) and yields rows
+    ``{"input_ids", "labels", "position_ids"}`` (lists of int, the same length, at most ``max_length``).
+    After a pass, :attr:`documents`, :attr:`empty` (documents without a token, in no row), :attr:`rows`,
+    :attr:`tokens` and, for ``wrapped``, :attr:`across` (documents continued into the next row) describe it
+    (:meth:`log`).
+
+    Raises:
+        ValueError: a ``bfd`` document longer than ``max_length`` (tokenization truncates them first).
+        pyarrow.ArrowInvalid: a token id or label outside int32.
+    """
+
+    def __init__(self, packing: StreamPacking, order_seed: Sequence[int] | None = None) -> None:
+        if packing.strategy not in STRATEGIES:
+            raise KeyError(packing.strategy)
+        self.packing = packing
+        self.order_seed = None if order_seed is None else [int(v) for v in order_seed]
+        self.documents = self.empty = self.rows = self.tokens = self.across = 0
+        self.left_out: list[str] = []
+        self._buffers = 0
+        self._carry: tuple[list[int], list[int]] | None = None  # wrapped: the short last row so far
+        self._offset = 0  # wrapped: tokens of the stream before the current buffer (for `across`)
+
+    def pack(self, documents: Iterable[Mapping[str, Any]]) -> Iterator[dict[str, list[int]]]:
+        buffer: list[Mapping[str, Any]] = []
+        for doc in documents:
+            buffer.append(doc)
+            if len(buffer) >= self.packing.buffer:
+                yield from self._pack(buffer, last=False)
+                buffer = []
+        yield from self._pack(buffer, last=True)
+
+    def _pack(self, docs: list[Mapping[str, Any]], last: bool) -> list[dict[str, list[int]]]:
+        capacity = self.packing.max_length
+        for doc in docs[:1]:
+            extra = [k for k in doc if k not in ("input_ids", "attention_mask", "labels", *self.left_out)]
+            self.left_out += extra
+        ids = _list_array([d["input_ids"] for d in docs])
+        labels = None
+        if any("labels" in d for d in docs):
+            labels = _list_array([d.get("labels", d["input_ids"]) for d in docs])
+        lengths = pc.list_value_length(ids).to_numpy(zero_copy_only=False).astype(np.int64)
+        self.documents += len(docs)
+        self.empty += int(np.count_nonzero(lengths == 0))
+        self.tokens += int(lengths.sum())
+        if self.packing.strategy == "bfd":
+            table = pack_bfd_table(ids, labels, capacity)[0]
+        else:
+            table = self._wrap(ids, labels, lengths, last)
+        order = None
+        if self.order_seed is not None and table.num_rows > 1:
+            order = np.random.default_rng([*self.order_seed, self._buffers]).permutation(table.num_rows)
+        self._buffers += 1
+        self.rows += table.num_rows
+        return _row_dicts(table, order)
+
+    def _wrap(self, ids: pa.Array, labels: pa.Array | None, lengths: np.ndarray, last: bool) -> pa.Table:
+        """Wrapped rows of the carried row and ``ids``; the short last row is carried unless ``last``."""
+        capacity = self.packing.max_length
+        starts = self._offset + np.cumsum(lengths) - lengths
+        ends = starts + lengths - 1
+        self.across += int(np.count_nonzero((lengths > 0) & (starts // capacity != ends // capacity)))
+        self._offset += int(lengths.sum())
+        if labels is None:
+            labels = ids
+        if self._carry is not None:
+            carried_ids, carried_labels = self._carry
+            ids = pa.concat_arrays([_list_array([carried_ids]), ids])
+            labels = pa.concat_arrays([_list_array([carried_labels]), labels])
+        table = pack_wrapped_table(ids, labels, capacity)
+        self._carry = None
+        if not last and table.num_rows:
+            tail = _row_dicts(table.slice(table.num_rows - 1))[0]
+            if len(tail["input_ids"]) < capacity:
+                self._carry = (tail["input_ids"], tail["labels"])
+                table = table.slice(0, table.num_rows - 1)
+        return table
+
+    def log(self, split: str) -> None:
+        """The packing lines of this pass (:func:`log_packed`)."""
+        p = self.packing
+        across = self.across if p.strategy == "wrapped" else None
+        log_packed(split, p.how, p.max_length, self.documents, self.rows, self.tokens, self.empty, across)

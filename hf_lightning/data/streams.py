@@ -28,6 +28,19 @@ first, within consecutive bounded buffers (``length_buffer`` examples) per reade
 ``group_by_length`` for streams). A validation hold-out picks rows by a stable hash of their content: the same
 rows in every epoch and reader.
 
+Packing (``data.packing``, ``packing=`` a :class:`~hf_lightning.data.packing.StreamPacking`): the split is by
+packed rows. Every reader reads and tokenizes every row, drops the rows without a target (counted, as
+map-style packing drops them), packs the whole stream the same way
+(:class:`~hf_lightning.data.packing.StreamPacker`: ``bfd`` within consecutive buffers of ``pack_buffer``
+documents, ``wrapped`` over the whole stream) and keeps packed row ``j`` when ``j mod S`` is its index; the
+tail is topped up as above (one masked copy at most), so every document is in exactly one row per epoch and
+all readers yield the same number of rows. The price: each of the ``S`` readers tokenizes every row (one INFO
+line says so with ``S``). The split by shards is not used: each reader packing its own shards would make a
+number of rows known only at its end, different per reader. The number of packed rows is not known before a
+pass, so an epoch has no known length (``trainer.max_steps``). With ``shuffle`` each buffer's rows go out in
+an order drawn from ``(seed, epoch, buffer)``, the same in every reader. The pass is deterministic, so a
+resume that skips the batches already trained continues with exactly the rows not yet trained on.
+
 Split by shards (:func:`plan_shards`): reader ``r`` reads the shards ``i`` with ``i mod S == r``, through
 ``IterableDataset.shard(S, r, contiguous=False)`` (the call ``datasets.distributed.split_dataset_by_node`` and
 ``datasets``' own worker split make; they are not called themselves: the first reshuffles which shards a node
@@ -58,7 +71,8 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from hf_lightning.core.errors import DataError
-from hf_lightning.data.formats import RowReport, row_numbers
+from hf_lightning.data.formats import SOURCE_COLUMNS, RowReport, row_numbers
+from hf_lightning.data.packing import StreamPacker, StreamPacking
 from hf_lightning.data.sampling import PlaceholderRow, mask_example, token_count
 from hf_lightning.data.sources import is_json_lines, jsonl_lines, read_error
 
@@ -262,6 +276,8 @@ class ShardedStream(IterableDataset):
             may differ by one example (a reader with none yields one placeholder, a masked copy).
         split: name used in the log.
         name: the source's ``data.path`` (for messages: a bad row is named by its file line when it can be).
+        packing: pack the tokenized rows as they come (:class:`~hf_lightning.data.packing.StreamPacking`) and
+            split the packed rows over the readers (see the module docstring); ``None``: rows as they are.
 
     ``set_epoch(e)`` is stored in shared memory, so persistent workers see it too. :meth:`plan_readers`,
     called in the main process before the workers copy the object, chooses the split by shards where the
@@ -283,6 +299,7 @@ class ShardedStream(IterableDataset):
         top_up: bool = True,
         split: str = "train",
         name: Any = None,
+        packing: StreamPacking | None = None,
     ) -> None:
         super().__init__()
         if not 0 <= rank < world_size:
@@ -300,6 +317,7 @@ class ShardedStream(IterableDataset):
         self.top_up = top_up
         self.split = split
         self.name = name
+        self.packing = packing
         self._epoch = torch.zeros((), dtype=torch.long).share_memory_()
         self.plan: ShardPlan | None = None  # the split by shards (plan_readers); None: by rows
 
@@ -311,11 +329,46 @@ class ShardedStream(IterableDataset):
         line); evaluation keeps the split by rows. Returns the plan (``None``: by rows)."""
         holdout = self._kept if self.holdout is not None else None
         readers = self.world_size * max(num_workers, 1)
-        if self.top_up:
+        if self.packing is not None:
+            self.plan = None
+            self._announce_packing(readers, num_workers)
+        elif self.top_up:
             self.plan = plan_shards(
                 self.source, readers, self.split, holdout, self.world_size, num_workers, batch_size, drop_last
             )
         return self.plan
+
+    def _announce_packing(self, readers: int, num_workers: int) -> None:
+        """The one INFO line of a packed stream's split: what every reader does, and its cost."""
+        shards = self.source.num_shards if isinstance(self.source, datasets.IterableDataset) else 1
+        why_not_shards = (
+            f"; not split by its {shards} shards: each reader packing its own would make a number of rows "
+            "known only at its end, different per reader"
+            if readers > 1 and shards >= readers
+            else ""
+        )
+        if readers == 1:
+            log.info(
+                "%s stream packed as it is read (data.packing=%s, %s), by one reader",
+                self.split,
+                self.packing.strategy,
+                self.packing.how,
+            )
+            return
+        log.info(
+            "%s stream packed as it is read (data.packing=%s, %s): each of the %d readers (%d ranks x %d "
+            "DataLoader workers) reads and tokenizes every row and packs the whole stream the same way, then "
+            "keeps packed row j when j mod %d is its index (every document in one row once per epoch; "
+            "readers end with masked copies to the same count)%s",
+            self.split,
+            self.packing.strategy,
+            self.packing.how,
+            readers,
+            self.world_size,
+            max(num_workers, 1),
+            readers,
+            why_not_shards,
+        )
 
     # ----------------------------------------------------------------------------------------- epoch
     def set_epoch(self, epoch: int) -> None:
@@ -327,7 +380,10 @@ class ShardedStream(IterableDataset):
 
     # ----------------------------------------------------------------------------------------- sizes
     def per_reader(self, num_workers: int) -> int | None:
-        """Examples each reader yields this epoch (top-ups included), when the stream length is known."""
+        """Examples each reader yields this epoch (top-ups included), when the stream length is known (never
+        for a packed stream: its number of rows is known only once it is read)."""
+        if self.packing is not None:
+            return None
         plan = self.plan
         if plan is not None and plan.readers == self.world_size * max(num_workers, 1):
             return plan.per_reader
@@ -394,6 +450,9 @@ class ShardedStream(IterableDataset):
         """The rows of reader ``index`` of ``count`` for this epoch (tokenized, top-ups included): its own
         shards when :attr:`plan` splits by shards for ``count`` readers, else one row in ``count`` of the
         whole stream."""
+        if self.packing is not None:
+            yield from self._read_packed(index, count)
+            return
         plan = self.plan if self.plan is not None and self.plan.readers == count else None
         total = mine = 0
         first = None
@@ -433,6 +492,53 @@ class ShardedStream(IterableDataset):
             f"reader {index} of {count}: ",
             kept=True,
         )
+
+    def _read_packed(self, index: int, count: int) -> Iterator[dict[str, Any]]:
+        """Packed row ``j`` of the whole stream for ``j mod count == index``, then the top-up (see the module
+        docstring); reader 0 logs the row report and the packing lines of the whole stream."""
+        epoch = self.epoch
+        report = RowReport(f"{self.split} stream", lambda rows: row_numbers(f"{self.split} stream row", rows))
+
+        def documents() -> Iterator[dict[str, Any]]:
+            for j, row in enumerate(self._read(epoch)):
+                if self.processor is not None:
+                    try:
+                        row, info = self.processor(row)
+                    except DataError as err:
+                        raise DataError(f"{self._where(j)}: {err}") from err
+                    if report.add(j, info):  # no target: in no row, as map-style packing drops it
+                        continue
+                yield row
+
+        packer = StreamPacker(self.packing, order_seed=(self.seed, epoch) if self.shuffle else None)
+        total = mine = 0
+        first = None
+        for j, row in enumerate(packer.pack(documents())):
+            total += 1
+            if first is None:
+                first = row
+            if j % count == index:
+                mine += 1
+                yield row
+        max_length = getattr(self.processor, "kwargs", {}).get("max_length")
+        if total == 0 and report.rows:
+            raise report.empty_error(self.name, max_length)
+        share = math.ceil(total / count)
+        if first is not None and ((self.top_up and mine < share) or (not self.top_up and mine == 0)):
+            for _ in range(share - mine if self.top_up else 1):
+                yield mask_example(first) if self.top_up else PlaceholderRow(mask_example(first))
+        if index == 0:  # every reader saw every row: one reader speaks for the stream
+            level = logging.WARNING if epoch == 0 else logging.INFO
+            report.log(max_length, level, "")
+            consumed = SOURCE_COLUMNS.get(getattr(self.processor, "fmt", None), ())
+            left_out = [c for c in packer.left_out if c not in consumed]  # tokenized: expected to go
+            if left_out and epoch == 0:
+                log.warning(
+                    "%s: packing leaves the columns %s out (they cannot follow documents into shared rows)",
+                    self.split,
+                    left_out,
+                )
+            packer.log(f"{self.split} stream")
 
     def _read(self, epoch: int, shard: tuple[int, int] | None = None) -> Iterator[dict[str, Any]]:
         """:meth:`_rows`, with a reader's error (a broken line, a byte that is not UTF-8) as a

@@ -144,14 +144,31 @@ def test_padding_free_classification(word_tokenizer):
         d.setup("fit")
 
 
-def test_packing_a_stream():
-    d = dm(path=datasets.Dataset.from_list(TOKENIZED).to_iterable_dataset(), packing="wrapped")
-    with pytest.raises(
-        ConfigError,
-        match="data.packing='wrapped' needs the whole dataset .* this source is a stream. Use "
-        "data.padding_free=true",
-    ):
-        d.setup("fit")
+def test_packing_a_stream_of_known_length_without_max_steps(tmp_path):
+    """A stream is packed as it is read: even with a known number of rows, the packed rows (hence the steps of
+    an epoch) are known only once read, so training needs trainer.max_steps."""
+    source = datasets.Dataset.from_list(TOKENIZED).to_iterable_dataset()
+
+    class Sized(torch.utils.data.IterableDataset):
+        def __len__(self):
+            return len(TOKENIZED)
+
+        def __iter__(self):
+            yield from TOKENIZED
+
+    for stream in (source, Sized()):
+        with pytest.raises(
+            ConfigError,
+            match=r"^data.packing=wrapped on a stream: the stream is packed as it is read, so the number of "
+            r"packed rows, hence of steps in an epoch, is known only once it is read: set trainer.max_steps$",
+        ):
+            fit(
+                tmp_path,
+                tiny_llama(vocab_size=32),
+                dm(path=stream, packing="wrapped"),
+                max_steps=-1,
+                max_epochs=1,
+            )
 
 
 def test_group_by_length_on_a_stream_sorts_within_a_bounded_buffer(caplog):

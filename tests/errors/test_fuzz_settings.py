@@ -38,6 +38,7 @@ ARGUMENTS = {
     "group_by_length": st.one_of(st.booleans(), JUNK),
     "packing": st.one_of(st.sampled_from([False, True, "bfd", "wrapped"]), JUNK),
     "padding_free": st.one_of(st.booleans(), JUNK),
+    "pack_buffer": st.one_of(st.none(), st.just(3), JUNK),
     "shuffle_buffer_size": st.one_of(st.just(10), JUNK),
     "remove_unused_columns": st.one_of(st.booleans(), JUNK),
     "model_input_names": st.one_of(st.none(), st.just(["input_ids"]), JUNK),

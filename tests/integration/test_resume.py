@@ -128,6 +128,13 @@ CASES = {
     "group_by_length": ["data.group_by_length=true"],
     "accumulation_across_epochs": ["data.gradient_accumulation_steps=2", "trainer.max_epochs=3"],
     "streaming": ["data.streaming=true"],
+    # packed as it is read, in buffers of 16 documents (40 documents: 3 buffers), 2 DataLoader workers
+    "streaming_packed": [
+        "data.streaming=true",
+        "data.packing=bfd",
+        "data.pack_buffer=16",
+        "data.num_workers=2",
+    ],
     "workers": ["data.num_workers=2"],
 }
 

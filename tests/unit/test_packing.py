@@ -214,13 +214,10 @@ def test_packing_with_padding_free_flattens_packed_rows(word_tokenizer):
     assert batch["labels"].dtype == torch.long
 
 
-def test_packing_is_refused_for_classification_and_streams(word_tokenizer):
+def test_packing_is_refused_for_classification(word_tokenizer):
     cls = datasets.Dataset.from_dict({"text": ["a", "b"], "label": [0, 1]})
     with pytest.raises(ConfigError, match="the 'classification' format cannot be packed"):
         HFDataModule(word_tokenizer, path=cls, validation_split=0.0, packing="bfd").setup()
-    stream = datasets.Dataset.from_dict({"text": ["a", "b"]}).to_iterable_dataset()
-    with pytest.raises(ConfigError, match="this source is a stream"):
-        HFDataModule(word_tokenizer, path=stream, validation_split=0.0, packing="wrapped").setup()
     with pytest.raises(ConfigError, match=r"data.packing='greedy'"):
         HFDataModule(word_tokenizer, packing="greedy")
 
@@ -250,7 +247,7 @@ def test_check_packing_holds_the_rules_the_schema_and_the_datamodule_share():
 
     assert check_packing(True) == "bfd"
     assert check_packing("wrapped") == "wrapped"
-    assert check_packing(False, fmt="seq2seq", stream=True, encoder_decoder=True) is None
+    assert check_packing(False, fmt="seq2seq", encoder_decoder=True) is None
     with pytest.raises(ConfigError, match=r"^data.packing='greedy': allowed values: false, true \(= bfd\)"):
         check_packing("greedy")
     with pytest.raises(
@@ -261,7 +258,6 @@ def test_check_packing_holds_the_rules_the_schema_and_the_datamodule_share():
         check_packing(True, task="sequence_classification", encoder_decoder=False)
     with pytest.raises(ConfigError, match="the 'classification' format cannot be packed"):
         check_packing("bfd", fmt="classification")
-    with pytest.raises(ConfigError, match="this source is a stream"):
-        check_packing("wrapped", fmt="text", stream=True)
+    assert check_packing("wrapped", fmt="text") == "wrapped"  # a stream is packed as it is read
     with pytest.raises(ConfigError, match="the 'seq2seq' format cannot be flattened"):
         check_packing(False, padding_free=True, fmt="seq2seq")
