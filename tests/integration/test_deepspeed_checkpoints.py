@@ -26,7 +26,7 @@ from tests.integration.test_sharded_checkpoints import MAX_STEPS, SAVE_EVERY
 
 pytest.importorskip("deepspeed")
 
-pytestmark = [pytest.mark.slow, pytest.mark.distributed]
+pytestmark = [pytest.mark.slow, pytest.mark.distributed, pytest.mark.heavy]
 
 
 def deepspeed_kill_points(seed: int = 26) -> list[tuple[str, int, str]]:

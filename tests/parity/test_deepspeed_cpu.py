@@ -27,7 +27,7 @@ import torch
 
 pytest.importorskip("deepspeed")
 
-pytestmark = [pytest.mark.slow, pytest.mark.distributed]
+pytestmark = [pytest.mark.slow, pytest.mark.distributed, pytest.mark.heavy]
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = ROOT / "tests" / "parity" / "deepspeed_worker.py"

@@ -23,7 +23,7 @@ from tests.parity.tiny_llama_case import make_model, make_rows
 pytest.importorskip("deepspeed")
 
 # the engine's start-up (a gloo group, DeepSpeed's shared-memory op built on a machine's first run)
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.heavy]
 
 LR = 0.01
 ROWS, MICRO_BATCH, ACCUMULATION, EPOCHS = 10, 2, 2, 2
