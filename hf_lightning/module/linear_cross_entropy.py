@@ -160,7 +160,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         need_b = bias is not None and ctx.needs_input_grad[2]
         grad_h = torch.empty_like(hidden) if need_h else None
-        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
+        grad_w = None  # the first chunk's product, then each chunk's added in place (no zero-filled start)
+        if need_w and hidden.size(0) == 0:
+            grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
         grad_b = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) if need_b else None
         total = torch.zeros((), dtype=torch.float32, device=hidden.device)
         for start in range(0, hidden.size(0), chunk_size):
@@ -172,7 +174,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
             if need_h:
                 grad_h[start : start + chunk_size] = torch.mm(g, weight)
             if need_w:
-                if g.dtype == h.dtype == torch.float32:
+                if grad_w is None:
+                    grad_w = torch.mm(g.t(), h).float()
+                elif g.dtype == h.dtype == torch.float32:
                     grad_w.addmm_(g.t(), h)
                 else:
                     grad_w += torch.mm(g.t(), h)
@@ -189,9 +193,10 @@ class _LinearCrossEntropy(torch.autograd.Function):
         grad_h, grad_w, grad_b = ctx.grads
         ctx.grads = None
         w_dtype, b_dtype = ctx.dtypes
-        grad_h = None if grad_h is None else grad_h * grad_out.to(grad_h.dtype)
-        grad_w = None if grad_w is None else (grad_w * grad_out).to(w_dtype)
-        grad_b = None if grad_b is None else (grad_b * grad_out).to(b_dtype)
+        # in place: the buffers are this call's own, and used once
+        grad_h = None if grad_h is None else grad_h.mul_(grad_out.to(grad_h.dtype))
+        grad_w = None if grad_w is None else grad_w.mul_(grad_out).to(w_dtype)
+        grad_b = None if grad_b is None else grad_b.mul_(grad_out).to(b_dtype)
         return grad_h, grad_w, grad_b, None, None, None, None
 
 
