@@ -8,7 +8,8 @@
 Every side trains the same seeded ``LlamaForCausalLM`` (fp32, CPU, one torch thread) on the same
 ``datasets.Dataset`` (random token rows of varying length, the first quarter of each masked with -100, so
 micro-batches hold unequal numbers of targets), with micro-batch ``B``, gradient accumulation 4,
-``torch.optim.AdamW`` (lr 1e-4, no weight decay), a constant rate, clipping at norm 1.0, a shuffled order, the
+``torch.optim.AdamW`` with its fused kernel (lr 1e-4, no weight decay; HF's default ``adamw_torch_fused``, our
+``adamw``), a constant rate, clipping at norm 1.0, a shuffled order, the
 same collator (``PaddingCollator``) and a loss log line (a host read) every 10 optimizer steps:
 
 (a) raw: ``DataLoader``; per window the label targets are counted on the host, each micro-batch adds
@@ -25,9 +26,9 @@ same collator (``PaddingCollator``) and a loss log line (a host read) every 10 o
     "b rich": (b) with Lightning's own default bar instead (with ``rich`` installed: ``RichProgressBar``,
     redrawn every training batch: each is one optimizer step here), what a plain ``lightning.Trainer`` user
     gets.
-(c) HF ``Trainer``: ``TrainingArguments(optim="adamw_torch", logging_steps=10, lr_scheduler_type="constant",
-    save_strategy="no", report_to="none")`` and its defaults (tqdm bar); its model loss takes
-    ``num_items_in_batch``.
+(c) HF ``Trainer``: ``TrainingArguments(optim="adamw_torch_fused", logging_steps=10,
+    lr_scheduler_type="constant", save_strategy="no", report_to="none")`` and its defaults (tqdm bar); its
+    model loss takes ``num_items_in_batch``.
 
 Step time: between two consecutive optimizer-step ends (a callback on (b) and (c)), so it includes fetching
 and collating the next window; the first ``--warmup`` steps are dropped. Both the process CPU time and the
@@ -116,7 +117,8 @@ def run_raw(spec: dict, rows, steps: int) -> list[tuple[float, float]]:
     from hf_lightning.data.collators import PaddingCollator
 
     model = tiny_llama(spec["vocab"], spec["hidden"], spec["layers"], spec["heads"]).train().to(DEVICE)
-    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
+    # the fused kernel, as HF's default optim and our adamw take it
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0, fused=DEVICE in ("cpu", "cuda"))
     loader = DataLoader(
         rows,
         batch_size=spec["batch"],
@@ -242,7 +244,7 @@ def run_hf(spec: dict, rows, steps: int) -> list[tuple[float, float]]:
             learning_rate=LR,
             weight_decay=0.0,
             lr_scheduler_type="constant",
-            optim="adamw_torch",
+            optim="adamw_torch_fused",
             max_grad_norm=1.0,
             logging_steps=LOG_EVERY,
             save_strategy="no",
