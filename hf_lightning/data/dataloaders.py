@@ -205,15 +205,20 @@ def data_signature(datamodule: Any, world_size: int) -> dict[str, Any]:
         "max_length": getattr(datamodule, "max_length", None),
         "seed": getattr(datamodule, "seed", None),
         "dataset_fingerprint": dataset_fingerprint(getattr(datamodule, "train_dataset", None)),
+        # which rows there are and in which order
+        "packing": getattr(datamodule, "packing", None),
+        "pack_buffer": getattr(datamodule, "pack_buffer", None),
+        "group_by_length": getattr(datamodule, "group_by_length", None),
     }
 
 
 def describe_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """``"key: saved -> current"`` for every setting that differs (used to warn before an inexact resume)."""
+    """``"key: saved -> current"`` for every setting that differs (used to warn before an inexact resume); a
+    setting the saved signature does not hold (written before it was recorded) is not compared."""
     return [
-        f"{k}: {saved.get(k)!r} -> {current.get(k)!r}"
-        for k in sorted(set(saved) | set(current))
-        if saved.get(k) != current.get(k)
+        f"{k}: {saved[k]!r} -> {current.get(k)!r}"
+        for k in sorted(saved)
+        if k in current and saved[k] != current[k]
     ]
 
 

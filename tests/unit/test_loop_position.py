@@ -119,6 +119,18 @@ def test_a_changed_setting_is_named_when_the_loop_continues(word_tokenizer, capl
         "exactly as it would have: per_device_train_batch_size: 3 -> 2"
     ]
     caplog.clear()
+    # the rows themselves: packed (other rows: the dataset's fingerprint changes too), or in length groups
+    for changed, shown in (
+        ({"packing": "bfd"}, "dataset_fingerprint: "),
+        ({"group_by_length": True}, "group_by_length: False -> True"),
+    ):
+        dm = datamodule(word_tokenizer, **changed)
+        dm.load_state_dict(state)
+        with caplog.at_level(logging.WARNING, logger="hf_lightning.data.datamodule"):
+            dm.train_dataloader()
+        (line,) = said(caplog)
+        assert shown in line, line
+        caplog.clear()
     with caplog.at_level(logging.WARNING, logger="hf_lightning.data.datamodule"):
         same = datamodule(word_tokenizer)
         same.load_state_dict(state)
