@@ -286,10 +286,17 @@ def window_shares(
     return share(sorted_within_windows(order, lengths, batch_size * accumulation)), share(order)
 
 
-def announce(layout: Layout, dm: Any, lengths: Sequence[int] | None, accumulation: int) -> None:
+def announce(
+    layout: Layout,
+    dm: Any,
+    lengths: Sequence[int] | None,
+    accumulation: int,
+    window_lengths: Sequence[int] | None = None,
+) -> None:
     """The one start-of-run INFO line of ``data.layout=auto``: the layout, why, and the share of real slots
     (padding-free: all; packed per batch and length groups: one epoch on one rank, from the training lengths
-    ``lengths`` when known)."""
+    ``lengths`` when known; sorted within windows: from ``window_lengths``, what the windows are sorted
+    by)."""
     if layout.reason is None:
         return
     share, ds, batch = "", dm.train_dataset, dm.per_device_train_batch_size
@@ -301,11 +308,9 @@ def announce(layout: Layout, dm: Any, lengths: Sequence[int] | None, accumulatio
     elif layout.group_by_length and lengths:
         value = grouped_real_share(lengths, batch, batch * accumulation, dm.seed)
         share = f": {100.0 * value:.1f}% of slots real (epoch 1, one rank)"
-    elif layout.sort_windows and ds is not None and not is_stream(ds):
-        measured = dm._window_lengths(ds)
-        sorted_share, as_they_come = window_shares(
-            measured, batch, accumulation, dm.seed if dm.shuffle else None
-        )
+    elif layout.sort_windows and window_lengths:
+        seed = dm.seed if dm.shuffle else None
+        sorted_share, as_they_come = window_shares(window_lengths, batch, accumulation, seed)
         what = "source + target tokens" if dm.data_format == "seq2seq" else "tokens"
         share = (
             f": {100.0 * sorted_share:.1f}% of slots real, {100.0 * as_they_come:.1f}% unsorted "
