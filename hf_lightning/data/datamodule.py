@@ -493,9 +493,9 @@ class HFDataModule(L.LightningDataModule):
         self.eval_collator = self._pruning_collator(self._rows, self.val_dataset, "validation")
         if self.group_by_length and self.train_dataset is not None and not is_stream(self.train_dataset):
             self._train_lengths = self._lengths(self.train_dataset)
-        train = self.train_dataset
-        sorting = self.sort_windows and train is not None and not is_stream(train)
-        window_lengths = self._window_lengths(train) if sorting else None
+        tokenized = self.train_dataset
+        sorting = self.sort_windows and tokenized is not None and not is_stream(tokenized)
+        window_lengths = self._window_lengths(tokenized) if sorting else None
         announce(layout, self, self._train_lengths, self._accumulation(), window_lengths)
         if bound.metrics:
             self._check_label_names()
