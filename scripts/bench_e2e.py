@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import logging
 import os
 import tempfile
 import warnings
@@ -40,12 +39,14 @@ from types import SimpleNamespace
 
 import torch
 from bench_support import (
-    clock,
     gpt2_tokenizer,
     gsm8k_tokenized,
+    hf_stamps,
     interleaved,
+    lightning_stamps,
     machine_note,
     median,
+    quiet_libraries,
     set_threads,
     table,
     tiny_llama,
@@ -98,18 +99,10 @@ def run_hf(tok, rows, steps: int, warmup: int, layout: str = "padded") -> tuple[
         DataCollatorForSeq2Seq,
         DataCollatorWithFlattening,
         Trainer,
-        TrainerCallback,
         TrainingArguments,
     )
 
     stamps = []
-
-    class Stamp(TrainerCallback):
-        def on_train_begin(self, args, state, control, **kw):
-            stamps.append(clock())
-
-        def on_step_end(self, args, state, control, **kw):
-            stamps.append(clock())
 
     if layout == "flattening":
         base = DataCollatorWithFlattening()  # separator_id -100: each document's first token is no target
@@ -136,7 +129,11 @@ def run_hf(tok, rows, steps: int, warmup: int, layout: str = "padded") -> tuple[
             train_sampling_strategy="group_by_length" if layout == "group_by_length" else "random",
         )
         Trainer(
-            model=model(len(tok)), args=args, train_dataset=rows, data_collator=collate, callbacks=[Stamp()]
+            model=model(len(tok)),
+            args=args,
+            train_dataset=rows,
+            data_collator=collate,
+            callbacks=[hf_stamps(stamps)],
         ).train()
     return rate(stamps, collate.counts, warmup)
 
@@ -147,14 +144,6 @@ def run_ours(tok, rows, steps: int, warmup: int, max_length: int, **layout) -> t
     from hf_lightning import HFDataModule, HFLightningModule
 
     stamps = []
-
-    class Stamp(L.Callback):
-        def on_train_start(self, trainer, pl_module):
-            stamps.append(clock())
-
-        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-            if trainer.global_step > len(stamps) - 1:
-                stamps.append(clock())
 
     module = HFLightningModule(
         model(len(tok)), tokenizer=tok, optim={"lr": LR}, scheduler={"name": "constant"}, max_grad_norm=1.0
@@ -182,7 +171,7 @@ def run_ours(tok, rows, steps: int, warmup: int, max_length: int, **layout) -> t
             default_root_dir=tmp,
             limit_val_batches=0,
             enable_checkpointing=False,
-            callbacks=[Stamp()],
+            callbacks=[lightning_stamps(stamps)],
         ).fit(module, datamodule=dm)
     return rate(stamps, collate.counts, warmup)
 
@@ -225,18 +214,7 @@ def main() -> None:
     set_threads(args.threads)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     warnings.filterwarnings("ignore")
-    import lightning  # noqa: F401  (its loggers exist once imported, and are silenced below)
-    import transformers  # noqa: F401
-
-    for name in list(logging.root.manager.loggerDict):
-        if name.split(".")[0] in (
-            "lightning",
-            "pytorch_lightning",
-            "hf_lightning",
-            "transformers",
-            "datasets",
-        ):
-            logging.getLogger(name).setLevel(logging.ERROR)
+    quiet_libraries()
     print(machine_note())
     tok = gpt2_tokenizer()
     rows = datasets.Dataset.from_list(gsm8k_tokenized(tok, args.max_length, limit=args.rows))

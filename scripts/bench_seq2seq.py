@@ -23,19 +23,20 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import logging
 import os
 import tempfile
 import warnings
 
 import torch
 from bench_support import (
-    clock,
     gpt2_tokenizer,
     gsm8k_prompt_completion,
+    hf_stamps,
     interleaved,
+    lightning_stamps,
     machine_note,
     median,
+    quiet_libraries,
     set_threads,
     table,
 )
@@ -113,17 +114,9 @@ def run_hf(tok, train, held_out, args) -> tuple[float, float, float]:
         DataCollatorForSeq2Seq,
         Seq2SeqTrainer,
         Seq2SeqTrainingArguments,
-        TrainerCallback,
     )
 
     stamps = []
-
-    class Stamp(TrainerCallback):
-        def on_train_begin(self, args, state, control, **kw):
-            stamps.append(clock())
-
-        def on_step_end(self, args, state, control, **kw):
-            stamps.append(clock())
 
     t5 = model(tok, args.hidden)
     collate = Counting(DataCollatorForSeq2Seq(tok, model=t5, label_pad_token_id=-100))
@@ -148,7 +141,7 @@ def run_hf(tok, train, held_out, args) -> tuple[float, float, float]:
             args=targs,
             train_dataset=tokenized(tok, train),
             data_collator=collate,
-            callbacks=[Stamp()],
+            callbacks=[hf_stamps(stamps)],
         ).train()
     return (*rate(stamps, collate.counts, args.warmup, args.accumulation), eval_loss(t5, tok, held_out))
 
@@ -162,14 +155,6 @@ def run_ours(tok, train, held_out, args, layout) -> tuple[float, float, float]:
     from hf_lightning.data.datamodule import binding_from_trainer
 
     stamps = []
-
-    class Stamp(L.Callback):
-        def on_train_start(self, trainer, pl_module):
-            stamps.append(clock())
-
-        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-            if trainer.global_step > len(stamps) - 1:
-                stamps.append(clock())
 
     t5 = model(tok, args.hidden)
     module = HFLightningModule(
@@ -198,7 +183,7 @@ def run_ours(tok, train, held_out, args, layout) -> tuple[float, float, float]:
             default_root_dir=tmp,
             limit_val_batches=0,
             enable_checkpointing=False,
-            callbacks=[Stamp()],
+            callbacks=[lightning_stamps(stamps)],
         ).fit(module, datamodule=dm)
     return (*rate(stamps, collate.counts, args.warmup, args.accumulation), eval_loss(t5, tok, held_out))
 
@@ -216,18 +201,7 @@ def main() -> None:
     set_threads(1)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     warnings.filterwarnings("ignore")
-    import lightning  # noqa: F401  (its loggers exist once imported, and are silenced below)
-    import transformers  # noqa: F401
-
-    for name in list(logging.root.manager.loggerDict):
-        if name.split(".")[0] in (
-            "lightning",
-            "pytorch_lightning",
-            "hf_lightning",
-            "transformers",
-            "datasets",
-        ):
-            logging.getLogger(name).setLevel(logging.ERROR)
+    quiet_libraries()
     print(machine_note())
     tok = gpt2_tokenizer()
     pairs = gsm8k_prompt_completion(args.rows + EVAL_ROWS).rename_columns(

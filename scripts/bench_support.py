@@ -10,6 +10,7 @@ Imported by the scripts beside it (``python scripts/NAME.py`` puts this folder f
 
 from __future__ import annotations
 
+import logging
 import os
 import statistics
 import time
@@ -175,3 +176,50 @@ def machine_note() -> str:
         f"{lightning.__version__}, transformers {transformers.__version__}, load average {load:.1f} at "
         f"start, {time.strftime('%Y-%m-%d %H:%M')}"
     )
+
+
+def hf_stamps(stamps: list[tuple[float, float]]) -> Any:
+    """An HF ``TrainerCallback`` that appends a :func:`clock` stamp at the start of training and at every
+    optimizer-step end to ``stamps``."""
+    from transformers import TrainerCallback
+
+    class Stamp(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kw):
+            stamps.append(clock())
+
+        def on_step_end(self, args, state, control, **kw):
+            stamps.append(clock())
+
+    return Stamp()
+
+
+def lightning_stamps(stamps: list[tuple[float, float]]) -> Any:
+    """A Lightning callback that appends a :func:`clock` stamp at the start of training and after every
+    batch that ended an optimizer step to ``stamps``."""
+    import lightning as L
+
+    class Stamp(L.Callback):
+        def on_train_start(self, trainer, pl_module):
+            stamps.append(clock())
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if trainer.global_step > len(stamps) - 1:
+                stamps.append(clock())
+
+    return Stamp()
+
+
+def quiet_libraries() -> None:
+    """Only errors from the loggers of lightning, hf_lightning, transformers and datasets (imported first)."""
+    import lightning  # noqa: F401  (its loggers exist once imported)
+    import transformers  # noqa: F401
+
+    for name in list(logging.root.manager.loggerDict):
+        if name.split(".")[0] in (
+            "lightning",
+            "pytorch_lightning",
+            "hf_lightning",
+            "transformers",
+            "datasets",
+        ):
+            logging.getLogger(name).setLevel(logging.ERROR)
