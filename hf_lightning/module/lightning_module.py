@@ -910,7 +910,8 @@ class HFLightningModule(L.LightningModule):
         if self.trainer.is_global_zero:
             log.info(
                 "preprocess_logits_for_metrics is not position-wise (%s): evaluation computes each batch's "
-                "whole logits for it (preprocess_logits_position_wise=true declares it position-wise)",
+                "whole logits for it (HFLightningModule(preprocess_logits_position_wise=True) declares it "
+                "position-wise)",
                 why,
             )
 
@@ -921,7 +922,7 @@ class HFLightningModule(L.LightningModule):
         if self.preprocess_chunks is False:
             return (
                 "evaluation computes each batch's whole logits for preprocess_logits_for_metrics "
-                "(preprocess_logits_position_wise=false; training stays lean)"
+                "(HFLightningModule(preprocess_logits_position_wise=False); training stays lean)"
             )
         checked = (
             "declared position-wise"
