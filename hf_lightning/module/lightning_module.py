@@ -903,10 +903,18 @@ class HFLightningModule(L.LightningModule):
                 self._not_position_wise(problem)
                 return None
             self.preprocess_chunks = True
+            self._say_lean_eval()
         return loss_sum, correct, preds
+
+    def _say_lean_eval(self) -> None:
+        """:meth:`_lean_eval_line` at INFO, once, on rank zero."""
+        self._lean_eval_said = True
+        if self.trainer.is_global_zero:
+            log.info(self._lean_eval_line())
 
     def _not_position_wise(self, why: str) -> None:
         self.preprocess_chunks = False
+        self._lean_eval_said = True  # this line says what evaluation does
         if self.trainer.is_global_zero:
             log.info(
                 "preprocess_logits_for_metrics is not position-wise (%s): evaluation computes each batch's "
@@ -947,10 +955,10 @@ class HFLightningModule(L.LightningModule):
     def _eval_start(self, stage: str) -> None:
         self._collector.reset()
         self._user_metrics: dict[str, float] = {}
-        if self.compute_metrics is not None and self.lean.active and not self._lean_eval_said:
-            self._lean_eval_said = True
-            if self.trainer.is_global_zero:
-                log.info(self._lean_eval_line())
+        # said once; for a preprocess_logits_for_metrics not yet checked, by the first batch's check instead
+        decided = self.preprocess_logits_for_metrics is None or self.preprocess_chunks is not None
+        if self.compute_metrics is not None and self.lean.active and decided and not self._lean_eval_said:
+            self._say_lean_eval()
         if (
             self.compute_metrics is None
             or self.preprocess_logits_for_metrics is not None

@@ -115,6 +115,8 @@ def test_a_function_over_the_sequence_is_found_and_gets_whole_logits(tmp_path, c
     assert shapes[5:] == [(2, CHUNK // 2, VOCAB)] + [(2, 12, VOCAB)] * 3 + [(1, 12, VOCAB)]
     said = [r.getMessage() for r in caplog.records if "not position-wise" in r.getMessage()]
     assert len(said) == 1 and "differ from those on the whole logits" in said[0]
+    # and no line claimed the chunked path before the check found it out
+    assert not any("positions at a time" in r.getMessage() for r in caplog.records)
 
 
 def test_a_result_without_positions_is_found_and_gets_whole_logits(tmp_path, caplog):
