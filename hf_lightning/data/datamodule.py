@@ -543,7 +543,9 @@ class HFDataModule(L.LightningDataModule):
                 "data.pack_buffer=%d does not apply: it bounds the documents a stream is packed within by "
                 "data.packing=bfd, and %s",
                 self.pack_buffer,
-                f"data.packing={self.packing}" if stream else "this source is map-style (packed whole)",
+                (f"this run has data.packing={self.packing}" if self.packing else "this run packs nothing")
+                if stream
+                else "this source is map-style (packed whole)",
             )
         self._processor = ExampleProcessor(fmt, self.tokenizer, self.max_length, self._label2id, self._plan)
         announce_document_ends(self.tokenizer, fmt, self.packing)

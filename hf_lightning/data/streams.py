@@ -356,7 +356,7 @@ class ShardedStream(IterableDataset):
             )
             return
         log.info(
-            "%s stream packed as it is read (data.packing=%s, %s): each of the %d readers (%d ranks x %d "
+            "%s stream packed as it is read (data.packing=%s, %s): each of the %d readers (%s x %d "
             "DataLoader workers) reads and tokenizes every row and packs the whole stream the same way, then "
             "keeps packed row j when j mod %d is its index (every document in one row once per epoch; "
             "readers end with masked copies to the same count)%s",
@@ -364,7 +364,7 @@ class ShardedStream(IterableDataset):
             self.packing.strategy,
             self.packing.how,
             readers,
-            self.world_size,
+            f"{self.world_size} rank" + ("s" if self.world_size != 1 else ""),
             max(num_workers, 1),
             readers,
             why_not_shards,

@@ -290,5 +290,5 @@ def test_pack_buffer_where_it_does_not_apply_is_said(tmp_path, caplog):
         "data.pack_buffer=64 does not apply: it bounds the documents a stream is packed within by "
         "data.packing=bfd, and this source is map-style (packed whole)",
         "data.pack_buffer=64 does not apply: it bounds the documents a stream is packed within by "
-        "data.packing=bfd, and data.packing=wrapped",
+        "data.packing=bfd, and this run has data.packing=wrapped",
     ]
