@@ -59,7 +59,7 @@ class FinalValidation(L.Callback):
             return
         last = getattr(pl_module, "last_validated_step", None)
         log.info(
-            "validating the final weights (step %d): %s",
+            "validating the final weights (step %d, where the run ends; %s)",
             trainer.global_step,
-            "no validation had run" if last is None else f"the last validation was at step {last}",
+            "no validation before" if last is None else f"the validation before was at step {last}",
         )
