@@ -6,6 +6,7 @@ its own); the commands hide the library warnings that are wrong or not actionabl
 
 from __future__ import annotations
 
+import logging
 import warnings
 
 #: ``(message regex, category)`` of the warnings the commands hide, each with the reason
@@ -26,9 +27,31 @@ HIDDEN_WARNINGS = (
 )
 
 
+#: ``(logger name, message start)`` of the log records the commands hide, each with the reason
+HIDDEN_RECORDS = (
+    # DeepSpeed logs this WARNING when it is imported on a machine without a GPU, and accelerate and
+    # transformers import it whenever it is installed, so every CPU run printed it without asking for
+    # DeepSpeed (a run that asks for it on the CPU is told what it runs on by the strategy's own check)
+    ("DeepSpeed", "Setting accelerator to CPU"),
+)
+
+
+class _HiddenRecords(logging.Filter):
+    def __init__(self, starts: tuple[str, ...]) -> None:
+        super().__init__()
+        self.starts = starts
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.getMessage()).startswith(self.starts)
+
+
 def hide_library_warnings() -> None:
-    """Install the filters of :data:`HIDDEN_WARNINGS` in this process. Calling it again (a Hydra multirun runs
-    each job's ``main`` in the same process) adds nothing: ``warnings.filterwarnings`` replaces an equal
-    filter."""
+    """Install the filters of :data:`HIDDEN_WARNINGS` and :data:`HIDDEN_RECORDS` in this process. Calling it
+    again (a Hydra multirun runs each job's ``main`` in the same process) adds nothing:
+    ``warnings.filterwarnings`` replaces an equal filter, and a logger keeps one filter of ours."""
     for message, category in HIDDEN_WARNINGS:
         warnings.filterwarnings("ignore", message=message, category=category)
+    for name in {name for name, _ in HIDDEN_RECORDS}:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _HiddenRecords) for f in logger.filters):
+            logger.addFilter(_HiddenRecords(tuple(start for n, start in HIDDEN_RECORDS if n == name)))

@@ -86,3 +86,24 @@ def test_a_flat_batch_skips_lightnings_collection_walk(monkeypatch):
     assert walked == []
     dm.transfer_batch_to_device([torch.ones(1)], torch.device("cpu"), 0)
     assert len(walked) == 1
+
+
+def test_the_commands_hide_deepspeeds_cpu_notice_only_in_a_fresh_process():
+    """A command's process: DeepSpeed's import-time "Setting accelerator to CPU" WARNING (accelerate imports
+    DeepSpeed whenever it is installed) is dropped, another DeepSpeed record passes, and a second call adds no
+    second filter."""
+    code = (
+        "import logging\n"
+        "from hf_lightning.cli.process import hide_library_warnings\n"
+        "hide_library_warnings(); hide_library_warnings()\n"
+        "log = logging.getLogger('DeepSpeed')\n"
+        "seen = []\n"
+        "class Keep(logging.Handler):\n"
+        "    def emit(self, record): seen.append(record.getMessage())\n"
+        "log.addHandler(Keep()); log.propagate = False\n"
+        "log.warning('Setting accelerator to CPU. If you have GPU or other accelerator, ...')\n"
+        "log.warning('ZeRO stage 3 offload')\n"
+        "print(len(log.filters), seen)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "1 ['ZeRO stage 3 offload']"
