@@ -28,3 +28,27 @@ def test_a_command_line_that_names_the_job_is_left_alone():
     """Lightning's own children come with hydra.job.name=train_ddp_process_N and LOCAL_RANK set."""
     args = ["+experiment=sft", "hydra.job.name=train_ddp_process_1", "hydra.output_subdir=null"]
     assert other_rank_overrides(args, {"LOCAL_RANK": "1", "NODE_RANK": "1"}) == []
+
+
+def test_the_rendezvous_variables_are_put_back_after_one_process_only(monkeypatch):
+    """After a one-process run the launcher's variables go; after several, rank 0 keeps them (Lightning reads
+    ``LOCAL_RANK`` to not start the other ranks again at a later ``trainer.test()``)."""
+    from hf_lightning.strategies.launch import rendezvous_variables, restore_rendezvous
+
+    monkeypatch.setenv("MASTER_PORT", "29511")
+    for key in ("MASTER_ADDR", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(key, raising=False)
+    saved = rendezvous_variables()
+    launched = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "40000", "WORLD_SIZE": "2", "LOCAL_RANK": "0"}
+    for key, value in launched.items():
+        monkeypatch.setenv(key, value)
+    restore_rendezvous(saved, world_size=2)
+    assert {key: value for key, value in rendezvous_variables().items() if value is not None} == launched
+    restore_rendezvous(saved, world_size=1)
+    assert rendezvous_variables() == {
+        "MASTER_ADDR": None,
+        "MASTER_PORT": "29511",
+        "RANK": None,
+        "WORLD_SIZE": None,
+        "LOCAL_RANK": None,
+    }
