@@ -1048,7 +1048,8 @@ class HFLightningModule(L.LightningModule):
         if lean is None:
             self._say_lean()
             return None
-        return self.lean.predictions(lean[1], labels, labels, _argmax)[2]
+        # no target: the chunks compute no loss, only the argmax
+        return self.lean.predictions(lean[1], torch.full_like(labels, IGNORE_INDEX), labels, _argmax)[2]
 
     def predict_step(self, batch: Mapping[str, Any], batch_idx: int) -> list[dict[str, Any]]:
         """Per example: the argmax token at every target position (causal shift), and the label there.
