@@ -167,21 +167,21 @@ def _step_losses(run_dir: Path) -> dict[int, float]:
 
 def test_precision_and_fused_adamw_knobs(compose_cfg, tmp_path):
     """bf16 autocast on the CPU tracks the fp32 run within bf16 tolerance; optim.fused reaches the optimizer
-    (null: not fused off CUDA; true: torch's fused CPU kernel)."""
+    (null: the fused kernel where it takes the parameters, the CPU included; false: the foreach kernel)."""
     from hf_lightning.train import train
 
     common = ("+experiment=sft", "callbacks=none", "trainer.limit_val_batches=0", "scheduler.warmup_steps=0")
     _, fp32 = train(compose_cfg(*common))
     fp32_losses = _step_losses(tmp_path)
-    assert not fp32["trainer"].optimizers[0].defaults["fused"]
+    assert fp32["trainer"].optimizers[0].defaults["fused"] is True
     # a second run in the same folder: clear the first one (Lightning's default checkpoint lands there too)
     (tmp_path / "metrics.csv").unlink()
     shutil.rmtree(tmp_path / "checkpoints", ignore_errors=True)
 
-    _, bf16 = train(compose_cfg(*common, "trainer.precision=bf16-mixed", "optim.fused=true"))
+    _, bf16 = train(compose_cfg(*common, "trainer.precision=bf16-mixed", "optim.fused=false"))
     bf16_losses = _step_losses(tmp_path)
     assert bf16["trainer"].precision == "bf16-mixed"
-    assert bf16["trainer"].optimizers[0].defaults["fused"] is True
+    assert not bf16["trainer"].optimizers[0].defaults["fused"]
     assert sorted(bf16_losses) == sorted(fp32_losses) == [1, 2]
     for step, value in fp32_losses.items():
         assert bf16_losses[step] == pytest.approx(value, rel=3e-2)
