@@ -13,8 +13,10 @@ Evaluation batches of ``--batch``; both sides pad to the batch's longest row (la
 
 Modes, each in a fresh process (a process's peak only grows): ``hf`` (``Trainer.evaluate``), ``ours``
 (``HFLightningModule`` + ``lightning.Trainer.validate``: the lean loss, ``preprocess_logits_for_metrics`` on
-chunks of positions), ``ours-full`` (the same with ``lean_loss=False``: each batch's whole logits, as HF),
-``ours-loss`` (no ``compute_metrics``: loss and token accuracy only, the reference for what the metric adds).
+chunks of positions), ``ours-targets`` (the same with ``preprocess_logits_positions="targets"``: the head
+and the argmax at the positions with a target only, -100 elsewhere; the metric reads only those),
+``ours-full`` (the same with ``lean_loss=False``: each batch's whole logits, as HF), ``ours-loss``
+(no ``compute_metrics``: loss and token accuracy only, the reference for what the metric adds).
 Reported: process CPU time and wall time of the evaluation call, peak RSS above the peak before it
 (``VmHWM``), the metric and the loss. Modes run interleaved ``--rounds`` times; ratios are per round, then the
 median.
@@ -30,7 +32,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-MODES = ("ours", "hf", "ours-full", "ours-loss")
+MODES = ("ours", "hf", "ours-targets", "ours-full", "ours-loss")
 
 
 def _accuracy(p) -> dict[str, float]:
@@ -90,6 +92,7 @@ def probe(mode: str, args: argparse.Namespace) -> dict[str, float]:
         module = HFLightningModule(
             model,
             preprocess_logits_for_metrics=_argmax,
+            preprocess_logits_positions="targets" if mode == "ours-targets" else "all",
             lean_loss=False if mode == "ours-full" else None,
             **metrics,
         )
@@ -131,6 +134,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--probe", choices=MODES)
+    parser.add_argument("--modes", default=",".join(MODES), help="comma-separated; hf is always run")
     args = parser.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
@@ -140,9 +144,10 @@ def main() -> None:
     from bench_support import interleaved, machine_note, median, table
 
     print(machine_note())
-    results = interleaved({m: (lambda m=m: run_probe(m, args)) for m in MODES}, args.rounds)
+    modes = ["hf"] + [m for m in args.modes.split(",") if m in MODES and m != "hf"]
+    results = interleaved({m: (lambda m=m: run_probe(m, args)) for m in modes}, args.rounds)
     rows = []
-    for mode in MODES:
+    for mode in modes:
         runs = results[mode]
         cpu_ratio = [r["cpu_s"] / h["cpu_s"] for r, h in zip(runs, results["hf"])]
         peak_ratio = [r["peak_above_mib"] / h["peak_above_mib"] for r, h in zip(runs, results["hf"])]

@@ -310,10 +310,12 @@ class LeanLoss:
         targets: torch.Tensor,
         labels: torch.Tensor,
         preprocess: Callable[[torch.Tensor, torch.Tensor], Any],
+        targets_only: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Evaluation with HF's ``preprocess_logits_for_metrics`` on chunks of positions: ``(loss sum,
         correct, predictions (B, L, ...))`` from ``hidden`` ``(B, L, H)``, shifted ``targets`` and the batch's
-        ``labels`` (both ``(B, L)``); see
+        ``labels`` (both ``(B, L)``); with ``targets_only`` only at the positions with a target (``-100``
+        elsewhere); see
         :func:`~hf_lightning.module.linear_cross_entropy.linear_cross_entropy_predictions` (which raises
         ``NotPositionWise``)."""
         flat_h = hidden.reshape(-1, hidden.size(-1))
@@ -326,6 +328,7 @@ class LeanLoss:
             self.head.bias,
             self.transform,
             self.chunk_size,
+            targets_only,
         )
         return loss_sum, correct, preds.reshape(*labels.shape, *preds.shape[2:])
 

@@ -24,7 +24,13 @@ from torch import nn
 from hf_lightning.adapters.checkpoint import drop_frozen, fill_frozen
 from hf_lightning.checkpointing.loop_state import steps_windows_from_micro_batches
 from hf_lightning.compat import attached_trainer, is_compiled_in_place
-from hf_lightning.core.arguments import FRACTION, OPTIONAL_NON_NEGATIVE, OPTIONAL_POSITIVE_INT, check_call
+from hf_lightning.core.arguments import (
+    FRACTION,
+    OPTIONAL_NON_NEGATIVE,
+    OPTIONAL_POSITIVE_INT,
+    check_call,
+    one_of,
+)
 from hf_lightning.core.batch import IGNORE_INDEX, MICRO_ITEMS_KEY, PLACEHOLDER_KEY, Window, to_device
 from hf_lightning.core.errors import ConfigError, ModelError
 from hf_lightning.data.checks import forward_parameters
@@ -42,7 +48,7 @@ from hf_lightning.module.eval_metrics import (
 )
 from hf_lightning.module.grad_norm import StepGradNorm
 from hf_lightning.module.lean_loss import LeanLoss, arguments_reason, strategy_reason
-from hf_lightning.module.linear_cross_entropy import NotPositionWise
+from hf_lightning.module.linear_cross_entropy import NotPositionWise, check_holds_ignore_index
 from hf_lightning.module.loss import (
     FALLBACK_WARNING,
     NON_MODEL_KEYS,
@@ -65,6 +71,9 @@ from hf_lightning.run.loggers import adopt_csv_header
 from hf_lightning.strategies.gradient_sync import gradient_sync
 
 log = logging.getLogger(__name__)
+
+#: where ``preprocess_logits_for_metrics`` is applied: every position (HF's), or those with a loss target
+PREPROCESS_POSITIONS = ("all", "targets")
 
 
 class HFLightningModule(L.LightningModule):
@@ -132,6 +141,13 @@ class HFLightningModule(L.LightningModule):
             predictions are compared with the function's result on those rows' logits taken whole (half as
             many positions as a chunk holds); a function that is not position-wise gets the whole logits of
             each batch, with one INFO line.
+        preprocess_logits_positions: ``"all"`` (HF's): ``preprocess_logits_for_metrics`` sees every
+            position's logits. ``"targets"``: only the positions with a loss target (a causal LM's positions
+            whose next label is not -100, an encoder-decoder's whose label is not -100; so the head runs on
+            those positions only), and the other positions' predictions are -100, as HF pads predictions
+            between batches; for a ``compute_metrics`` that reads the predictions where the labels are set,
+            as HF's examples do, the results are HF's. It declares the function position-wise; its result
+            must be a signed integer or floating tensor (``TypeError`` otherwise).
         eval_accumulation_steps: move collected predictions to the CPU every this many batches (HF's).
         batch_eval_metrics: call ``compute_metrics(EvalPrediction, compute_result=is_last_batch)`` per batch
             instead of once (HF's); the last call's result is logged.
@@ -192,6 +208,7 @@ class HFLightningModule(L.LightningModule):
         compute_metrics: Callable[..., Mapping[str, float]] | None = None,
         preprocess_logits_for_metrics: Callable[[torch.Tensor, torch.Tensor], Any] | None = None,
         preprocess_logits_position_wise: bool | None = None,
+        preprocess_logits_positions: Annotated[str, one_of(PREPROCESS_POSITIONS)] = "all",
         eval_accumulation_steps: Annotated[int | None, OPTIONAL_POSITIVE_INT] = None,
         batch_eval_metrics: bool = False,
         lean_loss: bool | None = None,
@@ -249,6 +266,20 @@ class HFLightningModule(L.LightningModule):
         #: whether ``preprocess_logits_for_metrics`` runs on chunks of positions under the lean loss
         #: (``None``: not known yet, checked on the first evaluation batch)
         self.preprocess_chunks = preprocess_logits_position_wise
+        #: whether predictions are computed at the positions with a target only (-100 elsewhere)
+        self.preprocess_targets_only = preprocess_logits_positions == "targets"
+        if self.preprocess_targets_only:
+            if preprocess_logits_for_metrics is None:
+                raise ConfigError(
+                    "preprocess_logits_positions='targets' says where preprocess_logits_for_metrics runs: "
+                    "pass preprocess_logits_for_metrics too, or leave it 'all'"
+                )
+            if preprocess_logits_position_wise is False:
+                raise ConfigError(
+                    "preprocess_logits_positions='targets' computes predictions position by position: it "
+                    "cannot go with preprocess_logits_position_wise=False"
+                )
+            self.preprocess_chunks = True
         self.batch_eval_metrics = batch_eval_metrics
         num_classes = sequence_classes(self.model)
         self.eval_metrics = nn.ModuleDict(
@@ -828,7 +859,16 @@ class HFLightningModule(L.LightningModule):
         preds = logits
         if self.preprocess_logits_for_metrics is not None:
             preds = self.preprocess_logits_for_metrics(logits, labels)
+        if self.preprocess_targets_only and preds is not logits:
+            preds = self._only_at_targets(preds, batch)
         self._keep_predictions(preds, labels, batch_idx, stage)
+
+    def _only_at_targets(self, preds: torch.Tensor, batch: Mapping[str, Any]) -> torch.Tensor:
+        """``preds`` ``(B, L, ...)`` with -100 at the positions without a loss target."""
+        check_holds_ignore_index(preds.dtype)
+        targets = loss_targets(batch["labels"], self.causal, batch.get("shift_labels")).to(preds.device)
+        missing = (targets == IGNORE_INDEX).reshape(*targets.shape, *(1,) * (preds.dim() - targets.dim()))
+        return preds.masked_fill(missing, IGNORE_INDEX)
 
     def _keep_predictions(self, preds: Any, labels: torch.Tensor, batch_idx: int, stage: str) -> None:
         """``compute_metrics``'s share of one batch: called now (``batch_eval_metrics``) or collected."""
@@ -889,7 +929,9 @@ class HFLightningModule(L.LightningModule):
         the function's result on those positions' logits, taken whole."""
         fn = self.preprocess_logits_for_metrics
         try:
-            loss_sum, correct, preds = self.lean.predictions(hidden, targets, labels, fn)
+            loss_sum, correct, preds = self.lean.predictions(
+                hidden, targets, labels, fn, self.preprocess_targets_only
+            )
         except NotPositionWise as err:
             self._not_position_wise(str(err))
             return None
@@ -931,6 +973,12 @@ class HFLightningModule(L.LightningModule):
             return (
                 "evaluation computes each batch's whole logits for preprocess_logits_for_metrics "
                 "(HFLightningModule(preprocess_logits_position_wise=False); training stays lean)"
+            )
+        if self.preprocess_targets_only:
+            return (
+                f"evaluation applies preprocess_logits_for_metrics to the logits of the positions with a "
+                f"target only, at most {self.lean.chunk_rows()} at a time, and gives the others -100 "
+                "(preprocess_logits_positions='targets')"
             )
         checked = (
             "declared position-wise"

@@ -272,6 +272,7 @@ def linear_cross_entropy_predictions(
     bias: torch.Tensor | None = None,
     transform: LogitTransform = IDENTITY,
     chunk_size: int | None = None,
+    targets_only: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Evaluation with HF's ``preprocess_logits_for_metrics`` applied chunk by chunk: ``(loss sum, correct,
     predictions)`` without gradients, and no ``(tokens x vocab)`` tensor.
@@ -283,39 +284,76 @@ def linear_cross_entropy_predictions(
         preprocess: called as ``preprocess(logits (1, n, V), labels (1, n))`` per chunk of ``n`` positions,
             ``logits`` in the head's dtype after the model's logit transform (the model's own logits); it
             must return a tensor of shape ``(1, n, ...)``.
+        targets_only: the head and ``preprocess`` run only at the positions with a target
+            (``targets != -100``); the other positions' predictions are ``-100`` (HF's padding index for
+            predictions), so ``preprocess`` must return a signed or floating dtype.
 
     Returns:
         ``loss sum`` and ``correct`` as :func:`linear_cross_entropy_stats`; predictions ``(1, N, ...)``, the
-        chunks' results concatenated along dim 1.
+        chunks' results concatenated along dim 1 (with ``targets_only``, placed at their positions).
 
     Raises:
         NotPositionWise: ``preprocess`` returned something other than a ``(1, n, ...)`` tensor.
+        TypeError: with ``targets_only``, ``preprocess`` returned a dtype that cannot hold ``-100``.
     """
     chunk = chunk_size or default_chunk_size(weight.size(0), hidden.device)
     targets, labels = targets.to(hidden.device), labels.to(hidden.device)
     total = torch.zeros((), dtype=torch.float32, device=hidden.device)
     correct = torch.zeros((), dtype=torch.long, device=hidden.device)
+    n = hidden.size(0)
+    # the rows the head multiplies: all of them, or those with a target (at least one, whose result gives
+    # the predictions' dtype and trailing shape when the batch has no target at all)
+    kept = (targets != IGNORE_INDEX).nonzero().squeeze(1) if targets_only else None
+    rows = kept if kept is None or kept.numel() else torch.zeros(min(n, 1), dtype=torch.long)
     preds = []
-    for start in range(0, hidden.size(0), chunk):
-        raw = F.linear(hidden[start : start + chunk], weight, bias)
-        part = preprocess(transform(raw).unsqueeze(0), labels[start : start + chunk].unsqueeze(0))
-        rows = raw.size(0)
-        if not isinstance(part, torch.Tensor) or part.dim() < 2 or tuple(part.shape[:2]) != (1, rows):
+    for start in range(0, n if kept is None else rows.numel(), chunk):
+        where = slice(start, start + chunk) if kept is None else rows[start : start + chunk]
+        raw = F.linear(hidden[where], weight, bias)
+        part = preprocess(transform(raw).unsqueeze(0), labels[where].unsqueeze(0))
+        count = raw.size(0)
+        if not isinstance(part, torch.Tensor) or part.dim() < 2 or tuple(part.shape[:2]) != (1, count):
             found = tuple(part.shape) if isinstance(part, torch.Tensor) else type(part).__name__
-            raise NotPositionWise(f"it returned {found} for logits of shape (1, {rows}, {raw.size(1)})")
+            raise NotPositionWise(f"it returned {found} for logits of shape (1, {count}, {raw.size(1)})")
         if part.untyped_storage().data_ptr() == raw.untyped_storage().data_ptr():
             part = part.clone()  # a view of the logits, which the loss below overwrites
         preds.append(part)
         # the loss and the argmax count of the positions with a target only (a prompt's or padding's
         # positions add nothing to them)
-        part_targets = targets[start : start + chunk]
+        part_targets = targets[where]
         valid = part_targets != IGNORE_INDEX
         raw, part_targets = raw[valid], part_targets[valid]
         if raw.size(0):
             loss, _, right = _chunk_of_logits(raw, part_targets, transform, 0.0, False, True)
             total += loss
             correct += right
-    return total, correct, torch.cat(preds, dim=1)
+    found = torch.cat(preds, dim=1) if preds else torch.zeros((1, 0), dtype=torch.long)
+    if kept is None:
+        return total, correct, found
+    placed = at_positions(found[:, : kept.numel()], kept, n)
+    return total, correct, placed
+
+
+def at_positions(values: torch.Tensor, positions: torch.Tensor, n: int) -> torch.Tensor:
+    """``values`` ``(1, k, ...)`` placed at ``positions`` ``(k,)`` of a ``(1, n, ...)`` tensor of ``-100``.
+
+    Raises:
+        TypeError: ``values``' dtype cannot hold ``-100`` (a bool or an unsigned integer).
+    """
+    check_holds_ignore_index(values.dtype)
+    out = torch.full((1, n, *values.shape[2:]), IGNORE_INDEX, dtype=values.dtype, device=values.device)
+    out[:, positions.to(values.device)] = values
+    return out
+
+
+def check_holds_ignore_index(dtype: torch.dtype) -> None:
+    """Raise ``TypeError`` when ``dtype`` (of ``preprocess_logits_for_metrics``' result) cannot hold ``-100``
+    (a bool or an unsigned integer), which marks the positions without a target."""
+    if not dtype.is_signed:
+        raise TypeError(
+            f"preprocess_logits_positions='targets' marks the positions without a target with -100, which "
+            f"{dtype} cannot hold: return a signed integer or floating tensor from "
+            "preprocess_logits_for_metrics"
+        )
 
 
 class NotPositionWise(ValueError):

@@ -62,7 +62,7 @@ def _side_by_side(tmp_path, preprocess, **module_kwargs):
         **module_kwargs,
     )
     module.lean.chunk_size = CHUNK
-    assert module.lean.active
+    assert module.lean.active is (module_kwargs.get("lean_loss", True) is not False)
     ours, _, _ = validate(module, _rows())
     return hf, hf_seen["predictions"], ours, our_seen["predictions"], shapes, module
 
@@ -161,3 +161,89 @@ def test_predict_step_takes_the_argmax_chunk_by_chunk():
     assert sum(len(r["positions"]) for r in ours) == sum(
         sum(x != -100 for x in r["labels"][1:]) for r in _rows()
     )
+
+
+def _at_targets(preds, labels):
+    """HF's predictions with -100 where the shifted label is -100 (the positions without a loss target)."""
+    targets = np.full_like(labels, -100)
+    targets[:, :-1] = labels[:, 1:]
+    return np.where(targets != -100, preds, -100), int((targets != -100).sum())
+
+
+@pytest.mark.parametrize("lean_loss", [None, False])
+def test_targets_only_runs_the_head_at_the_targets_and_keeps_hfs_accuracy(tmp_path, caplog, lean_loss):
+    """preprocess_logits_positions='targets': the function sees only the positions with a target (lean: in
+    chunks of at most CHUNK of them, no check on whole logits); elsewhere the predictions are -100, and the
+    accuracy over the labelled positions is HF's. Without the lean loss, the same predictions."""
+    caplog.set_level(logging.INFO, logger="hf_lightning")
+    hf, hf_preds, ours, preds, shapes, module = _side_by_side(
+        tmp_path,
+        lambda logits, labels: logits.argmax(-1),
+        preprocess_logits_positions="targets",
+        lean_loss=lean_loss,
+    )
+    labels = np.stack(
+        [np.pad(r["labels"], (0, 12 - len(r["labels"])), constant_values=-100) for r in _rows()]
+    )
+    expected, n_targets = _at_targets(hf_preds, labels)
+    np.testing.assert_array_equal(preds, expected)
+    assert (preds == -100).sum() > (hf_preds == -100).sum()  # the prompt's and last positions too
+    assert ours["val/accuracy"] == pytest.approx(hf["eval_accuracy"], rel=1e-6)
+    if lean_loss is None:
+        assert all(s[0] == 1 and 1 <= s[1] <= CHUNK and s[2] == VOCAB for s in shapes)
+        assert sum(s[1] for s in shapes) == n_targets  # each target position once, no other
+        said = [r.getMessage() for r in caplog.records if "positions with a target only" in r.getMessage()]
+        assert len(said) == 1
+    else:
+        assert [s[0] for s in shapes] == [2, 2, 2, 1]
+
+
+def test_targets_only_refuses_a_result_that_cannot_hold_minus_100(tmp_path):
+    module = HFLightningModule(
+        tiny_llama(vocab_size=VOCAB),
+        compute_metrics=lambda p: {},
+        preprocess_logits_for_metrics=lambda logits, labels: logits.argmax(-1) == labels,
+        preprocess_logits_positions="targets",
+    )
+    with pytest.raises(TypeError, match="torch.bool cannot hold"):
+        validate(module, _rows())
+
+
+def test_targets_only_needs_a_position_wise_function():
+    from hf_lightning.core.errors import ConfigError
+
+    argmax = lambda logits, labels: logits.argmax(-1)  # noqa: E731
+    with pytest.raises(ConfigError, match="pass preprocess_logits_for_metrics too"):
+        HFLightningModule(tiny_llama(vocab_size=VOCAB), preprocess_logits_positions="targets")
+    with pytest.raises(ConfigError, match="cannot go with preprocess_logits_position_wise=False"):
+        HFLightningModule(
+            tiny_llama(vocab_size=VOCAB),
+            preprocess_logits_for_metrics=argmax,
+            preprocess_logits_positions="targets",
+            preprocess_logits_position_wise=False,
+        )
+    with pytest.raises(ConfigError, match="preprocess_logits_positions"):
+        HFLightningModule(tiny_llama(vocab_size=VOCAB), preprocess_logits_positions="labels")
+
+
+def test_a_batch_without_targets_gives_minus_100_in_the_functions_dtype():
+    from hf_lightning.module.linear_cross_entropy import linear_cross_entropy_predictions
+
+    torch.manual_seed(0)
+    hidden, weight = torch.randn(6, 8), torch.randn(VOCAB, 8)
+    none = torch.full((6,), -100)
+
+    def top2(logits, labels):
+        return logits.topk(2, dim=-1).values
+
+    loss, correct, preds = linear_cross_entropy_predictions(
+        hidden, weight, none, none, top2, targets_only=True
+    )
+    assert preds.shape == (1, 6, 2) and preds.dtype == torch.float32 and (preds == -100).all()
+    assert loss.item() == 0 and correct.item() == 0
+    targets = torch.tensor([-100, 3, -100, -100, 7, 9])
+    _, _, some = linear_cross_entropy_predictions(hidden, weight, targets, none, top2, targets_only=True)
+    whole = (hidden @ weight.T).topk(2, dim=-1).values
+    keep = targets != -100
+    torch.testing.assert_close(some[0][keep], whole[keep])
+    assert (some[0][~keep] == -100).all()
