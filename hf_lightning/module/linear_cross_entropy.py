@@ -321,7 +321,8 @@ def linear_cross_entropy_predictions(
         # positions add nothing to them)
         part_targets = targets[where]
         valid = part_targets != IGNORE_INDEX
-        raw, part_targets = raw[valid], part_targets[valid]
+        if not bool(valid.all()):  # (with targets_only every row has a target: no copy)
+            raw, part_targets = raw[valid], part_targets[valid]
         if raw.size(0):
             loss, _, right = _chunk_of_logits(raw, part_targets, transform, 0.0, False, True)
             total += loss
