@@ -6,6 +6,7 @@ not yet read, and the loss over the packed rows is the per-token loss of the doc
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import random
@@ -71,9 +72,10 @@ def train_stream(source, rank=0, world=1, workers=0, **kw):
 
 
 def documents(row) -> list[list[int]]:
-    """A packed row cut where its ``position_ids`` restart."""
-    starts = [i for i, p in enumerate(row["position_ids"]) if p == 0] + [len(row["input_ids"])]
-    return [row["input_ids"][a:b] for a, b in zip(starts, starts[1:])]
+    """A packed row cut at its ``seq_lengths``."""
+    ends = list(itertools.accumulate(row["seq_lengths"]))
+    assert ends[-1] == len(row["input_ids"])
+    return [row["input_ids"][a:b] for a, b in zip([0] + ends, ends)]
 
 
 def is_masked(row) -> bool:
@@ -106,7 +108,7 @@ def test_bfd_rows_are_best_fit_decreasing_of_each_buffer(tmp_path):
     for row, docs_of_row in zip(rows, expected):
         assert row["input_ids"] == [t for d in docs_of_row for t in d]
         assert row["labels"] == [t if i else -100 for d in docs_of_row for i, t in enumerate(d)]
-        assert row["position_ids"] == [i for d in docs_of_row for i in range(len(d))]
+        assert row["seq_lengths"] == [len(d) for d in docs_of_row]
         assert len(row["input_ids"]) <= 12
     assert Counter(map(tuple, (d for r in rows for d in documents(r)))) == Counter(map(tuple, docs))
 
