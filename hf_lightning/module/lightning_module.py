@@ -74,6 +74,10 @@ log = logging.getLogger(__name__)
 
 #: where ``preprocess_logits_for_metrics`` is applied: every position (HF's), or those with a loss target
 PREPROCESS_POSITIONS = ("all", "targets")
+_TARGETS_NEED_POSITIONS = (
+    "preprocess_logits_positions='targets' needs a preprocess_logits_for_metrics that returns one value (or "
+    "vector) per position ({why}): use preprocess_logits_positions='all' for this function"
+)
 
 
 class HFLightningModule(L.LightningModule):
@@ -865,8 +869,12 @@ class HFLightningModule(L.LightningModule):
 
     def _only_at_targets(self, preds: torch.Tensor, batch: Mapping[str, Any]) -> torch.Tensor:
         """``preds`` ``(B, L, ...)`` with -100 at the positions without a loss target."""
-        check_holds_ignore_index(preds.dtype)
         targets = loss_targets(batch["labels"], self.causal, batch.get("shift_labels")).to(preds.device)
+        if not isinstance(preds, torch.Tensor) or tuple(preds.shape[:2]) != tuple(targets.shape):
+            found = tuple(preds.shape) if isinstance(preds, torch.Tensor) else type(preds).__name__
+            why = f"it returned {found} for logits of shape {tuple(batch['labels'].shape)} + (vocab,)"
+            raise ValueError(_TARGETS_NEED_POSITIONS.format(why=why))
+        check_holds_ignore_index(preds.dtype)
         missing = (targets == IGNORE_INDEX).reshape(*targets.shape, *(1,) * (preds.dim() - targets.dim()))
         return preds.masked_fill(missing, IGNORE_INDEX)
 
@@ -933,6 +941,8 @@ class HFLightningModule(L.LightningModule):
                 hidden, targets, labels, fn, self.preprocess_targets_only
             )
         except NotPositionWise as err:
+            if self.preprocess_targets_only:
+                raise ValueError(_TARGETS_NEED_POSITIONS.format(why=err)) from None
             self._not_position_wise(str(err))
             return None
         if self.preprocess_chunks is None:

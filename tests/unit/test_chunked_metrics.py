@@ -247,3 +247,16 @@ def test_a_batch_without_targets_gives_minus_100_in_the_functions_dtype():
     keep = targets != -100
     torch.testing.assert_close(some[0][keep], whole[keep])
     assert (some[0][~keep] == -100).all()
+
+
+@pytest.mark.parametrize("lean_loss", [None, False])
+def test_targets_only_refuses_a_function_without_positions(lean_loss):
+    module = HFLightningModule(
+        tiny_llama(vocab_size=VOCAB),
+        compute_metrics=lambda p: {},
+        preprocess_logits_for_metrics=lambda logits, labels: logits.argmax(-1).sum(-1, keepdim=True),
+        preprocess_logits_positions="targets",
+        lean_loss=lean_loss,
+    )
+    with pytest.raises(ValueError, match="one value \\(or vector\\) per position \\(it returned \\("):
+        validate(module, _rows())
