@@ -85,3 +85,10 @@ def write_chats(folder: Path, n: int) -> list[dict]:
     rows = chat_rows(n)
     (folder / "chats.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return rows
+
+
+def packed_documents(row) -> list[list[int]]:
+    """The documents of a packed row, cut at its ``seq_lengths`` (which must add up to its tokens)."""
+    ends = [sum(row["seq_lengths"][: k + 1]) for k in range(len(row["seq_lengths"]))]
+    assert ends[-1] == len(row["input_ids"]), (row["seq_lengths"], len(row["input_ids"]))
+    return [row["input_ids"][a:b] for a, b in zip([0] + ends, ends)]

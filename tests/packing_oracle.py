@@ -1,6 +1,7 @@
 """The pure-Python packing of ``hf_lightning/data/packing.py`` before the Arrow engine (commit 22a61d6), kept
 only as the oracle the engine's tests compare with, row for row. Every token is a Python int here: slow on
-purpose."""
+purpose. One change since: a row holds its documents' lengths (``seq_lengths``) where it held a position per
+token (``position_ids``), as the engine's rows do."""
 
 from __future__ import annotations
 
@@ -48,12 +49,12 @@ def pack_bfd(rows, max_length):
     ids, labels = _columns(rows)
     out = []
     for b in best_fit_decreasing([len(x) for x in ids], max_length):
-        row_ids, row_labels, row_pos = [], [], []
+        row_ids, row_labels, row_docs = [], [], []
         for i in b:
             row_ids += ids[i]
             row_labels += [IGNORE_INDEX] * min(len(ids[i]), 1) + labels[i][1:]
-            row_pos += list(range(len(ids[i])))
-        out.append({"input_ids": row_ids, "labels": row_labels, "position_ids": row_pos})
+            row_docs.append(len(ids[i]))
+        out.append({"input_ids": row_ids, "labels": row_labels, "seq_lengths": row_docs})
     return out
 
 
@@ -68,7 +69,7 @@ def pack_wrapped(rows, max_length):
             {
                 "input_ids": chunk,
                 "labels": flat_labels[start : start + max_length],
-                "position_ids": list(range(len(chunk))),
+                "seq_lengths": [len(chunk)],
             }
         )
     return out

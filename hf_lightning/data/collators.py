@@ -58,13 +58,14 @@ import torch
 
 from hf_lightning.core.batch import IGNORE_INDEX, PLACEHOLDER_KEY
 from hf_lightning.core.errors import DataError
-from hf_lightning.data.packing import best_fit_decreasing
+from hf_lightning.data.packing import SEQ_LENGTHS, best_fit_decreasing
 from hf_lightning.data.sampling import PlaceholderRow
 
 log = logging.getLogger(__name__)
 
-#: the keys a padding-free batch carries (any other is announced once and left out)
-CARRIED = ("input_ids", "labels", "position_ids", "attention_mask")
+#: the keys a padding-free batch carries (any other is announced once and left out); ``seq_lengths`` becomes
+#: ``position_ids``
+CARRIED = ("input_ids", "labels", "position_ids", "attention_mask", SEQ_LENGTHS)
 
 
 def as_row(value: Any) -> torch.Tensor:
@@ -188,6 +189,36 @@ def checked_column(
     return flat
 
 
+def positions_column(examples: Sequence[Mapping[str, Any]], lengths: Sequence[int]) -> torch.Tensor | None:
+    """The concatenated ``position_ids`` rows, ``None`` when no example has ``position_ids`` or
+    ``seq_lengths``.
+
+    A packed row's ``seq_lengths`` (its documents' lengths, TRL's ``pack_dataset`` column) give positions
+    restarting at 0 at each document; an example with neither key gets ``0..n-1``.
+
+    Raises:
+        DataError: ``seq_lengths`` that are negative or do not add up to the row's ``input_ids``, or
+            ``position_ids`` of another length than ``input_ids``.
+    """
+    if not any(SEQ_LENGTHS in ex for ex in examples):
+        return checked_column(examples, "position_ids", lengths)
+    rows = []
+    for i, (ex, n) in enumerate(zip(examples, lengths)):
+        docs = ex.get(SEQ_LENGTHS)
+        if docs is None:
+            given = ex.get("position_ids")
+            rows.append(torch.arange(n) if given is None else checked_column([ex], "position_ids", [n]))
+            continue
+        docs = as_row(docs)
+        if bool((docs < 0).any()) or int(docs.sum()) != n:
+            raise DataError(
+                f"example {i}: {SEQ_LENGTHS!r} {docs.tolist()[:8]} must be document lengths adding up to "
+                f"its {n} 'input_ids'"
+            )
+        rows.append(torch.arange(n) - torch.repeat_interleave(torch.cumsum(docs, 0) - docs, docs))
+    return torch.cat(rows) if rows else torch.zeros(0, dtype=torch.long)
+
+
 def input_ids_of(examples: Sequence[Mapping[str, Any]], owner: str) -> list[Any]:
     """Each example's ``input_ids``.
 
@@ -270,7 +301,8 @@ class PaddingFreeCollator:
         return_flash_attn_kwargs: also return ``cu_seq_lens_q/k`` (int32) and ``max_length_q/k`` (int).
 
     Input: examples with ``input_ids`` and optional ``labels`` (copied from ``input_ids`` if missing) and
-    ``position_ids`` (a packed row brings its own, restarting at each document; otherwise ``0..n-1``).
+    ``position_ids`` or ``seq_lengths`` (a packed row brings its documents', restarting at each document;
+    otherwise ``0..n-1``; see :func:`positions_column`).
     ``attention_mask`` is consumed (it must be all ones: flattening is the padding removal). Other keys are
     announced once and left out: there is no per-example axis to carry them on.
 
@@ -296,7 +328,7 @@ class PaddingFreeCollator:
             raise DataError("PaddingFreeCollator: every example of the batch is empty")
         labels = checked_column(examples, "labels", lengths)
         labels = ids.clone() if labels is None else labels
-        positions = checked_column(examples, "position_ids", lengths)
+        positions = positions_column(examples, lengths)
         starts = torch.tensor([0, *itertools.accumulate(lengths)][:-1], dtype=torch.long)
         sizes = torch.tensor(lengths, dtype=torch.long)
         if positions is None:
@@ -335,6 +367,9 @@ class PaddingFreeCollator:
 class PackedCollator:
     """Pads packed rows into ``(B, L)`` without an ``attention_mask``: ``position_ids`` isolate documents.
 
+    Input: rows with ``input_ids``, ``labels`` and ``seq_lengths`` or ``position_ids`` (see
+    :func:`positions_column`).
+
     The padding tail of a row gets ``position_ids`` ``0, 1, ...`` (a segment of its own, which nothing real
     attends to) and labels -100. With no ``attention_mask`` and no KV cache, ``transformers`` builds the
     block-diagonal causal mask from ``position_ids`` (see the module docstring). Unlike
@@ -351,7 +386,9 @@ class PackedCollator:
     def __call__(self, examples: Sequence[Mapping[str, Any]]) -> dict[str, torch.Tensor]:
         ids, lengths = flatten_rows([ex["input_ids"] for ex in examples])
         labels, _ = flatten_rows([ex["labels"] for ex in examples])
-        positions, _ = flatten_rows([ex["position_ids"] for ex in examples])
+        positions = positions_column(examples, lengths)
+        if positions is None:
+            positions = torch.cat([torch.arange(n) for n in lengths])
         length = round_up(max(lengths), self.pad_to_multiple_of)
         mask = row_mask(lengths, length)
         # the padding tail counts 0, 1, ... from the end of each row's documents

@@ -624,7 +624,7 @@ class HFDataModule(L.LightningDataModule):
         if self._columns is None or ds is None or isinstance(ds, datasets.Dataset):
             return base
         if self.packing is not None and is_stream(ds):
-            return base  # packed rows hold input_ids, labels and position_ids only (the rest is named)
+            return base  # packed rows hold input_ids, labels and seq_lengths only (the rest is named)
         example = self._first_example(ds, split)
         collator = prune_per_example(base, self._columns, example, split)
         self.dropped_columns[split] = collator.dropped

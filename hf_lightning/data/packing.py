@@ -11,8 +11,12 @@ apart); to keep every token of long documents use ``wrapped``. A row of three do
 with ``max_length`` 8::
 
     input_ids     a0   a1   a2 | b0   b1 | c0   c1 | pad
-    position_ids   0    1    2 |  0    1 |  0    1 |   0
     labels      -100   a1   a2 |-100  b1 |-100  c1 |-100
+    seq_lengths    3            2         2                (stored: one length per document)
+    position_ids   0    1    2 |  0    1 |  0    1 |   0    (the collator's, from seq_lengths)
+
+A packed row stores its documents' lengths (``seq_lengths``, TRL's column), not a position per token; the
+collators (:mod:`~hf_lightning.data.collators`) expand them into ``position_ids``.
 
     attention (1 = may attend), block-diagonal causal:
         a0 1
@@ -46,17 +50,17 @@ rows from a stream, bounded memory, the exact split over ranks x workers and the
 
 The rows are computed on Arrow offsets and lengths, never per token in Python. Per document, Python touches
 one length (the best-fit choice, a ``bisect`` over the distinct rooms left: O(n log max_length)); every token
-moves in Arrow or numpy (``pyarrow.compute.take`` on the list column, index arithmetic for labels and
-positions). Memory: the input columns as they are (a memory-mapped ``datasets`` table stays mapped) plus the
-output, three int32 columns: 12 bytes per packed token, and a few bytes per document.
+moves in Arrow or numpy (``pyarrow.compute.take`` on the list column, index arithmetic for the labels).
+Memory: the input columns as they are (a memory-mapped ``datasets`` table stays mapped) plus the output,
+two int32 token columns: 8 bytes per packed token, and 4 bytes per document (``seq_lengths``).
 
 Why ours rather than ``trl.pack_dataset`` (``trl/data_utils.py``), whose rows ``bfd`` and
 ``wrapped`` reproduce: TRL packs inside ``Dataset.map(batched=True)``, so each map batch (1,000 documents by
 default, what ``SFTTrainer`` uses) is packed on its own: ``bfd`` bins documents only against the others of its
 batch, and ``wrapped`` leaves a short row at the end of every batch. Its ``bfd`` cuts documents longer than
 ``seq_length`` and drops empty ones without a word (we count the cut at tokenization, see
-:mod:`~hf_lightning.data.formats`), gives ``seq_lengths`` but no ``position_ids`` and no label masking of
-each document's first token, and its best-fit search walks a segment tree in Python per document.
+:mod:`~hf_lightning.data.formats`), gives no label masking of each document's first token, and its best-fit
+search walks a segment tree in Python per document.
 """
 
 from __future__ import annotations
@@ -257,9 +261,12 @@ def _check_model_separates_sequences(
 
 
 # ------------------------------------------------------------------ the engine: rows on Arrow offsets
-#: the type of every packed column: token ids, labels and positions all fit in int32
+#: the type of every packed column: token ids, labels and document lengths all fit in int32
 PACKED_TYPE = pa.int32()
-#: tokens gathered per step of :func:`pack_bfd_table` (its scratch: about 16 bytes per token of one step)
+#: a packed row's column of its documents' lengths, in order (TRL's name); the collators turn it into
+#: ``position_ids`` restarting at 0 at each document
+SEQ_LENGTHS = "seq_lengths"
+#: tokens gathered per step of :func:`pack_bfd_table` (its scratch: about 12 bytes per token of one step)
 BLOCK_TOKENS = 1 << 18
 
 
@@ -336,13 +343,12 @@ def _rows(offsets: np.ndarray, values: pa.Array) -> pa.Array:
 
 def _gather(
     ids: pa.Array, labels: pa.Array | None, order: np.ndarray, doc_lengths: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The tokens, labels (first of each document -100) and positions of the documents ``order``, one after
-    the other: int32 ``(total,)`` each, filled :data:`BLOCK_TOKENS` at a time so that the scratch stays
-    bounded."""
+) -> tuple[np.ndarray, np.ndarray]:
+    """The tokens and labels (first of each document -100) of the documents ``order``, one after the other:
+    int32 ``(total,)`` each, filled :data:`BLOCK_TOKENS` at a time so that the scratch stays bounded."""
     ends = np.cumsum(doc_lengths)
     total = int(ends[-1]) if ends.size else 0
-    out_ids, out_labels, out_pos = (np.empty(total, np.int32) for _ in range(3))
+    out_ids, out_labels = (np.empty(total, np.int32) for _ in range(2))
     first = 0
     while first < order.size:
         start = int(ends[first] - doc_lengths[first])
@@ -352,25 +358,23 @@ def _gather(
         out_ids[start:stop] = _values(pc.take(ids, take)).to_numpy(zero_copy_only=False)
         source = out_ids[start:stop] if labels is None else _values(pc.take(labels, take)).to_numpy(False)
         out_labels[start:stop] = source
-        starts = ends[first:last] - doc_lengths[first:last] - start
-        out_labels[start + starts] = IGNORE_INDEX  # each document's first token has nothing before it
-        pos = out_pos[start:stop]
-        pos[:] = np.arange(stop - start, dtype=np.int32)
-        pos -= np.repeat(starts.astype(np.int32), doc_lengths[first:last])
+        starts = ends[first:last] - doc_lengths[first:last]
+        out_labels[starts] = IGNORE_INDEX  # each document's first token has nothing before it
         first = last
-    return out_ids, out_labels, out_pos
+    return out_ids, out_labels
 
 
 def pack_bfd_table(ids: pa.Array, labels: pa.Array | None, capacity: int) -> tuple[pa.Table, np.ndarray]:
-    """Rows of whole documents (:func:`best_fit_rows`), positions restarting at 0 and each first label -100.
+    """Rows of whole documents (:func:`best_fit_rows`), each document's first label -100.
 
     Args:
         ids / labels: list arrays ``(n,)`` of the same row lengths; ``labels`` ``None``: a copy of ``ids``.
         capacity: ``max_length``.
 
     Returns:
-        the packed table (``input_ids``, ``labels``, ``position_ids``: int32 lists) and each row's document
-        lengths, int64 ``(m,)`` in row order (row ``r``'s are the next ``docs_per_row[r]``).
+        the packed table (``input_ids``, ``labels``: int32 lists of the row's tokens; ``seq_lengths``: int32
+        lists of its documents' lengths) and the document lengths, int64 ``(m,)`` in row order (row ``r``'s
+        are the next ``docs_per_row[r]``).
 
     Raises:
         pyarrow.ArrowInvalid: a token id or label outside int32.
@@ -380,9 +384,15 @@ def pack_bfd_table(ids: pa.Array, labels: pa.Array | None, capacity: int) -> tup
     doc_lengths = lengths[order]
     ends = np.cumsum(doc_lengths)
     offsets = np.concatenate(([0], ends[np.cumsum(per_row) - 1])) if per_row.size else np.zeros(1, np.int64)
-    columns = _gather(ids, labels, order, doc_lengths)
-    names = ("input_ids", "labels", "position_ids")
-    table = pa.table({k: _rows(offsets, pa.array(v, PACKED_TYPE)) for k, v in zip(names, columns)})
+    out_ids, out_labels = _gather(ids, labels, order, doc_lengths)
+    doc_offsets = np.concatenate(([0], np.cumsum(per_row)))
+    table = pa.table(
+        {
+            "input_ids": _rows(offsets, pa.array(out_ids, PACKED_TYPE)),
+            "labels": _rows(offsets, pa.array(out_labels, PACKED_TYPE)),
+            SEQ_LENGTHS: _rows(doc_offsets, pa.array(doc_lengths.astype(np.int32), PACKED_TYPE)),
+        }
+    )
     return table, doc_lengths
 
 
@@ -390,8 +400,8 @@ def pack_wrapped_table(ids: pa.Array, labels: pa.Array | None, capacity: int) ->
     """Every token of every document, concatenated as given and cut every ``capacity`` tokens.
 
     Returns:
-        ``input_ids``, ``labels`` (as given, or ``input_ids``) and ``position_ids`` (``0..n-1`` per row):
-        int32 lists; the last row may be shorter.
+        ``input_ids``, ``labels`` (as given, or ``input_ids``) and ``seq_lengths`` (``[n]``: the row is one
+        sequence, positions ``0..n-1``): int32 lists; the last row may be shorter.
     """
     values = _values(ids)
     total = len(values)
@@ -399,15 +409,12 @@ def pack_wrapped_table(ids: pa.Array, labels: pa.Array | None, capacity: int) ->
         np.append(np.arange(0, total, capacity, dtype=np.int64), total) if total else np.zeros(1, np.int64)
     )
     label_values = values if labels is None else _values(labels)
-    # 0..capacity-1 broadcast over the rows (a copy per row; cheaper than arange % capacity)
-    grid = np.empty((-(-total // capacity), capacity), np.int32)
-    grid[:] = np.arange(capacity, dtype=np.int32)
-    positions = grid.reshape(-1)[:total]
+    row_lengths = np.diff(offsets).astype(np.int32)
     return pa.table(
         {
             "input_ids": _rows(offsets, values),
             "labels": _rows(offsets, label_values),
-            "position_ids": _rows(offsets, pa.array(positions.astype(np.int32), PACKED_TYPE)),
+            SEQ_LENGTHS: _rows(np.arange(row_lengths.size + 1), pa.array(row_lengths, PACKED_TYPE)),
         }
     )
 
@@ -467,14 +474,14 @@ def best_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int]
 
 
 def pack_bfd(ds: datasets.Dataset, max_length: int) -> datasets.Dataset:
-    """Pack documents whole with :func:`best_fit_decreasing`; per-document positions, first tokens masked.
+    """Pack documents whole with :func:`best_fit_decreasing`; documents' lengths kept, first tokens masked.
 
     Computed on Arrow offsets (:func:`pack_bfd_table`): no token goes
     through Python.
 
     Returns:
-        a dataset with ``input_ids``, ``labels`` and ``position_ids`` columns (int32 lists, one row per bin),
-        each row's three the same length.
+        a dataset with ``input_ids`` and ``labels`` columns (int32 lists, one row per bin, the same length)
+        and ``seq_lengths`` (int32 lists: the row's documents' lengths, in order).
 
     Raises:
         ValueError: a document longer than ``max_length`` (tokenization truncates them first).
@@ -489,7 +496,7 @@ def pack_wrapped(ds: datasets.Dataset, max_length: int) -> datasets.Dataset:
     and ``[5, 2, 6]``.
 
     Returns:
-        a dataset with ``input_ids``, ``labels`` and ``position_ids`` (``0..n-1``) columns (int32 lists).
+        a dataset with ``input_ids``, ``labels`` and ``seq_lengths`` (``[n]``) columns (int32 lists).
     """
     return to_dataset(pack_wrapped_table(*token_columns(ds), max_length))
 
@@ -638,7 +645,7 @@ class StreamPacker:
     :func:`pack_wrapped_table`, in bounded memory.
 
     ``bfd``: each consecutive buffer of ``packing.buffer`` documents is packed on its own, so its rows are
-    :func:`best_fit_decreasing`'s rows of that buffer (per-document ``position_ids``, each document's first
+    :func:`best_fit_decreasing`'s rows of that buffer (with ``seq_lengths``, each document's first
     label -100). ``wrapped``: the buffers' concatenation is cut every ``max_length`` tokens and the short last
     row of a buffer is carried into the next one, so the rows are :func:`pack_wrapped`'s rows of the whole
     stream (only the stream's last row may be short).
@@ -651,7 +658,8 @@ class StreamPacker:
 
     :meth:`pack` takes documents (mappings with ``input_ids`` and optionally ``labels``: lists, numpy arrays
     or tensors of ints; other keys are left out and named in :attr:`left_out`) and yields rows
-    ``{"input_ids", "labels", "position_ids"}`` (lists of int, the same length, at most ``max_length``).
+    ``{"input_ids", "labels", "seq_lengths"}`` (lists of int; ``input_ids`` and ``labels`` the same length,
+    at most ``max_length``, which ``seq_lengths`` sums to).
     After a pass, :attr:`documents`, :attr:`empty` (documents without a token, in no row), :attr:`rows`,
     :attr:`tokens` and, for ``wrapped``, :attr:`across` (documents continued into the next row) describe it
     (:meth:`log`).

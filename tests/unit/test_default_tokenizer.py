@@ -11,14 +11,9 @@ from __future__ import annotations
 import datasets
 
 from hf_lightning import HFDataModule
+from tests.data_support import packed_documents
 
 TEXTS = ["hello there", "how are you doing today", "fine, thanks"]
-
-
-def _documents(row):
-    """The packed row's documents, cut where ``position_ids`` restart at 0."""
-    starts = [i for i, p in enumerate(row["position_ids"]) if p == 0] + [len(row["input_ids"])]
-    return [row["input_ids"][a:b] for a, b in zip(starts, starts[1:])]
 
 
 def test_packed_text_documents_end_with_endoftext_not_the_chat_end_of_turn(default_tokenizer):
@@ -29,7 +24,7 @@ def test_packed_text_documents_end_with_endoftext_not_the_chat_end_of_turn(defau
     ds = datasets.Dataset.from_dict({"text": TEXTS})
     dm = HFDataModule(tok, path=ds, packing="bfd", max_length=64, validation_split=0.0, shuffle=False)
     dm.setup()
-    got = sorted(doc for row in dm.train_dataset for doc in _documents(row))
+    got = sorted(doc for row in dm.train_dataset for doc in packed_documents(row))
     expected = sorted(tok(text + "<|endoftext|>", add_special_tokens=False)["input_ids"] for text in TEXTS)
     assert got == expected
     assert tok.convert_tokens_to_ids("<|im_end|>") not in {t for doc in got for t in doc}

@@ -39,14 +39,17 @@ def test_bfd_rows_restart_positions_and_mask_each_document_start():
         {
             "input_ids": [4, 5, 6, 7, 8, 9, 10],
             "labels": [IGNORE, 5, 6, 7, 8, 9, 10],
-            "position_ids": [0, 1, 2, 3, 4, 5, 6],
+            "seq_lengths": [7],
         },
         {
             "input_ids": [1, 2, 3, 11, 12],
             "labels": [IGNORE, 2, 3, IGNORE, 12],
-            "position_ids": [0, 1, 2, 0, 1],
+            "seq_lengths": [3, 2],
         },
     ]
+    # the collator turns each row's document lengths into positions restarting at every document
+    batch = PackedCollator(pad_token_id=0)(rows)
+    assert batch["position_ids"].tolist() == [[0, 1, 2, 3, 4, 5, 6], [0, 1, 2, 0, 1, 0, 1]]
 
 
 def test_wrapped_concatenates_the_documents_as_given_and_cuts():
@@ -55,7 +58,7 @@ def test_wrapped_concatenates_the_documents_as_given_and_cuts():
     # the documents bring their own ends (text rows get an EOS before packing): nothing is added here
     assert [r["input_ids"] for r in rows] == [[1, 2, 3, 4], [5, 2, 6]]
     assert [r["labels"] for r in rows] == [[1, 2, 3, 4], [5, 2, 6]]
-    assert [r["position_ids"] for r in rows] == [[0, 1, 2, 3], [0, 1, 2]]
+    assert [r["seq_lengths"] for r in rows] == [[4], [3]]  # one sequence per row: positions 0..n-1
 
 
 def test_packed_collator_pads_rows_with_a_separate_position_segment():
@@ -69,6 +72,31 @@ def test_packed_collator_pads_rows_with_a_separate_position_segment():
     assert batch["labels"].tolist() == [[-100, 2, -100, 4], [-100, 6, -100, -100]]
     assert batch["position_ids"].tolist() == [[0, 1, 0, 1], [0, 1, 0, 1]]
     assert set(batch) == {"input_ids", "labels", "position_ids"}
+
+
+def test_packed_collators_take_seq_lengths_and_refuse_ones_that_do_not_add_up():
+    """TRL's ``seq_lengths`` column gives the same batch as the positions it stands for."""
+    from hf_lightning.core.errors import DataError
+    from hf_lightning.data.collators import PaddingFreeCollator
+
+    with_positions = [
+        {"input_ids": [1, 2, 3, 4, 5], "labels": [-100, 2, 3, -100, 5], "position_ids": [0, 1, 2, 0, 1]},
+        {"input_ids": [6, 7], "labels": [-100, 7], "position_ids": [0, 1]},
+    ]
+    with_lengths = [
+        {"input_ids": [1, 2, 3, 4, 5], "labels": [-100, 2, 3, -100, 5], "seq_lengths": [3, 2]},
+        {"input_ids": [6, 7], "labels": [-100, 7], "seq_lengths": [2]},
+    ]
+    for collator in (PackedCollator(pad_token_id=0), PaddingFreeCollator()):
+        a, b = collator(with_positions), collator(with_lengths)
+        assert set(a) == set(b) == {"input_ids", "labels", "position_ids"}
+        assert all(torch.equal(a[k], b[k]) for k in a)
+    assert PaddingFreeCollator()(with_lengths)["position_ids"].tolist() == [[0, 1, 2, 0, 1, 0, 1]]
+    bad = [{"input_ids": [1, 2, 3], "labels": [1, 2, 3], "seq_lengths": [2, 2]}]
+    with pytest.raises(
+        DataError, match="example 0: 'seq_lengths' \\[2, 2\\] must be document lengths adding up to its 3"
+    ):
+        PackedCollator(pad_token_id=0)(bad)
 
 
 def test_datamodule_packs_and_logs_the_efficiency(word_tokenizer, caplog):
@@ -140,8 +168,9 @@ def test_packed_text_documents_end_with_one_eos_said_once(word_tokenizer, caplog
         )
         dm.setup()
     ends = 0
-    for ids, pos in zip(dm.train_dataset["input_ids"], dm.train_dataset["position_ids"]):
-        starts = [i for i, p in enumerate(pos) if p == 0] + [len(pos)]
+    for ids, seq in zip(dm.train_dataset["input_ids"], dm.train_dataset["seq_lengths"]):
+        starts = [sum(seq[:k]) for k in range(len(seq) + 1)]
+        assert starts[-1] == len(ids)
         docs = [ids[a:b] for a, b in zip(starts, starts[1:])]
         assert all(d[-1] == 2 and 2 not in d[:-1] for d in docs)
         ends += len(docs)

@@ -132,18 +132,22 @@ def test_selected_and_multi_chunk_tables_pack_like_plain_ones():
         assert pack_wrapped(ds, 8).to_list() == old.pack_wrapped(want, 8)
 
 
-def test_packed_columns_are_int32_lists_sharing_one_offsets_array():
+def test_packed_columns_are_int32_lists_the_token_columns_sharing_one_offsets_array():
     packed = pack_bfd(_dataset(_docs([3, 5, 2, 6])), 8).with_format("arrow")[:]
+    assert packed.column_names == ["input_ids", "labels", "seq_lengths"]
     assert all(packed.column(c).type == pa.list_(pa.int32()) for c in packed.column_names)
     offsets = [packed.column(c).chunk(0).offsets.to_pylist() for c in packed.column_names]
-    assert offsets[0] == offsets[1] == offsets[2] == [0, 8, 16]
+    assert offsets[0] == offsets[1] == [0, 8, 16]
+    assert offsets[2] == [0, 2, 4]  # two documents per row: 6 + 2, 5 + 3
+    assert packed.column("seq_lengths").to_pylist() == [[6, 2], [5, 3]]
 
 
 def test_memory_is_linear_in_the_output_and_no_token_goes_through_python():
-    """40,000 documents, about 1.6 M tokens. The output is three int32 columns over one offsets array each (12
-    bytes per token); the peak of Python allocations (``tracemalloc``: Python objects and numpy arrays, not
-    Arrow's own pool) stays under 20 bytes per token. The previous implementation held every token as a Python
-    int in lists: 48 bytes per token under ``tracemalloc`` on this case."""
+    """40,000 documents, about 1.6 M tokens. The output is two int32 token columns over one offsets array each
+    (8 bytes per token) and each row's document lengths (4 bytes per document); the peak of Python allocations
+    (``tracemalloc``: Python objects and numpy arrays, not Arrow's own pool) stays under 12 bytes per token.
+    The previous implementation held every token as a Python int in lists: 48 bytes per token under
+    ``tracemalloc`` on this case."""
     rng = np.random.default_rng(0)
     lengths = np.minimum(rng.lognormal(3.5, 0.6, 40_000).astype(np.int64) + 1, 256)
     offsets = np.concatenate(([0], np.cumsum(lengths))).astype(np.int32)
@@ -160,5 +164,7 @@ def test_memory_is_linear_in_the_output_and_no_token_goes_through_python():
             tracemalloc.stop()
         table = out.with_format("arrow")[:]
         rows = table.num_rows
-        assert 12 * tokens < table.nbytes <= 3 * (4 * tokens + 4 * (rows + 1))
-        assert python_peak < 20 * tokens, (pack.__name__, python_peak / tokens)
+        docs = sum(len(r) for r in table.column("seq_lengths").to_pylist())
+        assert docs == (len(lengths) if pack is pack_bfd else rows)
+        assert 8 * tokens < table.nbytes <= 2 * (4 * tokens + 4 * (rows + 1)) + 4 * docs + 4 * (rows + 1)
+        assert python_peak < 12 * tokens, (pack.__name__, python_peak / tokens)

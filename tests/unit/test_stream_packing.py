@@ -23,7 +23,7 @@ from hf_lightning.data.packing import (
     best_fit_decreasing,
     pack_wrapped,
 )
-from tests.data_support import LETTERS, make_word_tokenizer, tiny_llama
+from tests.data_support import LETTERS, make_word_tokenizer, packed_documents, tiny_llama
 
 EOS = 2  # the word tokenizer's <eos>; packed text documents end with it
 N_DOCS = 37
@@ -70,12 +70,6 @@ def train_stream(source, rank=0, world=1, workers=0, **kw):
     return dm, dm.train_dataloader()
 
 
-def documents(row) -> list[list[int]]:
-    """A packed row cut where its ``position_ids`` restart."""
-    starts = [i for i, p in enumerate(row["position_ids"]) if p == 0] + [len(row["input_ids"])]
-    return [row["input_ids"][a:b] for a, b in zip(starts, starts[1:])]
-
-
 def is_masked(row) -> bool:
     return all(v == -100 for v in row["labels"])
 
@@ -102,13 +96,13 @@ def test_bfd_rows_are_best_fit_decreasing_of_each_buffer(tmp_path):
     for k in range(0, len(docs), 10):  # the buffers, by hand: documents 0-9, 10-19, ...
         buffer = docs[k : k + 10]
         expected += [[buffer[i] for i in b] for b in best_fit_decreasing([len(d) for d in buffer], 12)]
-    assert [documents(r) for r in rows] == expected  # row for row, documents in placement order
+    assert [packed_documents(r) for r in rows] == expected  # row for row, documents in placement order
     for row, docs_of_row in zip(rows, expected):
         assert row["input_ids"] == [t for d in docs_of_row for t in d]
         assert row["labels"] == [t if i else -100 for d in docs_of_row for i, t in enumerate(d)]
-        assert row["position_ids"] == [i for d in docs_of_row for i in range(len(d))]
+        assert row["seq_lengths"] == [len(d) for d in docs_of_row]
         assert len(row["input_ids"]) <= 12
-    assert Counter(map(tuple, (d for r in rows for d in documents(r)))) == Counter(map(tuple, docs))
+    assert Counter(map(tuple, (d for r in rows for d in packed_documents(r)))) == Counter(map(tuple, docs))
 
 
 @pytest.mark.parametrize("strategy", ["bfd", "wrapped"])
@@ -167,7 +161,9 @@ def test_every_document_once_across_two_ranks_and_two_workers(tmp_path, strategy
         assert real == whole[r::4]
         assert len(part) - len(real) <= 1
     if strategy == "bfd":
-        seen = Counter(tuple(d) for p in parts for row in p if not is_masked(row) for d in documents(row))
+        seen = Counter(
+            tuple(d) for p in parts for row in p if not is_masked(row) for d in packed_documents(row)
+        )
         assert seen == Counter(tuple(token_ids(t)) for t in rows_in)  # each document exactly once
     else:
         tokens = [t for p in parts for row in p if not is_masked(row) for t in row["input_ids"]]
@@ -183,7 +179,7 @@ def test_a_shuffled_packed_stream_repeats_its_epoch_and_changes_between_epochs(t
     assert a == b and a != c
     docs = Counter(tuple(token_ids(t)) for t in texts(60))
     for rows in (a, c):
-        assert Counter(tuple(d) for row in rows for d in documents(row)) == docs
+        assert Counter(tuple(d) for row in rows for d in packed_documents(row)) == docs
 
 
 def test_a_resume_continues_with_the_packed_rows_not_yet_read(tmp_path):

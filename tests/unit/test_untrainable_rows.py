@@ -115,7 +115,8 @@ def test_bfd_packs_no_label_without_its_token(word_tokenizer):
         max_length=16,
     )
     for row in dm.train_dataset:
-        assert len(row["labels"]) == len(row["input_ids"]) == len(row["position_ids"])
+        assert len(row["labels"]) == len(row["input_ids"]) == sum(row["seq_lengths"])
+        assert 0 not in row["seq_lengths"]
 
 
 def test_pretokenized_rows_with_empty_input_ids_are_dropped(word_tokenizer, caplog):
