@@ -3,12 +3,13 @@
 ``group_by_length`` and with ``DataCollatorWithFlattening`` (padding-free), same model and rows.
 
     python scripts/bench_e2e.py [--rounds 2] [--steps 10] [--warmup 2] [--rows 2000] [--max-length 256]
-                                [--micro-batch 4] [--accumulation 2] [--hidden 64]
+                                [--micro-batch 4] [--accumulation 2] [--hidden 64] [--layers 2]
 
 Rows: the first ``--rows`` GSM8K training pairs tokenized with the shared GPT-2 tokenizer as ``question + " "
 + answer + eos``, the question masked with -100 (``bench_support.gsm8k_tokenized``), the same
 ``datasets.Dataset`` for every side. Model: a seeded ``LlamaForCausalLM`` (hidden 64, 2 layers, GPT-2's
-50,257-token vocabulary; fp32, CPU, one torch thread, ``sdpa`` attention; ``--hidden`` sets the width).
+50,257-token vocabulary; fp32, CPU, one torch thread, ``sdpa`` attention; ``--hidden`` sets the width,
+``--layers`` the depth; heads of ``hidden / 4``).
 Micro-batch 4, accumulation 2 (``--micro-batch``, ``--accumulation``), AdamW (lr 1e-4), constant rate,
 clipping at 1.0, shuffled order, each framework's default progress bar, a log line every 10 steps.
 
@@ -58,6 +59,7 @@ from hf_lightning.data.datamodule import binding_from_trainer
 MICRO_BATCH = 4  # --micro-batch
 ACCUMULATION = 2  # --accumulation
 HIDDEN = 64  # --hidden
+LAYERS = 2  # --layers
 LR = 1e-4
 
 
@@ -75,7 +77,7 @@ class Counting:
 
 
 def model(vocab: int):
-    return tiny_llama(vocab, hidden_size=HIDDEN, layers=2, heads=4, max_positions=1024)
+    return tiny_llama(vocab, hidden_size=HIDDEN, layers=LAYERS, heads=4, max_positions=1024)
 
 
 def rate(stamps, counts, warmup: int) -> tuple[float, float, float]:
@@ -191,7 +193,7 @@ LAYOUTS = {
 
 
 def main() -> None:
-    global MICRO_BATCH, ACCUMULATION, HIDDEN
+    global MICRO_BATCH, ACCUMULATION, HIDDEN, LAYERS
     import datasets
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -203,6 +205,7 @@ def main() -> None:
     parser.add_argument("--micro-batch", type=int, default=MICRO_BATCH)
     parser.add_argument("--accumulation", type=int, default=ACCUMULATION)
     parser.add_argument("--hidden", type=int, default=HIDDEN)
+    parser.add_argument("--layers", type=int, default=LAYERS)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument(
         "--skip-hand-layouts",
@@ -210,7 +213,7 @@ def main() -> None:
         help="run only HF's three sides, ours default and ours padded (a shorter run)",
     )
     args = parser.parse_args()
-    MICRO_BATCH, ACCUMULATION, HIDDEN = args.micro_batch, args.accumulation, args.hidden
+    MICRO_BATCH, ACCUMULATION, HIDDEN, LAYERS = args.micro_batch, args.accumulation, args.hidden, args.layers
     set_threads(args.threads)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     warnings.filterwarnings("ignore")
@@ -250,8 +253,8 @@ def main() -> None:
             ]
         )
     print(
-        f"real tokens/s, SFT on GSM8K ({len(rows)} rows, max_length {args.max_length}, hidden {HIDDEN}), "
-        f"micro-batch {MICRO_BATCH} "
+        f"real tokens/s, SFT on GSM8K ({len(rows)} rows, max_length {args.max_length}, "
+        f"hidden {HIDDEN} x {LAYERS} layers), micro-batch {MICRO_BATCH} "
         f"x {ACCUMULATION}, {args.steps - args.warmup} timed steps, {args.rounds} interleaved rounds"
     )
     print(
