@@ -291,6 +291,9 @@ class HFLightningModule(L.LightningModule):
         )
         self._collector = PredictionCollector(eval_accumulation_steps)
         self._lean_eval_said = False
+        self._replaced_said: set[str] = set()  # built-in metric names a compute_metrics key replaced (warned)
+        #: whether the caller declared preprocess_logits_for_metrics position-wise (else checked, or not yet)
+        self._position_wise_declared = self.preprocess_chunks is not None
         #: what the next ``train/loss`` row is made of (:class:`~hf_lightning.module.train_log.TrainRows`)
         self.train_rows = TrainRows()
         #: the newest value of every metric written to the loggers (``final_metrics.json`` is built from it)
@@ -992,7 +995,7 @@ class HFLightningModule(L.LightningModule):
             )
         checked = (
             "declared position-wise"
-            if self.preprocess_chunks
+            if self._position_wise_declared
             else "checked on the first batch against its first two rows' logits taken whole"
         )
         return (
@@ -1064,6 +1067,16 @@ class HFLightningModule(L.LightningModule):
                 )
         for key, value in getattr(self, "_user_metrics", {}).items():
             name = key.removeprefix("eval_")
+            if f"{stage}/{name}" in values and name not in self._replaced_said:
+                self._replaced_said.add(name)
+                if self.trainer.is_global_zero:
+                    log.warning(
+                        "compute_metrics returned %r: its value replaces the built-in %s/%s; return another "
+                        "key to keep both",
+                        key,
+                        stage,
+                        name,
+                    )
             values[f"{stage}/{name}"] = torch.as_tensor(float(value))
         # the values are already the same on every rank (the metrics sync their states); a max over ranks
         # keeps them exact and tells Lightning so (it warns about epoch-level values logged without sync_dist)

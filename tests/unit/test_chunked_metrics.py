@@ -83,7 +83,12 @@ def test_argmax_runs_on_chunks_and_matches_hf_trainer(tmp_path, caplog):
     assert all(s[0] == 1 and s[1] <= CHUNK and s[2] == VOCAB for s in chunked)
     assert sum(s[1] for s in chunked) == 2 * 12 * 3 + 1 * 12  # every position of the 4 batches once
     assert module.preprocess_chunks is True
-    assert any("at most 5 positions at a time" in r.getMessage() for r in caplog.records)
+    said = [r.getMessage() for r in caplog.records if "at most 5 positions at a time" in r.getMessage()]
+    assert len(said) == 1 and "checked on the first batch" in said[0]
+    # compute_metrics' own "accuracy" replaces the built-in token accuracy, said once
+    messages = [r.getMessage() for r in caplog.records]
+    replaced = [m for m in messages if "replaces the built-in val/accuracy" in m]
+    assert len(replaced) == 1 and "'accuracy'" in replaced[0]
 
 
 def test_a_vector_per_position_matches_hf_trainer(tmp_path):
@@ -132,12 +137,15 @@ def test_a_result_without_positions_is_found_and_gets_whole_logits(tmp_path, cap
     assert len(said) == 1 and f"for logits of shape (1, {CHUNK}, {VOCAB})" in said[0]
 
 
-def test_declared_position_wise_never_sees_whole_logits(tmp_path):
+def test_declared_position_wise_never_sees_whole_logits(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="hf_lightning")
     hf, hf_preds, ours, preds, shapes, _ = _side_by_side(
         tmp_path, lambda logits, labels: logits.argmax(-1), preprocess_logits_position_wise=True
     )
     np.testing.assert_array_equal(preds, hf_preds)
     assert all(s[0] == 1 and s[1] <= CHUNK for s in shapes)
+    said = [r.getMessage() for r in caplog.records if "positions at a time" in r.getMessage()]
+    assert len(said) == 1 and "(declared position-wise)" in said[0]
 
 
 def test_declared_not_position_wise_gets_whole_logits(tmp_path):
