@@ -14,6 +14,7 @@ Prints, with the log lines the DataModule writes:
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -64,9 +65,8 @@ def main() -> None:
     print("4. bfd, max_length 512")
     packed = datamodule(tok, C4, packing="bfd", max_length=512).train_dataset
     ends = 0
-    for ids, pos in zip(packed["input_ids"], packed["position_ids"]):
-        starts = [i for i, p in enumerate(pos) if p == 0] + [len(pos)]
-        ends += sum(ids[b - 1] == eos for b in starts[1:])
+    for ids, docs in zip(packed["input_ids"], packed["seq_lengths"]):
+        ends += sum(ids[b - 1] == eos for b in itertools.accumulate(docs))
     print(f"   documents ending with EOS: {ends} of {len(texts)}")
 
     print("2. pre-tokenized rows padded to 64, no labels, one all-padding row")
