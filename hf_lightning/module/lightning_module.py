@@ -866,7 +866,7 @@ class HFLightningModule(L.LightningModule):
         preds = logits
         if self.preprocess_logits_for_metrics is not None:
             preds = self.preprocess_logits_for_metrics(logits, labels)
-        if self.preprocess_targets_only and preds is not logits:
+        if self.preprocess_targets_only:
             preds = self._only_at_targets(preds, batch)
         self._keep_predictions(preds, labels, batch_idx, stage)
 
