@@ -574,10 +574,10 @@ def log_packed(
     """
     slots = rows * max_length
     log.info(
-        "%s: packed %d documents into %d rows of %d (%s): efficiency %.1f%% (%d real tokens / %d slots)",
+        "%s: packed %s into %s of %d (%s): efficiency %.1f%% (%d real tokens / %d slots)",
         split,
-        documents,
-        rows,
+        _counted(documents, "document"),
+        _counted(rows, "row"),
         max_length,
         how,
         100.0 * tokens / slots if slots else 0.0,
@@ -585,9 +585,22 @@ def log_packed(
         slots,
     )
     if empty:
-        log.warning("%s: %d empty documents (no token) are in no packed row", split, empty)
+        log.warning(
+            "%s: %s in no packed row",
+            split,
+            _counted(empty, "empty document (no token) is", "empty documents (no token) are"),
+        )
     if across is not None:
-        log.info("%s: %d documents continue from one row into the next (nothing is cut off)", split, across)
+        log.info(
+            "%s: %s from one row into the next (nothing is cut off)",
+            split,
+            _counted(across, "document continues", "documents continue"),
+        )
+
+
+def _counted(n: int, one: str, many: str | None = None) -> str:
+    """``"1 row"``, ``"2 rows"`` (``many``: the plural when it is not ``one + "s"``)."""
+    return f"{n} {one if n == 1 else (many or one + 's')}"
 
 
 # ------------------------------------------------------------------ a stream, packed as it is read

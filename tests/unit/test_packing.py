@@ -10,7 +10,7 @@ import torch
 
 from hf_lightning import ConfigError, HFDataModule
 from hf_lightning.data.collators import PackedCollator
-from hf_lightning.data.packing import best_fit_decreasing, pack_bfd, pack_wrapped
+from hf_lightning.data.packing import best_fit_decreasing, pack_bfd, pack_dataset, pack_wrapped
 
 IGNORE = -100
 
@@ -152,6 +152,15 @@ def test_wrapped_keeps_every_token_and_ends_only_real_documents(word_tokenizer, 
         in caplog.text
     )
     assert "2 documents continue from one row into the next (nothing is cut off)" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="hf_lightning"):
+        pack_dataset(datasets.Dataset.from_dict({"input_ids": [[1, 2, 3], [4, 5]]}), "wrapped", 4)
+    assert "packed 2 documents into 2 rows of 4 (wrapped)" in caplog.text
+    assert "1 document continues from one row into the next" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="hf_lightning"):
+        pack_dataset(datasets.Dataset.from_dict({"input_ids": [[1, 2, 3]]}), "bfd", 4)
+    assert "packed 1 document into 1 row of 4 (bfd)" in caplog.text
 
 
 def test_packed_text_documents_end_with_one_eos_said_once(word_tokenizer, caplog):
