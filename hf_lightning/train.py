@@ -43,8 +43,9 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
     from hf_lightning.checkpointing.files import remove_leftovers
     from hf_lightning.cli.output import begin_job
     from hf_lightning.config.build import check
+    from hf_lightning.run.decision import RunDecision, agreed_decision, hand_on
     from hf_lightning.run.end import finished_run_metrics
-    from hf_lightning.run.folder import check_run_folder, checkpoint_dir
+    from hf_lightning.run.folder import check_run_folder, check_steps_left, checkpoint_dir
     from hf_lightning.run.lock import (
         hold_checkpoint_folder,
         hold_run_folder,
@@ -60,20 +61,28 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
     acquired = hold_run_folder(output_dir)  # one process per run folder (the CLI's guard took it already)
     held: list[bool] = []
     try:
-        # and per checkpoint folder: an existing one before it is read, a new one once the checks passed
-        held.append(hold_checkpoint_folder(ckpt_dir, output_dir, create=False))
-        # a run that starts at step 0 never overwrites a previous one
-        check_run_folder(output_dir, cfg.get("ckpt_path"), ckpt_dir, weights_only)
-        ckpt_path = find_resume_checkpoint(cfg.get("ckpt_path"), output_dir, weights_only, ckpt_dir)
-        finished = finished_run_metrics(cfg, output_dir, ckpt_path, ckpt_dir, weights_only)
-        if finished is not None:
-            return finished, {}
-        held.append(hold_checkpoint_folder(ckpt_dir, output_dir))
-        for path in remove_leftovers(
-            output_dir, ckpt_dir
-        ):  # this process owns the folder: they are a dead one's
-            log.info("removed %s, left by a process that was stopped while writing it", path)
-        return _train(cfg, ckpt_path, weights_only, schedule)
+        # a rank that rank 0 launched takes rank 0's decision: the folder may already hold this command's
+        # .hydra/ and checkpoint folder, so deciding again from it could decide otherwise
+        decision = agreed_decision(output_dir, cfg.get("ckpt_path"), weights_only)
+        if decision is None:
+            # and per checkpoint folder: an existing one before it is read, a new one once the checks passed
+            held.append(hold_checkpoint_folder(ckpt_dir, output_dir, create=False))
+            # a run that starts at step 0 never overwrites a previous one
+            check_run_folder(output_dir, cfg.get("ckpt_path"), ckpt_dir, weights_only)
+            ckpt_path = find_resume_checkpoint(cfg.get("ckpt_path"), output_dir, weights_only, ckpt_dir)
+            if not weights_only:
+                check_steps_left(cfg, ckpt_path)
+            finished = finished_run_metrics(cfg, output_dir, ckpt_path, ckpt_dir, weights_only)
+            if finished is not None:
+                return finished, {}
+            held.append(hold_checkpoint_folder(ckpt_dir, output_dir))
+            for path in remove_leftovers(
+                output_dir, ckpt_dir
+            ):  # this process owns the folder: they are a dead one's
+                log.info("removed %s, left by a process that was stopped while writing it", path)
+            decision = RunDecision(output_dir, cfg.get("ckpt_path"), ckpt_path, weights_only)
+        with hand_on(decision):  # for the ranks fit launches
+            return _train(cfg, decision.resolved, weights_only, schedule)
     finally:
         if any(held):
             release_checkpoint_folder(ckpt_dir)

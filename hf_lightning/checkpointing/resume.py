@@ -7,6 +7,9 @@ checkpoint file (its bytes fail their checksum; it is empty, truncated or not a 
 dangling symbolic link, unreadable) is refused: the message names the newest intact checkpoint, and passing
 that one as ``ckpt_path`` resumes from it in the same folder. ``python -m hf_lightning.evaluate`` resolves
 ``ckpt_path`` with the same function (:func:`resolve_ckpt_path`), so ``last`` means the same there.
+``ckpt_path=best`` is the run's best checkpoint by ``metric_for_best_model`` (``checkpoints/best.ckpt``), or
+a one-line refusal when the run kept none. A path that a symbolic link loop makes unreachable is said to be
+one.
 
 A sharded run (``strategy=fsdp``, ``deepspeed_zero2`` / ``deepspeed_zero3``) writes each checkpoint as a
 folder (``last.ckpt/``, :mod:`hf_lightning.checkpointing.sharded`): such a folder is a checkpoint like a file
@@ -16,6 +19,7 @@ here, checked against its manifest and its parts
 
 from __future__ import annotations
 
+import errno
 import glob
 import logging
 import os
@@ -46,6 +50,10 @@ def _not_a_file(path: str) -> str | None:
             os.stat(path)
         except FileNotFoundError:
             return f"is a symbolic link to {os.readlink(path)}, which does not exist"
+        except OSError as err:
+            if err.errno != errno.ELOOP:
+                raise
+            return f"is a symbolic link loop (it links back to itself through {os.readlink(path)})"
     link = " (a symbolic link to one)" if os.path.islink(path) else ""
     if os.path.isdir(path):
         return f"is a directory{link}, not a checkpoint file"
@@ -161,8 +169,9 @@ def remember_resolved(
 def find_resume_checkpoint(
     ckpt_path: str | None, output_dir: str, weights_only: bool = False, checkpoint_dir: str | None = None
 ) -> str | None:
-    """Resolve a training run's ``ckpt_path`` (``None``, ``last`` or a file) to a checkpoint that can resume
-    exactly: :func:`resolve_ckpt_path` for training (the run-folder guard's answer, when it gave one).
+    """Resolve a training run's ``ckpt_path`` (``None``, ``last``, ``best`` or a file) to a checkpoint that
+    can resume exactly: :func:`resolve_ckpt_path` for training (the run-folder guard's answer, when it gave
+    one).
 
     Raises:
         ConfigError: as :func:`resolve_ckpt_path`.
@@ -185,12 +194,13 @@ def resolve_ckpt_path(
     weights_only: bool = False,
     purpose: str = "train",
 ) -> str | None:
-    """Resolve ``ckpt_path`` (``None``, ``last`` or a file) to the checkpoint a run loads: the one function
-    behind ``train`` (resume, ``resume_weights_only``) and ``evaluate``.
+    """Resolve ``ckpt_path`` (``None``, ``last``, ``best`` or a file) to the checkpoint a run loads: the one
+    function behind ``train`` (resume, ``resume_weights_only``) and ``evaluate``.
 
     ``last`` means ``<checkpoint_dir>/last.ckpt`` (``checkpoint_dir``: ``callbacks.model_checkpoint.dirpath``,
     default ``<output_dir>/checkpoints``); without that file, the newest intact checkpoint there (said in a
-    note), or ``None`` (step 0) for a training run stopped before any checkpoint. A checkpoint must be a
+    note), or ``None`` (step 0) for a training run stopped before any checkpoint. ``best`` means
+    ``<output_dir>/checkpoints/best.ckpt`` (:func:`best_checkpoint`). A checkpoint must be a
     readable checkpoint file holding the model, optimizer and scheduler states and the loop state, unless
     ``weights_only`` or ``purpose="evaluate"`` (then only the weights are read).
 
@@ -199,8 +209,9 @@ def resolve_ckpt_path(
             without a checkpoint is refused, since there is nothing trained to evaluate).
 
     Raises:
-        ConfigError: ``last`` in a folder that holds no run (or, to evaluate, no checkpoint); a missing path;
-            one that is not an intact checkpoint file (a directory, a dangling symbolic link, unreadable,
+        ConfigError: ``last`` in a folder that holds no run (or, to evaluate, no checkpoint); ``best`` in a
+            run that kept no best checkpoint; a missing path, or one behind a symbolic link loop; one that is
+            not an intact checkpoint file (a directory, a dangling symbolic link or a link loop, unreadable,
             empty, truncated or garbage, a checksum mismatch) or lacks optimizer/scheduler state. The message
             names the file and the newest intact checkpoint of its folder, which loads when passed as
             ``ckpt_path``. To resume into a checkpoint folder whose ``last.ckpt`` is a directory (the run
@@ -214,10 +225,21 @@ def resolve_ckpt_path(
     folder = checkpoint_dir or os.path.join(output_dir, "checkpoints")
     if ckpt_path == "last":
         path = os.path.join(folder, "last.ckpt")
+        _refuse_a_loop(ckpt_path, path)
         if not os.path.lexists(path):
             return _without_last(path, folder, output_dir, weights_only, purpose)
+    elif ckpt_path == "best":
+        path = best_checkpoint(output_dir)
+        _refuse_a_loop(ckpt_path, path)
+        if not os.path.lexists(path):
+            raise ConfigError(
+                f"ckpt_path=best: the run in {output_dir} kept no best checkpoint (there is no {path}; it is "
+                "kept when the run sets metric_for_best_model and a validation ran); use ckpt_path=last or a "
+                "checkpoint file"
+            )
     else:
         path = os.fspath(ckpt_path)
+        _refuse_a_loop(ckpt_path, path)
         if not os.path.lexists(path):
             raise ConfigError(f"ckpt_path={ckpt_path}: no such file; check the path")
     problem, step = checkpoint_problem(path, weights_only)
@@ -258,6 +280,30 @@ def resolve_ckpt_path(
         else "; to load only the weights, set resume_weights_only=true"
     )
     raise ConfigError(f"ckpt_path={ckpt_path}: cannot {verb}: {path} {problem}; {fix}{weights}")
+
+
+def best_checkpoint(output_dir: str) -> str:
+    """``ckpt_path=best``: ``<output_dir>/checkpoints/best.ckpt``, where a run with ``metric_for_best_model``
+    keeps its best checkpoint (:func:`~hf_lightning.config.build.with_best_model`)."""
+    return os.path.join(output_dir, "checkpoints", "best.ckpt")
+
+
+def _refuse_a_loop(ckpt_path: str, path: str) -> None:
+    """A folder on ``path`` that is a symbolic link loop: the OS cannot reach anything through it, and
+    ``os.path.lexists`` would call the checkpoint missing.
+
+    Raises:
+        ConfigError: names the path and says it is a loop.
+    """
+    parent = os.path.dirname(os.path.abspath(path))
+    try:
+        os.stat(parent)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise ConfigError(
+                f"ckpt_path={ckpt_path}: {path} cannot be reached: a folder on its path is a symbolic link "
+                "loop (it links back to itself); fix the link, or give the checkpoint's real path"
+            ) from None
 
 
 def _check_last_is_a_file(ckpt_path: str, folder: str) -> None:

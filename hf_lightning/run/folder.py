@@ -141,6 +141,8 @@ def check_run_folder(
     source = ckpt_path
     if weights_only and ckpt_path == "last":
         source = os.path.join(folder, "last.ckpt")
+    elif weights_only and ckpt_path == "best":
+        source = os.path.join(run_dir, "checkpoints", "best.ckpt")
     if found:
         where = f"hydra.run.dir={run_dir} already holds a run ({_listed(found)})"
         own = "hydra.run.dir=NEW"
@@ -393,6 +395,43 @@ def finished_resume(run_dir: str, current: DictConfig, resolved: str | None) -> 
     return None if problem or step is None else finished_metrics(run_dir, step)
 
 
+_STEPS: dict[tuple[str, int], int | None] = {}
+
+
+def _checkpoint_step(path: str) -> int | None:
+    """The optimizer step of the checkpoint ``path`` (read once per file version)."""
+    from hf_lightning.checkpointing.resume import checkpoint_problem
+
+    try:
+        key = (os.path.realpath(path), os.stat(path).st_mtime_ns)
+    except OSError:
+        return None
+    if key not in _STEPS:
+        _STEPS[key] = checkpoint_problem(path)[1]
+    return _STEPS[key]
+
+
+def check_steps_left(current: DictConfig, resolved: str | None) -> None:
+    """A resume must have steps left to train: ``trainer.max_steps`` below the step of the checkpoint it
+    resumes from asks for a run that ended before the checkpoint was written, which no resume can give.
+
+    Raises:
+        ConfigError: names the checkpoint, its step and ``trainer.max_steps``; said before anything is
+            written, so the run folder stays as it was.
+    """
+    max_steps = OmegaConf.select(current, "trainer.max_steps", default=None)
+    if resolved is None or not isinstance(max_steps, int) or max_steps < 0:
+        return
+    step = _checkpoint_step(resolved)
+    if step is None or step <= max_steps:
+        return
+    raise ConfigError(
+        f"trainer.max_steps={max_steps} is below optimizer step {step} of {resolved}, where this resume "
+        "would start: there is nothing to train below the checkpoint's step. Give "
+        f"trainer.max_steps={step + 1} or more to continue the run (the run folder is unchanged)"
+    )
+
+
 def take_finished(run_dir: str) -> tuple[bool, dict[str, Any] | None]:
     """``(the guard answered, its answer)`` of :func:`finished_resume` for ``run_dir`` (said once)."""
     key = os.path.abspath(run_dir)
@@ -417,8 +456,8 @@ def _leave_folder_as_it_is(config: DictConfig) -> None:
 
 
 def _inside(ckpt_path: str, ckpt_dir: str) -> bool:
-    """``ckpt_path`` is ``last`` or a file in the run's own checkpoint folder."""
-    if ckpt_path == "last":
+    """``ckpt_path`` is ``last``, ``best`` or a file in the run's own checkpoint folder."""
+    if ckpt_path in ("last", "best"):
         return True
     return os.path.dirname(os.path.realpath(str(ckpt_path))) == os.path.realpath(ckpt_dir)
 
@@ -458,11 +497,14 @@ class RunFolderGuard(_HydraCallback):  # type: ignore[misc,valid-type]
         if not self.enabled:
             return
         from hf_lightning.checkpointing.resume import find_resume_checkpoint, remember_resolved
+        from hf_lightning.run.decision import agreed_decision
         from hf_lightning.run.lock import hold_checkpoint_folder, hold_run_folder, launched_as_other_rank
 
         run_dir = str(config.hydra.run.dir)
         ckpt_path = config.get("ckpt_path")
         weights_only = bool(config.get("resume_weights_only"))
+        if agreed_decision(run_dir, ckpt_path, weights_only) is not None:
+            return  # launched by rank 0, which checked the folder before writing into it: train() takes that
         try:
             check_writable(run_dir)
             hold_run_folder(run_dir)  # before anything is read or written: one process per run folder
@@ -475,6 +517,8 @@ class RunFolderGuard(_HydraCallback):  # type: ignore[misc,valid-type]
                 check_same_run(run_dir, task, ckpt_dir)  # ckpt_path=last or one of the run's own checkpoints
             resolved = find_resume_checkpoint(ckpt_path, os.path.abspath(run_dir), weights_only, ckpt_dir)
             remember_resolved(ckpt_path, os.path.abspath(run_dir), weights_only, ckpt_dir, resolved)
+            if not weights_only:
+                check_steps_left(task, resolved)
             if ckpt_path is not None and not weights_only and _inside(ckpt_path, ckpt_dir):
                 finished = finished_resume(run_dir, task, resolved)
                 _FINISHED[os.path.abspath(run_dir)] = finished
