@@ -139,7 +139,7 @@ def _fit(
     n_params = sum(p.numel() for p in model.parameters())
     log.info("model: %s, %.2fM parameters", type(model).__name__, n_params / 1e6)
     with explain_faults(
-        trainer, datamodule
+        trainer, datamodule, os.path.abspath(cfg.output_dir)
     ):  # out of memory -> TrainingError with the batch/accumulation trade
         try:
             trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)

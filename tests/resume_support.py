@@ -47,3 +47,17 @@ class KillDuringSave(L.Callback):
             os.kill(os.getpid(), signals.SIGKILL)
 
         torch.save = half_then_die
+
+
+class ExitAtStep(L.Callback):
+    """End the process of rank ``rank`` at once (``os._exit``, no clean-up, no exception) right after
+    optimizer step ``step``: a rank that vanishes in the middle of a run. Status 0 by default, so that
+    Lightning's observer of the ranks it launched (which kills rank 0 when a child ends with another status)
+    leaves rank 0 to find the lost connection itself, as the survivor of a rank on another machine does."""
+
+    def __init__(self, step: int, rank: int = 1, code: int = 0) -> None:
+        self.step, self.rank, self.code = step, rank, code
+
+    def on_train_batch_end(self, trainer, pl_module, *args) -> None:
+        if trainer.global_step == self.step and trainer.global_rank == self.rank:
+            os._exit(self.code)

@@ -1,5 +1,10 @@
 """Faults of the machine during ``fit``, turned into one message that says what to change.
 
+A rank that stops (killed, out of host memory, its machine gone) closes its connections: every other rank's
+next collective fails in the communication backend (gloo: ``Connection reset by peer``, ``Connection closed by
+peer``). The survivors stop too; their message says which rank stopped, that the run folder is intact
+(checkpoints are written whole or not at all) and the command that resumes the run.
+
 Out of memory: the fix is almost always the same trade. Halving the micro-batch and doubling the gradient
 accumulation keeps the examples per optimizer step, and because the loss of a step is normalised by the
 target count of the whole accumulation window (HF's ``num_items_in_batch``), it keeps the loss and the
@@ -8,6 +13,7 @@ gradients too. The message computes that pair for the run at hand, then lists th
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -110,13 +116,68 @@ def _device_memory(device: torch.device) -> dict[str, float] | None:
     }
 
 
+#: what the communication backends say when the other end of a connection went away
+PEER_LOST = (
+    "Connection reset by peer",
+    "Connection closed by peer",
+    "Broken pipe",
+    "NCCL communicator was aborted",
+)
+
+
+def is_peer_lost(err: BaseException) -> bool:
+    """A collective that failed because another rank's process went away (``RuntimeError``, torch's
+    ``DistBackendError`` included)."""
+    return isinstance(err, RuntimeError) and any(text in str(err) for text in PEER_LOST)
+
+
+def resume_command(run_dir: str) -> str:
+    """The command that resumes the run in ``run_dir``: this segment's overrides (``.hydra/overrides.yaml``)
+    plus ``ckpt_path=last hydra.run.dir=RUN``; a description of it when the file cannot be read."""
+    import shlex
+
+    from omegaconf import OmegaConf
+
+    tail = f"ckpt_path=last hydra.run.dir={shlex.quote(run_dir)}"
+    try:
+        overrides = [str(o) for o in OmegaConf.load(os.path.join(run_dir, ".hydra", "overrides.yaml"))]
+    except Exception:  # no Hydra (a train() call), or the file is gone
+        return f"the run's own command with {tail}"
+    kept = [o for o in overrides if not o.lstrip("+~").startswith(("ckpt_path=", "hydra."))]
+    return f"python -m hf_lightning.train {shlex.join(kept)} {tail}".replace("  ", " ")
+
+
+def peer_lost_message(err: BaseException, rank: int, world_size: int, step: int, run_dir: str | None) -> str:
+    """One line for a rank whose peer went away during ``fit``: which rank stopped (the other one of two
+    ranks, else "another rank"), that the run folder is intact, and the command that resumes it."""
+    other = f"rank {1 - rank}" if world_size == 2 else "another rank"
+    first = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
+    reason = next((text for text in PEER_LOST if text in first), first[:120])
+    where = f"the run folder {run_dir}" if run_dir else "the run folder"
+    resume = resume_command(run_dir) if run_dir else "the run's own command with ckpt_path=last"
+    return (
+        f"{other} stopped during training at optimizer step {step} (rank {rank} lost its connection: "
+        f"{reason}), so rank {rank} stopped too; {where} is intact (a checkpoint is written whole or not at "
+        f"all, so the newest one is complete). See {other}'s log for why it stopped, then resume with: "
+        f"{resume}"
+    )
+
+
 @contextmanager
-def explain_faults(trainer: Any, datamodule: Any = None) -> Iterator[None]:
+def explain_faults(trainer: Any, datamodule: Any = None, run_dir: str | None = None) -> Iterator[None]:
     """Wrap ``trainer.fit(...)``: an out-of-memory error leaves as a :class:`TrainingError` with
-    :func:`out_of_memory_message` (the original is chained as its cause)."""
+    :func:`out_of_memory_message`, a lost peer rank (:func:`is_peer_lost`) as one with
+    :func:`peer_lost_message` (the original is chained as the cause)."""
     try:
         yield
     except RuntimeError as err:
+        world_size = int(getattr(trainer, "world_size", 1) or 1)
+        if world_size > 1 and is_peer_lost(err):
+            raise TrainingError(
+                peer_lost_message(
+                    err, int(trainer.global_rank), world_size, int(trainer.global_step), run_dir
+                )
+            ) from err
         if not is_out_of_memory(err):
             raise
         running = getattr(getattr(trainer, "state", None), "stage", None)

@@ -221,7 +221,7 @@ LAST_ACCIDENTS = {
         _link_to_a_directory,
         "is a directory (a symbolic link to one), not a checkpoint file",
     ),
-    "link loop": (_link_loop, "cannot be read (Too many levels of symbolic links)"),
+    "link loop": (_link_loop, "is a symbolic link loop (it links back to itself through {folder}/last.ckpt)"),
     "empty": (_empty, "is damaged: it is empty (0 bytes), not a checkpoint"),
 }
 
@@ -314,3 +314,60 @@ def test_an_explicit_ckpt_path_that_is_not_a_file_names_what_it_is(run_dir, kind
         f"ckpt_path={path}: cannot resume: {path} {why}; the newest intact checkpoint {where} is {last} "
         f"(step 3): resume from it with ckpt_path={last}"
     )
+
+
+def test_a_folder_that_is_a_link_loop_is_said_to_be_one(run_dir):
+    """A checkpoint behind a folder that links back to itself: the OS reaches nothing through it (ELOOP).
+    Before: ``no such file; check the path``."""
+    loop = run_dir / "loop"
+    loop.symlink_to(loop)
+    path = loop / "last.ckpt"
+    with pytest.raises(ConfigError) as err:
+        find_resume_checkpoint(str(path), str(run_dir))
+    assert str(err.value) == (
+        f"ckpt_path={path}: {path} cannot be reached: a folder on its path is a symbolic link loop (it links "
+        "back to itself); fix the link, or give the checkpoint's real path"
+    )
+    with pytest.raises(ConfigError, match="a folder on its path is a symbolic link loop"):
+        find_resume_checkpoint("last", str(run_dir), checkpoint_dir=str(loop))
+
+
+def test_ckpt_path_best_is_the_best_checkpoint_or_one_line(run_dir):
+    """``ckpt_path=best`` is a keyword as ``last`` is: ``checkpoints/best.ckpt``, which a run with
+    ``metric_for_best_model`` keeps; a run without one is told so in one line (before: ``ckpt_path=best: no
+    such file``)."""
+    from hf_lightning.checkpointing.resume import resolve_ckpt_path
+
+    folder = run_dir / "checkpoints"
+    with pytest.raises(ConfigError) as err:
+        resolve_ckpt_path("best", str(run_dir), purpose="evaluate")
+    assert str(err.value) == (
+        f"ckpt_path=best: the run in {run_dir} kept no best checkpoint (there is no "
+        f"{folder / 'best.ckpt'}; it is kept when the run sets metric_for_best_model and a validation ran); use ckpt_path=last or a "
+        "checkpoint file"
+    )
+    shutil.copyfile(folder / "step2.ckpt", folder / "best.ckpt")
+    assert resolve_ckpt_path("best", str(run_dir), purpose="evaluate") == str(folder / "best.ckpt")
+    assert find_resume_checkpoint("best", str(run_dir)) == str(folder / "best.ckpt")
+
+
+def test_max_steps_below_the_checkpoints_step_is_refused(run_dir):
+    """``last.ckpt`` is at step 3: ``trainer.max_steps=2`` has nothing to train (refused, naming both
+    steps); 3 (the run's end) and 4 are a resume."""
+    from omegaconf import OmegaConf
+
+    from hf_lightning.run.folder import check_steps_left
+
+    def cfg(max_steps):
+        return OmegaConf.create({"trainer": {"max_steps": max_steps}})
+
+    last = str(run_dir / "checkpoints" / "last.ckpt")
+    with pytest.raises(ConfigError) as err:
+        check_steps_left(cfg(2), last)
+    assert str(err.value) == (
+        f"trainer.max_steps=2 is below optimizer step 3 of {last}, where this resume would start: there is "
+        "nothing to train below the checkpoint's step. Give trainer.max_steps=4 or more to continue the run "
+        "(the run folder is unchanged)"
+    )
+    for ok in (3, 4, -1, None):
+        check_steps_left(cfg(ok), last)
