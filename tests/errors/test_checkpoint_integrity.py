@@ -343,8 +343,8 @@ def test_ckpt_path_best_is_the_best_checkpoint_or_one_line(run_dir):
         resolve_ckpt_path("best", str(run_dir), purpose="evaluate")
     assert str(err.value) == (
         f"ckpt_path=best: the run in {run_dir} kept no best checkpoint (there is no "
-        f"{folder / 'best.ckpt'}; it is kept when the run sets metric_for_best_model and a validation ran); use ckpt_path=last or a "
-        "checkpoint file"
+        f"{folder / 'best.ckpt'}; it is kept when the run sets metric_for_best_model and a validation ran); "
+        "use ckpt_path=last or a checkpoint file"
     )
     shutil.copyfile(folder / "step2.ckpt", folder / "best.ckpt")
     assert resolve_ckpt_path("best", str(run_dir), purpose="evaluate") == str(folder / "best.ckpt")
