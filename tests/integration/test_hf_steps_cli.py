@@ -69,6 +69,12 @@ def test_steps_are_optimizer_steps_over_the_whole_run(files, tmp_path):
     # only)
     best = torch.load(run_dir / "checkpoints" / "best.ckpt", map_location="cpu", weights_only=False)
     assert best["global_step"] == max(val, key=val.get) == 2
+    # ckpt_path=best names that checkpoint, the one metrics.csv's val/loss ranks first
+    from hf_lightning.checkpointing.resume import resolve_ckpt_path
+
+    assert resolve_ckpt_path("best", str(run_dir), purpose="evaluate") == str(
+        run_dir / "checkpoints" / "best.ckpt"
+    )
     assert [int(r["step"]) for r in rows if r.get("train/loss")] == [3, 6, 8]
     saved = sorted(p.name for p in (run_dir / "checkpoints").glob("step*.ckpt"))
     assert saved == ["step000004.ckpt", "step000008.ckpt"]

@@ -72,11 +72,12 @@ def train(run_dir, data, *overrides) -> subprocess.CompletedProcess:
 
 
 def folder_hashes(run_dir: Path) -> dict[str, str]:
-    """SHA-256 of every file under ``run_dir`` (the lock files' records included)."""
+    """SHA-256 of every file under ``run_dir`` but the owner locks (whose record is the PID of the process
+    that holds the folder, whatever it writes)."""
     return {
         str(p.relative_to(run_dir)): hashlib.sha256(p.read_bytes()).hexdigest()
         for p in sorted(run_dir.rglob("*"))
-        if p.is_file()
+        if p.is_file() and p.name != ".hf_lightning.lock"
     }
 
 
