@@ -151,8 +151,7 @@ def peer_lost_message(err: BaseException, rank: int, world_size: int, step: int,
     """One line for a rank whose peer went away during ``fit``: which rank stopped (the other one of two
     ranks, else "another rank"), that the run folder is intact, and the command that resumes it."""
     other = f"rank {1 - rank}" if world_size == 2 else "another rank"
-    first = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
-    reason = next((text for text in PEER_LOST if text in first), first[:120])
+    reason = next((text for text in PEER_LOST if text in str(err)), type(err).__name__)
     where = f"the run folder {run_dir}" if run_dir else "the run folder"
     resume = resume_command(run_dir) if run_dir else "the run's own command with ckpt_path=last"
     return (
