@@ -64,6 +64,7 @@ def check(cfg: DictConfig, purpose: Purpose = "train") -> Any:
             or a missing package.
     """
     from hf_lightning.config.choices import apply_group_precedence, say
+    from hf_lightning.config.cross_fields import stream_length_errors
     from hf_lightning.config.hf_args import prepare_schedule
     from hf_lightning.config.optional import check_config as check_optional_packages
     from hf_lightning.config.run_length import apply_max_steps_precedence, command_line_overrides
@@ -76,6 +77,9 @@ def check(cfg: DictConfig, purpose: Purpose = "train") -> Any:
     if purpose == "train":
         apply_max_steps_precedence(cfg, overrides)  # HF: a given max_steps overrides the epochs
         schedule = prepare_schedule(cfg)  # eval_steps, save_steps, logging_steps: HF's steps, not Lightning's
+    stream_errors = stream_length_errors(OmegaConf.to_container(cfg, resolve=True), purpose)
+    if stream_errors:  # after the schedule: eval_steps replaces trainer.val_check_interval
+        raise ConfigError("; ".join(stream_errors))
     check_optional_packages(cfg)  # a logger, strategy or model package that is not installed: one line, now
     return schedule
 

@@ -398,34 +398,55 @@ def validate_config(cfg: DictConfig, purpose: str = "train") -> None:
         raise ConfigError("; ".join(unique))
 
 
-#: Lightning Trainer arguments that do not apply to ``HFLightningModule`` (it steps each accumulation window
-#: itself, and Lightning refuses them then): ``key -> (whether a value is harmless, what to set instead)``
-NOT_FOR_WINDOWS: dict[str, tuple[Callable[[Any], bool], str]] = {
+#: Lightning Trainer arguments that ``HFLightningModule`` replaces (it steps each accumulation window itself,
+#: and Lightning refuses them then): ``key -> (our key, or None where none takes the value; what it is)``.
+#: Every value is refused, ``null`` and Lightning's defaults included: none of them acts, and a key that is
+#: accepted but does nothing is a silent one.
+NOT_FOR_WINDOWS: dict[str, tuple[str | None, str]] = {
     "trainer.accumulate_grad_batches": (
-        lambda v: v in (None, 1),
-        "the accumulation window is data.gradient_accumulation_steps (HF's gradient_accumulation_steps): set "
-        "data.gradient_accumulation_steps={value} instead",
+        "data.gradient_accumulation_steps",
+        "the accumulation window is data.gradient_accumulation_steps (HF's gradient_accumulation_steps)",
     ),
     "trainer.gradient_clip_val": (
-        lambda v: v is None,
-        "clipping is module.max_grad_norm (HF's max_grad_norm, by norm): set module.max_grad_norm={value} "
-        "instead (null: no clipping)",
+        "module.max_grad_norm",
+        "clipping is module.max_grad_norm (HF's max_grad_norm, by norm)",
     ),
     "trainer.gradient_clip_algorithm": (
-        lambda v: v is None,
-        "clipping is module.max_grad_norm, by the gradients' total 2-norm (HF's max_grad_norm); value "
-        "clipping is not offered: remove the key",
+        None,
+        "clipping is module.max_grad_norm, always by the gradients' total 2-norm (HF's max_grad_norm): "
+        "remove the key",
     ),
 }
 
 
+def _ours_allowed(key: str, value: Any) -> str | None:
+    """``None`` when our ``key`` (``data.x`` / ``module.x``) takes ``value`` by its annotation's rules, else
+    what it takes (the rule's text)."""
+    from hf_lightning.data.datamodule import HFDataModule
+    from hf_lightning.module.lightning_module import HFLightningModule
+
+    group, _, name = key.partition(".")
+    target = {"data": HFDataModule, "module": HFLightningModule}[group].__init__
+    errors = argument_errors(target, {name: value}, group)
+    return errors[0].split(": allowed values: ", 1)[-1] if errors else None
+
+
 def moved_trainer_keys(c: Mapping[str, Any]) -> list[str]:
-    """One error per :data:`NOT_FOR_WINDOWS` key the resolved config ``c`` sets to a value that would act."""
+    """One error per :data:`NOT_FOR_WINDOWS` key the resolved config ``c`` holds, whatever its value
+    (``null`` too); the fix names our key with the value only where our key takes that value."""
     errors = []
-    for key, (harmless, fix) in NOT_FOR_WINDOWS.items():
+    for key, (ours, what) in NOT_FOR_WINDOWS.items():
         value = get_dotted(c, key)
-        if value is not MISSING and not harmless(value):
-            errors.append(f"{key}={shown(value)}: {fix.format(value=shown(value))}")
+        if value is MISSING:
+            continue
+        fix = what
+        if ours is not None:
+            takes = _ours_allowed(ours, value)
+            fix += f": set {ours}={shown(value)} instead" if takes is None else f", which takes {takes}"
+            fix += f"; remove {key}" if takes is not None else ""
+        if ours == "module.max_grad_norm":
+            fix += " (null: no clipping; unset: 1.0, HF's default)"
+        errors.append(f"{key}={shown(value)}: {fix}")
     return errors
 
 
