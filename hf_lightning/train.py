@@ -334,7 +334,10 @@ def main(cfg: DictConfig) -> float | None:
             )  # a stopped run is not a finished one: say so to scripts and schedulers
         return optimized_value(metrics, cfg.get("optimized_metric"), required=in_multirun())
     except HFLightningError as err:
+        from hf_lightning.run.lock import discard_new_run_folder
+
         report_error(err, log)  # once on stderr, and in train.log
+        discard_new_run_folder(cfg.output_dir)  # a refused command leaves no folder it made
         sys.exit(2)
 
 

@@ -458,11 +458,18 @@ class RunFolderGuard(_HydraCallback):  # type: ignore[misc,valid-type]
         if not self.enabled:
             return
         from hf_lightning.checkpointing.resume import find_resume_checkpoint, remember_resolved
-        from hf_lightning.run.lock import hold_checkpoint_folder, hold_run_folder, launched_as_other_rank
+        from hf_lightning.run.lock import (
+            hold_checkpoint_folder,
+            hold_run_folder,
+            launched_as_other_rank,
+            remember_new_run_folder,
+        )
 
         run_dir = str(config.hydra.run.dir)
         ckpt_path = config.get("ckpt_path")
         weights_only = bool(config.get("resume_weights_only"))
+        if not launched_as_other_rank():
+            remember_new_run_folder(run_dir)  # a command refused before any work removes what it made
         try:
             check_writable(run_dir)
             hold_run_folder(run_dir)  # before anything is read or written: one process per run folder
@@ -490,7 +497,10 @@ class RunFolderGuard(_HydraCallback):  # type: ignore[misc,valid-type]
                 if kept:
                     note(f"the previous settings of this run are kept in {kept}")
         except ConfigError as err:
+            from hf_lightning.run.lock import discard_new_run_folder
+
             print(f"hf_lightning: error: {err}", file=sys.stderr)
+            discard_new_run_folder(run_dir)  # made by this check: a refused command leaves no folder
             sys.exit(2)
 
     def on_run_end(self, config: DictConfig, **kwargs: Any) -> None:
