@@ -38,9 +38,11 @@ from pathlib import Path
 from typing import Any
 
 import datasets
+import pyarrow as pa
 import pyarrow.compute as pc
 from torch.utils.data import Dataset
 
+from hf_lightning.compat import selection_indices
 from hf_lightning.core.errors import DataError
 from hf_lightning.data.checks import forward_parameters, unwrap_model
 from hf_lightning.data.formats import (
@@ -133,9 +135,19 @@ def check_labels_on_every_row(ds: datasets.Dataset, path: Any, split: str) -> No
     first_missing, first_given = nulls.index(True), nulls.index(False)
 
     def place(row: int) -> str:
-        return source_place(row, path) or f"{split} row {row}"
+        return source_place(row, path) or f"row {row} of the data"
 
-    where = f"data.path={path} {place(first_missing)}" if source_place(0, path) else place(first_missing)
+    indices = selection_indices(ds)  # a split's rows, as rows of the loaded table
+    if indices is None:
+        in_split = first_missing
+    else:
+        mapping = indices.column(0)
+        in_split = pc.index(mapping, pa.scalar(first_missing, mapping.type)).as_py()
+    own = f"{split} row {in_split}" if in_split is not None and in_split >= 0 else ""
+    if source_place(0, path) is None:  # not a file: the split's row is the only name it has
+        where = f"data.path ({own or place(first_missing)})"
+    else:
+        where = f"data.path={path} {place(first_missing)}" + (f" ({own})" if own else "")
     raise DataError(
         f"{where}: field 'labels' is missing on this row while {place(first_given)} has it ({missing} of "
         f"{len(column)} rows have none); give every row its labels (-100 where nothing is trained on), or "
