@@ -315,10 +315,30 @@ def top_level_errors(c: Mapping[str, Any], purpose: str = "train") -> list[str]:
         if key in allowed:
             continue
         errors.append(
-            hf_name_error(key, c[key])
+            _judged_hf_name_error(key, c[key])
+            or hf_name_error(key, c[key])
             or f"unknown top-level key {key}={c[key]!r}; allowed top-level keys: {', '.join(allowed)}"
         )
     return errors
+
+
+def _judged_hf_name_error(key: str, value: Any) -> str | None:
+    """An HF name whose key of ours takes the value as given (``gradient_accumulation_steps=0`` ->
+    ``data.gradient_accumulation_steps``), when our key refuses that value: the line names our key and what
+    it takes, not the refused value; ``None`` otherwise (:func:`~hf_lightning.config.hf_names.hf_name_error`
+    says it)."""
+    import re
+
+    from hf_lightning.config.hf_names import OURS
+
+    ours = OURS.get(key)
+    if not isinstance(ours, str) or not re.fullmatch(r"[\w.]+=\{value\}", ours):
+        return None
+    target = ours.split("=", 1)[0]
+    takes = _ours_allowed(target, value)
+    if takes is None:
+        return None
+    return f"{key} is HF's name: use {target}, which takes {takes} ({key}={shown(value)} is not one)"
 
 
 def validate_config(cfg: DictConfig, purpose: str = "train") -> None:
@@ -420,14 +440,25 @@ NOT_FOR_WINDOWS: dict[str, tuple[str | None, str]] = {
 
 
 def _ours_allowed(key: str, value: Any) -> str | None:
-    """``None`` when our ``key`` (``data.x`` / ``module.x``) takes ``value`` by its annotation's rules, else
-    what it takes (the rule's text)."""
+    """``None`` when our ``key`` takes ``value`` (by its rule in :data:`OVERLAY`, or the annotation of the
+    ``data``, ``module``, ``optim`` or ``scheduler`` argument it names), else what it takes (the rule's text):
+    a refusal never suggests a value that is itself refused."""
     from hf_lightning.data.datamodule import HFDataModule
     from hf_lightning.module.lightning_module import HFLightningModule
+    from hf_lightning.module.optim import build_optimizer, build_scheduler
 
+    if key in OVERLAY:
+        return None if OVERLAY[key](value) else OVERLAY[key].text
     group, _, name = key.partition(".")
-    target = {"data": HFDataModule, "module": HFLightningModule}[group].__init__
-    errors = argument_errors(target, {name: value}, group)
+    targets = {
+        "data": HFDataModule.__init__,
+        "module": HFLightningModule.__init__,
+        "optim": build_optimizer,
+        "scheduler": build_scheduler,
+    }
+    if group not in targets:
+        return None
+    errors = argument_errors(targets[group], {name: value}, group)
     return errors[0].split(": allowed values: ", 1)[-1] if errors else None
 
 

@@ -302,3 +302,27 @@ def test_a_missing_data_path_is_refused_from_the_command_line_leaving_no_folder(
     line = one_line_error(run_train_cli("+experiment=sft", "data.path=/nope.jsonl", f"hydra.run.dir={run}"))
     assert line == "hf_lightning: error: data.path=/nope.jsonl: no such file or folder"
     assert not (tmp_path / "new").exists()
+
+
+@pytest.mark.parametrize(
+    "override,says",
+    [
+        (
+            "+gradient_accumulation_steps=0",
+            "gradient_accumulation_steps is HF's name: use data.gradient_accumulation_steps, which takes an "
+            "integer >= 1 (gradient_accumulation_steps=0 is not one)",
+        ),
+        (
+            "+max_grad_norm=-1",
+            "max_grad_norm is HF's name: use module.max_grad_norm, which takes null or a number >= 0 "
+            "(max_grad_norm=-1 is not one)",
+        ),
+        (
+            "+gradient_accumulation_steps=4",
+            "gradient_accumulation_steps is HF's name: use data.gradient_accumulation_steps=4",
+        ),
+    ],
+)
+def test_an_hf_name_never_suggests_a_value_our_key_refuses(compose_cfg, override, says):
+    """HF's names at the top level point to our key; with the value only where our key takes it."""
+    assert refusal(compose_cfg, override) == says
