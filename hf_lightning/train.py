@@ -4,8 +4,8 @@
 Hydra wrapper that turns input errors into one-line messages and returns the optimized metric to sweepers.
 
 Order of work, cheapest checks first: :func:`hf_lightning.config.build.check` (the schema pass, missing
-packages, the paths and ``model.config`` keys), the run folder (one process, no previous run overwritten), then
-:func:`hf_lightning.config.build.build` (Trainer, tokenizer, data, model, module: the same builder
+packages, the paths and ``model.config`` keys), the run folder (one process, no previous run overwritten),
+then :func:`hf_lightning.config.build.build` (Trainer, tokenizer, data, model, module: the same builder
 ``evaluate`` and ``inspect_batch`` use), and ``fit``.
 """
 

@@ -455,21 +455,18 @@ class RunFolderGuard(_HydraCallback):  # type: ignore[misc,valid-type]
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         # a SystemExit, not an exception: Hydra turns exceptions raised by callbacks into warnings
+        from hf_lightning.run.lock import launched_as_other_rank, remember_new_run_folder
+
+        if not launched_as_other_rank():
+            remember_new_run_folder(str(config.hydra.run.dir))  # a command refused before any work removes it
         if not self.enabled:
             return
         from hf_lightning.checkpointing.resume import find_resume_checkpoint, remember_resolved
-        from hf_lightning.run.lock import (
-            hold_checkpoint_folder,
-            hold_run_folder,
-            launched_as_other_rank,
-            remember_new_run_folder,
-        )
+        from hf_lightning.run.lock import hold_checkpoint_folder, hold_run_folder
 
         run_dir = str(config.hydra.run.dir)
         ckpt_path = config.get("ckpt_path")
         weights_only = bool(config.get("resume_weights_only"))
-        if not launched_as_other_rank():
-            remember_new_run_folder(run_dir)  # a command refused before any work removes what it made
         try:
             check_writable(run_dir)
             hold_run_folder(run_dir)  # before anything is read or written: one process per run folder

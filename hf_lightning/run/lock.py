@@ -33,8 +33,9 @@ _CREATED: set[str] = set()  # real paths of checkpoint folders this process crea
 # real path of a run folder this process created -> the outermost folder that call created (a dated
 # outputs/DAY/TIME makes both)
 _NEW_RUN_FOLDERS: dict[str, str] = {}
-# what Hydra and the run's start write into a run folder before any work: its config and log files
-_BEFORE_WORK = {".hydra": {"config.yaml", "hydra.yaml", "overrides.yaml"}}
+# what Hydra writes into a run folder before any work, besides the log file: its output_subdir (.hydra,
+# evaluate's .hydra-evaluate) with these files
+_HYDRA_FILES = {"config.yaml", "hydra.yaml", "overrides.yaml"}
 
 
 def launched_as_other_rank() -> bool:
@@ -241,7 +242,7 @@ def remember_new_run_folder(run_dir: str) -> None:
 
 def discard_new_run_folder(run_dir: str) -> bool:
     """Remove ``run_dir`` after a refused command when this process created it and it holds nothing but
-    what Hydra and the run's start wrote (``.hydra/``'s three files, ``*.log`` files, the lock file), with
+    what Hydra and the run's start wrote (``.hydra*/``'s three files, ``*.log`` files, the lock file), with
     the empty folders that creating it made (``outputs/DAY/``). A folder that existed before, or holds
     anything else (a checkpoint, ``metrics.csv``), is left as it is. Returns whether it removed it."""
     import shutil
@@ -252,8 +253,8 @@ def discard_new_run_folder(run_dir: str) -> bool:
         return False
     for name in os.listdir(run_dir):
         path = os.path.join(run_dir, name)
-        if name in _BEFORE_WORK and os.path.isdir(path) and not os.path.islink(path):
-            if not set(os.listdir(path)) <= _BEFORE_WORK[name]:
+        if name.startswith(".hydra") and os.path.isdir(path) and not os.path.islink(path):
+            if not set(os.listdir(path)) <= _HYDRA_FILES:
                 return False
         elif not (os.path.isfile(path) and (name == LOCK_FILE or name.endswith(".log"))):
             return False
