@@ -29,8 +29,10 @@ def chats(tmp_path):
 
 @pytest.fixture
 def tiny_folder(tmp_path):
-    """A saved ``LlamaForCausalLM`` folder whose ``hidden_size`` is 16."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    """A model folder whose ``config.json`` says ``hidden_size`` 16 (the check pass reads no weights)."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import LlamaConfig
 
     config = LlamaConfig(
         vocab_size=64,
@@ -41,7 +43,8 @@ def tiny_folder(tmp_path):
         num_key_value_heads=2,
     )
     folder = tmp_path / "tiny"
-    LlamaForCausalLM(config).save_pretrained(folder)
+    config.save_pretrained(folder)  # config.json: what the check pass reads
+    save_file({"lm_head.weight": torch.zeros(64, 16)}, folder / "model.safetensors")  # never loaded here
     return folder
 
 
@@ -221,8 +224,8 @@ def test_a_given_model_config_value_that_a_pretrained_folder_cannot_take_is_refu
 
 
 def test_a_model_config_key_spelled_right_reaches_the_exported_config(tmp_path, word_tokenizer):
-    """``model.config.hidden_size=64`` builds a model whose saved ``config.json`` says 64 (read back from the
-    file ``save_pretrained`` writes)."""
+    """``model.config.hidden_size=64`` builds a model 64 wide whose saved ``config.json`` says 64 (read back
+    from the file ``save_pretrained`` writes)."""
     from hf_lightning.models.loading import ModelLoader
 
     loader = ModelLoader(
@@ -230,7 +233,9 @@ def test_a_model_config_key_spelled_right_reaches_the_exported_config(tmp_path, 
         architecture="llama",
         config={"hidden_size": 64, "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2},
     )
-    loader.model(word_tokenizer).save_pretrained(tmp_path / "hf_model")
+    model = loader.model(word_tokenizer)
+    assert model.get_input_embeddings().weight.shape[1] == 64  # the width the weights were built with
+    model.config.save_pretrained(tmp_path / "hf_model")  # the config.json the export writes
     assert json.loads((tmp_path / "hf_model" / "config.json").read_text())["hidden_size"] == 64
 
 
