@@ -170,7 +170,10 @@ def main(cfg: DictConfig) -> None:
     try:
         evaluate(cfg)
     except HFLightningError as err:
+        from hf_lightning.run.lock import discard_new_run_folder
+
         report_error(err, log)  # once on stderr, and in the log file
+        discard_new_run_folder(cfg.output_dir)  # a refused command leaves no folder it made
         sys.exit(2)
 
 

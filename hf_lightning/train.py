@@ -4,8 +4,8 @@
 Hydra wrapper that turns input errors into one-line messages and returns the optimized metric to sweepers.
 
 Order of work, cheapest checks first: :func:`hf_lightning.config.build.check` (the schema pass, missing
-packages), the run folder (one process, no previous run overwritten), then
-:func:`hf_lightning.config.build.build` (Trainer, tokenizer, data, model, module: the same builder
+packages, the paths and ``model.config`` keys), the run folder (one process, no previous run overwritten),
+then :func:`hf_lightning.config.build.build` (Trainer, tokenizer, data, model, module: the same builder
 ``evaluate`` and ``inspect_batch`` use), and ``fit``.
 """
 
@@ -343,7 +343,10 @@ def main(cfg: DictConfig) -> float | None:
             )  # a stopped run is not a finished one: say so to scripts and schedulers
         return optimized_value(metrics, cfg.get("optimized_metric"), required=in_multirun())
     except HFLightningError as err:
+        from hf_lightning.run.lock import discard_new_run_folder
+
         report_error(err, log)  # once on stderr, and in train.log
+        discard_new_run_folder(cfg.output_dir)  # a refused command leaves no folder it made
         sys.exit(2)
 
 

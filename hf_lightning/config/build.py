@@ -4,7 +4,8 @@
 Every group names what it builds with ``_target_`` (``model``:
 :class:`~hf_lightning.models.loading.ModelLoader`; ``data``, ``module``, ``optim``, ``scheduler``: partials,
 completed here with what only the builder has: the tokenizer, the model, the optimizer). Order, cheapest
-checks first: :func:`check` (the schema pass, HF's ``max_steps`` rule, missing packages), the seed, the
+checks first: :func:`check` (the schema pass, HF's ``max_steps`` rule, missing packages, the paths and
+``model.config`` keys), the seed, the
 Trainer (a multirun that would relaunch the command line is refused here), then tokenizer, data, model and
 module. What differs between the purposes is only the Trainer:
 
@@ -61,12 +62,21 @@ def check(cfg: DictConfig, purpose: Purpose = "train") -> Any:
 
     Raises:
         ConfigError: the schema pass (:func:`~hf_lightning.config.schema.validate_config`), a bad HF step key,
-            or a missing package.
+            a fraction of a stream's length, a missing package, or a ``model.config`` key that cannot take
+            effect.
+        DataError / ModelError: a data path or model folder that does not exist
+            (:func:`~hf_lightning.config.inputs.check_inputs`).
     """
     from hf_lightning.config.choices import apply_group_precedence, say
+    from hf_lightning.config.cross_fields import stream_length_errors
     from hf_lightning.config.hf_args import prepare_schedule
+    from hf_lightning.config.inputs import check_inputs
     from hf_lightning.config.optional import check_config as check_optional_packages
-    from hf_lightning.config.run_length import apply_max_steps_precedence, command_line_overrides
+    from hf_lightning.config.run_length import (
+        apply_max_steps_precedence,
+        command_line_overrides,
+        given_keys,
+    )
     from hf_lightning.config.schema import validate_config
 
     overrides = command_line_overrides()
@@ -76,7 +86,14 @@ def check(cfg: DictConfig, purpose: Purpose = "train") -> Any:
     if purpose == "train":
         apply_max_steps_precedence(cfg, overrides)  # HF: a given max_steps overrides the epochs
         schedule = prepare_schedule(cfg)  # eval_steps, save_steps, logging_steps: HF's steps, not Lightning's
+    stream_errors = stream_length_errors(OmegaConf.to_container(cfg, resolve=True), purpose)
+    if stream_errors:  # after the schedule: eval_steps replaces trainer.val_check_interval
+        raise ConfigError("; ".join(stream_errors))
     check_optional_packages(cfg)  # a logger, strategy or model package that is not installed: one line, now
+    # the files, folders and model.config keys it names: before the tokenizer, data or model is loaded
+    check_inputs(
+        OmegaConf.to_container(cfg, resolve=True), given_keys(overrides) if overrides is not None else None
+    )
     return schedule
 
 

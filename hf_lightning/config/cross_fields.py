@@ -80,3 +80,41 @@ def cross_field_errors(c: Mapping[str, Any]) -> list[str]:
         )
     errors += optim_config_errors(c)  # hf_lightning.module.optim: CUDA-only names, metric-driven schedules
     return errors
+
+
+#: Lightning's settings that take a fraction of a loader's length, which a stream does not have (Lightning
+#: refuses them once ``fit`` has started, with a ``MisconfigurationException``): key -> what to give instead
+FRACTIONS_OF_A_LOADER = {
+    "trainer.val_check_interval": (
+        "an integer N (validate every N optimizer steps), eval_steps=N, or 1.0 (at the end of the stream)"
+    ),
+    "trainer.limit_train_batches": "an integer (that many optimizer steps an epoch) or 1.0",
+    "trainer.overfit_batches": "an integer (that many batches) or 0",
+    "trainer.limit_val_batches": "an integer (that many batches) or 1.0",
+    "trainer.limit_test_batches": "an integer (that many batches) or 1.0",
+}
+
+
+#: the keys of :data:`FRACTIONS_OF_A_LOADER` that only a training run reads
+TRAINING_ONLY = ("trainer.val_check_interval", "trainer.limit_train_batches", "trainer.overfit_batches")
+
+
+def stream_length_errors(c: Mapping[str, Any], purpose: str = "train") -> list[str]:
+    """With ``data.streaming=true`` the loaders are streams, with no length to take a fraction of: a
+    fraction in (0, 1) of :data:`FRACTIONS_OF_A_LOADER` is refused, naming both keys. Run on the config the
+    HF step keys were applied to (``eval_steps`` sets ``trainer.val_check_interval=null``); ``purpose`` other
+    than ``train`` leaves out :data:`TRAINING_ONLY`."""
+    data, trainer = c.get("data") or {}, c.get("trainer") or {}
+    if not data.get("streaming"):
+        return []
+    errors = []
+    for key, instead in FRACTIONS_OF_A_LOADER.items():
+        if purpose != "train" and key in TRAINING_ONLY:
+            continue
+        value = trainer.get(key.split(".", 1)[1])
+        if isinstance(value, float) and 0 < value < 1:
+            errors.append(
+                f"data.streaming=true with {key}={value:g}: a stream has no length to take a fraction of "
+                f"(Lightning needs a sized loader for it); give {key} {instead}, or data.streaming=false"
+            )
+    return errors

@@ -315,10 +315,30 @@ def top_level_errors(c: Mapping[str, Any], purpose: str = "train") -> list[str]:
         if key in allowed:
             continue
         errors.append(
-            hf_name_error(key, c[key])
+            _judged_hf_name_error(key, c[key])
+            or hf_name_error(key, c[key])
             or f"unknown top-level key {key}={c[key]!r}; allowed top-level keys: {', '.join(allowed)}"
         )
     return errors
+
+
+def _judged_hf_name_error(key: str, value: Any) -> str | None:
+    """An HF name whose key of ours takes the value as given (``gradient_accumulation_steps=0`` ->
+    ``data.gradient_accumulation_steps``), when our key refuses that value: the line names our key and what
+    it takes, not the refused value; ``None`` otherwise (:func:`~hf_lightning.config.hf_names.hf_name_error`
+    says it)."""
+    import re
+
+    from hf_lightning.config.hf_names import OURS
+
+    ours = OURS.get(key)
+    if not isinstance(ours, str) or not re.fullmatch(r"[\w.]+=\{value\}", ours):
+        return None
+    target = ours.split("=", 1)[0]
+    takes = _ours_allowed(target, value)
+    if takes is None:
+        return None
+    return f"{key} is HF's name: use {target}, which takes {takes} ({key}={shown(value)} is not one)"
 
 
 def validate_config(cfg: DictConfig, purpose: str = "train") -> None:
@@ -398,34 +418,66 @@ def validate_config(cfg: DictConfig, purpose: str = "train") -> None:
         raise ConfigError("; ".join(unique))
 
 
-#: Lightning Trainer arguments that do not apply to ``HFLightningModule`` (it steps each accumulation window
-#: itself, and Lightning refuses them then): ``key -> (whether a value is harmless, what to set instead)``
-NOT_FOR_WINDOWS: dict[str, tuple[Callable[[Any], bool], str]] = {
+#: Lightning Trainer arguments that ``HFLightningModule`` replaces (it steps each accumulation window itself,
+#: and Lightning refuses them then): ``key -> (our key, or None where none takes the value; what it is)``.
+#: Every value is refused, ``null`` and Lightning's defaults included: none of them acts, and a key that is
+#: accepted but does nothing is a silent one.
+NOT_FOR_WINDOWS: dict[str, tuple[str | None, str]] = {
     "trainer.accumulate_grad_batches": (
-        lambda v: v in (None, 1),
-        "the accumulation window is data.gradient_accumulation_steps (HF's gradient_accumulation_steps): set "
-        "data.gradient_accumulation_steps={value} instead",
+        "data.gradient_accumulation_steps",
+        "the accumulation window is data.gradient_accumulation_steps (HF's gradient_accumulation_steps)",
     ),
     "trainer.gradient_clip_val": (
-        lambda v: v is None,
-        "clipping is module.max_grad_norm (HF's max_grad_norm, by norm): set module.max_grad_norm={value} "
-        "instead (null: no clipping)",
+        "module.max_grad_norm",
+        "clipping is module.max_grad_norm (HF's max_grad_norm, by norm)",
     ),
     "trainer.gradient_clip_algorithm": (
-        lambda v: v is None,
-        "clipping is module.max_grad_norm, by the gradients' total 2-norm (HF's max_grad_norm); value "
-        "clipping is not offered: remove the key",
+        None,
+        "clipping is module.max_grad_norm, always by the gradients' total 2-norm (HF's max_grad_norm): "
+        "remove the key",
     ),
 }
 
 
+def _ours_allowed(key: str, value: Any) -> str | None:
+    """``None`` when our ``key`` takes ``value`` (by its rule in :data:`OVERLAY`, or the annotation of the
+    ``data``, ``module``, ``optim`` or ``scheduler`` argument it names), else what it takes (the rule's text):
+    a refusal never suggests a value that is itself refused."""
+    from hf_lightning.data.datamodule import HFDataModule
+    from hf_lightning.module.lightning_module import HFLightningModule
+    from hf_lightning.module.optim import build_optimizer, build_scheduler
+
+    if key in OVERLAY:
+        return None if OVERLAY[key](value) else OVERLAY[key].text
+    group, _, name = key.partition(".")
+    targets = {
+        "data": HFDataModule.__init__,
+        "module": HFLightningModule.__init__,
+        "optim": build_optimizer,
+        "scheduler": build_scheduler,
+    }
+    if group not in targets:
+        return None
+    errors = argument_errors(targets[group], {name: value}, group)
+    return errors[0].split(": allowed values: ", 1)[-1] if errors else None
+
+
 def moved_trainer_keys(c: Mapping[str, Any]) -> list[str]:
-    """One error per :data:`NOT_FOR_WINDOWS` key the resolved config ``c`` sets to a value that would act."""
+    """One error per :data:`NOT_FOR_WINDOWS` key the resolved config ``c`` holds, whatever its value
+    (``null`` too); the fix names our key with the value only where our key takes that value."""
     errors = []
-    for key, (harmless, fix) in NOT_FOR_WINDOWS.items():
+    for key, (ours, what) in NOT_FOR_WINDOWS.items():
         value = get_dotted(c, key)
-        if value is not MISSING and not harmless(value):
-            errors.append(f"{key}={shown(value)}: {fix.format(value=shown(value))}")
+        if value is MISSING:
+            continue
+        fix = what
+        if ours is not None:
+            takes = _ours_allowed(ours, value)
+            fix += f": set {ours}={shown(value)} instead" if takes is None else f", which takes {takes}"
+            fix += f"; remove {key}" if takes is not None else ""
+        if ours == "module.max_grad_norm":
+            fix += " (null: no clipping; unset: 1.0, HF's default)"
+        errors.append(f"{key}={shown(value)}: {fix}")
     return errors
 
 

@@ -791,10 +791,15 @@ def file_place(ds: Any, row: int, path: Any) -> str | None:
     """Where row ``row`` of ``ds`` is in the file ``path`` it was loaded from: ``line 57`` for a JSON Lines or
     CSV file (a CSV's header is line 1), ``row 56 of the file`` for another file; ``None`` when ``path`` is
     not a file."""
+    return source_place(source_row(ds, row), path)
+
+
+def source_place(src: int, path: Any) -> str | None:
+    """Where row ``src`` (0-based, in the order the file was loaded) is in the file ``path``: ``line 57`` or
+    ``row 56 of the file`` (see :func:`file_place`); ``None`` when ``path`` is not a file."""
     if not (isinstance(path, (str, os.PathLike)) and os.path.isfile(path)):
         return None
     path = os.fspath(path)
-    src = source_row(ds, row)
     line = None
     if path.lower().endswith(".csv"):
         line = csv_line_of_row(path, src)

@@ -38,9 +38,11 @@ from pathlib import Path
 from typing import Any
 
 import datasets
+import pyarrow as pa
 import pyarrow.compute as pc
 from torch.utils.data import Dataset
 
+from hf_lightning.compat import selection_indices
 from hf_lightning.core.errors import DataError
 from hf_lightning.data.checks import forward_parameters, unwrap_model
 from hf_lightning.data.formats import (
@@ -54,7 +56,7 @@ from hf_lightning.data.formats import (
 )
 from hf_lightning.data.packing import UNPACKED, RowPlan
 from hf_lightning.data.sampling import mask_example, token_count
-from hf_lightning.data.sources import describe_row, is_stream, non_utf8_error, row_names
+from hf_lightning.data.sources import describe_row, is_stream, non_utf8_error, row_names, source_place
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +118,43 @@ def tokenize_rows(
         raise err
 
 
+def check_labels_on_every_row(ds: datasets.Dataset, path: Any, split: str) -> None:
+    """Pre-tokenized rows hold ``labels`` on every row or on none: refuse a mix, naming the first row without
+    them in the file's order (a split's rows are shuffled; the loaded table is not), and the first with them.
+
+    Raises:
+        DataError: ``data.path=F line 1: field 'labels' is missing on this row while line 34 has it ...``.
+    """
+    if "labels" not in ds.column_names:
+        return
+    column = ds.data.table.column("labels")  # the loaded table: every row of the file, in its order
+    missing = column.null_count
+    if missing in (0, len(column)):
+        return
+    nulls = pc.is_null(column).to_pylist()
+    first_missing, first_given = nulls.index(True), nulls.index(False)
+
+    def place(row: int) -> str:
+        return source_place(row, path) or f"row {row} of the data"
+
+    indices = selection_indices(ds)  # a split's rows, as rows of the loaded table
+    if indices is None:
+        in_split = first_missing
+    else:
+        mapping = indices.column(0)
+        in_split = pc.index(mapping, pa.scalar(first_missing, mapping.type)).as_py()
+    own = f"{split} row {in_split}" if in_split is not None and in_split >= 0 else ""
+    if source_place(0, path) is None:  # not a file: the split's row is the only name it has
+        where = f"data.path ({own or place(first_missing)})"
+    else:
+        where = f"data.path={path} {place(first_missing)}" + (f" ({own})" if own else "")
+    raise DataError(
+        f"{where}: field 'labels' is missing on this row while {place(first_given)} has it ({missing} of "
+        f"{len(column)} rows have none); give every row its labels (-100 where nothing is trained on), or "
+        "drop the field from every row (then every token is a target)"
+    )
+
+
 def tokenize_dataset(
     ds: datasets.Dataset,
     fmt: str,
@@ -143,6 +182,8 @@ def tokenize_dataset(
         DataError: a missing field, a bad value (the message names the path and split), or an empty result.
     """
     check_columns(ds.column_names, fmt, path, split)
+    if fmt == "tokenized":
+        check_labels_on_every_row(ds, path, split)
     feature = ds.features.get("label")
     if fmt == "classification" and label2id and getattr(feature, "dtype", None) in ("string", "large_string"):
         # class names -> ids with the training mapping, kept in the schema (ClassLabel) for later reference

@@ -494,11 +494,15 @@ class RunFolderGuard(_HydraCallback):  # type: ignore[misc,valid-type]
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         # a SystemExit, not an exception: Hydra turns exceptions raised by callbacks into warnings
+        from hf_lightning.run.lock import launched_as_other_rank, remember_new_run_folder
+
+        if not launched_as_other_rank():
+            remember_new_run_folder(str(config.hydra.run.dir))  # a command refused before any work removes it
         if not self.enabled:
             return
         from hf_lightning.checkpointing.resume import find_resume_checkpoint, remember_resolved
         from hf_lightning.run.decision import agreed_decision
-        from hf_lightning.run.lock import hold_checkpoint_folder, hold_run_folder, launched_as_other_rank
+        from hf_lightning.run.lock import hold_checkpoint_folder, hold_run_folder
 
         run_dir = str(config.hydra.run.dir)
         ckpt_path = config.get("ckpt_path")
@@ -534,7 +538,10 @@ class RunFolderGuard(_HydraCallback):  # type: ignore[misc,valid-type]
                 if kept:
                     note(f"the previous settings of this run are kept in {kept}")
         except ConfigError as err:
+            from hf_lightning.run.lock import discard_new_run_folder
+
             print(f"hf_lightning: error: {err}", file=sys.stderr)
+            discard_new_run_folder(run_dir)  # made by this check: a refused command leaves no folder
             sys.exit(2)
 
     def on_run_end(self, config: DictConfig, **kwargs: Any) -> None:

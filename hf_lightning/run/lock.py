@@ -30,6 +30,12 @@ from hf_lightning.core.errors import ConfigError
 LOCK_FILE = ".hf_lightning.lock"
 _HELD: dict[str, int] = {}  # real path of a locked folder -> the open lock file descriptor
 _CREATED: set[str] = set()  # real paths of checkpoint folders this process created to lock them
+# real path of a run folder this process created -> the outermost folder that call created (a dated
+# outputs/DAY/TIME makes both)
+_NEW_RUN_FOLDERS: dict[str, str] = {}
+# what Hydra writes into a run folder before any work, besides the log file: its output_subdir (.hydra,
+# evaluate's .hydra-evaluate) with these files
+_HYDRA_FILES = {"config.yaml", "hydra.yaml", "overrides.yaml"}
 
 
 def launched_as_other_rank() -> bool:
@@ -97,6 +103,7 @@ def hold_run_folder(run_dir: str) -> bool:
     key = os.path.realpath(run_dir)
     if key in _HELD or launched_as_other_rank():
         return False
+    remember_new_run_folder(run_dir)
     os.makedirs(run_dir, exist_ok=True)
     fd, path, pid = _lock(run_dir)
     if fd is None:
@@ -220,3 +227,43 @@ def release_checkpoint_folder(ckpt_dir: str) -> None:
     folder this process created and wrote nothing into (a run refused or stopped before its first checkpoint)
     is removed with its lock file. A no-op when this process does not hold it."""
     _release(ckpt_dir, keep_run=True)
+
+
+def remember_new_run_folder(run_dir: str) -> None:
+    """Note that ``run_dir`` does not exist yet (call it before creating it), so that
+    :func:`discard_new_run_folder` may remove it and the folders created with it."""
+    outermost = None
+    parent = os.path.abspath(run_dir)
+    while not os.path.exists(parent):
+        outermost, parent = parent, os.path.dirname(parent)
+    if outermost is not None:
+        _NEW_RUN_FOLDERS[os.path.realpath(run_dir)] = outermost
+
+
+def discard_new_run_folder(run_dir: str) -> bool:
+    """Remove ``run_dir`` after a refused command when this process created it and it holds nothing but
+    what Hydra and the run's start wrote (``.hydra*/``'s three files, ``*.log`` files, the lock file), with
+    the empty folders that creating it made (``outputs/DAY/``). A folder that existed before, or holds
+    anything else (a checkpoint, ``metrics.csv``), is left as it is. Returns whether it removed it."""
+    import shutil
+
+    key = os.path.realpath(run_dir)
+    outermost = _NEW_RUN_FOLDERS.pop(key, None)
+    if outermost is None or not os.path.isdir(run_dir):
+        return False
+    for name in os.listdir(run_dir):
+        path = os.path.join(run_dir, name)
+        if name.startswith(".hydra") and os.path.isdir(path) and not os.path.islink(path):
+            if not set(os.listdir(path)) <= _HYDRA_FILES:
+                return False
+        elif not (os.path.isfile(path) and (name == LOCK_FILE or name.endswith(".log"))):
+            return False
+    _release(run_dir, keep_run=False)
+    shutil.rmtree(run_dir, ignore_errors=True)
+    outermost = os.path.abspath(outermost)
+    parent = os.path.dirname(os.path.abspath(run_dir))
+    while parent == outermost or parent.startswith(outermost + os.sep):
+        with contextlib.suppress(OSError):
+            os.rmdir(parent)  # an empty one only
+        parent = os.path.dirname(parent)
+    return not os.path.exists(run_dir)

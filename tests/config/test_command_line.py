@@ -65,12 +65,12 @@ def test_a_misspelt_trainer_argument_is_still_refused_naming_the_closest():
         (
             "trainer.gradient_clip_val=0.5",
             "trainer.gradient_clip_val=0.5: clipping is module.max_grad_norm (HF's max_grad_norm, by norm): "
-            "set module.max_grad_norm=0.5 instead (null: no clipping)",
+            "set module.max_grad_norm=0.5 instead (null: no clipping; unset: 1.0, HF's default)",
         ),
         (
             "trainer.gradient_clip_algorithm=value",
-            "trainer.gradient_clip_algorithm='value': clipping is module.max_grad_norm, by the gradients' "
-            "total 2-norm (HF's max_grad_norm); value clipping is not offered: remove the key",
+            "trainer.gradient_clip_algorithm='value': clipping is module.max_grad_norm, always by the "
+            "gradients' total 2-norm (HF's max_grad_norm): remove the key",
         ),
         ("module.max_grad_norm=-1", "module.max_grad_norm=-1: allowed values: null or a number >= 0"),
         ("data.gradient_accumulation_steps=0", "data.gradient_accumulation_steps=0: allowed values:"),

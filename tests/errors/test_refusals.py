@@ -58,8 +58,9 @@ GOOD = {"input_ids": [4, 5, 6, 7], "labels": [-100, 5, 6, 7]}
         (
             '{"input_ids": [4, 5, 6, 7]}',
             GOOD,
-            "field 'labels' is missing on this row while other rows have it; give every row its labels (-100 "
-            "where nothing is trained on), or drop the field from every row (then every token is a target)",
+            "field 'labels' is missing on this row while line 1 has it (1 of 6 rows have none); give every "
+            "row its labels (-100 where nothing is trained on), or drop the field from every row (then every "
+            "token is a target)",
         ),
     ],
     ids=["float id", "negative id", "negative label", "float label", "labels on some rows"],

@@ -198,7 +198,7 @@ def test_a_fresh_run_is_refused_naming_the_checkpoint_folder_not_its_own_run_fol
         "resume_weights_only to continue that run"
     )
     assert {p.name: p.read_bytes() for p in ckpt_dir.glob("*.ckpt")} == before
-    assert sorted(os.listdir(run_b)) == [LOCK_FILE]  # nothing written into the refused run's folder
+    assert not run_b.exists()  # the refused run's folder, which it made, is gone (nothing was written there)
     # the resume the message names passes the guard and reads last.ckpt from the configured folder
     RunFolderGuard().on_run_start(compose_train(f"hydra.run.dir={run_a}", where, "ckpt_path=last"))
     assert capsys.readouterr().err == (

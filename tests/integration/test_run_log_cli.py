@@ -112,8 +112,10 @@ def test_a_run_to_a_file_prints_what_a_user_needs(shared_data, tmp_path):
     assert len(done) == 1 and "done: optimizer steps 2 -> 3 (a resume: 1 in this command" in done[0], done
     assert f" {1 * 4 * (DOC_TOKENS + 1)} real tokens trained at " in done[0]
 
-    # an error: once on stderr, and in train.log
+    # an error: once on stderr, and in train.log (of a folder that existed: a refused command removes a
+    # folder it made)
     bad = tmp_path / "bad"
+    bad.mkdir()
     kept = [a for a in args if not a.startswith(("hydra.run.dir=", "data.per_device_train_batch_size="))]
     proc = run_train_cli(*kept, "data.per_device_train_batch_size=-4", f"hydra.run.dir={bad}")
     line = one_line_error(proc)
