@@ -133,11 +133,10 @@ def unsafe_globals(path: str | bytes, allowed: Iterable[str] = ()) -> list[str]:
 
 
 def refusal(name: str) -> str:
-    """The reason, read after the file's name, for a file naming ``name``."""
+    """The reason, read after the file's name, for a file naming the pickled global ``name``."""
     return (
-        f"holds a pickled {name}, which no hf_lightning checkpoint holds: it is refused unread, since "
-        "unpickling it could run code (load only checkpoints you trust; a checkpoint of your own with other "
-        "types must store them as tensors, numbers, strings, lists and dicts)"
+        f"holds a pickled {name}, a type no hf_lightning checkpoint holds: refused unread, since unpickling "
+        "it could run code (load only checkpoints you trust)"
     )
 
 
@@ -151,7 +150,7 @@ def check_pickle_file(path: str, allowed: Iterable[str] = ()) -> None:
     """
     found = unsafe_globals(path, allowed)
     if found:
-        raise UnsafeCheckpointError(f"{path} {refusal(found[0])}")
+        raise _refused(path, found[0])
 
 
 def load_checkpoint_file(path: Any, map_location: Any = "cpu", mmap: bool | None = None) -> Any:
@@ -184,7 +183,16 @@ def load_checkpoint_file(path: Any, map_location: Any = "cpu", mmap: bool | None
         with torch.serialization.safe_globals(_resolve(EXTRA_TYPES)):
             return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as err:  # a type the scan could not see (built on the stack): named
-        raise UnsafeCheckpointError(f"{path} {refusal(_named(err))}") from None
+        raise _refused(path, _named(err)) from None
+
+
+def _refused(path: str, name: str) -> UnsafeCheckpointError:
+    """``PATH holds a pickled NAME, ...``, with ``.path`` and ``.reason`` (the text after the path) for a
+    caller that words the file its own way."""
+    reason = refusal(name)
+    err = UnsafeCheckpointError(f"{path} {reason}")
+    err.path, err.reason = path, reason
+    return err
 
 
 def _named(err: BaseException) -> str:

@@ -31,6 +31,7 @@ promises of :class:`~hf_lightning.checkpointing.io.AtomicCheckpointIO`:
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,7 @@ from typing import Any
 import torch
 
 from hf_lightning.checkpointing.files import atomic_folder, fsync_folder
+from hf_lightning.core.errors import UnsafeCheckpointError
 
 MANIFEST = "manifest.sha256"
 META = "meta.pt"  # Lightning's name for the non-tensor part (``lightning.fabric.strategies.fsdp``)
@@ -154,17 +156,55 @@ def read_meta(path: str) -> dict[str, Any]:
     """The non-tensor part of a sharded checkpoint (``meta.pt``: loops, schedulers, callbacks, ...).
 
     Raises:
+        UnsafeCheckpointError: it names a pickled type outside the allow-list
+            (:func:`~hf_lightning.checkpointing.safe_load.load_checkpoint_file`; nothing of it is unpickled).
         OSError, RuntimeError, pickle errors: as ``torch.load`` (the caller words them).
     """
-    return torch.load(os.path.join(path, META), map_location="cpu", weights_only=False)
+    from hf_lightning.checkpointing.safe_load import load_checkpoint_file
+
+    return load_checkpoint_file(os.path.join(path, META))
+
+
+def shard_reader(path: str) -> Any:
+    """A ``torch.distributed.checkpoint`` reader of the folder ``path`` whose index (``.metadata``, which DCP
+    unpickles with plain ``pickle``) was scanned first: it names only DCP's own index types
+    (:data:`~hf_lightning.checkpointing.safe_load.DCP_METADATA_TYPES`).
+
+    Raises:
+        UnsafeCheckpointError: the index names another pickled type (nothing of it is unpickled).
+        OSError, ValueError: the index cannot be read, or is not a pickle.
+    """
+    from torch.distributed.checkpoint import FileSystemReader
+
+    from hf_lightning.checkpointing.safe_load import DCP_METADATA_TYPES, check_pickle_file
+
+    check_pickle_file(os.path.join(path, DCP_METADATA), DCP_METADATA_TYPES)
+    return FileSystemReader(Path(path))
+
+
+def shard_planner() -> Any:
+    """DCP's default load planner, whose non-tensor entries (stored as ``torch.save`` bytes inside the shards,
+    which DCP loads with ``weights_only=False``) load through
+    :func:`~hf_lightning.checkpointing.safe_load.load_checkpoint_file` instead."""
+    from torch.distributed.checkpoint import DefaultLoadPlanner
+
+    from hf_lightning.checkpointing.safe_load import load_checkpoint_file
+
+    class SafeLoadPlanner(DefaultLoadPlanner):
+        def load_bytes(self, read_item: Any, value: Any) -> None:
+            # built by the restricted loader, then handed to DCP as bytes of those objects only
+            checked = io.BytesIO()
+            torch.save(load_checkpoint_file(value), checked)
+            checked.seek(0)
+            super().load_bytes(read_item, checked)
+
+    return SafeLoadPlanner()
 
 
 def stored_keys(path: str) -> list[str]:
     """The fully qualified keys DCP stored in ``path`` (``state_dict.model.lm_head.weight``,
-    ``optimizer_0.state.model....exp_avg``, ...)."""
-    from torch.distributed.checkpoint import FileSystemReader
-
-    return sorted(FileSystemReader(path).read_metadata().state_dict_metadata)
+    ``optimizer_0.state.model....exp_avg``, ...), read from its scanned index (:func:`shard_reader`)."""
+    return sorted(shard_reader(path).read_metadata().state_dict_metadata)
 
 
 def sharded_checkpoint_problem(path: str, weights_only: bool = False) -> tuple[str | None, int | None]:
@@ -189,6 +229,8 @@ def sharded_checkpoint_problem(path: str, weights_only: bool = False) -> tuple[s
     try:
         meta = read_meta(path)
         keys = stored_keys(path)
+    except UnsafeCheckpointError as err:  # refused unread
+        return unsafe_part(path, err), None
     except Exception as err:  # a truncated pickle, an unreadable index
         return f"is damaged: not a readable checkpoint folder ({_short(err)})", None
     if not isinstance(meta, dict):
@@ -203,6 +245,12 @@ def sharded_checkpoint_problem(path: str, weights_only: bool = False) -> tuple[s
     if missing:
         return f"lacks {', '.join(missing)}", step
     return None, step
+
+
+def unsafe_part(path: str, err: Any) -> str:
+    """The reason, read after the folder's name, that a file in it was refused unread (``is refused: meta.pt
+    holds a pickled TYPE, ...``)."""
+    return f"is refused: {os.path.relpath(err.path, path)} {err.reason}"
 
 
 def deepspeed_tag_folder(path: str) -> str:
@@ -391,7 +439,11 @@ class AtomicShardedCheckpoints:
 
         path = os.fspath(self.broadcast(os.fspath(checkpoint_path)))  # type: ignore[attr-defined]
         if not is_sharded_checkpoint(path):
-            return super().load_checkpoint(path, weights_only=weights_only)  # type: ignore[misc]
+            if os.path.isfile(path):  # Lightning's own load of a file: scanned, then weights_only
+                from hf_lightning.checkpointing.safe_load import check_pickle_file
+
+                check_pickle_file(path)
+            return super().load_checkpoint(path, weights_only=True)  # type: ignore[misc]
         problem = folder_problem(path) if self.global_rank == 0 else None  # type: ignore[attr-defined]
         problem = self.broadcast(problem)  # type: ignore[attr-defined]
         if problem:
@@ -421,7 +473,7 @@ class AtomicShardedCheckpoints:
             )
         load_sharded_weights(model, path)
         _load_optimizers(model, self.optimizers, path)  # type: ignore[attr-defined]
-        return torch.load(os.path.join(path, META), map_location="cpu", weights_only=weights_only)
+        return read_meta(path)
 
     def remove_checkpoint(self, filepath: Any) -> None:
         import shutil
@@ -449,7 +501,7 @@ def load_sharded_weights(module: torch.nn.Module, path: str) -> None:
         RuntimeError (DCP's ``CheckpointException``): a key of ``module`` missing from the folder, or a shape
             that differs (the caller words it).
     """
-    from torch.distributed.checkpoint import FileSystemReader, load
+    from torch.distributed.checkpoint import load
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
         get_model_state_dict,
@@ -459,14 +511,14 @@ def load_sharded_weights(module: torch.nn.Module, path: str) -> None:
     stored = {k.removeprefix("state_dict.") for k in stored_keys(path)}
     own = get_model_state_dict(module)
     state = {"state_dict": {k: v for k, v in own.items() if k in stored}}
-    load(state, storage_reader=FileSystemReader(Path(path)))
+    load(state, storage_reader=shard_reader(path), planner=shard_planner())
     set_model_state_dict(module, state["state_dict"], options=StateDictOptions(strict=False))
 
 
 def _load_optimizers(model: torch.nn.Module, optimizers: list[Any], path: str) -> None:
     """Each optimizer's state from ``optimizer_N`` of the folder (``get_optimizer_state_dict`` /
     ``set_optimizer_state_dict``, as Lightning's own load)."""
-    from torch.distributed.checkpoint import FileSystemReader, load
+    from torch.distributed.checkpoint import load
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
         get_optimizer_state_dict,
@@ -476,7 +528,7 @@ def _load_optimizers(model: torch.nn.Module, optimizers: list[Any], path: str) -
     for i, optimizer in enumerate(optimizers):
         key = f"optimizer_{i}"
         state = {key: get_optimizer_state_dict(model, optimizer)}
-        load(state, storage_reader=FileSystemReader(Path(path)))
+        load(state, storage_reader=shard_reader(path), planner=shard_planner())
         set_optimizer_state_dict(
             model, optimizer, optim_state_dict=state[key], options=StateDictOptions(cpu_offload=True)
         )

@@ -72,6 +72,9 @@ def load_model_weights(module: torch.nn.Module, ckpt_path: str, model_path: Any)
     Raises:
         ConfigError: not a file, not a Lightning checkpoint (no ``state_dict``), or damaged (its ``.sha256``
             does not match).
+        UnsafeCheckpointError: the file (or a sharded folder's ``meta.pt``, index or DeepSpeed states) names
+            a pickled type outside the allow-list of :mod:`~hf_lightning.checkpointing.safe_load`; nothing of
+            it is unpickled.
         ModelError: model weights missing, unexpected or of another shape (names the first few).
 
     A sharded checkpoint folder (``strategy=fsdp``) loads through ``torch.distributed.checkpoint`` into a
@@ -90,8 +93,10 @@ def load_model_weights(module: torch.nn.Module, ckpt_path: str, model_path: Any)
         problem = checksum_problem(str(ckpt_path)) if os.path.isfile(str(ckpt_path)) else None
         if problem:
             raise ConfigError(f"ckpt_path={ckpt_path}: {ckpt_path} {problem}")
+        from hf_lightning.checkpointing.safe_load import load_checkpoint_file
+
         try:
-            state = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+            state = load_checkpoint_file(ckpt_path)
         except FileNotFoundError:
             raise ConfigError(f"ckpt_path={ckpt_path}: no such file") from None
     if not isinstance(state, dict) or "state_dict" not in state:
