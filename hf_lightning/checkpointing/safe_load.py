@@ -58,6 +58,16 @@ DCP_METADATA_TYPES: tuple[str, ...] = (
 )
 
 
+#: what DeepSpeed's model and optimizer states hold beyond torch's defaults (the optimizer's loss scaler, the
+#: ZeRO stage, each parameter's place in the flat partition)
+DEEPSPEED_TYPES: tuple[str, ...] = (
+    "deepspeed.runtime.fp16.loss_scaler.LossScaler",
+    "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",
+    "deepspeed.runtime.zero.config.ZeroStageEnum",
+    "deepspeed.utils.tensor_fragment.fragment_address",
+)
+
+
 def _torch_defaults() -> frozenset[str]:
     from torch import _weights_only_unpickler as unpickler
 
@@ -153,7 +163,9 @@ def check_pickle_file(path: str, allowed: Iterable[str] = ()) -> None:
         raise _refused(path, found[0])
 
 
-def load_checkpoint_file(path: Any, map_location: Any = "cpu", mmap: bool | None = None) -> Any:
+def load_checkpoint_file(
+    path: Any, map_location: Any = "cpu", mmap: bool | None = None, allowed: Iterable[str] = ()
+) -> Any:
     """``torch.load`` of a checkpoint, weights or state file, scanned first and then loaded with
     ``weights_only=True`` under :data:`EXTRA_TYPES` (see the module doc).
 
@@ -161,6 +173,7 @@ def load_checkpoint_file(path: Any, map_location: Any = "cpu", mmap: bool | None
         path: the file (a path; a file object is read into memory first).
         map_location: as ``torch.load`` (default ``"cpu"``).
         mmap: as ``torch.load``; ``None``: memory-mapped when the file is a torch zip archive.
+        allowed: dotted names of further types this kind of file holds (:data:`DEEPSPEED_TYPES`).
 
     Raises:
         UnsafeCheckpointError: the file names a type outside the allow-list (before any of it is unpickled).
@@ -170,17 +183,17 @@ def load_checkpoint_file(path: Any, map_location: Any = "cpu", mmap: bool | None
 
     if not isinstance(path, (str, os.PathLike)):  # a stream (DCP's bytes entries)
         data = path.read()
-        found = unsafe_globals(data)
+        found = unsafe_globals(data, allowed)
         if found:
             raise UnsafeCheckpointError(f"a stored entry {refusal(found[0])}")
-        with torch.serialization.safe_globals(_resolve(EXTRA_TYPES)):
+        with torch.serialization.safe_globals(_resolve((*EXTRA_TYPES, *allowed))):
             return torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
     path = os.fspath(path)
-    check_pickle_file(path)
+    check_pickle_file(path, allowed)
     if mmap is None:
         mmap = zipfile.is_zipfile(path)
     try:
-        with torch.serialization.safe_globals(_resolve(EXTRA_TYPES)):
+        with torch.serialization.safe_globals(_resolve((*EXTRA_TYPES, *allowed))):
             return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as err:  # a type the scan could not see (built on the stack): named
         raise _refused(path, _named(err)) from None

@@ -271,11 +271,31 @@ def deepspeed_client_state(path: str) -> dict[str, Any]:
     Raises:
         FileNotFoundError: neither file is there; OSError, pickle errors: as ``torch.load``.
     """
+    from hf_lightning.checkpointing.safe_load import DEEPSPEED_TYPES, load_checkpoint_file
+
     tag = deepspeed_tag_folder(path)
     for name in ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt"):
         if os.path.isfile(os.path.join(tag, name)):
-            return torch.load(os.path.join(tag, name), map_location="cpu", weights_only=False)
+            return load_checkpoint_file(os.path.join(tag, name), allowed=DEEPSPEED_TYPES)
     raise FileNotFoundError(f"no model states file in {tag}")
+
+
+def check_deepspeed_states(path: str) -> None:
+    """Scan every states file (``*.pt``) of the DeepSpeed checkpoint folder ``path`` before DeepSpeed reads
+    them: its engine (``load_checkpoint``) and ``zero_to_fp32`` unpickle them with ``weights_only=False``, so
+    a file naming a type outside :data:`~hf_lightning.checkpointing.safe_load.DEEPSPEED_TYPES` and torch's
+    defaults is refused first (nothing of it is unpickled).
+
+    Raises:
+        UnsafeCheckpointError: the first such file, naming the type.
+        OSError, ValueError: a file cannot be read, or is not a pickle.
+    """
+    from hf_lightning.checkpointing.safe_load import DEEPSPEED_TYPES, check_pickle_file
+
+    for root, _, names in sorted(os.walk(path)):
+        for name in sorted(names):
+            if name.endswith(".pt"):
+                check_pickle_file(os.path.join(root, name), DEEPSPEED_TYPES)
 
 
 def _deepspeed_checkpoint_problem(path: str, weights_only: bool) -> tuple[str | None, int | None]:
@@ -289,7 +309,10 @@ def _deepspeed_checkpoint_problem(path: str, weights_only: bool) -> tuple[str | 
                 f"is damaged: its {DS_LATEST} names {os.path.basename(tag)}, which is not a folder in it",
                 None,
             )
+        check_deepspeed_states(path)
         state = deepspeed_client_state(path)
+    except UnsafeCheckpointError as err:  # refused unread
+        return unsafe_part(path, err), None
     except FileNotFoundError as err:
         return f"is damaged: it holds no DeepSpeed model states ({_short(err)})", None
     except Exception as err:  # a truncated pickle

@@ -124,11 +124,16 @@ def _deepspeed_state(path: str) -> dict[str, Any]:
     """
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-    from hf_lightning.checkpointing.sharded import deepspeed_client_state, folder_problem
+    from hf_lightning.checkpointing.sharded import (
+        check_deepspeed_states,
+        deepspeed_client_state,
+        folder_problem,
+    )
 
     problem = folder_problem(path)
     if problem:
         raise ConfigError(f"ckpt_path={path}: {path} {problem}")
+    check_deepspeed_states(path)  # zero_to_fp32 unpickles them with weights_only=False
     step = deepspeed_client_state(path).get("global_step", -1)
     return {"state_dict": get_fp32_state_dict_from_zero_checkpoint(path), "global_step": step}
 
