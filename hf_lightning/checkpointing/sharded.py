@@ -46,6 +46,7 @@ META = "meta.pt"  # Lightning's name for the non-tensor part (``lightning.fabric
 DCP_METADATA = ".metadata"  # torch.distributed.checkpoint's index of the shards
 # DeepSpeed's name for the file naming the tag folder (``DeepSpeedEngine.save_checkpoint``)
 DS_LATEST = "latest"
+SHARD_STAMP = "hf_lightning_shard"  # each rank's stamp in DCP, and the expected one in meta.pt
 _VERIFIED: dict[tuple, str | None] = {}  # (path, sizes and mtimes of its files) -> problem: hashed once
 
 
@@ -236,6 +237,9 @@ def sharded_checkpoint_problem(path: str, weights_only: bool = False) -> tuple[s
     if not isinstance(meta, dict):
         return "is not a Lightning checkpoint", None
     step = meta.get("global_step")
+    problem = shard_problem(path, meta)
+    if problem:
+        return problem, step
     has = {
         "state_dict": any(k.startswith("state_dict.") for k in keys),
         "optimizer_states": any(k.startswith("optimizer_0.") for k in keys),
@@ -385,6 +389,69 @@ def write_shards(state: dict[str, Any], folder: str) -> None:
     save(state, storage_writer=FileSystemWriter(folder, sync_files=True))
 
 
+def stamp_shards(state: dict[str, Any], rest: dict[str, Any], token: int, rank: int, world_size: int) -> None:
+    """Stamp one save of a DCP folder, so that a shard of another save cannot pass for one of its own:
+    ``state`` (what this rank writes into its shard) gets ``hf_lightning_shard.RANK``, a tensor ``[token,
+    rank, world_size, global_step]``; ``rest`` (``meta.pt``) gets the expected values. ``token`` is one
+    random number per save, the same on every rank (rank 0's, broadcast). A manifest rewritten over a
+    foreign shard still lists the right hashes; the stamps inside the shards then disagree with ``meta.pt``
+    (:func:`shard_problem`)."""
+    step = int(rest.get("global_step", -1))
+    state[f"{SHARD_STAMP}.{rank}"] = torch.tensor([token, rank, world_size, step], dtype=torch.int64)
+    rest[SHARD_STAMP] = {"token": token, "world_size": world_size, "global_step": step}
+
+
+def shard_problem(path: str, meta: dict[str, Any] | None = None) -> str | None:
+    """Why the shards of the DCP folder ``path`` are not all this checkpoint's own, or ``None``: a shard file
+    its index names is missing, or a rank's stamp (:func:`stamp_shards`) is absent, unreadable, or differs
+    from ``meta.pt``'s (a shard of another save or another run). Each stamp is read from the file the index
+    places it in, alone (no collective). A folder written before the stamps existed is checked for missing
+    shards only.
+
+    Raises:
+        UnsafeCheckpointError: ``meta.pt`` or the index names a pickled type outside the allow-list.
+    """
+    from torch.distributed.checkpoint import load
+
+    from hf_lightning.checkpointing.resume import _short
+    from hf_lightning.compat import dcp_entry_files
+
+    meta = read_meta(path) if meta is None else meta
+    metadata = shard_reader(path).read_metadata()
+    files = dcp_entry_files(metadata)
+    named = sorted(set().union(*files.values())) if files else []
+    missing = [f for f in named if not os.path.isfile(os.path.join(path, f))]
+    if missing:
+        return f"is damaged: its shard {missing[0]} is missing (its index {DCP_METADATA} names it)"
+    expected = meta.get(SHARD_STAMP) if isinstance(meta, dict) else None
+    if not expected:
+        return None
+    world, step, token = int(expected["world_size"]), int(expected["global_step"]), int(expected["token"])
+    for rank in range(world):
+        key = f"{SHARD_STAMP}.{rank}"
+        shard = ", ".join(sorted(files.get(key, ()))) or f"rank {rank}'s shard"
+        if key not in metadata.state_dict_metadata:
+            return (
+                f"is damaged: its index {DCP_METADATA} holds no stamp of rank {rank} ({world} ranks wrote it)"
+            )
+        state = {key: torch.zeros(4, dtype=torch.int64)}
+        try:
+            load(state, storage_reader=shard_reader(path), planner=shard_planner(), no_dist=True)
+        except Exception as err:  # the bytes where the index places the stamp are not one
+            return (
+                f"is refused: its shard {shard} does not hold rank {rank}'s stamp where its index places it "
+                f"({_short(err)}), so it is not this checkpoint's shard; loading it would mix weights"
+            )
+        got = [int(v) for v in state[key].tolist()]
+        if got != [token, rank, world, step]:
+            return (
+                f"is refused: its shard {shard} belongs to another checkpoint (its stamp: rank {got[1]} of "
+                f"{got[2]}, step {got[3]}{', another save' if got[0] != token else ''}; meta.pt: rank {rank} "
+                f"of {world}, step {step}), so loading it would mix weights; resume from another checkpoint"
+            )
+    return None
+
+
 class AtomicShardedCheckpoints:
     """A mixin for a strategy that writes a checkpoint as a folder, each rank its part (Lightning's
     ``ModelParallelStrategy``, ``DeepSpeedStrategy``; put it first among the bases): its checkpoint folders
@@ -402,7 +469,9 @@ class AtomicShardedCheckpoints:
         TrainingError: the disk refused a write (full, read-only, permissions): names the folder, the reason
             and the free space; the previous checkpoint is intact.
     Raises (``load_checkpoint``):
-        ConfigError: the folder fails its manifest (damaged).
+        ConfigError: the folder fails its manifest (damaged), or a shard is missing or is not this
+            checkpoint's own (:func:`shard_problem`), or a file in it names a pickled type outside the
+            allow-list (:mod:`~hf_lightning.checkpointing.safe_load`).
     """
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
@@ -442,8 +511,13 @@ class AtomicShardedCheckpoints:
         """Every rank (a collective): write this rank's part of ``checkpoint`` into ``folder`` (fsync'd);
         returns what rank 0 writes after the barrier (:meth:`_write_rest`). Here: the model's and the
         optimizers' shards in DCP, the rest for ``meta.pt``."""
+        import secrets
+
         state = {"state_dict": checkpoint.pop("state_dict")}
         state.update({f"optimizer_{i}": s for i, s in enumerate(checkpoint.pop("optimizer_states", []))})
+        zero = self.global_rank == 0  # type: ignore[attr-defined]
+        token = self.broadcast(secrets.randbits(62) if zero else None)  # type: ignore[attr-defined]
+        stamp_shards(state, checkpoint, token, self.global_rank, self.world_size)  # type: ignore[attr-defined]
         write_shards(state, folder)
         return checkpoint
 
@@ -467,7 +541,14 @@ class AtomicShardedCheckpoints:
 
                 check_pickle_file(path)
             return super().load_checkpoint(path, weights_only=True)  # type: ignore[misc]
-        problem = folder_problem(path) if self.global_rank == 0 else None  # type: ignore[attr-defined]
+        problem = None
+        if self.global_rank == 0:  # type: ignore[attr-defined]
+            problem = folder_problem(path)
+            if problem is None and not is_deepspeed_checkpoint(path):
+                try:
+                    problem = shard_problem(path)
+                except UnsafeCheckpointError as err:
+                    problem = unsafe_part(path, err)
         problem = self.broadcast(problem)  # type: ignore[attr-defined]
         if problem:
             raise ConfigError(f"{path} {problem}")

@@ -144,10 +144,11 @@ def _load_sharded(module: torch.nn.Module, path: str, model_path: Any) -> int:
         folder_problem,
         load_sharded_weights,
         read_meta,
+        shard_problem,
         stored_keys,
     )
 
-    problem = folder_problem(path)
+    problem = folder_problem(path) or shard_problem(path)
     if problem:
         raise ConfigError(f"ckpt_path={path}: {path} {problem}")
     stored = {k.removeprefix("state_dict.") for k in stored_keys(path) if k.startswith("state_dict.")}
