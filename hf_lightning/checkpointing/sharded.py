@@ -202,6 +202,27 @@ def shard_planner() -> Any:
     return SafeLoadPlanner()
 
 
+def load_shards(state: dict[str, Any], path: str, no_dist: bool = False) -> None:
+    """``torch.distributed.checkpoint.load`` of ``state`` from the folder ``path`` through
+    :func:`shard_reader` and :func:`shard_planner` (a collective unless ``no_dist``).
+
+    Raises:
+        UnsafeCheckpointError: the index or a stored entry names a pickled type outside the allow-list (as
+            it is, not wrapped in DCP's ``CheckpointException``).
+        CheckpointException: anything else DCP raises (a key missing, a shape that differs).
+    """
+    from torch.distributed.checkpoint import load
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        load(state, storage_reader=shard_reader(path), planner=shard_planner(), no_dist=no_dist)
+    except CheckpointException as err:
+        for failure, _ in err.failures.values():
+            if isinstance(failure, UnsafeCheckpointError):
+                raise failure from None
+        raise
+
+
 def stored_keys(path: str) -> list[str]:
     """The fully qualified keys DCP stored in ``path`` (``state_dict.model.lm_head.weight``,
     ``optimizer_0.state.model....exp_avg``, ...), read from its scanned index (:func:`shard_reader`)."""
@@ -411,7 +432,7 @@ def shard_problem(path: str, meta: dict[str, Any] | None = None) -> str | None:
     Raises:
         UnsafeCheckpointError: ``meta.pt`` or the index names a pickled type outside the allow-list.
     """
-    from torch.distributed.checkpoint import load
+    from torch.distributed.checkpoint.api import CheckpointException
 
     from hf_lightning.checkpointing.resume import _short
     from hf_lightning.compat import dcp_entry_files
@@ -436,8 +457,10 @@ def shard_problem(path: str, meta: dict[str, Any] | None = None) -> str | None:
             )
         state = {key: torch.zeros(4, dtype=torch.int64)}
         try:
-            load(state, storage_reader=shard_reader(path), planner=shard_planner(), no_dist=True)
-        except Exception as err:  # the bytes where the index places the stamp are not one
+            load_shards(state, path, no_dist=True)
+        except UnsafeCheckpointError:
+            raise
+        except (Exception, CheckpointException) as err:  # the bytes there are not a stamp
             return (
                 f"is refused: its shard {shard} does not hold rank {rank}'s stamp where its index places it "
                 f"({_short(err)}), so it is not this checkpoint's shard; loading it would mix weights"
@@ -605,7 +628,6 @@ def load_sharded_weights(module: torch.nn.Module, path: str) -> None:
         RuntimeError (DCP's ``CheckpointException``): a key of ``module`` missing from the folder, or a shape
             that differs (the caller words it).
     """
-    from torch.distributed.checkpoint import load
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
         get_model_state_dict,
@@ -615,14 +637,13 @@ def load_sharded_weights(module: torch.nn.Module, path: str) -> None:
     stored = {k.removeprefix("state_dict.") for k in stored_keys(path)}
     own = get_model_state_dict(module)
     state = {"state_dict": {k: v for k, v in own.items() if k in stored}}
-    load(state, storage_reader=shard_reader(path), planner=shard_planner())
+    load_shards(state, path)
     set_model_state_dict(module, state["state_dict"], options=StateDictOptions(strict=False))
 
 
 def _load_optimizers(model: torch.nn.Module, optimizers: list[Any], path: str) -> None:
     """Each optimizer's state from ``optimizer_N`` of the folder (``get_optimizer_state_dict`` /
     ``set_optimizer_state_dict``, as Lightning's own load)."""
-    from torch.distributed.checkpoint import load
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
         get_optimizer_state_dict,
@@ -632,7 +653,7 @@ def _load_optimizers(model: torch.nn.Module, optimizers: list[Any], path: str) -
     for i, optimizer in enumerate(optimizers):
         key = f"optimizer_{i}"
         state = {key: get_optimizer_state_dict(model, optimizer)}
-        load(state, storage_reader=shard_reader(path), planner=shard_planner())
+        load_shards(state, path)
         set_optimizer_state_dict(
             model, optimizer, optim_state_dict=state[key], options=StateDictOptions(cpu_offload=True)
         )

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from hf_lightning.core.errors import ConfigError, ModelError
+from hf_lightning.core.errors import ConfigError, ModelError, UnsafeCheckpointError
 
 MODEL_PREFIX = "model."  # HFLightningModule keeps the HF model under .model
 
@@ -159,6 +159,8 @@ def _load_sharded(module: torch.nn.Module, path: str, model_path: Any) -> int:
         raise ModelError(weights_mismatch_message(path, model_path, key_problems(missing, unexpected)))
     try:
         load_sharded_weights(module, path)
+    except UnsafeCheckpointError:
+        raise
     except Exception as err:  # DCP wraps a shape mismatch in its CheckpointException
         raise ModelError(weights_mismatch_message(path, model_path, str(err).splitlines()[0][:300])) from None
     return int(read_meta(path).get("global_step", -1))
