@@ -83,10 +83,12 @@ def _pickles(source: str | bytes) -> Iterator[IO[bytes]]:
         with open(source, "rb") as fh:
             data = fh.read()
     if data[:4] == b"PK\x03\x04":
-        with zipfile.ZipFile(io.BytesIO(data)) as archive:
-            for name in archive.namelist():
-                if name.endswith(".pkl"):
-                    yield io.BytesIO(archive.read(name))
+        try:
+            with zipfile.ZipFile(io.BytesIO(data)) as archive:
+                streams = [io.BytesIO(archive.read(n)) for n in archive.namelist() if n.endswith(".pkl")]
+        except (zipfile.BadZipFile, EOFError) as err:
+            raise ValueError(f"not a readable torch archive ({err})") from None
+        yield from streams
         return
     yield io.BytesIO(data)
 
@@ -183,13 +185,21 @@ def load_checkpoint_file(
 
     if not isinstance(path, (str, os.PathLike)):  # a stream (DCP's bytes entries)
         data = path.read()
-        found = unsafe_globals(data, allowed)
+        try:
+            found = unsafe_globals(data, allowed)
+        except (ValueError, EOFError):
+            found = []  # not a readable pickle: torch's restricted reader below says why
         if found:
             raise UnsafeCheckpointError(f"a stored entry {refusal(found[0])}")
         with torch.serialization.safe_globals(_resolve((*EXTRA_TYPES, *allowed))):
             return torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
     path = os.fspath(path)
-    check_pickle_file(path, allowed)
+    try:
+        check_pickle_file(path, allowed)
+    except UnsafeCheckpointError:
+        raise
+    except (ValueError, EOFError):  # not a readable pickle: torch's restricted reader below says why
+        pass
     if mmap is None:
         mmap = zipfile.is_zipfile(path)
     try:
