@@ -15,6 +15,8 @@ from __future__ import annotations
 import os
 import pathlib
 import shutil
+import subprocess
+import sys
 import warnings
 
 import pytest
@@ -267,3 +269,43 @@ def test_a_planted_training_args_bin_is_refused_by_migrate(tmp_path, marker):
     torch.save({"learning_rate": Payload(marker)}, path)
     with pytest.raises(ConfigError, match=f"holds {TYPE}, which migrate does not unpickle"):
         load_arguments(str(path))
+
+
+def run_module(module: str, *overrides: str) -> subprocess.CompletedProcess:
+    """``python -m MODULE`` as a user runs it (the worktree's package first on the path)."""
+    repo = str(pathlib.Path(__file__).resolve().parents[2])
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONPATH": repo + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", module, *overrides],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        cwd=repo,
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["train", "evaluate"])
+def test_the_cli_refuses_a_planted_ckpt_path_in_one_line(tmp_path, marker, command):
+    """``python -m hf_lightning.train|evaluate ckpt_path=X.ckpt`` (no sidecar): exit 2, one line naming the
+    type, the payload never ran."""
+    from tests.errors.support import one_line_error
+
+    data = tmp_path / "rows.jsonl"
+    data.write_text('{"text": "a b c d"}\n' * 8)
+    path = plant(tmp_path / "x.ckpt", marker, sidecar=False)
+    proc = run_module(
+        f"hf_lightning.{command}",
+        "+experiment=clm",
+        f"data.path={data}",
+        f"hydra.run.dir={tmp_path / 'run'}",
+        f"ckpt_path={path}",
+    )
+    line = one_line_error(proc)
+    verb = "resume" if command == "train" else "evaluate"
+    assert line.startswith(f"hf_lightning: error: ckpt_path={path}: cannot {verb}: {path} {REFUSED}"), line
