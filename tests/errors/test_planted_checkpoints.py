@@ -142,6 +142,31 @@ def test_trainer_fit_with_a_planted_ckpt_path_refuses_it(tmp_path, marker, word_
         t.fit(module, datamodule=dm, ckpt_path=str(path))
 
 
+@pytest.mark.slow  # two real fits
+def test_a_real_checkpoint_still_resumes_through_lightning_s_load(tmp_path, word_tokenizer):
+    """The allow-list is complete for what a real fit writes: the checkpoint of step 2 resumes through
+    ``AtomicCheckpointIO`` to step 3."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from tests.errors.support import run
+
+    folder = tmp_path / "checkpoints"
+    saving = ModelCheckpoint(dirpath=folder, save_last=True, every_n_train_steps=1)
+    t, module, dm = run(
+        tmp_path,
+        word_tokenizer,
+        [saving],
+        max_steps=2,
+        plugins=[AtomicCheckpointIO()],
+        enable_checkpointing=True,
+    )
+    t.fit(module, datamodule=dm)
+    saved = torch.load(folder / "last.ckpt", weights_only=False)  # our own file: the oracle
+    t2, module2, dm2 = run(tmp_path, word_tokenizer, [], max_steps=3, plugins=[AtomicCheckpointIO()])
+    t2.fit(module2, datamodule=dm2, ckpt_path=str(folder / "last.ckpt"))
+    assert (saved["global_step"], t2.global_step) == (2, 3)
+
+
 def test_the_weights_route_refuses_a_planted_file(tmp_path, marker):
     """``evaluate``, ``resume_weights_only`` and the best-model reload read weights with
     ``load_model_weights``."""
