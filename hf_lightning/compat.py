@@ -280,3 +280,13 @@ def set_model_parallel_sizes(strategy: Any, data_parallel: int, tensor_parallel:
     ``"auto"`` means one data-parallel rank per node, not per process."""
     strategy._data_parallel_size = data_parallel
     strategy._tensor_parallel_size = tensor_parallel
+
+
+def dcp_entry_files(metadata: Any) -> dict[str, set[str]]:
+    """The files (relative to the folder) holding each key of a ``torch.distributed.checkpoint`` index read by
+    ``FileSystemReader.read_metadata()``: ``metadata.storage_data`` maps each stored chunk to
+    ``FileSystemWriter``'s ``_StorageInfo`` (``relative_path``); no public API names an entry's file."""
+    files: dict[str, set[str]] = {}
+    for index, info in (getattr(metadata, "storage_data", None) or {}).items():
+        files.setdefault(index.fqn, set()).add(info.relative_path)
+    return files

@@ -101,6 +101,11 @@ def _write_checksums(path: str, hashes: list[str]) -> None:
         fh.write("".join(f"{h}  {name}\n" for h in hashes))
 
 
+def _storage_as_saved(storage: Any, location: str) -> Any:
+    """``map_location`` that keeps each storage where it was saved (Lightning's default for a load)."""
+    return storage
+
+
 class AtomicCheckpointIO(TorchCheckpointIO):
     """``TorchCheckpointIO`` that writes atomically with a checksum and verifies the checksum on load.
 
@@ -150,15 +155,33 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     def load_checkpoint(
         self, path: Any, map_location: Any | None = None, weights_only: bool | None = None
     ) -> dict:
-        """Lightning's load, after the checksum check.
+        """Lightning's load (``trainer.fit/validate/test(ckpt_path=...)``), after the checksum check, through
+        :func:`~hf_lightning.checkpointing.safe_load.load_checkpoint_file`: ``weights_only=True`` with the
+        allow-list of our checkpoints' types, whatever ``weights_only`` Lightning passes (a checkpoint that
+        needs ``weights_only=False`` is refused naming the type; nothing of it is unpickled).
 
         Raises:
             ConfigError: the file does not match its ``.sha256`` (damaged).
+            UnsafeCheckpointError: the file names a pickled type outside the allow-list.
+            FileNotFoundError: no such file (as Lightning's).
         """
-        problem = checksum_problem(os.fspath(path)) if os.path.isfile(os.fspath(path)) else None
+        from lightning.fabric.utilities.cloud_io import get_filesystem
+
+        from hf_lightning.checkpointing.safe_load import load_checkpoint_file
+
+        local = os.fspath(path)
+        problem = checksum_problem(local) if os.path.isfile(local) else None
         if problem:
-            raise ConfigError(f"{os.fspath(path)} {problem}")
-        return super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
+            raise ConfigError(f"{local} {problem}")
+        if map_location is None:
+            map_location = _storage_as_saved
+        if os.path.isfile(local):
+            return load_checkpoint_file(local, map_location=map_location)
+        fs = get_filesystem(path)  # a remote checkpoint (fsspec), as Lightning reads one
+        if not fs.exists(path):
+            raise FileNotFoundError(f"Checkpoint file not found: {path}")
+        with fs.open(path, "rb") as fh:
+            return load_checkpoint_file(fh, map_location=map_location)
 
     def remove_checkpoint(self, path: Any) -> None:
         super().remove_checkpoint(path)

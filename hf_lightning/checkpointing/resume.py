@@ -24,11 +24,10 @@ import glob
 import logging
 import os
 
-import torch
-
 from hf_lightning.checkpointing.io import checksum_problem
+from hf_lightning.checkpointing.safe_load import load_checkpoint_file
 from hf_lightning.checkpointing.sharded import is_sharded_checkpoint, sharded_checkpoint_problem
-from hf_lightning.core.errors import ConfigError
+from hf_lightning.core.errors import ConfigError, UnsafeCheckpointError
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +66,9 @@ def checkpoint_problem(path: str, weights_only: bool = False) -> tuple[str | Non
 
     The reason reads after the file's name: ``is a directory, not a checkpoint file``, ``is a symbolic link to
     X, which does not exist``, ``cannot be read (...)``, ``is damaged: ...`` (checksum mismatch, an empty
-    file, or not a readable checkpoint), ``is not a Lightning checkpoint``, ``lacks ...``. A sharded
+    file, or not a readable checkpoint), ``holds a pickled TYPE, ...`` (a type outside the allow-list of
+    :mod:`~hf_lightning.checkpointing.safe_load`, refused unread), ``is not a Lightning checkpoint``,
+    ``lacks ...``. A sharded
     checkpoint folder is checked by
     :func:`~hf_lightning.checkpointing.sharded.sharded_checkpoint_problem`.
     """
@@ -88,7 +89,9 @@ def checkpoint_problem(path: str, weights_only: bool = False) -> tuple[str | Non
     if not head:
         return "is damaged: it is empty (0 bytes), not a checkpoint", None
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False, mmap=head == b"PK\x03\x04")
+        ckpt = load_checkpoint_file(path, mmap=head == b"PK\x03\x04")
+    except UnsafeCheckpointError as err:  # a pickled type outside the allow-list, refused unread
+        return err.reason, None
     except Exception as err:  # a truncated zip, a pickle error
         return f"is damaged: not a readable checkpoint ({_short(err)})", None
     if not isinstance(ckpt, dict):

@@ -31,6 +31,7 @@ promises of :class:`~hf_lightning.checkpointing.io.AtomicCheckpointIO`:
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 from pathlib import Path
 from typing import Any
@@ -38,12 +39,14 @@ from typing import Any
 import torch
 
 from hf_lightning.checkpointing.files import atomic_folder, fsync_folder
+from hf_lightning.core.errors import UnsafeCheckpointError
 
 MANIFEST = "manifest.sha256"
 META = "meta.pt"  # Lightning's name for the non-tensor part (``lightning.fabric.strategies.fsdp``)
 DCP_METADATA = ".metadata"  # torch.distributed.checkpoint's index of the shards
 # DeepSpeed's name for the file naming the tag folder (``DeepSpeedEngine.save_checkpoint``)
 DS_LATEST = "latest"
+SHARD_STAMP = "hf_lightning_shard"  # each rank's stamp in DCP, and the expected one in meta.pt
 _VERIFIED: dict[tuple, str | None] = {}  # (path, sizes and mtimes of its files) -> problem: hashed once
 
 
@@ -154,17 +157,76 @@ def read_meta(path: str) -> dict[str, Any]:
     """The non-tensor part of a sharded checkpoint (``meta.pt``: loops, schedulers, callbacks, ...).
 
     Raises:
+        UnsafeCheckpointError: it names a pickled type outside the allow-list
+            (:func:`~hf_lightning.checkpointing.safe_load.load_checkpoint_file`; nothing of it is unpickled).
         OSError, RuntimeError, pickle errors: as ``torch.load`` (the caller words them).
     """
-    return torch.load(os.path.join(path, META), map_location="cpu", weights_only=False)
+    from hf_lightning.checkpointing.safe_load import load_checkpoint_file
+
+    return load_checkpoint_file(os.path.join(path, META))
+
+
+def shard_reader(path: str) -> Any:
+    """A ``torch.distributed.checkpoint`` reader of the folder ``path`` whose index (``.metadata``, which DCP
+    unpickles with plain ``pickle``) was scanned first: it names only DCP's own index types
+    (:data:`~hf_lightning.checkpointing.safe_load.DCP_METADATA_TYPES`).
+
+    Raises:
+        UnsafeCheckpointError: the index names another pickled type (nothing of it is unpickled).
+        OSError, ValueError: the index cannot be read, or is not a pickle.
+    """
+    from torch.distributed.checkpoint import FileSystemReader
+
+    from hf_lightning.checkpointing.safe_load import DCP_METADATA_TYPES, check_pickle_file
+
+    check_pickle_file(os.path.join(path, DCP_METADATA), DCP_METADATA_TYPES)
+    return FileSystemReader(Path(path))
+
+
+def shard_planner() -> Any:
+    """DCP's default load planner, whose non-tensor entries (stored as ``torch.save`` bytes inside the shards,
+    which DCP loads with ``weights_only=False``) load through
+    :func:`~hf_lightning.checkpointing.safe_load.load_checkpoint_file` instead."""
+    from torch.distributed.checkpoint import DefaultLoadPlanner
+
+    from hf_lightning.checkpointing.safe_load import load_checkpoint_file
+
+    class SafeLoadPlanner(DefaultLoadPlanner):
+        def load_bytes(self, read_item: Any, value: Any) -> None:
+            # built by the restricted loader, then handed to DCP as bytes of those objects only
+            checked = io.BytesIO()
+            torch.save(load_checkpoint_file(value), checked)
+            checked.seek(0)
+            super().load_bytes(read_item, checked)
+
+    return SafeLoadPlanner()
+
+
+def load_shards(state: dict[str, Any], path: str, no_dist: bool = False) -> None:
+    """``torch.distributed.checkpoint.load`` of ``state`` from the folder ``path`` through
+    :func:`shard_reader` and :func:`shard_planner` (a collective unless ``no_dist``).
+
+    Raises:
+        UnsafeCheckpointError: the index or a stored entry names a pickled type outside the allow-list (as
+            it is, not wrapped in DCP's ``CheckpointException``).
+        CheckpointException: anything else DCP raises (a key missing, a shape that differs).
+    """
+    from torch.distributed.checkpoint import load
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        load(state, storage_reader=shard_reader(path), planner=shard_planner(), no_dist=no_dist)
+    except CheckpointException as err:
+        for failure, _ in err.failures.values():
+            if isinstance(failure, UnsafeCheckpointError):
+                raise failure from None
+        raise
 
 
 def stored_keys(path: str) -> list[str]:
     """The fully qualified keys DCP stored in ``path`` (``state_dict.model.lm_head.weight``,
-    ``optimizer_0.state.model....exp_avg``, ...)."""
-    from torch.distributed.checkpoint import FileSystemReader
-
-    return sorted(FileSystemReader(path).read_metadata().state_dict_metadata)
+    ``optimizer_0.state.model....exp_avg``, ...), read from its scanned index (:func:`shard_reader`)."""
+    return sorted(shard_reader(path).read_metadata().state_dict_metadata)
 
 
 def sharded_checkpoint_problem(path: str, weights_only: bool = False) -> tuple[str | None, int | None]:
@@ -189,11 +251,16 @@ def sharded_checkpoint_problem(path: str, weights_only: bool = False) -> tuple[s
     try:
         meta = read_meta(path)
         keys = stored_keys(path)
+    except UnsafeCheckpointError as err:  # refused unread
+        return unsafe_part(path, err), None
     except Exception as err:  # a truncated pickle, an unreadable index
         return f"is damaged: not a readable checkpoint folder ({_short(err)})", None
     if not isinstance(meta, dict):
         return "is not a Lightning checkpoint", None
     step = meta.get("global_step")
+    problem = shard_problem(path, meta)
+    if problem:
+        return problem, step
     has = {
         "state_dict": any(k.startswith("state_dict.") for k in keys),
         "optimizer_states": any(k.startswith("optimizer_0.") for k in keys),
@@ -203,6 +270,12 @@ def sharded_checkpoint_problem(path: str, weights_only: bool = False) -> tuple[s
     if missing:
         return f"lacks {', '.join(missing)}", step
     return None, step
+
+
+def unsafe_part(path: str, err: Any) -> str:
+    """The reason, read after the folder's name, that a file in it was refused unread (``is refused: meta.pt
+    holds a pickled TYPE, ...``)."""
+    return f"is refused: {os.path.relpath(err.path, path)} {err.reason}"
 
 
 def deepspeed_tag_folder(path: str) -> str:
@@ -223,11 +296,31 @@ def deepspeed_client_state(path: str) -> dict[str, Any]:
     Raises:
         FileNotFoundError: neither file is there; OSError, pickle errors: as ``torch.load``.
     """
+    from hf_lightning.checkpointing.safe_load import DEEPSPEED_TYPES, load_checkpoint_file
+
     tag = deepspeed_tag_folder(path)
     for name in ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt"):
         if os.path.isfile(os.path.join(tag, name)):
-            return torch.load(os.path.join(tag, name), map_location="cpu", weights_only=False)
+            return load_checkpoint_file(os.path.join(tag, name), allowed=DEEPSPEED_TYPES)
     raise FileNotFoundError(f"no model states file in {tag}")
+
+
+def check_deepspeed_states(path: str) -> None:
+    """Scan every states file (``*.pt``) of the DeepSpeed checkpoint folder ``path`` before DeepSpeed reads
+    them: its engine (``load_checkpoint``) and ``zero_to_fp32`` unpickle them with ``weights_only=False``, so
+    a file naming a type outside :data:`~hf_lightning.checkpointing.safe_load.DEEPSPEED_TYPES` and torch's
+    defaults is refused first (nothing of it is unpickled).
+
+    Raises:
+        UnsafeCheckpointError: the first such file, naming the type.
+        OSError, ValueError: a file cannot be read, or is not a pickle.
+    """
+    from hf_lightning.checkpointing.safe_load import DEEPSPEED_TYPES, check_pickle_file
+
+    for root, _, names in sorted(os.walk(path)):
+        for name in sorted(names):
+            if name.endswith(".pt"):
+                check_pickle_file(os.path.join(root, name), DEEPSPEED_TYPES)
 
 
 def _deepspeed_checkpoint_problem(path: str, weights_only: bool) -> tuple[str | None, int | None]:
@@ -241,7 +334,10 @@ def _deepspeed_checkpoint_problem(path: str, weights_only: bool) -> tuple[str | 
                 f"is damaged: its {DS_LATEST} names {os.path.basename(tag)}, which is not a folder in it",
                 None,
             )
+        check_deepspeed_states(path)
         state = deepspeed_client_state(path)
+    except UnsafeCheckpointError as err:  # refused unread
+        return unsafe_part(path, err), None
     except FileNotFoundError as err:
         return f"is damaged: it holds no DeepSpeed model states ({_short(err)})", None
     except Exception as err:  # a truncated pickle
@@ -314,6 +410,71 @@ def write_shards(state: dict[str, Any], folder: str) -> None:
     save(state, storage_writer=FileSystemWriter(folder, sync_files=True))
 
 
+def stamp_shards(state: dict[str, Any], rest: dict[str, Any], token: int, rank: int, world_size: int) -> None:
+    """Stamp one save of a DCP folder, so that a shard of another save cannot pass for one of its own:
+    ``state`` (what this rank writes into its shard) gets ``hf_lightning_shard.RANK``, a tensor ``[token,
+    rank, world_size, global_step]``; ``rest`` (``meta.pt``) gets the expected values. ``token`` is one
+    random number per save, the same on every rank (rank 0's, broadcast). A manifest rewritten over a
+    foreign shard still lists the right hashes; the stamps inside the shards then disagree with ``meta.pt``
+    (:func:`shard_problem`)."""
+    step = int(rest.get("global_step", -1))
+    state[f"{SHARD_STAMP}.{rank}"] = torch.tensor([token, rank, world_size, step], dtype=torch.int64)
+    rest[SHARD_STAMP] = {"token": token, "world_size": world_size, "global_step": step}
+
+
+def shard_problem(path: str, meta: dict[str, Any] | None = None) -> str | None:
+    """Why the shards of the DCP folder ``path`` are not all this checkpoint's own, or ``None``: a shard file
+    its index names is missing, or a rank's stamp (:func:`stamp_shards`) is absent, unreadable, or differs
+    from ``meta.pt``'s (a shard of another save or another run). Each stamp is read from the file the index
+    places it in, alone (no collective). A folder written before the stamps existed is checked for missing
+    shards only.
+
+    Raises:
+        UnsafeCheckpointError: ``meta.pt`` or the index names a pickled type outside the allow-list.
+    """
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from hf_lightning.checkpointing.resume import _short
+    from hf_lightning.compat import dcp_entry_files
+
+    meta = read_meta(path) if meta is None else meta
+    metadata = shard_reader(path).read_metadata()
+    files = dcp_entry_files(metadata)
+    named = sorted(set().union(*files.values())) if files else []
+    missing = [f for f in named if not os.path.isfile(os.path.join(path, f))]
+    if missing:
+        return f"is damaged: its shard {missing[0]} is missing (its index {DCP_METADATA} names it)"
+    expected = meta.get(SHARD_STAMP) if isinstance(meta, dict) else None
+    if not expected:
+        return None
+    world, step, token = int(expected["world_size"]), int(expected["global_step"]), int(expected["token"])
+    for rank in range(world):
+        key = f"{SHARD_STAMP}.{rank}"
+        shard = ", ".join(sorted(files.get(key, ()))) or f"rank {rank}'s shard"
+        if key not in metadata.state_dict_metadata:
+            return (
+                f"is damaged: its index {DCP_METADATA} holds no stamp of rank {rank} ({world} ranks wrote it)"
+            )
+        state = {key: torch.zeros(4, dtype=torch.int64)}
+        try:
+            load_shards(state, path, no_dist=True)
+        except UnsafeCheckpointError:
+            raise
+        except (Exception, CheckpointException) as err:  # the bytes there are not a stamp
+            return (
+                f"is refused: its shard {shard} does not hold rank {rank}'s stamp where its index places it "
+                f"({_short(err)}), so it is not this checkpoint's shard; loading it would mix weights"
+            )
+        got = [int(v) for v in state[key].tolist()]
+        if got != [token, rank, world, step]:
+            return (
+                f"is refused: its shard {shard} belongs to another checkpoint (its stamp: rank {got[1]} of "
+                f"{got[2]}, step {got[3]}{', another save' if got[0] != token else ''}; meta.pt: rank {rank} "
+                f"of {world}, step {step}), so loading it would mix weights; resume from another checkpoint"
+            )
+    return None
+
+
 class AtomicShardedCheckpoints:
     """A mixin for a strategy that writes a checkpoint as a folder, each rank its part (Lightning's
     ``ModelParallelStrategy``, ``DeepSpeedStrategy``; put it first among the bases): its checkpoint folders
@@ -331,7 +492,9 @@ class AtomicShardedCheckpoints:
         TrainingError: the disk refused a write (full, read-only, permissions): names the folder, the reason
             and the free space; the previous checkpoint is intact.
     Raises (``load_checkpoint``):
-        ConfigError: the folder fails its manifest (damaged).
+        ConfigError: the folder fails its manifest (damaged), or a shard is missing or is not this
+            checkpoint's own (:func:`shard_problem`), or a file in it names a pickled type outside the
+            allow-list (:mod:`~hf_lightning.checkpointing.safe_load`).
     """
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
@@ -371,8 +534,13 @@ class AtomicShardedCheckpoints:
         """Every rank (a collective): write this rank's part of ``checkpoint`` into ``folder`` (fsync'd);
         returns what rank 0 writes after the barrier (:meth:`_write_rest`). Here: the model's and the
         optimizers' shards in DCP, the rest for ``meta.pt``."""
+        import secrets
+
         state = {"state_dict": checkpoint.pop("state_dict")}
         state.update({f"optimizer_{i}": s for i, s in enumerate(checkpoint.pop("optimizer_states", []))})
+        zero = self.global_rank == 0  # type: ignore[attr-defined]
+        token = self.broadcast(secrets.randbits(62) if zero else None)  # type: ignore[attr-defined]
+        stamp_shards(state, checkpoint, token, self.global_rank, self.world_size)  # type: ignore[attr-defined]
         write_shards(state, folder)
         return checkpoint
 
@@ -391,8 +559,19 @@ class AtomicShardedCheckpoints:
 
         path = os.fspath(self.broadcast(os.fspath(checkpoint_path)))  # type: ignore[attr-defined]
         if not is_sharded_checkpoint(path):
-            return super().load_checkpoint(path, weights_only=weights_only)  # type: ignore[misc]
-        problem = folder_problem(path) if self.global_rank == 0 else None  # type: ignore[attr-defined]
+            if os.path.isfile(path):  # Lightning's own load of a file: scanned, then weights_only
+                from hf_lightning.checkpointing.safe_load import check_pickle_file
+
+                check_pickle_file(path)
+            return super().load_checkpoint(path, weights_only=True)  # type: ignore[misc]
+        problem = None
+        if self.global_rank == 0:  # type: ignore[attr-defined]
+            problem = folder_problem(path)
+            if problem is None and not is_deepspeed_checkpoint(path):
+                try:
+                    problem = shard_problem(path)
+                except UnsafeCheckpointError as err:
+                    problem = unsafe_part(path, err)
         problem = self.broadcast(problem)  # type: ignore[attr-defined]
         if problem:
             raise ConfigError(f"{path} {problem}")
@@ -421,7 +600,7 @@ class AtomicShardedCheckpoints:
             )
         load_sharded_weights(model, path)
         _load_optimizers(model, self.optimizers, path)  # type: ignore[attr-defined]
-        return torch.load(os.path.join(path, META), map_location="cpu", weights_only=weights_only)
+        return read_meta(path)
 
     def remove_checkpoint(self, filepath: Any) -> None:
         import shutil
@@ -449,7 +628,6 @@ def load_sharded_weights(module: torch.nn.Module, path: str) -> None:
         RuntimeError (DCP's ``CheckpointException``): a key of ``module`` missing from the folder, or a shape
             that differs (the caller words it).
     """
-    from torch.distributed.checkpoint import FileSystemReader, load
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
         get_model_state_dict,
@@ -459,14 +637,13 @@ def load_sharded_weights(module: torch.nn.Module, path: str) -> None:
     stored = {k.removeprefix("state_dict.") for k in stored_keys(path)}
     own = get_model_state_dict(module)
     state = {"state_dict": {k: v for k, v in own.items() if k in stored}}
-    load(state, storage_reader=FileSystemReader(Path(path)))
+    load_shards(state, path)
     set_model_state_dict(module, state["state_dict"], options=StateDictOptions(strict=False))
 
 
 def _load_optimizers(model: torch.nn.Module, optimizers: list[Any], path: str) -> None:
     """Each optimizer's state from ``optimizer_N`` of the folder (``get_optimizer_state_dict`` /
     ``set_optimizer_state_dict``, as Lightning's own load)."""
-    from torch.distributed.checkpoint import FileSystemReader, load
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
         get_optimizer_state_dict,
@@ -476,7 +653,7 @@ def _load_optimizers(model: torch.nn.Module, optimizers: list[Any], path: str) -
     for i, optimizer in enumerate(optimizers):
         key = f"optimizer_{i}"
         state = {key: get_optimizer_state_dict(model, optimizer)}
-        load(state, storage_reader=FileSystemReader(Path(path)))
+        load_shards(state, path)
         set_optimizer_state_dict(
             model, optimizer, optim_state_dict=state[key], options=StateDictOptions(cpu_offload=True)
         )

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from hf_lightning.core.errors import ConfigError, ModelError
+from hf_lightning.core.errors import ConfigError, ModelError, UnsafeCheckpointError
 
 MODEL_PREFIX = "model."  # HFLightningModule keeps the HF model under .model
 
@@ -72,6 +72,9 @@ def load_model_weights(module: torch.nn.Module, ckpt_path: str, model_path: Any)
     Raises:
         ConfigError: not a file, not a Lightning checkpoint (no ``state_dict``), or damaged (its ``.sha256``
             does not match).
+        UnsafeCheckpointError: the file (or a sharded folder's ``meta.pt``, index or DeepSpeed states) names
+            a pickled type outside the allow-list of :mod:`~hf_lightning.checkpointing.safe_load`; nothing of
+            it is unpickled.
         ModelError: model weights missing, unexpected or of another shape (names the first few).
 
     A sharded checkpoint folder (``strategy=fsdp``) loads through ``torch.distributed.checkpoint`` into a
@@ -90,8 +93,10 @@ def load_model_weights(module: torch.nn.Module, ckpt_path: str, model_path: Any)
         problem = checksum_problem(str(ckpt_path)) if os.path.isfile(str(ckpt_path)) else None
         if problem:
             raise ConfigError(f"ckpt_path={ckpt_path}: {ckpt_path} {problem}")
+        from hf_lightning.checkpointing.safe_load import load_checkpoint_file
+
         try:
-            state = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+            state = load_checkpoint_file(ckpt_path)
         except FileNotFoundError:
             raise ConfigError(f"ckpt_path={ckpt_path}: no such file") from None
     if not isinstance(state, dict) or "state_dict" not in state:
@@ -119,11 +124,16 @@ def _deepspeed_state(path: str) -> dict[str, Any]:
     """
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-    from hf_lightning.checkpointing.sharded import deepspeed_client_state, folder_problem
+    from hf_lightning.checkpointing.sharded import (
+        check_deepspeed_states,
+        deepspeed_client_state,
+        folder_problem,
+    )
 
     problem = folder_problem(path)
     if problem:
         raise ConfigError(f"ckpt_path={path}: {path} {problem}")
+    check_deepspeed_states(path)  # zero_to_fp32 unpickles them with weights_only=False
     step = deepspeed_client_state(path).get("global_step", -1)
     return {"state_dict": get_fp32_state_dict_from_zero_checkpoint(path), "global_step": step}
 
@@ -134,10 +144,11 @@ def _load_sharded(module: torch.nn.Module, path: str, model_path: Any) -> int:
         folder_problem,
         load_sharded_weights,
         read_meta,
+        shard_problem,
         stored_keys,
     )
 
-    problem = folder_problem(path)
+    problem = folder_problem(path) or shard_problem(path)
     if problem:
         raise ConfigError(f"ckpt_path={path}: {path} {problem}")
     stored = {k.removeprefix("state_dict.") for k in stored_keys(path) if k.startswith("state_dict.")}
@@ -148,6 +159,8 @@ def _load_sharded(module: torch.nn.Module, path: str, model_path: Any) -> int:
         raise ModelError(weights_mismatch_message(path, model_path, key_problems(missing, unexpected)))
     try:
         load_sharded_weights(module, path)
+    except UnsafeCheckpointError:
+        raise
     except Exception as err:  # DCP wraps a shape mismatch in its CheckpointException
         raise ModelError(weights_mismatch_message(path, model_path, str(err).splitlines()[0][:300])) from None
     return int(read_meta(path).get("global_step", -1))

@@ -25,3 +25,9 @@ class ModelError(HFLightningError, ValueError):
 class TrainingError(HFLightningError, RuntimeError):
     """Training hit a fault it cannot continue through: a non-finite loss or gradient, out of memory, or a
     checkpoint that cannot be written. The message says what was kept and what to change."""
+
+
+class UnsafeCheckpointError(ConfigError):
+    """A checkpoint, weights or state file names a pickled type outside the allow-list of what our
+    checkpoints hold (:mod:`hf_lightning.checkpointing.safe_load`): it is refused before any of it is
+    unpickled, since unpickling it could run code."""

@@ -75,8 +75,15 @@ def _load_pickle(path: str) -> dict[str, Any]:
     import torch
     from transformers import TrainingArguments
 
+    from hf_lightning.checkpointing.safe_load import unsafe_globals
+
+    classes = _safe_classes()
     try:
-        with torch.serialization.safe_globals(_safe_classes()):
+        # scanned first (nothing unpickled): names the first other class as Python spells it
+        unsafe = unsafe_globals(path, [f"{c.__module__}.{c.__qualname__}" for c in classes])
+        if unsafe:
+            raise pickle.UnpicklingError(f"GLOBAL {unsafe[0]}")
+        with torch.serialization.safe_globals(classes):
             args = torch.load(path, map_location="cpu", weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as err:
         import re

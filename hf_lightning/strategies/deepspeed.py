@@ -226,7 +226,16 @@ class HFDeepSpeedStrategy(AtomicShardedCheckpoints, DeepSpeedStrategy):
 
     def _load_folder(self, path: str, weights_only: bool | None) -> dict[str, Any]:
         """Lightning's ``DeepSpeedStrategy.load_checkpoint``: the engine loads its folder (model, and when
-        fitting the optimizer partitions) and returns Lightning's part."""
+        fitting the optimizer partitions) and returns Lightning's part. The engine unpickles its files with
+        ``weights_only=False``, so each is scanned first
+        (:func:`~hf_lightning.checkpointing.sharded.check_deepspeed_states`).
+
+        Raises:
+            UnsafeCheckpointError: a states file names a pickled type outside the allow-list.
+        """
+        from hf_lightning.checkpointing.sharded import check_deepspeed_states
+
+        check_deepspeed_states(path)
         return DeepSpeedStrategy.load_checkpoint(self, path, weights_only)
 
     def teardown(self) -> None:

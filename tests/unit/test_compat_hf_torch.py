@@ -172,3 +172,21 @@ def test_checkpoint_blocks():
     assert Block.calls == 2  # the block's forward ran again in backward
     for got, ref in zip((p.grad for p in model.parameters()), plain, strict=True):
         torch.testing.assert_close(got, ref)
+
+
+def test_dcp_entry_files_names_the_file_each_key_is_stored_in(tmp_path):
+    """A one-process DCP save writes one shard file; every key of its index lives there."""
+    import os
+    import warnings
+
+    from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter, save
+
+    with warnings.catch_warnings():
+        warnings.simplefilter(
+            "ignore", UserWarning
+        )  # DCP: "assuming the intent is to save in a single process"
+        save({"w": torch.ones(2), "step": 3}, storage_writer=FileSystemWriter(str(tmp_path)))
+    shards = sorted(n for n in os.listdir(tmp_path) if n.endswith(".distcp"))
+    assert shards == ["__0_0.distcp"]
+    files = compat.dcp_entry_files(FileSystemReader(str(tmp_path)).read_metadata())
+    assert files == {"w": set(shards), "step": set(shards)}
