@@ -9,14 +9,16 @@ what we rely on beyond the public API.
 
 Each function says what it reads, why no public API serves, and (where one exists) what it falls back to.
 Versions read: lightning 2.6, transformers 5.24, datasets 5.2, torch 2.13.
+
+Lightning is imported inside the functions that read it (and :class:`KeepingExperimentWriter` is made on first
+use), never at the top: the data layer uses this module's ``datasets`` / ``transformers`` / ``torch`` functions,
+and a data-only process (``import hf_lightning.data``, a ``DataLoader`` worker) imports no trainer.
 """
 
 from __future__ import annotations
 
 import os
 from typing import Any
-
-from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 
 # ------------------------------------------ Lightning: evaluation results, the launcher, a module's trainer
 
@@ -119,17 +121,32 @@ def saves_distributed_checkpoint(strategy: Any) -> bool:
 # ------------------------------------------------------------------------------------- Lightning: CSVLogger
 
 
-class KeepingExperimentWriter(ExperimentWriter):
-    """Lightning's CSV ``ExperimentWriter`` that does not delete an existing ``metrics.csv`` when it starts:
-    its private start-up check ``_check_log_dir_exists`` (warn, then delete the file) calls
-    :meth:`found_metrics_file` instead, when the file exists."""
+def _keeping_experiment_writer() -> type:
+    from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 
-    def _check_log_dir_exists(self) -> None:
-        if os.path.isfile(self.metrics_file_path):
-            self.found_metrics_file()
+    class KeepingExperimentWriter(ExperimentWriter):
+        """Lightning's CSV ``ExperimentWriter`` that does not delete an existing ``metrics.csv`` when it starts:
+        its private start-up check ``_check_log_dir_exists`` (warn, then delete the file) calls
+        :meth:`found_metrics_file` instead, when the file exists."""
 
-    def found_metrics_file(self) -> None:
-        """Called at start-up when ``metrics_file_path`` exists (a resumed run)."""
+        def _check_log_dir_exists(self) -> None:
+            if os.path.isfile(self.metrics_file_path):
+                self.found_metrics_file()
+
+        def found_metrics_file(self) -> None:
+            """Called at start-up when ``metrics_file_path`` exists (a resumed run)."""
+
+    KeepingExperimentWriter.__module__ = __name__
+    return KeepingExperimentWriter
+
+
+def __getattr__(name: str) -> Any:
+    """``KeepingExperimentWriter``, a subclass of Lightning's ``ExperimentWriter``, made (and kept) on first
+    use so that importing this module imports no Lightning."""
+    if name == "KeepingExperimentWriter":
+        cls = globals()[name] = _keeping_experiment_writer()
+        return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def csv_experiment(logger: Any, make_writer: Any) -> Any:
