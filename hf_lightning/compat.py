@@ -10,9 +10,9 @@ what we rely on beyond the public API.
 Each function says what it reads, why no public API serves, and (where one exists) what it falls back to.
 Versions read: lightning 2.6, transformers 5.24, datasets 5.2, torch 2.13.
 
-Lightning is imported inside the functions that read it (and :class:`KeepingExperimentWriter` is made on first
-use), never at the top: the data layer uses this module's ``datasets`` / ``transformers`` / ``torch`` functions,
-and a data-only process (``import hf_lightning.data``, a ``DataLoader`` worker) imports no trainer.
+Lightning is imported inside the functions that read it (and :class:`KeepingExperimentWriter` is made on
+first use), never at the top: the data layer uses this module's ``datasets`` / ``transformers`` / ``torch``
+functions, and a data-only process (``import hf_lightning.data``, a ``DataLoader`` worker) imports no trainer.
 """
 
 from __future__ import annotations
@@ -125,8 +125,8 @@ def _keeping_experiment_writer() -> type:
     from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 
     class KeepingExperimentWriter(ExperimentWriter):
-        """Lightning's CSV ``ExperimentWriter`` that does not delete an existing ``metrics.csv`` when it starts:
-        its private start-up check ``_check_log_dir_exists`` (warn, then delete the file) calls
+        """Lightning's CSV ``ExperimentWriter`` that does not delete an existing ``metrics.csv`` when it
+        starts: its private start-up check ``_check_log_dir_exists`` (warn, then delete the file) calls
         :meth:`found_metrics_file` instead, when the file exists."""
 
         def _check_log_dir_exists(self) -> None:
