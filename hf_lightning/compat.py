@@ -17,7 +17,9 @@ functions, and a data-only process (``import hf_lightning.data``, a ``DataLoader
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from typing import Any
 
 # ------------------------------------------ Lightning: evaluation results, the launcher, a module's trainer
@@ -166,6 +168,32 @@ def zero3_full_state_dict(engine: Any) -> dict[str, Any]:
     """The full 16-bit state dict of a ZeRO-3 ``DeepSpeedEngine``, gathered from every rank (a collective):
     ``_zero3_consolidated_16bit_state_dict()``, what ``save_16bit_model`` and HF ``Trainer`` use."""
     return engine._zero3_consolidated_16bit_state_dict()
+
+
+@contextlib.contextmanager
+def unwrap_without_deepspeed() -> Iterator[None]:
+    """``save_pretrained`` without importing DeepSpeed when no DeepSpeed engine can exist.
+
+        ``save_pretrained`` unwraps the model first (``transformers.modeling_utils.unwrap_model``), through
+    X
+        (``accelerate.utils.other.is_deepspeed_available``) to test for a ``DeepSpeedEngine``: seconds of start-up
+        and DeepSpeed's accelerator log line, for a model that is not wrapped at all. When ``deepspeed`` was never
+        imported in this process no engine exists, so for the duration of the block that check answers ``False``
+        and the unwrap skips the import (every other wrapper, compiled and DDP modules, is unwrapped as before).
+        Unchanged when DeepSpeed is loaded or accelerate's module has no such name.
+    """
+    import sys
+
+    other = sys.modules.get("accelerate.utils.other")
+    if "deepspeed" in sys.modules or other is None or not hasattr(other, "is_deepspeed_available"):
+        yield
+        return
+    check = other.is_deepspeed_available
+    other.is_deepspeed_available = lambda: False
+    try:
+        yield
+    finally:
+        other.is_deepspeed_available = check
 
 
 def set_deepspeed_engine_setup(strategy_cls: type, setup: Any) -> None:
