@@ -174,13 +174,13 @@ def zero3_full_state_dict(engine: Any) -> dict[str, Any]:
 def unwrap_without_deepspeed() -> Iterator[None]:
     """``save_pretrained`` without importing DeepSpeed when no DeepSpeed engine can exist.
 
-        ``save_pretrained`` unwraps the model first (``transformers.modeling_utils.unwrap_model``), through
-    X
-        (``accelerate.utils.other.is_deepspeed_available``) to test for a ``DeepSpeedEngine``: seconds of start-up
-        and DeepSpeed's accelerator log line, for a model that is not wrapped at all. When ``deepspeed`` was never
-        imported in this process no engine exists, so for the duration of the block that check answers ``False``
-        and the unwrap skips the import (every other wrapper, compiled and DDP modules, is unwrapped as before).
-        Unchanged when DeepSpeed is loaded or accelerate's module has no such name.
+    ``save_pretrained`` unwraps the model first (``transformers.modeling_utils.unwrap_model``), through
+    accelerate's ``extract_model_from_parallel``, which imports ``deepspeed`` whenever the package is
+    installed (``accelerate.utils.other.is_deepspeed_available``) to test for a ``DeepSpeedEngine``: seconds
+    of start-up and DeepSpeed's accelerator log line, for a model that is not wrapped at all. When
+    ``deepspeed`` was never imported in this process no engine exists, so for the duration of the block that
+    check answers ``False`` and the unwrap skips the import (every other wrapper, compiled and DDP modules, is
+    unwrapped as before). Unchanged when DeepSpeed is loaded or accelerate's module has no such name.
     """
     import sys
 

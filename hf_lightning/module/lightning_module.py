@@ -66,7 +66,7 @@ from hf_lightning.module.optim import make_optimizer
 from hf_lightning.module.run_plan import training_steps
 from hf_lightning.module.schedules import is_metric_driven, make_scheduler, metric_key, step_on_validation
 from hf_lightning.module.train_log import KEY as TRAIN_LOG_KEY
-from hf_lightning.module.train_log import TrainRows, say_row, warn_empty_window
+from hf_lightning.module.train_log import StepClock, TrainRows, epoch_fraction, say_row, warn_empty_window
 from hf_lightning.run.loggers import adopt_csv_header
 from hf_lightning.strategies.gradient_sync import gradient_sync
 
@@ -296,6 +296,7 @@ class HFLightningModule(L.LightningModule):
         self._position_wise_declared = self.preprocess_chunks is not None
         #: what the next ``train/loss`` row is made of (:class:`~hf_lightning.module.train_log.TrainRows`)
         self.train_rows = TrainRows()
+        self._clock = StepClock()  # the log line's elapsed and remaining time
         #: the newest value of every metric written to the loggers (``final_metrics.json`` is built from it)
         self.last_logged: dict[str, float] = {}
         self._steps_seen = 0  # optimizer steps whose bookkeeping ended (_end_step)
@@ -595,12 +596,32 @@ class HFLightningModule(L.LightningModule):
         """The bookkeeping of a finished optimizer step: its window loss joins the next row; a log step
         writes it."""
         self._steps_seen = self.global_step
-        # the epoch of the step's batches: by the final flush (on_train_end) Lightning has already counted the
-        # epoch a stop or the last batch ended, and the row would show the next one
-        self.train_rows.end_step(self.current_epoch)
+        # HF's state.epoch, from the epoch of the step's batches: by the final flush (on_train_end) Lightning
+        # has already counted the epoch a stop or the last batch ended, and the row would show the next one
+        self.train_rows.end_step(self._epoch_done())
+        self._clock.step_ended(self.global_step)
         self._grad_norm.reset()
         if self.is_log_step(self.global_step):
             self.flush_train_log()
+
+    def _epoch_done(self) -> float:
+        """HF ``Trainer``'s ``state.epoch`` at the end of the current optimizer step: the fraction of epochs
+        done (:func:`~hf_lightning.module.train_log.epoch_fraction`), in the epoch's micro-batches when the
+        train loader is a window loader of known length."""
+        trainer = self.trainer
+        loader = trainer.train_dataloader
+        accumulation = int(getattr(loader, "gradient_accumulation_steps", 1) or 1)
+        try:
+            micro = len(loader.loader) if accumulation > 1 else None  # type: ignore[union-attr]
+        except (AttributeError, TypeError):
+            micro = None
+        return epoch_fraction(
+            self.current_epoch,
+            trainer.fit_loop.epoch_loop.batch_idx + 1,
+            trainer.num_training_batches,
+            micro,
+            accumulation,
+        )
 
     def on_train_end(self) -> None:
         if getattr(self, "preempted", None):
@@ -626,7 +647,8 @@ class HFLightningModule(L.LightningModule):
         if trainer.is_global_zero and trainer.progress_bar_callback is None:
             # no bar shows it (output to a file): the row as a log line, as HF prints; the total is the run's
             # planned optimizer steps (trainer.max_epochs with trainer.max_steps=-1 too)
-            say_row(metrics, self.global_step, self.planned_steps or trainer.max_steps)
+            total = self.planned_steps or trainer.max_steps
+            say_row(metrics, self.global_step, total, self._clock.text(self.global_step, total))
 
     def log_to_loggers(self, metrics: Mapping[str, float | None], step: int | None = None) -> None:
         """Write one row to every logger at ``step`` (default: optimizer steps done, HF's ``global_step``);
@@ -731,6 +753,7 @@ class HFLightningModule(L.LightningModule):
         self._steps_seen = self.global_step  # a resumed run starts at its checkpoint's step
         self.fit_start_step = self.global_step
         self._grad_norm.reset()
+        self._clock.start()
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> int | None:
         """``-1`` (Lightning: skip the rest of the epoch) once :class:`~hf_lightning.callbacks.preemption.

@@ -33,8 +33,9 @@ def test_final_metrics_are_the_last_rows_written(compose_cfg, tmp_path):
         last.update({k: float(v) for k, v in row.items() if v not in ("", None) and k != "step"})
     train_rows = {int(r["step"]): float(r["train/loss"]) for r in rows if r.get("train/loss")}
     assert sorted(train_rows) == [2, 3] and train_rows[3] != train_rows[2]
-    # both rows belong to the one epoch trained (0), also the flush after Lightning has counted it as done
-    assert [float(r["epoch"]) for r in rows if r.get("train/loss")] == [0.0, 0.0]
+    # HF's state.epoch, the fraction of epochs done: 2 of the epoch's 3 steps, then the whole epoch (also the
+    # flush after Lightning has counted it as done)
+    assert [float(r["epoch"]) for r in rows if r.get("train/loss")] == pytest.approx([2 / 3, 1.0])
     # validation every 2 steps (tests' SHRINK): at step 2, then the final weights at step 3
     val_rows = {int(r["step"]): float(r["val/loss"]) for r in rows if r.get("val/loss")}
     assert sorted(val_rows) == [2, 3] and val_rows[3] != val_rows[2]
@@ -42,6 +43,7 @@ def test_final_metrics_are_the_last_rows_written(compose_cfg, tmp_path):
     saved = json.loads((tmp_path / "final_metrics.json").read_text())
     assert saved["train/loss"] == pytest.approx(train_rows[3], rel=1e-6)
     assert saved["val/loss"] == pytest.approx(val_rows[3], rel=1e-6)
+    assert saved["epoch"] == 1.0
     for key in ("train/loss", "val/loss", "lr", "grad_norm"):
         assert saved[key] == pytest.approx(last[key], rel=1e-6), key
         assert metrics[key] == saved[key]
