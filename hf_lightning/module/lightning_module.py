@@ -46,7 +46,7 @@ from hf_lightning.module.eval_metrics import (
     stage_metrics,
     warn_if_logits_kept,
 )
-from hf_lightning.module.grad_norm import StepGradNorm
+from hf_lightning.module.grad_norm import StepGradNorm, engine_grad_norm, gradients_outside_params
 from hf_lightning.module.lean_loss import LeanLoss, arguments_reason, strategy_reason
 from hf_lightning.module.linear_cross_entropy import NotPositionWise, check_holds_ignore_index
 from hf_lightning.module.loss import (
@@ -301,6 +301,9 @@ class HFLightningModule(L.LightningModule):
         self.last_logged: dict[str, float] = {}
         self._steps_seen = 0  # optimizer steps whose bookkeeping ended (_end_step)
         self._grad_norm = StepGradNorm()
+        self._engine_norm_due = (
+            False  # this step's grad_norm is read from the DeepSpeed engine after its step
+        )
         #: the optimizer step this process's fit started from (``None``: training never started, e.g. a resume
         #: of a run that had already reached its end)
         self.fit_start_step: int | None = None
@@ -500,6 +503,9 @@ class HFLightningModule(L.LightningModule):
         # (after AMP's unscale), then the optimizer steps, the gradients go, the schedule moves on
         optimizer = self.optimizers()
         optimizer.step()
+        if self._engine_norm_due:  # DeepSpeed: the engine computed the norm in its step
+            self._engine_norm_due = False
+            self.train_rows.grad_norm = engine_grad_norm(self.trainer)
         optimizer.zero_grad(set_to_none=True)
         self._step_schedule()
         return loss
@@ -707,6 +713,8 @@ class HFLightningModule(L.LightningModule):
         rows.lr = optimizer.param_groups[0]["lr"]
         wanted = self.wants_grad_norm() and not rows.step_skipped
         rows.grad_norm = self.step_gradient_norm(optimizer) if wanted else None
+        # DeepSpeed's gradients live in its engine, which computes their norm in its own step: read after it
+        self._engine_norm_due = wanted and gradients_outside_params(self.trainer)
         if self.max_grad_norm is not None:
             self.clip_step_gradients(optimizer, self.max_grad_norm)
 

@@ -52,6 +52,16 @@ def test_final_metrics_are_the_last_rows_written(compose_cfg, tmp_path):
     assert type(saved["global_step"]) is int and type(saved["parameters"]) is int
     assert saved["parameters"] == sum(p.numel() for p in objects["module"].model.parameters())
 
+    # hf_model/README.md, HF's model card: the run's settings and the final metrics of final_metrics.json
+    from huggingface_hub import ModelCard
+
+    card = ModelCard.load(tmp_path / "hf_model" / "README.md")
+    assert card.data.library_name == "transformers" and "generated_from_trainer" in card.data.tags
+    assert f"- learning_rate: {cfg.optim.lr}\n" in card.text
+    assert f"- train_batch_size: {cfg.data.per_device_train_batch_size}\n" in card.text
+    assert f"- num_epochs: {cfg.trainer.max_epochs}\n" in card.text  # max_steps=-1: HF names the epochs
+    assert f"- Loss: {saved['val/loss']:.4f}\n" in card.text  # HF rounds to 4 decimals
+
 
 def test_resuming_a_finished_run_says_so_and_adds_nothing(compose_cfg, tmp_path, caplog):
     import logging
