@@ -57,6 +57,13 @@ def attached_trainer(module: Any) -> Any:
         return None
 
 
+def epoch_batch_index(trainer: Any) -> int:
+    """The index in the current epoch of the training batch being run (0-based), restored on a resume:
+    ``trainer.fit_loop.epoch_loop.batch_idx``, the value Lightning passes to ``training_step`` as
+    ``batch_idx`` (no public ``Trainer`` property; read in hooks that are not handed it)."""
+    return int(trainer.fit_loop.epoch_loop.batch_idx)
+
+
 # ------------------------------------------------------------------------------ Lightning: ModelCheckpoint
 
 

@@ -23,7 +23,7 @@ from torch import nn
 
 from hf_lightning.adapters.checkpoint import drop_frozen, fill_frozen
 from hf_lightning.checkpointing.loop_state import steps_windows_from_micro_batches
-from hf_lightning.compat import attached_trainer, is_compiled_in_place
+from hf_lightning.compat import attached_trainer, epoch_batch_index, is_compiled_in_place
 from hf_lightning.core.arguments import (
     FRACTION,
     OPTIONAL_NON_NEGATIVE,
@@ -623,7 +623,7 @@ class HFLightningModule(L.LightningModule):
             micro = None
         return epoch_fraction(
             self.current_epoch,
-            trainer.fit_loop.epoch_loop.batch_idx + 1,
+            epoch_batch_index(trainer) + 1,
             trainer.num_training_batches,
             micro,
             accumulation,

@@ -104,10 +104,12 @@ def test_two_ranks_of_zero_equal_one_process(stage, one_process, tmp_path):
     assert sorted(ours) == sorted(reference) == [1, 2, 3]
     assert reference[3] < reference[1] - 0.1  # the updates moved the weights: equal losses say something
     assert ours == pytest.approx(reference, rel=1e-6, abs=0)
-    # the engine's gradient norm (before its clipping) is the one process's torch norm of the same gradients
+    # the engine's gradient norm (before its clipping) is the one process's torch norm of the same gradients,
+    # to float32 rounding of DeepSpeed's own sum of squares over its flat, rank-averaged gradient buffers
+    # (3e-5 relative seen; the steps' norms differ by far more)
     norms = grad_norms(one_process)
     assert sorted(norms) == [1, 2, 3]
-    assert grad_norms(run) == pytest.approx(norms, rel=1e-5, abs=0)
+    assert grad_norms(run) == pytest.approx(norms, rel=1e-4, abs=0)
     a, b = weights(run), weights(one_process)
     assert a.keys() == b.keys()
     largest = max(float(t.abs().max()) for t in b.values())
