@@ -9,14 +9,18 @@ what we rely on beyond the public API.
 
 Each function says what it reads, why no public API serves, and (where one exists) what it falls back to.
 Versions read: lightning 2.6, transformers 5.24, datasets 5.2, torch 2.13.
+
+Lightning is imported inside the functions that read it (and :class:`KeepingExperimentWriter` is made on
+first use), never at the top: the data layer uses this module's ``datasets`` / ``transformers`` / ``torch``
+functions, and a data-only process (``import hf_lightning.data``, a ``DataLoader`` worker) imports no trainer.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from typing import Any
-
-from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 
 # ------------------------------------------ Lightning: evaluation results, the launcher, a module's trainer
 
@@ -51,6 +55,13 @@ def attached_trainer(module: Any) -> Any:
         return module.trainer
     except RuntimeError:
         return None
+
+
+def epoch_batch_index(trainer: Any) -> int:
+    """The index in the current epoch of the training batch being run (0-based), restored on a resume:
+    ``trainer.fit_loop.epoch_loop.batch_idx``, the value Lightning passes to ``training_step`` as
+    ``batch_idx`` (no public ``Trainer`` property; read in hooks that are not handed it)."""
+    return int(trainer.fit_loop.epoch_loop.batch_idx)
 
 
 # ------------------------------------------------------------------------------ Lightning: ModelCheckpoint
@@ -119,17 +130,32 @@ def saves_distributed_checkpoint(strategy: Any) -> bool:
 # ------------------------------------------------------------------------------------- Lightning: CSVLogger
 
 
-class KeepingExperimentWriter(ExperimentWriter):
-    """Lightning's CSV ``ExperimentWriter`` that does not delete an existing ``metrics.csv`` when it starts:
-    its private start-up check ``_check_log_dir_exists`` (warn, then delete the file) calls
-    :meth:`found_metrics_file` instead, when the file exists."""
+def _keeping_experiment_writer() -> type:
+    from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 
-    def _check_log_dir_exists(self) -> None:
-        if os.path.isfile(self.metrics_file_path):
-            self.found_metrics_file()
+    class KeepingExperimentWriter(ExperimentWriter):
+        """Lightning's CSV ``ExperimentWriter`` that does not delete an existing ``metrics.csv`` when it
+        starts: its private start-up check ``_check_log_dir_exists`` (warn, then delete the file) calls
+        :meth:`found_metrics_file` instead, when the file exists."""
 
-    def found_metrics_file(self) -> None:
-        """Called at start-up when ``metrics_file_path`` exists (a resumed run)."""
+        def _check_log_dir_exists(self) -> None:
+            if os.path.isfile(self.metrics_file_path):
+                self.found_metrics_file()
+
+        def found_metrics_file(self) -> None:
+            """Called at start-up when ``metrics_file_path`` exists (a resumed run)."""
+
+    KeepingExperimentWriter.__module__ = __name__
+    return KeepingExperimentWriter
+
+
+def __getattr__(name: str) -> Any:
+    """``KeepingExperimentWriter``, a subclass of Lightning's ``ExperimentWriter``, made (and kept) on first
+    use so that importing this module imports no Lightning."""
+    if name == "KeepingExperimentWriter":
+        cls = globals()[name] = _keeping_experiment_writer()
+        return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def csv_experiment(logger: Any, make_writer: Any) -> Any:
@@ -149,6 +175,32 @@ def zero3_full_state_dict(engine: Any) -> dict[str, Any]:
     """The full 16-bit state dict of a ZeRO-3 ``DeepSpeedEngine``, gathered from every rank (a collective):
     ``_zero3_consolidated_16bit_state_dict()``, what ``save_16bit_model`` and HF ``Trainer`` use."""
     return engine._zero3_consolidated_16bit_state_dict()
+
+
+@contextlib.contextmanager
+def unwrap_without_deepspeed() -> Iterator[None]:
+    """``save_pretrained`` without importing DeepSpeed when no DeepSpeed engine can exist.
+
+    ``save_pretrained`` unwraps the model first (``transformers.modeling_utils.unwrap_model``), through
+    accelerate's ``extract_model_from_parallel``, which imports ``deepspeed`` whenever the package is
+    installed (``accelerate.utils.other.is_deepspeed_available``) to test for a ``DeepSpeedEngine``: seconds
+    of start-up and DeepSpeed's accelerator log line, for a model that is not wrapped at all. When
+    ``deepspeed`` was never imported in this process no engine exists, so for the duration of the block that
+    check answers ``False`` and the unwrap skips the import (every other wrapper, compiled and DDP modules, is
+    unwrapped as before). Unchanged when DeepSpeed is loaded or accelerate's module has no such name.
+    """
+    import sys
+
+    other = sys.modules.get("accelerate.utils.other")
+    if "deepspeed" in sys.modules or other is None or not hasattr(other, "is_deepspeed_available"):
+        yield
+        return
+    check = other.is_deepspeed_available
+    other.is_deepspeed_available = lambda: False
+    try:
+        yield
+    finally:
+        other.is_deepspeed_available = check
 
 
 def set_deepspeed_engine_setup(strategy_cls: type, setup: Any) -> None:

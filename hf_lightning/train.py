@@ -131,6 +131,7 @@ def _fit(
     )
     from hf_lightning.run.faults import explain_faults
     from hf_lightning.run.folder import checkpoint_dir
+    from hf_lightning.run.model_card import write_model_card
 
     trainer, datamodule, module, model = run.trainer, run.datamodule, run.module, run.model
     model_path = cfg.model.get("name_or_path")
@@ -153,7 +154,7 @@ def _fit(
     if module.fit_start_step in (None, trainer.global_step) and ckpt_path is not None:
         previous = finished_metrics(cfg.output_dir, trainer.global_step)
         if previous is None:  # the training had ended, its end (row, validation, export, metrics) had not
-            metrics, done = finish_run(cfg.output_dir, trainer, module, datamodule, n_params)
+            metrics, done = finish_run(cfg.output_dir, trainer, module, datamodule, n_params, cfg)
             log.warning(
                 "%s is at the end of this run (optimizer step %d), whose end was cut short: wrote %s",
                 ckpt_path,
@@ -193,6 +194,7 @@ def _fit(
         metrics["train_tokens_per_s"] = rate[0]
     stopped = getattr(module, "preempted", None)
     if trainer.is_global_zero and not stopped:  # a stopped run has no final metrics yet
+        write_model_card(cfg, trainer, model, metrics)  # hf_model/README.md, HF's create_model_card
         write_final_metrics(cfg.output_dir, metrics)
     if stopped:
         log.warning(

@@ -9,7 +9,7 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.strategies import ModelParallelStrategy
 
-from hf_lightning.compat import zero3_full_state_dict
+from hf_lightning.compat import unwrap_without_deepspeed, zero3_full_state_dict
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +113,7 @@ class HFExport(L.Callback):
             tokenizer = getattr(pl_module, "tokenizer", None)
             if tokenizer is not None:  # a chat model stops on its template's end-of-turn token too
                 stop_on_end_of_turn(pl_module.model, tokenizer)
-            with atomic_folder(self.dirpath) as tmp:
+            with atomic_folder(self.dirpath) as tmp, unwrap_without_deepspeed():
                 if is_adapter_model(pl_module.model):
                     what = (
                         save_merged(pl_module.model, tmp, sharded_state)

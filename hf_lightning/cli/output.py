@@ -153,12 +153,12 @@ _EARLY_NOTES: list[str] = []
 
 def note(message: str, logger: logging.Logger) -> None:
     """``hf_lightning: note: MESSAGE`` once on stderr; the message goes into the log file (``train.log``)
-    only, at WARNING: a log record would reach Hydra's console handler too and be printed a second time
-    (``[HYDRA] MESSAGE`` before the job starts). Said before the job's log file exists (a Hydra callback), it
-    is written there by :func:`log_early_notes`."""
+    only, at INFO (information, not a warning): a log record would reach Hydra's console handler too and be
+    printed a second time (``[HYDRA] MESSAGE`` before the job starts). Said before the job's log file exists
+    (a Hydra callback), it is written there by :func:`log_early_notes`."""
     print(f"hf_lightning: note: {message}", file=sys.stderr)
     if _file_handlers():
-        _to_log_files(logger, logging.WARNING, message)
+        _to_log_files(logger, logging.INFO, message)
     else:
         _EARLY_NOTES.append(message)
 
@@ -167,7 +167,7 @@ def log_early_notes(logger: logging.Logger) -> None:
     """Write the notes :func:`note` said before the job's log file existed into it, once (call it when Hydra
     has configured the job's logging)."""
     while _EARLY_NOTES:
-        _to_log_files(logger, logging.WARNING, _EARLY_NOTES.pop(0))
+        _to_log_files(logger, logging.INFO, _EARLY_NOTES.pop(0))
 
 
 def _to_log_files(logger: logging.Logger, level: int, message: Any) -> None:

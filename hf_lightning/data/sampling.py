@@ -70,7 +70,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 from torch.utils.data import Dataset, DistributedSampler
-from transformers.trainer_pt_utils import get_length_grouped_indices
 
 from hf_lightning.core.batch import IGNORE_INDEX, MICRO_ITEMS_KEY, NUM_ITEMS_KEY, WINDOW_LENGTH_KEY, Window
 
@@ -96,6 +95,10 @@ def length_grouped_indices(
     """
     if len(lengths) == 0:
         return []
+    # here, not at the top: transformers' trainer utilities import accelerate and its DeepSpeed integration,
+    # which only group_by_length needs
+    from transformers.trainer_pt_utils import get_length_grouped_indices
+
     return get_length_grouped_indices(
         lengths, batch_size, mega_batch_mult=mega_batch_mult, generator=generator
     )

@@ -15,7 +15,8 @@ multiplies each shard by the same global factor. Under FSDP1 the gradients are f
 own ``clip_grad_norm_`` of the root module
 (all-reduced over ranks; Lightning's FSDP precision plugin refuses norm clipping and its docs point to that
 method), which clips in the same call. Under DeepSpeed the gradients are not in ``p.grad`` (the engine clips
-itself): no norm.
+itself): the norm is the engine's own, read after its step (:func:`engine_grad_norm`, DeepSpeed's public
+``get_global_grad_norm``: the norm before clipping, as HF ``Trainer`` logs it under DeepSpeed).
 """
 
 from __future__ import annotations
@@ -39,6 +40,20 @@ def gradients_outside_params(trainer: L.Trainer) -> bool:
     """DeepSpeed keeps gradients in its engine, not in ``p.grad`` (any ``DeepSpeedStrategy``, ours
     included)."""
     return isinstance(trainer.strategy, DeepSpeedStrategy)
+
+
+def engine_grad_norm(trainer: L.Trainer) -> torch.Tensor | None:
+    """The total gradient 2-norm of the DeepSpeed engine's newest step (``DeepSpeedEngine
+    .get_global_grad_norm()``, the norm over every rank's gradients before the engine clipped them), as a
+    0-dim float tensor; ``None`` outside DeepSpeed, or when the engine computed none (ZeRO's norm computation
+    turned off)."""
+    engine = (
+        getattr(trainer.strategy, "deepspeed_engine", None) if gradients_outside_params(trainer) else None
+    )
+    norm = engine.get_global_grad_norm() if engine is not None else None
+    if norm is None:
+        return None
+    return norm.detach().float().reshape(()) if torch.is_tensor(norm) else torch.tensor(float(norm))
 
 
 def whole(norm: torch.Tensor) -> torch.Tensor:

@@ -23,7 +23,7 @@ from torch import nn
 
 from hf_lightning.adapters.checkpoint import drop_frozen, fill_frozen
 from hf_lightning.checkpointing.loop_state import steps_windows_from_micro_batches
-from hf_lightning.compat import attached_trainer, is_compiled_in_place
+from hf_lightning.compat import attached_trainer, epoch_batch_index, is_compiled_in_place
 from hf_lightning.core.arguments import (
     FRACTION,
     OPTIONAL_NON_NEGATIVE,
@@ -46,7 +46,7 @@ from hf_lightning.module.eval_metrics import (
     stage_metrics,
     warn_if_logits_kept,
 )
-from hf_lightning.module.grad_norm import StepGradNorm
+from hf_lightning.module.grad_norm import StepGradNorm, engine_grad_norm, gradients_outside_params
 from hf_lightning.module.lean_loss import LeanLoss, arguments_reason, strategy_reason
 from hf_lightning.module.linear_cross_entropy import NotPositionWise, check_holds_ignore_index
 from hf_lightning.module.loss import (
@@ -66,7 +66,7 @@ from hf_lightning.module.optim import make_optimizer
 from hf_lightning.module.run_plan import training_steps
 from hf_lightning.module.schedules import is_metric_driven, make_scheduler, metric_key, step_on_validation
 from hf_lightning.module.train_log import KEY as TRAIN_LOG_KEY
-from hf_lightning.module.train_log import TrainRows, say_row, warn_empty_window
+from hf_lightning.module.train_log import StepClock, TrainRows, epoch_fraction, say_row, warn_empty_window
 from hf_lightning.run.loggers import adopt_csv_header
 from hf_lightning.strategies.gradient_sync import gradient_sync
 
@@ -296,10 +296,14 @@ class HFLightningModule(L.LightningModule):
         self._position_wise_declared = self.preprocess_chunks is not None
         #: what the next ``train/loss`` row is made of (:class:`~hf_lightning.module.train_log.TrainRows`)
         self.train_rows = TrainRows()
+        self._clock = StepClock()  # the log line's elapsed and remaining time
         #: the newest value of every metric written to the loggers (``final_metrics.json`` is built from it)
         self.last_logged: dict[str, float] = {}
         self._steps_seen = 0  # optimizer steps whose bookkeeping ended (_end_step)
         self._grad_norm = StepGradNorm()
+        self._engine_norm_due = (
+            False  # this step's grad_norm is read from the DeepSpeed engine after its step
+        )
         #: the optimizer step this process's fit started from (``None``: training never started, e.g. a resume
         #: of a run that had already reached its end)
         self.fit_start_step: int | None = None
@@ -499,6 +503,9 @@ class HFLightningModule(L.LightningModule):
         # (after AMP's unscale), then the optimizer steps, the gradients go, the schedule moves on
         optimizer = self.optimizers()
         optimizer.step()
+        if self._engine_norm_due:  # DeepSpeed: the engine computed the norm in its step
+            self._engine_norm_due = False
+            self.train_rows.grad_norm = engine_grad_norm(self.trainer)
         optimizer.zero_grad(set_to_none=True)
         self._step_schedule()
         return loss
@@ -595,12 +602,32 @@ class HFLightningModule(L.LightningModule):
         """The bookkeeping of a finished optimizer step: its window loss joins the next row; a log step
         writes it."""
         self._steps_seen = self.global_step
-        # the epoch of the step's batches: by the final flush (on_train_end) Lightning has already counted the
-        # epoch a stop or the last batch ended, and the row would show the next one
-        self.train_rows.end_step(self.current_epoch)
+        # HF's state.epoch, from the epoch of the step's batches: by the final flush (on_train_end) Lightning
+        # has already counted the epoch a stop or the last batch ended, and the row would show the next one
+        self.train_rows.end_step(self._epoch_done())
+        self._clock.step_ended(self.global_step)
         self._grad_norm.reset()
         if self.is_log_step(self.global_step):
             self.flush_train_log()
+
+    def _epoch_done(self) -> float:
+        """HF ``Trainer``'s ``state.epoch`` at the end of the current optimizer step: the fraction of epochs
+        done (:func:`~hf_lightning.module.train_log.epoch_fraction`), in the epoch's micro-batches when the
+        train loader is a window loader of known length."""
+        trainer = self.trainer
+        loader = trainer.train_dataloader
+        accumulation = int(getattr(loader, "gradient_accumulation_steps", 1) or 1)
+        try:
+            micro = len(loader.loader) if accumulation > 1 else None  # type: ignore[union-attr]
+        except (AttributeError, TypeError):
+            micro = None
+        return epoch_fraction(
+            self.current_epoch,
+            epoch_batch_index(trainer) + 1,
+            trainer.num_training_batches,
+            micro,
+            accumulation,
+        )
 
     def on_train_end(self) -> None:
         if getattr(self, "preempted", None):
@@ -626,7 +653,8 @@ class HFLightningModule(L.LightningModule):
         if trainer.is_global_zero and trainer.progress_bar_callback is None:
             # no bar shows it (output to a file): the row as a log line, as HF prints; the total is the run's
             # planned optimizer steps (trainer.max_epochs with trainer.max_steps=-1 too)
-            say_row(metrics, self.global_step, self.planned_steps or trainer.max_steps)
+            total = self.planned_steps or trainer.max_steps
+            say_row(metrics, self.global_step, total, self._clock.text(self.global_step, total))
 
     def log_to_loggers(self, metrics: Mapping[str, float | None], step: int | None = None) -> None:
         """Write one row to every logger at ``step`` (default: optimizer steps done, HF's ``global_step``);
@@ -685,6 +713,8 @@ class HFLightningModule(L.LightningModule):
         rows.lr = optimizer.param_groups[0]["lr"]
         wanted = self.wants_grad_norm() and not rows.step_skipped
         rows.grad_norm = self.step_gradient_norm(optimizer) if wanted else None
+        # DeepSpeed's gradients live in its engine, which computes their norm in its own step: read after it
+        self._engine_norm_due = wanted and gradients_outside_params(self.trainer)
         if self.max_grad_norm is not None:
             self.clip_step_gradients(optimizer, self.max_grad_norm)
 
@@ -731,6 +761,7 @@ class HFLightningModule(L.LightningModule):
         self._steps_seen = self.global_step  # a resumed run starts at its checkpoint's step
         self.fit_start_step = self.global_step
         self._grad_norm.reset()
+        self._clock.start()
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> int | None:
         """``-1`` (Lightning: skip the rest of the epoch) once :class:`~hf_lightning.callbacks.preemption.

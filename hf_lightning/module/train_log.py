@@ -29,6 +29,8 @@ next row, where a sync happens anyway.
 from __future__ import annotations
 
 import logging
+import math
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -62,7 +64,8 @@ class TrainRows:
         lr: the learning rate the newest optimizer step used.
         grad_norm: its gradient norm before clipping (0-dim tensor; ``None`` when the step is not logged or
             was skipped).
-        epoch: the epoch of the newest ended step's batches (``None`` before the first).
+        epoch: HF's ``state.epoch`` at the newest ended step, the fraction of epochs done (``1.5`` half way
+            through the second; :func:`epoch_fraction`; ``None`` before the first).
         step_skipped: the optimizer step being taken is skipped (``NonFiniteGuard``): no update.
         extra: a callback's figures for the next row (host floats).
         bar_loss: the newest row's loss, for the progress bar (``None`` once shown).
@@ -75,7 +78,7 @@ class TrainRows:
         self.unchecked_counts: list[tuple[int, torch.Tensor]] = []
         self.lr: float | None = None
         self.grad_norm: torch.Tensor | None = None
-        self.epoch: int | None = None
+        self.epoch: float | None = None
         self.step_skipped = False
         self.extra: dict[str, float] = {}
         self.bar_loss: float | None = None
@@ -84,9 +87,9 @@ class TrainRows:
         """Add one micro-batch's logged share (detached, 0-dim) to the loss of its optimizer step's window."""
         self.window_loss = share if self.window_loss is None else self.window_loss + share
 
-    def end_step(self, epoch: int) -> None:
-        """The optimizer step ended, on batches of ``epoch``: its window loss joins the row (a skipped step
-        only counts)."""
+    def end_step(self, epoch: float) -> None:
+        """The optimizer step ended, with ``epoch`` epochs done (:func:`epoch_fraction`): its window loss
+        joins the row (a skipped step only counts)."""
         self.epoch = epoch
         if self.step_skipped:
             self.skipped += 1
@@ -160,10 +163,95 @@ class TrainRows:
         self.epoch = state.get("epoch")
 
 
-def say_row(metrics: Mapping[str, float], step: int, total: int | None) -> None:
-    """One INFO line per ``train/loss`` row: ``step 4 of 20: train/loss=5.9149 lr=0.00045 grad_norm=2.061
-    epoch=0`` (HF ``Trainer`` prints the same dict every ``logging_steps``); ``total``: the run's planned
-    optimizer steps (``None`` or <= 0: unknown, not shown)."""
-    where = f"step {step}" + (f" of {total}" if total and total > 0 else "")
+def epoch_fraction(
+    epoch: int,
+    windows_done: int,
+    windows_per_epoch: float,
+    micro_batches_per_epoch: int | None = None,
+    accumulation: int = 1,
+) -> float:
+    """HF ``Trainer``'s ``state.epoch`` after an optimizer step: ``epoch + (step + 1) / steps_in_epoch``, with
+    ``step`` the index of the step's last micro-batch in the epoch and ``steps_in_epoch`` the epoch's
+    micro-batches (its train loader's length).
+
+    Args:
+        epoch: the 0-based epoch the step's batches belong to.
+        windows_done: optimizer steps (accumulation windows) done in this epoch, this one included.
+        windows_per_epoch: the epoch's windows (Lightning's ``num_training_batches``; ``inf``: unknown).
+        micro_batches_per_epoch: the epoch's micro-batches (``None``: count in windows).
+        accumulation: micro-batches per window (the last of an epoch may hold fewer).
+
+    The epoch's last window ends at ``epoch + 1`` exactly; of an epoch of unknown length, ``epoch``. An epoch
+    cut short (Lightning's ``limit_train_batches``, which HF has not) counts in its own windows.
+    """
+    if not math.isfinite(windows_per_epoch) or windows_per_epoch <= 0:
+        return float(epoch)
+    if windows_done >= windows_per_epoch:
+        return float(epoch + 1)
+    if micro_batches_per_epoch:
+        micro = min(micro_batches_per_epoch, windows_per_epoch * accumulation)
+        return epoch + min(windows_done * accumulation, micro) / micro
+    return epoch + windows_done / windows_per_epoch
+
+
+def clock(seconds: float) -> str:
+    """``seconds`` as tqdm (and HF ``Trainer``'s bar) shows them: ``MM:SS``, ``H:MM:SS`` from an hour."""
+    minutes, secs = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes:02d}:{secs:02d}"
+
+
+class StepClock:
+    """Elapsed time and an estimate of the time left, as HF ``Trainer``'s tqdm bar shows them
+    (``elapsed<remaining``).
+
+    The elapsed time counts from :meth:`start` (this command's training). The time left is the optimizer steps
+    left times the mean time of the steps ended in this command after its first one (the first carries the
+    warm-up: compilation, the first loader workers), so it is known from the second ended step on;
+    validations during training count in the mean as they do in the remaining run.
+    """
+
+    #: steps ended in this command before the time left is estimated
+    WARMUP_STEPS = 2
+
+    def __init__(self, timer: Any = time.monotonic) -> None:
+        self.timer = timer  # seconds, monotonic
+        self.started: float | None = None
+        self.first: tuple[float, int] | None = None  # (time, step) at the end of the first step
+
+    def start(self) -> None:
+        self.started, self.first = self.timer(), None
+
+    def step_ended(self, step: int) -> None:
+        if self.first is None:
+            self.first = (self.timer(), step)
+
+    def remaining(self, step: int, total: int | None) -> float | None:
+        """Seconds left after optimizer step ``step`` of ``total``; ``None`` while unknown."""
+        if self.first is None or not total or total <= 0:
+            return None
+        since, first_step = self.first
+        done = step - first_step
+        if done < max(self.WARMUP_STEPS - 1, 1):
+            return None
+        return max(total - step, 0) * (self.timer() - since) / done
+
+    def text(self, step: int, total: int | None) -> str | None:
+        """``[elapsed<remaining]`` at optimizer step ``step`` of ``total`` (``?`` while the time left is not
+        known: too few steps, or no total); ``None`` before :meth:`start`."""
+        if self.started is None:
+            return None
+        left = self.remaining(step, total)
+        return f"[{clock(self.timer() - self.started)}<{'?' if left is None else clock(left)}]"
+
+
+def say_row(metrics: Mapping[str, float], step: int, total: int | None, timing: str | None = None) -> None:
+    """One INFO line per ``train/loss`` row: ``step 4 of 20 [00:12<00:48]: train/loss=5.9149 lr=0.00045
+    grad_norm=2.061 epoch=0.4`` (HF ``Trainer`` prints the same dict every ``logging_steps``, its bar the
+    elapsed and remaining time); ``total``: the run's planned optimizer steps (``None`` or <= 0: unknown, not
+    shown); ``timing``: :meth:`StepClock.text`."""
+    where = (
+        f"step {step}" + (f" of {total}" if total and total > 0 else "") + (f" {timing}" if timing else "")
+    )
     values = " ".join(f"{k}={v:.5g}" for k, v in metrics.items() if k != "epoch")
-    log.info("%s: %s epoch=%d", where, values, int(metrics.get("epoch", 0)))
+    log.info("%s: %s epoch=%.4g", where, values, float(metrics.get("epoch", 0)))

@@ -1,11 +1,12 @@
 """The end of a run: ``final_metrics.json``, and finishing a run whose training ended but whose end did not.
 
 A run's end writes, after its last optimizer step and checkpoint: the final ``train/loss`` row (when the last
-step was not a log step), a validation of the final weights, ``hf_model/``, then ``final_metrics.json``. A
-process killed in between leaves a ``last.ckpt`` at the final step and an unfinished end; ``ckpt_path=last``
-then trains nothing, and :func:`finish_run` writes what is missing, in the same order and with the same values
-as the run that never stopped (the final row's losses are in the checkpoint). ``final_metrics.json`` is
-written last: its ``global_step`` equal to the checkpoint's means the end was complete.
+step was not a log step), a validation of the final weights, ``hf_model/``, its model card (``README.md``,
+with the final metrics: :mod:`hf_lightning.run.model_card`), then ``final_metrics.json``. A process killed in
+between leaves a ``last.ckpt`` at the final step and an unfinished end; ``ckpt_path=last`` then trains
+nothing, and :func:`finish_run` writes what is missing, in the same order and with the same values as the run
+that never stopped (the final row's losses are in the checkpoint). ``final_metrics.json`` is written last: its
+``global_step`` equal to the checkpoint's means the end was complete.
 """
 
 from __future__ import annotations
@@ -62,12 +63,12 @@ def newest_logged(path: str) -> dict[str, float]:
 
 
 def finish_run(
-    output_dir: str, trainer: Any, module: Any, datamodule: Any, n_params: int
+    output_dir: str, trainer: Any, module: Any, datamodule: Any, n_params: int, cfg: Any = None
 ) -> tuple[dict[str, float], list[str]]:
     """Complete the end of a run resumed at its final step: ``(final metrics, what was done)``.
 
     Call it on every rank after a ``fit`` that trained nothing (the validation and a sharded export are
-    collectives); rank 0 writes.
+    collectives); rank 0 writes. ``cfg``: the run's config, for the export's model card (none without it).
     """
     from hf_lightning.callbacks.hf_export import HFExport
     from hf_lightning.run.loggers import logged_at
@@ -94,6 +95,11 @@ def finish_run(
     metrics.update(module.last_logged)
     metrics.update({"global_step": step, "parameters": n_params})  # counts, as integers
     if trainer.is_global_zero:
+        if cfg is not None:
+            from hf_lightning.run.model_card import write_model_card
+
+            if write_model_card(cfg, trainer, module.model, metrics):
+                done.append("the model card")
         write_final_metrics(output_dir, metrics)
     done.append(METRICS_FILE)
     return metrics, done

@@ -33,8 +33,9 @@ def test_final_metrics_are_the_last_rows_written(compose_cfg, tmp_path):
         last.update({k: float(v) for k, v in row.items() if v not in ("", None) and k != "step"})
     train_rows = {int(r["step"]): float(r["train/loss"]) for r in rows if r.get("train/loss")}
     assert sorted(train_rows) == [2, 3] and train_rows[3] != train_rows[2]
-    # both rows belong to the one epoch trained (0), also the flush after Lightning has counted it as done
-    assert [float(r["epoch"]) for r in rows if r.get("train/loss")] == [0.0, 0.0]
+    # HF's state.epoch, the fraction of epochs done: 2 of the epoch's 3 steps, then the whole epoch (also the
+    # flush after Lightning has counted it as done)
+    assert [float(r["epoch"]) for r in rows if r.get("train/loss")] == pytest.approx([2 / 3, 1.0])
     # validation every 2 steps (tests' SHRINK): at step 2, then the final weights at step 3
     val_rows = {int(r["step"]): float(r["val/loss"]) for r in rows if r.get("val/loss")}
     assert sorted(val_rows) == [2, 3] and val_rows[3] != val_rows[2]
@@ -42,6 +43,7 @@ def test_final_metrics_are_the_last_rows_written(compose_cfg, tmp_path):
     saved = json.loads((tmp_path / "final_metrics.json").read_text())
     assert saved["train/loss"] == pytest.approx(train_rows[3], rel=1e-6)
     assert saved["val/loss"] == pytest.approx(val_rows[3], rel=1e-6)
+    assert saved["epoch"] == 1.0
     for key in ("train/loss", "val/loss", "lr", "grad_norm"):
         assert saved[key] == pytest.approx(last[key], rel=1e-6), key
         assert metrics[key] == saved[key]
@@ -49,6 +51,16 @@ def test_final_metrics_are_the_last_rows_written(compose_cfg, tmp_path):
     # the counts are integers in the file (a float, 3.0, reads as a measurement), the parameters counted here
     assert type(saved["global_step"]) is int and type(saved["parameters"]) is int
     assert saved["parameters"] == sum(p.numel() for p in objects["module"].model.parameters())
+
+    # hf_model/README.md, HF's model card: the run's settings and the final metrics of final_metrics.json
+    from huggingface_hub import ModelCard
+
+    card = ModelCard.load(tmp_path / "hf_model" / "README.md")
+    assert card.data.library_name == "transformers" and "generated_from_trainer" in card.data.tags
+    assert f"- learning_rate: {cfg.optim.lr}\n" in card.text
+    assert f"- train_batch_size: {cfg.data.per_device_train_batch_size}\n" in card.text
+    assert f"- num_epochs: {cfg.trainer.max_epochs}\n" in card.text  # max_steps=-1: HF names the epochs
+    assert f"- Loss: {saved['val/loss']:.4f}\n" in card.text  # HF rounds to 4 decimals
 
 
 def test_resuming_a_finished_run_says_so_and_adds_nothing(compose_cfg, tmp_path, caplog):

@@ -130,9 +130,15 @@ def test_a_run_resumed_inside_an_epoch_continues_it(word_tokenizer, tmp_path):
 
 
 @pytest.mark.slow
-def test_the_data_package_imports_without_hydra():
+def test_the_data_package_imports_without_hydra_or_a_trainer():
+    """The data layer imports no trainer: no Lightning (nor transformers' trainer utilities, which bring
+    accelerate) until ``HFDataModule``, a ``LightningDataModule``, is asked for; no Hydra at all."""
     code = (
-        "import sys, hf_lightning.data; from hf_lightning import HFDataModule; assert 'hydra' not in "
-        "sys.modules"
+        "import sys, hf_lightning.data, hf_lightning.data.collators, hf_lightning.data.sampling\n"
+        "heavy = {m.split('.')[0] for m in sys.modules} & {'lightning', 'pytorch_lightning', 'accelerate', "
+        "'transformers'}\n"
+        "assert not heavy, heavy\n"
+        "from hf_lightning import HFDataModule\n"
+        "assert 'lightning' in sys.modules and 'hydra' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -2,9 +2,9 @@
 
 - Through the command line (``strategy=deepspeed_zero2`` / ``deepspeed_zero3``, 2 ranks x 2 rows) and one
   process without DeepSpeed (4 rows), the same global batch, accumulation 2, SGD: every per-step
-  ``train/loss`` equal to float32 rounding, and the exported ``hf_model/`` weights within 1e-5 of the largest
-  weight. The checkpoint folder holds one optimizer-state shard per rank (ZeRO-3: one parameter shard per rank
-  too), so the engine did partition.
+  ``train/loss`` and ``grad_norm`` (the engine's, before its clipping) equal to float32 rounding, and the
+  exported ``hf_model/`` weights within 1e-5 of the largest weight. The checkpoint folder holds one
+  optimizer-state shard per rank (ZeRO-3: one parameter shard per rank too), so the engine did partition.
 - Through Lightning (``tests/parity/deepspeed_worker.py``): 2 ranks killed (SIGKILL on each) after step 3 and
   resumed from the DeepSpeed checkpoint of step 2 end with the weights of the run that never stopped, bit for
   bit.
@@ -73,6 +73,11 @@ def losses(run_dir: Path) -> dict[int, float]:
         return {int(r["step"]): float(r["train/loss"]) for r in csv.DictReader(fh) if r.get("train/loss")}
 
 
+def grad_norms(run_dir: Path) -> dict[int, float]:
+    with open(run_dir / "metrics.csv") as fh:
+        return {int(r["step"]): float(r["grad_norm"]) for r in csv.DictReader(fh) if r.get("grad_norm")}
+
+
 def weights(run_dir: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
@@ -99,6 +104,12 @@ def test_two_ranks_of_zero_equal_one_process(stage, one_process, tmp_path):
     assert sorted(ours) == sorted(reference) == [1, 2, 3]
     assert reference[3] < reference[1] - 0.1  # the updates moved the weights: equal losses say something
     assert ours == pytest.approx(reference, rel=1e-6, abs=0)
+    # the engine's gradient norm (before its clipping) is the one process's torch norm of the same gradients,
+    # to float32 rounding of DeepSpeed's own sum of squares over its flat, rank-averaged gradient buffers
+    # (3e-5 relative seen; the steps' norms differ by far more)
+    norms = grad_norms(one_process)
+    assert sorted(norms) == [1, 2, 3]
+    assert grad_norms(run) == pytest.approx(norms, rel=1e-4, abs=0)
     a, b = weights(run), weights(one_process)
     assert a.keys() == b.keys()
     largest = max(float(t.abs().max()) for t in b.values())

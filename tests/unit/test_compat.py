@@ -28,7 +28,13 @@ class Tiny(L.LightningModule):
 
     def training_step(self, batch, batch_idx):
         trainer = self.trainer
-        self.seen.append({"attached": compat.attached_trainer(self) is trainer})
+        self.seen.append(
+            {
+                "attached": compat.attached_trainer(self) is trainer,
+                "batch_idx": batch_idx,
+                "epoch_batch_index": compat.epoch_batch_index(trainer),
+            }
+        )
         return self.layer(batch).sum()
 
     def validation_step(self, batch, batch_idx):
@@ -69,6 +75,12 @@ def fitted(tmp_path_factory):
     )
     trainer.fit(module, _loader(), _loader(2))
     return module.seen
+
+
+def test_epoch_batch_index(fitted):
+    """The index of the batch in its epoch, what Lightning hands training_step, from 0 in each epoch."""
+    assert [s["epoch_batch_index"] for s in fitted] == list(range(BATCHES)) * EPOCHS
+    assert [s["epoch_batch_index"] for s in fitted] == [s["batch_idx"] for s in fitted]
 
 
 def test_attached_trainer(fitted):

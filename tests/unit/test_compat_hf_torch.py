@@ -190,3 +190,27 @@ def test_dcp_entry_files_names_the_file_each_key_is_stored_in(tmp_path):
     assert shards == ["__0_0.distcp"]
     files = compat.dcp_entry_files(FileSystemReader(str(tmp_path)).read_metadata())
     assert files == {"w": set(shards), "step": set(shards)}
+
+
+@pytest.mark.slow  # a fresh interpreter, so that no other test has imported DeepSpeed
+def test_unwrap_without_deepspeed(tmp_path):
+    """``save_pretrained`` in the block writes the same folder without importing DeepSpeed; outside it,
+    accelerate's unwrap imports DeepSpeed (the cost the block exists to skip), so the check can fail."""
+    pytest.importorskip("deepspeed")
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from hf_lightning.compat import unwrap_without_deepspeed\n"
+        "from tests.data_support import tiny_llama\n"
+        "model = tiny_llama()\n"
+        f"with unwrap_without_deepspeed():\n    model.save_pretrained({str(tmp_path / 'a')!r})\n"
+        "print('inside', 'deepspeed' in sys.modules)\n"
+        f"model.save_pretrained({str(tmp_path / 'b')!r})\n"
+        "print('outside', 'deepspeed' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    assert "inside False" in out and "outside True" in out
+    a, b = ((tmp_path / d / "model.safetensors").read_bytes() for d in "ab")
+    assert a == b
