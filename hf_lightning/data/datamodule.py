@@ -42,7 +42,7 @@ from hf_lightning.core.arguments import (
     check_call,
 )
 from hf_lightning.core.batch import Window, to_device
-from hf_lightning.core.errors import ConfigError
+from hf_lightning.core.errors import ConfigError, DataError
 from hf_lightning.data.chat import require_chat_template, warn_end_of_turn
 from hf_lightning.data.checks import (
     check_fits_one_batch,
@@ -555,9 +555,24 @@ class HFDataModule(L.LightningDataModule):
         return layout
 
     def _setup_test(self) -> bool:
-        """Prepare the test split; ``False`` when there is no test data (:func:`load_test`)."""
+        """Prepare the test split; ``False`` when there is no test data (:func:`load_test`).
+
+        Raises:
+            DataError: as :meth:`setup`; a ``test_path`` source is named ``data.test_path=...``.
+        """
         if self.test_dataset is not None:
             return True
+        try:
+            return self._prepare_test()
+        except DataError as err:
+            if not isinstance(self.test_path, (str, os.PathLike)):
+                raise
+            # the loaders and formats name every source data.path=...; this one is the test file
+            given = os.fspath(self.test_path)
+            message = str(err).replace(f"data.path={given}", f"data.test_path={given}")
+            raise DataError(message) from err
+
+    def _prepare_test(self) -> bool:
         test, source = load_test(
             self.path,
             self.test_path,
