@@ -553,13 +553,13 @@ def document_starts(lengths: Any, positions: Any, n: int) -> list[int]:
         bad = next((x for x in lengths if not _whole(x) or x < 0), None)
         if bad is not None:
             raise DataError(
-                f"field {SEQ_LENGTHS!r} holds {bad!r} in {_shown(lengths)}: the lengths of the row's documents "
-                "are whole numbers >= 0"
+                f"field {SEQ_LENGTHS!r} holds {bad!r} in {_shown(lengths)}: the lengths of the row's "
+                "documents are whole numbers >= 0"
             )
         if sum(lengths) != n:
             raise DataError(
-                f"field {SEQ_LENGTHS!r} holds {_shown(lengths)}, which add up to {sum(lengths)} tokens, but the "
-                f"row has {n} input_ids; they are the lengths of the row's documents, in order "
+                f"field {SEQ_LENGTHS!r} holds {_shown(lengths)}, which add up to {sum(lengths)} tokens, but "
+                f"the row has {n} input_ids; they are the lengths of the row's documents, in order "
                 "(trl.pack_dataset's column), and must add up to its input_ids"
             )
         starts, at = [], 0
@@ -574,8 +574,8 @@ def document_starts(lengths: Any, positions: Any, n: int) -> list[int]:
             if not _whole(x) or (x != 0 and x != (previous if previous is not None else -1) + 1):
                 after = f"after {previous}" if previous is not None else "first"
                 raise DataError(
-                    f"field 'position_ids' holds {x!r} at position {k} ({after}): a row's positions start at 0 "
-                    "at each document's first token and count up by 1 within it"
+                    f"field 'position_ids' holds {x!r} at position {k} ({after}): a row's positions start at "
+                    "0 at each document's first token and count up by 1 within it"
                 )
         given = [k for k, x in enumerate(positions) if x == 0]
         if starts is not None and given != starts:

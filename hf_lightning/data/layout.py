@@ -344,9 +344,9 @@ def check_documents_apart(
             documents start), or a model that cannot keep the documents of one row apart
             (:func:`cannot_flatten`; no model bound: not checked).
     """
-    from hf_lightning.core.errors import ConfigError
-
     import os
+
+    from hf_lightning.core.errors import ConfigError
 
     where = path if isinstance(path, (str, os.PathLike)) else "<in-memory dataset>"
     what = f"the rows of data.path={where} hold several documents each (their {column!r} column"

@@ -28,8 +28,8 @@ def bad_sources(tmp_path):
         "missing": (tmp_path / "nope.jsonl", "no such file or folder"),
         "txt": (
             text,
-            "unsupported file type '.txt'; expected one of ['.csv', '.json', '.jsonl', '.parquet'] or a folder "
-            "written by Dataset.save_to_disk",
+            "unsupported file type '.txt'; expected one of ['.csv', '.json', '.jsonl', '.parquet'] or a "
+            "folder written by Dataset.save_to_disk",
         ),
         "columns": (
             write_jsonl(tmp_path / "other.jsonl", [{"question": "a b", "answer": "c"}]),

@@ -1,7 +1,7 @@
 """The train command's test stage (lightning-hydra-template's ``train.py`` tests after ``fit``): with
 ``data.test_path`` the weights the run ends with are tested, and ``test/*`` lands in ``metrics.csv`` and
-``final_metrics.json``. The expected ``test/loss`` is the exported ``hf_model/`` run by ``transformers`` on the
-test file by hand: the token-weighted mean of its own per-row loss."""
+``final_metrics.json``. The expected ``test/loss`` is the exported ``hf_model/`` run by ``transformers`` on
+the test file by hand: the token-weighted mean of its own per-row loss."""
 
 from __future__ import annotations
 
