@@ -1,0 +1,136 @@
+"""A dataset packed by ``trl.pack_dataset`` (``bfd``: ``input_ids`` + ``seq_lengths``), trained by TRL's
+``SFTTrainer`` (``padding_free=True``: each batch one flat row, positions restarting at each document) and by
+ours, side by side: the same tiny Llama, the same rows in the same order, AdamW, a linear schedule, clipping
+at 1.0, accumulation 2. Ours keeps ``seq_lengths`` (before, column pruning dropped it with a WARNING and the
+documents of a row attended to each other) and gives the same loss at every step, in its padding-free layout
+(TRL's) and in its default one (the packed rows padded per batch, no ``attention_mask``). fp32 on CPU,
+relative 1e-5 at the first step (the same weights and rows: the per-document attention and loss), 1e-3 after.
+
+Open: from the first update on, TRL's logged ``grad_norm`` and ours differ by about 1e-3 relative (1.1194
+vs 1.1204 at step 1) while the step-1 losses agree to 1e-6, so the later losses drift apart by up to 1.4e-4
+(step 3); not explained yet (``tests/parity/test_trl_lora.py`` agrees to 1e-5 on unpacked rows).
+
+The documents: 28 Alpaca records (``shared/data/alpaca-tiny``, the rendered ``text``) tokenized by the default
+tokenizer, cut to 20..59 tokens so that a 96-token row holds several (12 rows: 3 whole windows).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+from tests.parity.test_trl_lora import make_model
+
+pytestmark = pytest.mark.slow
+
+SEED, LR, MICRO, ACCUMULATION, ROW = 7, 5e-3, 2, 2, 96
+TOL = 1e-5
+
+
+def packed_rows(tokenizer, shared_data):
+    import datasets
+
+    trl = pytest.importorskip("trl")
+    with open(f"{shared_data}/alpaca-tiny/alpaca_tiny.json") as fh:
+        records = json.load(fh)[:28]
+    docs = [tokenizer(r["text"])["input_ids"][: 20 + (7 * i) % 40] for i, r in enumerate(records)]
+    return trl.pack_dataset(datasets.Dataset.from_dict({"input_ids": docs}), ROW, "bfd")
+
+
+def run_trl(tokenizer, rows, tmp_path):
+    from trl import SFTConfig, SFTTrainer
+
+    args = SFTConfig(
+        output_dir=str(tmp_path / "trl"),
+        per_device_train_batch_size=MICRO,
+        gradient_accumulation_steps=ACCUMULATION,
+        num_train_epochs=1,
+        learning_rate=LR,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        lr_scheduler_type="linear",
+        warmup_steps=0,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        seed=SEED,
+        optim="adamw_torch",
+        max_length=None,
+        packing=False,
+        padding_free=True,
+        shuffle_dataset=False,
+        train_sampling_strategy="sequential",
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+    )
+    trainer = SFTTrainer(
+        model=make_model(len(tokenizer)), args=args, train_dataset=rows, processing_class=tokenizer
+    )
+    trainer.train()
+    return [h["loss"] for h in trainer.state.log_history if "loss" in h], trainer.model
+
+
+def run_ours(tokenizer, rows, tmp_path, padding_free):
+    import lightning as L
+    from lightning.pytorch.loggers import CSVLogger
+
+    from hf_lightning import HFDataModule, HFLightningModule
+
+    module = HFLightningModule(
+        make_model(len(tokenizer)),
+        tokenizer=tokenizer,
+        optim={"name": "adamw", "lr": LR, "weight_decay": 0.0},
+        scheduler={"name": "linear", "warmup_steps": 0},
+        max_grad_norm=1.0,
+    )
+    data = HFDataModule(
+        tokenizer,
+        path=rows,
+        validation_split=0.0,
+        per_device_train_batch_size=MICRO,
+        shuffle=False,
+        max_length=ROW,
+        gradient_accumulation_steps=ACCUMULATION,
+        padding_free=padding_free,
+    )
+    logdir = tmp_path / f"ours-{padding_free}"
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=1,
+        logger=CSVLogger(str(logdir), name="", version=""),
+        log_every_n_steps=1,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        precision="32-true",
+    )
+    trainer.fit(module, datamodule=data)
+    if "seq_lengths" in rows.column_names:
+        assert data.train_dataset["seq_lengths"] == rows["seq_lengths"]
+    with open(logdir / "metrics.csv") as fh:
+        losses = [float(r["train/loss"]) for r in csv.DictReader(fh) if r.get("train/loss")]
+    return losses, module.model
+
+
+def test_trl_packed_dataset_trains_as_under_trl(default_tokenizer, shared_data, tmp_path):
+    rows = packed_rows(default_tokenizer, shared_data)
+    assert len(rows) >= 8 and all(len(s) > 1 for s in rows["seq_lengths"][:4])  # several documents a row
+    trl_losses, trl_model = run_trl(default_tokenizer, rows, tmp_path)
+    assert len(rows) == 12 and len(trl_losses) == 3
+    for padding_free in (True, False):
+        losses, _ = run_ours(default_tokenizer, rows, tmp_path, padding_free)
+        # step 1: the same weights and the same 4 packed rows, so the same per-document attention and loss
+        assert losses[0] == pytest.approx(trl_losses[0], rel=TOL), padding_free
+        # the steps after: within 1e-3 (see the module docstring)
+        assert losses == pytest.approx(trl_losses, rel=1e-3), padding_free
+    # before: seq_lengths pruned, every row one causal sequence, the documents attending to each other
+    joined = rows.remove_columns("seq_lengths")
+    losses, _ = run_ours(default_tokenizer, joined, tmp_path, False)
+    assert losses[0] != pytest.approx(trl_losses[0], rel=1e-3)
+    print("TRL losses", trl_losses)
