@@ -76,3 +76,54 @@ def test_packed_rows_are_not_packed_again(tmp_path, word_tokenizer):
         "column, as trl.pack_dataset writes it), so they are packed already, and packing them again would "
         "lose where their documents start; set data.packing=false"
     )
+
+
+@pytest.mark.parametrize(
+    "row, reason",
+    [
+        (
+            {"input_ids": [9, 10, 11], "seq_lengths": [2, 1], "position_ids": [0, 1, 2]},
+            "fields 'seq_lengths' and 'position_ids' disagree: the lengths start documents at [0, 2], the "
+            "positions restart at 0 at [0]",
+        ),
+        (
+            {"input_ids": [9, 10, 11], "seq_lengths": None},
+            "field 'seq_lengths' is missing on this row while other rows have it; give every row the lengths "
+            "of its documents (one document: [len(input_ids)])",
+        ),
+        (
+            {"input_ids": [9, 10, 0], "seq_lengths": [2, 1], "attention_mask": [1, 1, 0]},
+            "field 'attention_mask' has zeros in a row whose documents are given by 'seq_lengths' / "
+            "'position_ids': such a row holds documents side by side and no padding; remove the padding "
+            "positions from its columns",
+        ),
+    ],
+    ids=["disagree", "missing", "padding"],
+)
+def test_documents_that_do_not_describe_the_row_are_refused(tmp_path, word_tokenizer, row, reason):
+    rows = [{**ROWS[0], **{k: [1] * 5 for k in row if k == "attention_mask"}}, row]
+    rows[0].update({"position_ids": [0, 1, 2, 0, 1]} if "position_ids" in row else {})
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(DataError) as err:
+        HFDataModule(word_tokenizer, path=str(path), validation_split=0.0).setup("fit")
+    assert str(err.value) == f"data.path={path} line 2 (train row 1): {reason}"
+
+
+def test_a_model_that_cannot_keep_the_documents_apart_is_refused(tmp_path, word_tokenizer):
+    from hf_lightning import HFLightningModule
+    from tests.unit.test_layout import NoPositions
+
+    path = tmp_path / "packed.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    dm = HFDataModule(word_tokenizer, path=str(path), validation_split=0.0)
+    dm.bind(**HFLightningModule(NoPositions()).data_binding())
+    with pytest.raises(ConfigError) as err:
+        dm.setup("fit")
+    assert str(err.value) == (
+        f"the rows of data.path={path} hold several documents each (their 'seq_lengths' column, as "
+        "trl.pack_dataset writes it), and they cannot be kept apart: NoPositions.forward takes no "
+        "position_ids, so it cannot keep the documents of one row apart; use a model whose attention keeps "
+        "them apart (a Llama-style causal LM under sdpa, eager or flash attention), or give one document per "
+        "row"
+    )

@@ -58,6 +58,7 @@ def run_trl(tokenizer, rows, tmp_path):
         use_cpu=True,
         seed=SEED,
         optim="adamw_torch",
+        gradient_checkpointing=False,
         max_length=None,
         packing=False,
         padding_free=True,
@@ -125,12 +126,9 @@ def test_trl_packed_dataset_trains_as_under_trl(default_tokenizer, shared_data, 
     assert len(rows) == 12 and len(trl_losses) == 3
     for padding_free in (True, False):
         losses, _ = run_ours(default_tokenizer, rows, tmp_path, padding_free)
-        # step 1: the same weights and the same 4 packed rows, so the same per-document attention and loss
-        assert losses[0] == pytest.approx(trl_losses[0], rel=TOL), padding_free
-        # the steps after: within 1e-3 (see the module docstring)
-        assert losses == pytest.approx(trl_losses, rel=1e-3), padding_free
+        assert losses == pytest.approx(trl_losses, rel=TOL), padding_free
     # before: seq_lengths pruned, every row one causal sequence, the documents attending to each other
     joined = rows.remove_columns("seq_lengths")
     losses, _ = run_ours(default_tokenizer, joined, tmp_path, False)
-    assert losses[0] != pytest.approx(trl_losses[0], rel=1e-3)
+    assert abs(losses[0] - trl_losses[0]) > 10 * TOL * trl_losses[0]
     print("TRL losses", trl_losses)
