@@ -132,9 +132,11 @@ def _fit(
     from hf_lightning.run.faults import explain_faults
     from hf_lightning.run.folder import checkpoint_dir
     from hf_lightning.run.model_card import write_model_card
+    from hf_lightning.run.test_stage import prepare_test_data, run_test_stage
 
     trainer, datamodule, module, model = run.trainer, run.datamodule, run.module, run.model
     model_path = cfg.model.get("name_or_path")
+    prepare_test_data(datamodule, module)  # data.test_path / test_split_name: checked before training
     if weights_path is not None:
         _load_weights(module, weights_path, model_path)
     n_params = sum(p.numel() for p in model.parameters())
@@ -182,6 +184,7 @@ def _fit(
         newest_logged(os.path.join(cfg.output_dir, "metrics.csv")) if trainer.is_global_zero else {}
     )
     metrics.update(module.last_logged)
+    metrics.update(run_test_stage(trainer, module, datamodule))  # the weights the run ends with
     from hf_lightning.callbacks.load_best import LoadBestModel
 
     for callback in trainer.callbacks:  # load_best_model_at_end: the exported weights' step and metric

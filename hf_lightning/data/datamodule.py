@@ -42,7 +42,7 @@ from hf_lightning.core.arguments import (
     check_call,
 )
 from hf_lightning.core.batch import Window, to_device
-from hf_lightning.core.errors import ConfigError
+from hf_lightning.core.errors import ConfigError, DataError
 from hf_lightning.data.chat import require_chat_template, warn_end_of_turn
 from hf_lightning.data.checks import (
     check_fits_one_batch,
@@ -68,7 +68,16 @@ from hf_lightning.data.dataloaders import (
     describe_differences,
 )
 from hf_lightning.data.formats import FORMAT, check_columns
-from hf_lightning.data.layout import LAYOUT, Layout, LayoutChoice, announce, apply_layout, collator_for
+from hf_lightning.data.layout import (
+    LAYOUT,
+    Layout,
+    LayoutChoice,
+    announce,
+    apply_layout,
+    check_documents_apart,
+    collator_for,
+    document_column,
+)
 from hf_lightning.data.packing import (
     PACK_BUFFER,
     PACKING,
@@ -479,7 +488,9 @@ class HFDataModule(L.LightningDataModule):
         if eval_only and fmt == "classification":  # the class ids come from the training split
             path, train, val, self._holdout = self._splits()
             eval_only = False
-        layout = self._configure(fmt, train, path, is_stream(val if eval_only else train), bound)
+        layout = self._configure(
+            fmt, train, path, is_stream(val if eval_only else train), bound, val if eval_only else train
+        )
         val_path = self.validation_path or path
         self.train_dataset = None if eval_only else self._prepare(train, "train", path)
         self.val_dataset = self._prepare(val, "validation", val_path) if val is not None else None
@@ -507,9 +518,14 @@ class HFDataModule(L.LightningDataModule):
         """``format``, or the one detected from ``ds``'s columns."""
         return self.format if self.format != "auto" else detect_format(column_names(ds, path), path)
 
-    def _configure(self, fmt: str, train: Any, path: Any, stream: bool, bound: Binding) -> Layout:
+    def _configure(
+        self, fmt: str, train: Any, path: Any, stream: bool, bound: Binding, source: Any = None
+    ) -> Layout:
         """What every split shares: the format, the layout and packing rules, the classes (from ``train``),
-        the columns to keep, the row plan, the tokenizing processor and the batch collator (``_rows``)."""
+        the columns to keep, the row plan, the tokenizing processor and the batch collator (``_rows``).
+        ``source``: the split the format was read from (``train`` when not given), whose columns say whether
+        its rows hold several documents each (:func:`~hf_lightning.data.layout.document_column`)."""
+        source = train if source is None else source
         model = bound.model
         self.data_format = fmt
         self._sort_lengths = None
@@ -526,6 +542,9 @@ class HFDataModule(L.LightningDataModule):
             model=model,
             forward_kwargs=bound.forward_kwargs,
         )
+        documents = document_column(fmt, column_names(source, path)) if fmt == "tokenized" else None
+        if documents is not None:  # pre-packed rows (trl.pack_dataset's seq_lengths): kept apart
+            check_documents_apart(documents, path, self.packing, model, bound.forward_kwargs)
         self._label2id = None
         if fmt == "classification":  # the class ids come from the training split
             self.class_labels = self._read_labels(train, path)
@@ -549,15 +568,37 @@ class HFDataModule(L.LightningDataModule):
             )
         self._processor = ExampleProcessor(fmt, self.tokenizer, self.max_length, self._label2id, self._plan)
         announce_document_ends(self.tokenizer, fmt, self.packing)
-        base = collator_for(fmt, self.tokenizer.pad_token_id, model, self._plan, self.pad_to_multiple_of)
+        base = collator_for(
+            fmt,
+            self.tokenizer.pad_token_id,
+            model,
+            self._plan,
+            self.pad_to_multiple_of,
+            documents=documents is not None,
+        )
         # packed per batch: evaluation too (one flat row of the batch would cost a dense (T, T) attention)
         self._rows = layout.batch_collator(base, self.tokenizer.pad_token_id, self.pad_to_multiple_of)
         return layout
 
     def _setup_test(self) -> bool:
-        """Prepare the test split; ``False`` when there is no test data (:func:`load_test`)."""
+        """Prepare the test split; ``False`` when there is no test data (:func:`load_test`).
+
+        Raises:
+            DataError: as :meth:`setup`; a ``test_path`` source is named ``data.test_path=...``.
+        """
         if self.test_dataset is not None:
             return True
+        try:
+            return self._prepare_test()
+        except DataError as err:
+            if not isinstance(self.test_path, (str, os.PathLike)):
+                raise
+            # the loaders and formats name every source data.path=...; this one is the test file
+            given = os.fspath(self.test_path)
+            message = str(err).replace(f"data.path={given}", f"data.test_path={given}")
+            raise DataError(message) from err
+
+    def _prepare_test(self) -> bool:
         test, source = load_test(
             self.path,
             self.test_path,
@@ -576,7 +617,7 @@ class HFDataModule(L.LightningDataModule):
             if fmt == "classification":
                 self.setup("fit")  # the class ids come from the training split
             else:
-                self._configure(fmt, None, self.path, is_stream(test), self._binding())
+                self._configure(fmt, None, self.path, is_stream(test), self._binding(), test)
         self.test_dataset = self._prepare(test, "test", source)
         model = self._binding().model
         if model is not None:

@@ -525,6 +525,84 @@ def tokenize_seq2seq(batch: dict[str, list], tokenizer: Any, max_length: int) ->
     }
 
 
+#: the column of a pre-tokenized row that holds its documents' lengths, in order (``trl.pack_dataset``'s, and
+#: our packed rows'); with ``position_ids`` the layout's own columns: kept through column pruning
+SEQ_LENGTHS = "seq_lengths"
+DOCUMENT_COLUMNS = (SEQ_LENGTHS, "position_ids")
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def document_starts(lengths: Any, positions: Any, n: int) -> list[int]:
+    """Where each document of a pre-tokenized row of ``n`` tokens starts, from its ``seq_lengths`` (the
+    documents' lengths, in order: ``trl.pack_dataset``'s column) and/or its ``position_ids`` (0 at each
+    document's first token, then up by 1; what HF ``DataCollatorWithFlattening`` and TRL's padding-free
+    collator write). Either may be ``None``; given both, they must describe the same documents.
+
+    Example: ``seq_lengths [3, 2]`` and ``position_ids [0, 1, 2, 0, 1]`` both give ``[0, 3]``.
+
+    Raises:
+        DataError: a length that is not a whole number >= 0, lengths that do not add up to ``n``, positions
+            that do not start at 0 or do not count up by 1 within a document, or the two columns disagreeing.
+    """
+    starts = None
+    if lengths is not None:
+        lengths = _flat(lengths)
+        bad = next((x for x in lengths if not _whole(x) or x < 0), None)
+        if bad is not None:
+            raise DataError(
+                f"field {SEQ_LENGTHS!r} holds {bad!r} in {_shown(lengths)}: the lengths of the row's "
+                "documents are whole numbers >= 0"
+            )
+        if sum(lengths) != n:
+            raise DataError(
+                f"field {SEQ_LENGTHS!r} holds {_shown(lengths)}, which add up to {sum(lengths)} tokens, but "
+                f"the row has {n} input_ids; they are the lengths of the row's documents, in order "
+                "(trl.pack_dataset's column), and must add up to its input_ids"
+            )
+        starts, at = [], 0
+        for x in lengths:
+            if x:
+                starts.append(at)
+            at += x
+    if positions is not None:
+        positions = _flat(positions)
+        for k, x in enumerate(positions):
+            previous = positions[k - 1] if k else None
+            if not _whole(x) or (x != 0 and x != (previous if previous is not None else -1) + 1):
+                after = f"after {previous}" if previous is not None else "first"
+                raise DataError(
+                    f"field 'position_ids' holds {x!r} at position {k} ({after}): a row's positions start at "
+                    "0 at each document's first token and count up by 1 within it"
+                )
+        given = [k for k, x in enumerate(positions) if x == 0]
+        if starts is not None and given != starts:
+            raise DataError(
+                f"fields {SEQ_LENGTHS!r} and 'position_ids' disagree: the lengths start documents at "
+                f"{_shown(starts)}, the positions restart at 0 at {_shown(given)}"
+            )
+        starts = given
+    return starts or []
+
+
+def _shown(values: list) -> str:
+    return str(values) if len(values) <= 8 else f"[{', '.join(map(str, values[:8]))}, ...] ({len(values)})"
+
+
+def _cut_lengths(lengths: list[int], n: int) -> list[int]:
+    """``seq_lengths`` of a row cut to its first ``n`` tokens: the documents past the cut are gone, the one it
+    falls in is shortened."""
+    out, left = [], n
+    for x in lengths:
+        if left <= 0:
+            break
+        out.append(min(x, left))
+        left -= x
+    return out
+
+
 def _flat(x: Any) -> list:
     """A token row as a flat list: ``(n,)`` stays, ``(1, n)`` (a ``return_tensors`` leftover) becomes
     ``(n,)``."""
@@ -574,13 +652,18 @@ def truncate_tokenized(
     and padding-free rows, which cannot hold padding) removes the padding positions from every token column
     first (``padding_removed``). Then each row is truncated to ``max_length`` tokens.
 
+    Rows that carry several documents, with ``seq_lengths`` (``trl.pack_dataset``'s rows) or ``position_ids``
+    restarting at 0, keep them apart (:func:`_documents_apart`): both columns are checked row by row
+    (:func:`document_starts`), ``seq_lengths`` is kept (cut with the row: the documents past ``max_length``
+    are gone, the one the cut falls in shortened), and each document's first label is -100.
+
     Example: ``input_ids [4, 5, 0]``, ``attention_mask [1, 1, 0]`` give ``labels [4, 5, -100]``; with
     ``drop_padding``, ``input_ids [4, 5]``, ``labels [4, 5]``.
 
     Raises:
         DataError: a token id that is not a whole number >= 0 (a label may be -100), a row without ``labels``
-            when other rows have them, or an ``attention_mask``, ``labels`` or ``position_ids`` row of another
-            length than ``input_ids``.
+            when other rows have them, an ``attention_mask``, ``labels`` or ``position_ids`` row of another
+            length than ``input_ids``, or documents that do not fit the row (:func:`document_starts`).
     """
     ids = [_flat(x) for x in batch["input_ids"]]
     for row in ids:
@@ -613,6 +696,8 @@ def truncate_tokenized(
         columns["labels"] = [
             [t if m else IGNORE_INDEX for t, m in zip(row, mask)] for row, mask in zip(ids, masks)
         ]
+    if class_label is None and any(k in batch for k in DOCUMENT_COLUMNS):
+        columns = _documents_apart(batch, ids, columns)
     out: dict[str, list] = {"input_ids": [], **{k: [] for k in columns}, "truncated": [], "untrainable": []}
     if masks is not None and "labels" in batch:
         out["padding_masked"] = []
@@ -641,11 +726,50 @@ def truncate_tokenized(
         full = row
         if max_length is not None:
             row = {k: v[:max_length] if isinstance(v, list) else v for k, v in row.items()}
+            if SEQ_LENGTHS in row:
+                row[SEQ_LENGTHS] = _cut_lengths(full[SEQ_LENGTHS], len(row["input_ids"]))
         for key, value in row.items():
             out[key].append(value)
         out["truncated"].append(len(full["input_ids"]) - len(row["input_ids"]))
         out["untrainable"].append(_tokenized_cause(row_ids, mask, row, full, batch, class_label, i))
     return out
+
+
+def _documents_apart(batch: dict[str, list], ids: list[list], columns: dict[str, list]) -> dict[str, list]:
+    """Rows that carry several documents (``seq_lengths`` and/or ``position_ids``, :func:`document_starts`):
+    checked row by row, ``seq_lengths`` kept as a token column of its own, and ``labels`` (a copy of
+    ``input_ids`` when not given) -100 at each document's first token, which has nothing of its document
+    before it (TRL's padding-free collator sets the same -100s, where ``position_ids == 0``).
+
+    Raises:
+        DataError: see :func:`document_starts`; padding (``attention_mask`` 0) in such a row.
+    """
+    lengths = batch.get(SEQ_LENGTHS)
+    positions = columns.get("position_ids")
+    masks = columns.get("attention_mask")
+    labels = columns.get("labels") or [list(row) for row in ids]
+    for i, row_ids in enumerate(ids):
+        row_lengths = lengths[i] if lengths is not None else None
+        if lengths is not None and row_lengths is None:
+            raise DataError(
+                f"field {SEQ_LENGTHS!r} is missing on this row while other rows have it; give every row the "
+                "lengths of its documents (one document: [len(input_ids)])"
+            )
+        if masks is not None and isinstance(masks[i], list) and 0 in masks[i]:
+            raise DataError(
+                "field 'attention_mask' has zeros in a row whose documents are given by "
+                f"{SEQ_LENGTHS!r} / 'position_ids': such a row holds documents side by side and no padding; "
+                "remove the padding positions from its columns"
+            )
+        starts = document_starts(row_lengths, positions[i] if positions is not None else None, len(row_ids))
+        row_labels = list(labels[i])
+        for k in starts:
+            row_labels[k] = IGNORE_INDEX
+        labels[i] = row_labels
+    columns = {**columns, "labels": labels}
+    if lengths is not None:
+        columns[SEQ_LENGTHS] = [_flat(x) for x in lengths]
+    return columns
 
 
 def _tokenized_cause(

@@ -63,7 +63,7 @@ from hf_lightning.data.collators import (
     PaddingFreeCollator,
     Seq2SeqCollator,
 )
-from hf_lightning.data.formats import CAUSAL_FORMATS
+from hf_lightning.data.formats import CAUSAL_FORMATS, DOCUMENT_COLUMNS, SEQ_LENGTHS
 from hf_lightning.data.packing import UNPACKED, RowPlan, best_fit_decreasing
 from hf_lightning.data.sampling import length_grouped_indices, sequence_lengths, sorted_within_windows
 from hf_lightning.data.sources import is_stream
@@ -319,16 +319,68 @@ def announce(
     log.info("layout: %s (data.layout=auto; %s)%s", layout.name, layout.reason, share)
 
 
+def document_column(fmt: str, columns: Sequence[str]) -> str | None:
+    """The column by which pre-tokenized rows say where their documents start (``seq_lengths``, as
+    ``trl.pack_dataset`` writes it, else ``position_ids``), ``None`` for rows of one document each."""
+    if fmt != "tokenized":
+        return None
+    return next((c for c in DOCUMENT_COLUMNS if c in columns), None)
+
+
+def check_documents_apart(
+    column: str,
+    path: Any,
+    packing: str | None,
+    model: Any = None,
+    forward_kwargs: Mapping[str, Any] | None = None,
+) -> None:
+    """Rows that hold several documents each (their ``column``, :func:`document_column`) are batched with the
+    documents kept apart, as TRL's padding-free collator keeps them: ``position_ids`` restarting at each
+    document, no ``attention_mask`` (:class:`~hf_lightning.data.collators.PackedCollator`, or padding-free /
+    packed per batch), each document's first token not a target. Said in one INFO line.
+
+    Raises:
+        ConfigError: ``data.packing`` (the rows are packed already: packing them again would lose where their
+            documents start), or a model that cannot keep the documents of one row apart
+            (:func:`cannot_flatten`; no model bound: not checked).
+    """
+    import os
+
+    from hf_lightning.core.errors import ConfigError
+
+    where = path if isinstance(path, (str, os.PathLike)) else "<in-memory dataset>"
+    what = f"the rows of data.path={where} hold several documents each (their {column!r} column"
+    what += ", as trl.pack_dataset writes it)" if column == SEQ_LENGTHS else ")"
+    if packing:
+        raise ConfigError(
+            f"data.packing={packing}: {what}, so they are packed already, and packing them again would lose "
+            "where their documents start; set data.packing=false"
+        )
+    why_not = cannot_flatten(model, forward_kwargs) if model is not None else None
+    if why_not is not None:
+        raise ConfigError(
+            f"{what}, and they cannot be kept apart: {why_not}; use a model whose attention keeps them apart "
+            "(a Llama-style causal LM under sdpa, eager or flash attention), or give one document per row"
+        )
+    log.info(
+        "%s: batches keep them apart by position_ids restarting at each document (no attention_mask), "
+        "each document's first token not a target",
+        what,
+    )
+
+
 def collator_for(
     fmt: str,
     pad_token_id: int,
     model: Any = None,
     plan: RowPlan = UNPACKED,
     pad_to_multiple_of: int | None = None,
+    documents: bool = False,
 ) -> Any:
     """The collator of a data format: classification, seq2seq, padding-free, packed rows, else padding.
 
-    ``plan``: what the rows are (:class:`~hf_lightning.data.packing.RowPlan`).
+    ``plan``: what the rows are (:class:`~hf_lightning.data.packing.RowPlan`). ``documents``: the rows hold
+    several documents each (:func:`document_column`), padded per batch as packed rows are.
     """
     # pre-tokenized rows for a sequence classifier carry one class per row, not token labels
     if fmt == "classification" or (fmt == "tokenized" and is_sequence_classifier(model)):
@@ -337,6 +389,6 @@ def collator_for(
         return Seq2SeqCollator(pad_token_id, model=model, pad_to_multiple_of=pad_to_multiple_of)
     if plan.padding_free:
         return PaddingFreeCollator()
-    if plan.pack is not None:
+    if plan.pack is not None or documents:
         return PackedCollator(pad_token_id, pad_to_multiple_of)
     return PaddingCollator(pad_token_id, pad_to_multiple_of=pad_to_multiple_of)

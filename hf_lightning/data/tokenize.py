@@ -10,7 +10,8 @@ does not take.
   :mod:`~hf_lightning.data.streams`); :func:`scan_torch_dataset` reads a torch map-style dataset once to count
   truncations, drop rows without a target and measure lengths.
 - Column pruning (HF ``remove_unused_columns``): the model's ``forward`` parameters plus ``label``,
-  ``label_ids`` and ``label_names`` are kept (:func:`resolve_columns`), the rest dropped: from a
+  ``label_ids``, ``label_names`` and the layout's columns (``seq_lengths``, ``position_ids``) are kept
+  (:func:`resolve_columns`), the rest dropped: from a
   ``datasets.Dataset`` once, up front (:func:`prune_dataset`), from each example of a dataset that keeps its
   columns, a stream or a torch dataset, in the collator (:class:`PruneColumnsCollator`). HF ``Trainer`` logs
   the dropped columns at INFO (so most users never see it); here the drop is logged once at WARNING, and a
@@ -47,6 +48,7 @@ from hf_lightning.core.errors import DataError
 from hf_lightning.data.checks import forward_parameters, unwrap_model
 from hf_lightning.data.formats import (
     ALL_PADDING,
+    DOCUMENT_COLUMNS,
     EMPTY,
     REPORT_COLUMNS,
     SOURCE_COLUMNS,
@@ -429,9 +431,11 @@ def find_label_names(model: Any) -> list[str]:
 
 
 def signature_columns(model_input_names: Iterable[str], label_names: Iterable[str]) -> list[str]:
-    """The columns pruning keeps: model inputs, then ``label``, ``label_ids`` and ``label_names``."""
+    """The columns pruning keeps: model inputs, then ``label``, ``label_ids`` and ``label_names``, then the
+    layout's own columns (``seq_lengths``, ``position_ids``: where a row's documents start, which the
+    collators turn into per-document positions; TRL's ``SFTTrainer`` keeps ``seq_lengths`` the same way)."""
     keep = list(dict.fromkeys(model_input_names))
-    keep += [c for c in (*LABEL_COLUMNS, *label_names) if c not in keep]
+    keep += [c for c in (*LABEL_COLUMNS, *label_names, *DOCUMENT_COLUMNS) if c not in keep]
     return keep
 
 

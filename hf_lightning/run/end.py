@@ -1,12 +1,14 @@
 """The end of a run: ``final_metrics.json``, and finishing a run whose training ended but whose end did not.
 
 A run's end writes, after its last optimizer step and checkpoint: the final ``train/loss`` row (when the last
-step was not a log step), a validation of the final weights, ``hf_model/``, its model card (``README.md``,
-with the final metrics: :mod:`hf_lightning.run.model_card`), then ``final_metrics.json``. A process killed in
-between leaves a ``last.ckpt`` at the final step and an unfinished end; ``ckpt_path=last`` then trains
-nothing, and :func:`finish_run` writes what is missing, in the same order and with the same values as the run
-that never stopped (the final row's losses are in the checkpoint). ``final_metrics.json`` is written last: its
-``global_step`` equal to the checkpoint's means the end was complete.
+step was not a log step), a validation of the final weights, ``hf_model/``, the test stage (with
+``data.test_path`` / ``data.test_split_name``: :mod:`~hf_lightning.run.test_stage`), the model card
+(``hf_model/README.md``, with the final metrics: :mod:`hf_lightning.run.model_card`), then
+``final_metrics.json``. A process killed in between leaves a ``last.ckpt`` at the final step and an unfinished
+end; ``ckpt_path=last`` then trains nothing, and :func:`finish_run` writes what is missing, in the same order
+and with the same values as the run that never stopped (the final row's losses are in the checkpoint).
+``final_metrics.json`` is written last: its ``global_step`` equal to the checkpoint's means the end was
+complete.
 """
 
 from __future__ import annotations
@@ -72,6 +74,7 @@ def finish_run(
     """
     from hf_lightning.callbacks.hf_export import HFExport
     from hf_lightning.run.loggers import logged_at
+    from hf_lightning.run.test_stage import run_test_stage
 
     step = trainer.global_step
     csv_path = os.path.join(output_dir, "metrics.csv")
@@ -93,6 +96,11 @@ def finish_run(
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     metrics.update(newest_logged(csv_path) if trainer.is_global_zero else {})
     metrics.update(module.last_logged)
+    if not any(k.startswith("test/") for k in logged):
+        tested = run_test_stage(trainer, module, datamodule)
+        metrics.update(tested)
+        if tested:
+            done.append(f"the test stage of the final weights (step {step})")
     metrics.update({"global_step": step, "parameters": n_params})  # counts, as integers
     if trainer.is_global_zero:
         if cfg is not None:

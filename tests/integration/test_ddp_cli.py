@@ -44,8 +44,12 @@ def logged(run_dir, key):
 
 
 def test_two_process_ddp_equals_one_process_with_twice_the_micro_batch(tmp_path):
+    from tests.data_support import write_chats
+
     ddp_cwd, single_dir = tmp_path / "ddp", tmp_path / "single"
     ddp_cwd.mkdir()
+    write_chats(tmp_path, 5)  # the test stage: 5 conversations, 3 on one rank and 2 on the other
+    test_path = f"data.test_path={tmp_path / 'chats.jsonl'}"
     # no hydra.run.dir: the default outputs/<date>/<time> must be resolved once and shared by both ranks
     ddp = run_cli(
         *COMMON,
@@ -53,11 +57,16 @@ def test_two_process_ddp_equals_one_process_with_twice_the_micro_batch(tmp_path)
         "trainer.devices=2",
         "strategy=ddp",
         "data.per_device_train_batch_size=2",
+        test_path,
         cwd=ddp_cwd,
     )
     assert ddp.returncode == 0, ddp.stderr[-3000:]
     single = run_cli(
-        *COMMON, "data.per_device_train_batch_size=4", f"hydra.run.dir={single_dir}", cwd=tmp_path
+        *COMMON,
+        "data.per_device_train_batch_size=4",
+        f"hydra.run.dir={single_dir}",
+        test_path,
+        cwd=tmp_path,
     )
     assert single.returncode == 0, single.stderr[-3000:]
 
@@ -78,3 +87,7 @@ def test_two_process_ddp_equals_one_process_with_twice_the_micro_batch(tmp_path)
     ddp_norm, single_norm = logged(run, "grad_norm"), logged(single_dir, "grad_norm")
     for step in (1, 2, 3):
         assert ddp_norm[step] == pytest.approx(single_norm[step], rel=1e-5)
+    # the test stage after training: every test example once over both ranks, reduced once
+    (ddp_test,) = logged(run, "test/loss").values()
+    (single_test,) = logged(single_dir, "test/loss").values()
+    assert ddp_test == pytest.approx(single_test, rel=1e-5)
