@@ -3,15 +3,18 @@
 
 A CLI run starts by importing torch, Lightning, transformers, datasets and Hydra (``import hf_lightning``),
 which costs more CPU than a tiny run's training. :func:`run_module` keeps one server process per
-``(package, cwd, environment)``: a plain ``python -m tests.fork_server PACKAGE`` started with that working
-folder and environment, which imports ``PACKAGE`` exactly as ``python -m PACKAGE.MODULE`` would before it
-runs ``MODULE`` (same interpreter, ``sys.path``, environment and working folder), records what that import
-wrote to stdout and stderr, and then forks one child per run. The child writes the recorded output first,
-runs ``MODULE`` with :func:`runpy.run_module` as ``__main__`` (``sys.argv[0]`` its file, as ``-m`` sets it)
-and ends through the interpreter's normal exit (``SystemExit`` codes, a traceback and status 1 for an
-uncaught exception, death by SIGINT for an uncaught ``KeyboardInterrupt``, atexit handlers, non-daemon
-threads joined). The test gets a :class:`subprocess.CompletedProcess` with the child's exit status (``-9``
-for SIGKILL), stdout and stderr, or :class:`subprocess.TimeoutExpired` after the child was killed.
+``(package, environment)``: a plain ``python -c`` that loads this file by its path and calls :func:`main`,
+started with that environment from an empty folder. It imports ``PACKAGE`` as ``python -m PACKAGE.MODULE``
+would before it runs ``MODULE`` (same interpreter, ``sys.path``, environment), records what that import
+wrote to stdout and stderr, then forks one child per run. The child moves to the run's working folder and
+puts it first on ``sys.path`` (as ``-m`` does); where that folder holds a module the server imported from
+elsewhere (a ``python -m`` started there would import that one), the run is a plain subprocess instead. The
+child writes the recorded output first, runs ``MODULE`` with :func:`runpy.run_module` as ``__main__``
+(``sys.argv[0]`` its file, as ``-m`` sets it) and ends through the interpreter's normal exit (``SystemExit``
+codes, a traceback and status 1 for an uncaught exception, death by SIGINT for an uncaught
+``KeyboardInterrupt``, atexit handlers, non-daemon threads joined). The test gets a
+:class:`subprocess.CompletedProcess` with the child's exit status (``-9`` for SIGKILL), stdout and stderr,
+or :class:`subprocess.TimeoutExpired` after the child was killed.
 
 What a fresh process has and a fork does not: fresh seeds of numpy's and torch's default generators (Python's
 ``random`` is reseeded at fork by Python itself); the runs seed what they use. ``HF_LIGHTNING_TEST_FORK=0``
@@ -24,6 +27,7 @@ import atexit
 import json
 import os
 import select
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -31,32 +35,48 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 
+# the server's command: this file loaded by its path (nothing added to sys.path; `-c` puts the working folder
+# first, as `-m` does, made absolute as `-m` makes it), then main(PACKAGE)
+_START = (
+    "import importlib.util, os, sys; sys.path[0] = os.getcwd(); "
+    "spec = importlib.util.spec_from_file_location('_fork_server', sys.argv[1]); "
+    "server = importlib.util.module_from_spec(spec); spec.loader.exec_module(server); "
+    "server.main(sys.argv[2])"
+)
 _IDLE_SERVERS = 3  # idle servers kept for other environments than the one asked for (each holds the imports)
 
 
 class _Server:
     """One ``python -m tests.fork_server PACKAGE`` process; serves one run at a time."""
 
-    def __init__(self, package: str, cwd: str, env: Mapping[str, str]) -> None:
-        self.key = (package, cwd, tuple(sorted(env.items())))
+    def __init__(self, package: str, env: Mapping[str, str]) -> None:
+        self.key = (package, tuple(sorted(env.items())))
+        self.home = tempfile.mkdtemp(prefix="fork_server")  # an empty start folder: nothing on it to import
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.fork_server", package],
+            [sys.executable, "-c", _START, __file__, package],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
-            cwd=cwd,
+            cwd=self.home,
             env=dict(env),
         )
         self.busy = False
 
-    def run(self, module: str, args: Sequence[str], timeout: float | None) -> subprocess.CompletedProcess:
+    def run(
+        self, module: str, args: Sequence[str], cwd: str, timeout: float | None
+    ) -> subprocess.CompletedProcess | None:
+        """The run's outcome, or ``None`` where ``cwd`` holds a module or package that a ``python -m``
+        started there would import in place of one the server imported."""
         with tempfile.TemporaryDirectory(prefix="fork_server") as folder:
             out, err = os.path.join(folder, "stdout"), os.path.join(folder, "stderr")
-            request = {"module": module, "args": list(args), "stdout": out, "stderr": err}
+            request = {"module": module, "args": list(args), "cwd": cwd, "stdout": out, "stderr": err}
             self.proc.stdin.write((json.dumps(request) + "\n").encode())
             self.proc.stdin.flush()
             deadline = None if timeout is None else time.monotonic() + timeout
-            pid = self._reply(deadline, None)["pid"]
+            reply = self._reply(deadline, None)
+            if "shadowed" in reply:
+                return None
+            pid = reply["pid"]
             status = self._reply(deadline, pid)["status"]
             with open(out, encoding="utf-8", errors="replace") as fh:
                 stdout = fh.read()
@@ -85,14 +105,15 @@ class _Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        shutil.rmtree(self.home, ignore_errors=True)
 
 
 _servers: list[_Server] = []
 _lock = threading.Lock()
 
 
-def _take(package: str, cwd: str, env: Mapping[str, str]) -> _Server:
-    key = (package, cwd, tuple(sorted(env.items())))
+def _take(package: str, env: Mapping[str, str]) -> _Server:
+    key = (package, tuple(sorted(env.items())))
     with _lock:
         for server in _servers:
             if server.key == key and not server.busy and server.proc.poll() is None:
@@ -102,7 +123,7 @@ def _take(package: str, cwd: str, env: Mapping[str, str]) -> _Server:
         for server in idle_elsewhere[: max(0, len(idle_elsewhere) - _IDLE_SERVERS + 1)]:
             server.close()
             _servers.remove(server)
-        server = _Server(package, cwd, env)
+        server = _Server(package, env)
         server.busy = True
         _servers.append(server)
         return server
@@ -127,20 +148,23 @@ def run_module(
 ) -> subprocess.CompletedProcess:
     """``subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, env=env,
     cwd=cwd, timeout=timeout)``, forked from a server that has imported ``module``'s top package."""
-    if os.environ.get("HF_LIGHTNING_TEST_FORK", "1") == "0" or "." not in module:
-        return subprocess.run(
-            [sys.executable, "-m", module, *args],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            env=dict(env),
-            cwd=cwd,
-        )
-    server = _take(module.rsplit(".", 1)[0], os.path.abspath(cwd), env)
-    try:
-        return server.run(module, args, timeout)
-    finally:
-        _release(server)
+    cwd = os.path.abspath(cwd)
+    if os.environ.get("HF_LIGHTNING_TEST_FORK", "1") != "0" and "." in module:
+        server = _take(module.split(".", 1)[0], env)
+        try:
+            done = server.run(module, args, cwd, timeout)
+        finally:
+            _release(server)
+        if done is not None:
+            return done
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=dict(env),
+        cwd=cwd,
+    )
 
 
 # ------------------------------------------------------------------------------------------ the server side
@@ -169,6 +193,25 @@ def _import_recorded(package: str) -> tuple[bytes, bytes]:
         return out.read(), err.read()
 
 
+def _shadowed(cwd: str) -> list[str]:
+    """Imported top-level modules that ``cwd`` (first on ``sys.path`` of a ``python -m`` started there)
+    holds elsewhere than where they were imported from."""
+    try:
+        names = os.listdir(cwd)
+    except OSError:
+        return []
+    found = []
+    for name in names:
+        top = name.split(".", 1)[0]
+        module = sys.modules.get(top)
+        if module is None or top == "__main__":
+            continue
+        where = [getattr(module, "__file__", None) or "", *getattr(module, "__path__", [])]
+        if not any(os.path.abspath(w).startswith(os.path.join(cwd, top)) for w in where if w):
+            found.append(name)
+    return found
+
+
 def _serve(package: str) -> dict | None:
     """Answer requests on stdin until it closes (returns ``None``); in a forked child, return its request."""
     prelude = _import_recorded(package)
@@ -180,12 +223,19 @@ def _serve(package: str) -> dict | None:
     os.close(null)
     for line in requests:
         request = json.loads(line)
+        shadowed = _shadowed(request["cwd"])
+        if shadowed:
+            replies.write(json.dumps({"shadowed": shadowed}) + "\n")
+            replies.flush()
+            continue
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
             requests.close()
             replies.close()
+            os.chdir(request["cwd"])
+            sys.path[0] = request["cwd"]  # what `python -m` started there puts first
             for fd, name, recorded in ((1, "stdout", prelude[0]), (2, "stderr", prelude[1])):
                 target = os.open(request[name], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
                 os.dup2(target, fd)
@@ -200,10 +250,12 @@ def _serve(package: str) -> dict | None:
     return None
 
 
-if __name__ == "__main__":
+def main(package: str) -> None:
+    """The server: serve until stdin closes; in a forked child, run the module as ``python -m`` would (its
+    exit is the interpreter's own once this returns)."""
     import runpy
 
-    request = _serve(sys.argv[1])
-    if request is not None:  # a forked child: run the module as `python -m` would, then exit as it would
+    request = _serve(package)
+    if request is not None:
         sys.argv = [sys.argv[0], *request["args"]]
         runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
