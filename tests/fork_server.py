@@ -24,6 +24,7 @@ in the test process's environment runs every call as a plain ``python -m`` subpr
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import select
@@ -43,11 +44,11 @@ _START = (
     "server = importlib.util.module_from_spec(spec); spec.loader.exec_module(server); "
     "server.main(sys.argv[2])"
 )
-_IDLE_SERVERS = 3  # idle servers kept for other environments than the one asked for (each holds the imports)
+_IDLE_SERVERS = 2  # idle servers kept for other environments than the one asked for (each holds the imports)
 
 
 class _Server:
-    """One ``python -m tests.fork_server PACKAGE`` process; serves one run at a time."""
+    """One server process (see :data:`_START`); serves one run at a time."""
 
     def __init__(self, package: str, env: Mapping[str, str]) -> None:
         self.key = (package, tuple(sorted(env.items())))
@@ -56,11 +57,13 @@ class _Server:
             [sys.executable, "-c", _START, __file__, package],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
+            bufsize=0,  # unbuffered: a line read is all that is taken from the pipe, select sees the rest
             stderr=subprocess.DEVNULL,
             cwd=self.home,
             env=dict(env),
         )
         self.busy = False
+        self.child: int | None = None  # the run under way
 
     def run(
         self, module: str, args: Sequence[str], cwd: str, timeout: float | None
@@ -72,32 +75,36 @@ class _Server:
             request = {"module": module, "args": list(args), "cwd": cwd, "stdout": out, "stderr": err}
             self.proc.stdin.write((json.dumps(request) + "\n").encode())
             self.proc.stdin.flush()
+            self.timeout = timeout
             deadline = None if timeout is None else time.monotonic() + timeout
-            reply = self._reply(deadline, None)
+            reply = self._reply(deadline)
             if "shadowed" in reply:
                 return None
-            pid = reply["pid"]
-            status = self._reply(deadline, pid)["status"]
+            self.child = reply["pid"]
+            status = self._reply(deadline)["status"]
+            self.child = None
             with open(out, encoding="utf-8", errors="replace") as fh:
                 stdout = fh.read()
             with open(err, encoding="utf-8", errors="replace") as fh:
                 stderr = fh.read()
         return subprocess.CompletedProcess([sys.executable, "-m", module, *args], status, stdout, stderr)
 
-    def _reply(self, deadline: float | None, pid: int | None) -> dict:
+    def _reply(self, deadline: float | None) -> dict:
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
         ready, _, _ = select.select([self.proc.stdout], [], [], left)
-        if not ready:
-            if pid is not None:
-                os.kill(pid, 9)  # as subprocess.run does on a timeout
-                self._reply(None, None)  # the server reaps it and reports
-            raise subprocess.TimeoutExpired(self.proc.args, left or 0.0)
+        if not ready:  # the caller kills the run (and this server), as subprocess.run kills its process
+            raise subprocess.TimeoutExpired(self.proc.args, self.timeout)
         line = self.proc.stdout.readline()
         if not line:
             raise RuntimeError(f"the fork server for {self.key[0]} ended (status {self.proc.wait()})")
         return json.loads(line)
 
-    def close(self) -> None:
+    def close(self, kill: bool = False) -> None:
+        if self.child is not None and kill:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.child, 9)
+        if kill:
+            self.proc.kill()
         if self.proc.poll() is None:
             self.proc.stdin.close()
             try:
@@ -153,6 +160,9 @@ def run_module(
         server = _take(module.split(".", 1)[0], env)
         try:
             done = server.run(module, args, cwd, timeout)
+        except BaseException:
+            server.close(kill=True)  # its replies may be out of step with the requests now
+            raise
         finally:
             _release(server)
         if done is not None:
