@@ -7,7 +7,6 @@ import contextlib
 import json
 import os
 import subprocess
-import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,8 @@ from typing import Any
 import lightning as L
 import pytest
 import torch
+
+from tests.fork_server import run_module
 
 TEXT_ROWS = [{"text": f"{'abcdefghij'[i % 10]} b c d e"} for i in range(100)]
 CHAT_ROW = {"messages": [{"role": "user", "content": "a b"}, {"role": "assistant", "content": "c d"}]}
@@ -125,22 +126,20 @@ def remount_read_only(folder: Path) -> None:
     subprocess.run(["mount", "-o", "remount,ro", str(folder)], check=True, capture_output=True)
 
 
-def run_train_cli(*overrides: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    """``python -m hf_lightning.train`` as a user runs it (the worktree's package first on the path)."""
+def run_train_cli(
+    *overrides: str, timeout: int = 600, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """``python -m hf_lightning.train`` as a user runs it (the worktree's package first on the path), forked
+    from a process that has imported ``hf_lightning`` (:mod:`tests.fork_server`); ``env`` adds to the
+    environment."""
     repo = str(Path(__file__).resolve().parents[2])
     env = {
         **os.environ,
         "HF_HUB_OFFLINE": "1",
         "PYTHONPATH": repo + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        **(env or {}),
     }
-    return subprocess.run(
-        [sys.executable, "-m", "hf_lightning.train", *overrides],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-        cwd=repo,
-    )
+    return run_module("hf_lightning.train", overrides, env=env, cwd=repo, timeout=timeout)
 
 
 def one_line_error(proc: subprocess.CompletedProcess) -> str:

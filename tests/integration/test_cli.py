@@ -6,24 +6,18 @@ import csv
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 import torch
+
+from tests.fork_server import run_module
 
 pytestmark = pytest.mark.slow
 
 
 def run_cli(*overrides: str, cwd=None, timeout: int = 600) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "hf_lightning.train", *overrides],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-        cwd=cwd,
-    )
+    return run_module("hf_lightning.train", overrides, env=env, cwd=cwd or os.getcwd(), timeout=timeout)
 
 
 def read_metrics(run_dir):

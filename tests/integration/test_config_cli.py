@@ -7,23 +7,18 @@ import csv
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 import yaml
+
+from tests.fork_server import run_module
 
 pytestmark = pytest.mark.slow
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1"}
 
 
 def cli(module: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", f"hf_lightning.{module}", *args],
-        capture_output=True,
-        text=True,
-        env=ENV,
-        timeout=timeout,
-    )
+    return run_module(f"hf_lightning.{module}", args, env=ENV, cwd=os.getcwd(), timeout=timeout)
 
 
 @pytest.fixture

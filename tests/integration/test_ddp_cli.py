@@ -6,9 +6,10 @@ from __future__ import annotations
 import csv
 import os
 import subprocess
-import sys
 
 import pytest
+
+from tests.fork_server import run_module
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
@@ -28,14 +29,7 @@ COMMON = (
 def run_cli(*args: str, cwd) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     env.pop("LOCAL_RANK", None)
-    return subprocess.run(
-        [sys.executable, "-m", "hf_lightning.train", *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-        cwd=cwd,
-    )
+    return run_module("hf_lightning.train", args, env=env, cwd=cwd, timeout=600)
 
 
 def logged(run_dir, key):

@@ -17,6 +17,8 @@ import sys
 
 import pytest
 
+from tests.fork_server import run_module
+
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
 TEXTS = [
@@ -46,14 +48,7 @@ COMMON = (
 def run_cli(*args: str, cwd) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     env.pop("LOCAL_RANK", None)
-    return subprocess.run(
-        [sys.executable, "-m", "hf_lightning.train", *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-        cwd=cwd,
-    )
+    return run_module("hf_lightning.train", args, env=env, cwd=cwd, timeout=600)
 
 
 def val_losses(run_dir) -> dict[int, float]:

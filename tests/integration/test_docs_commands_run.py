@@ -16,11 +16,11 @@ import json
 import os
 import shlex
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.fork_server import run_module
 from tests.integration.test_docs import documented_commands
 
 pytestmark = pytest.mark.slow
@@ -90,14 +90,7 @@ def _run(command: str, cwd: Path, run_dir: str, shorten: bool = True) -> subproc
     words = shlex.split(command)
     entry = words[2].split(".")[1]
     args = _shorten(words[3:], entry, run_dir) if shorten else words[3:]
-    return subprocess.run(
-        [sys.executable, "-m", words[2], *args],
-        cwd=cwd,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    return run_module(words[2], args, env=_env(), cwd=cwd, timeout=900)
 
 
 @pytest.fixture(scope="module")

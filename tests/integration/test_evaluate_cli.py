@@ -10,6 +10,8 @@ import sys
 
 import pytest
 
+from tests.fork_server import run_module
+
 pytestmark = pytest.mark.slow
 
 
@@ -90,8 +92,7 @@ def test_evaluate_refuses_another_runs_checkpoint_in_one_line(tmp_path):
     common = ["+experiment=clm", f"data.path={data}", "trainer.enable_progress_bar=false"]
 
     def cli(module, *args):
-        command = [sys.executable, "-m", f"hf_lightning.{module}", *common, *args]
-        return subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+        return run_module(f"hf_lightning.{module}", [*common, *args], env=env, cwd=os.getcwd(), timeout=600)
 
     train = cli(
         "train", f"hydra.run.dir={run_a}", "trainer.max_steps=2", "data.per_device_train_batch_size=2"

@@ -4,23 +4,18 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 
 import pytest
+
+from tests.fork_server import run_module
 
 pytestmark = pytest.mark.slow
 
 
 def run(*overrides, cwd):
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "hf_lightning.inspect_batch", *overrides, f"hydra.run.dir={cwd}"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-    )
+    args = [*overrides, f"hydra.run.dir={cwd}"]
+    return run_module("hf_lightning.inspect_batch", args, env=env, cwd=os.getcwd(), timeout=600)
 
 
 def test_sft_batch_is_printed_with_marked_spans(tmp_path):

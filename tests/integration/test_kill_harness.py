@@ -139,9 +139,13 @@ def cli(run_dir: Path, data: Path, *overrides: str):
         "trainer.enable_progress_bar=false",
         *SMALL_MODEL,
         *overrides,
+        env=ONE_THREAD,
     )
 
 
+# the cases run two processes at a time: one torch thread each keeps them from crowding the cores (the
+# straight run and every stopped or resumed run alike)
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 WALL_CLOCK = ("_per_s", "/mfu")
 
 

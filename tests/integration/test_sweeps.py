@@ -6,10 +6,11 @@ from __future__ import annotations
 import csv
 import os
 import subprocess
-import sys
 
 import pytest
 import yaml
+
+from tests.fork_server import run_module
 
 pytestmark = pytest.mark.slow
 
@@ -27,14 +28,7 @@ TINY = (
 
 def run_cli(*args: str, cwd, timeout: int = 600) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "hf_lightning.train", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-        cwd=cwd,
-    )
+    return run_module("hf_lightning.train", args, env=env, cwd=cwd, timeout=timeout)
 
 
 def val_loss_of(job_dir) -> float:
