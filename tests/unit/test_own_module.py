@@ -177,7 +177,7 @@ def test_outputs_loss_without_a_binding_gets_one_warning(word_tokenizer, caplog)
         "(a model's outputs.loss) is HF's biased fallback, which weighs the targets of a micro-batch by the "
         "inverse of its own count; bind one, then for the exact token mean divide the summed token loss by "
         "batch['num_items_in_batch'] (summed across ranks) and multiply by accumulate_grad_batches x world "
-        "size (README: Use from your own code)"
+        "size (docs/python.md)"
     ]
     assert biased != pytest.approx(hand_window_grad_norm(word_tokenizer), rel=1e-3)  # the bias is real
 
@@ -191,7 +191,7 @@ def test_outputs_loss_with_the_count_bound_gets_one_warning(word_tokenizer, capl
         "a loss averaged per micro-batch (a model's outputs.loss) is HF's biased fallback, which weighs the "
         "targets of a micro-batch by the inverse of its own count; for the exact token mean divide the "
         "summed token loss by batch['num_items_in_batch'] (summed across ranks) and multiply by "
-        "accumulate_grad_batches x world size (README: Use from your own code)"
+        "accumulate_grad_batches x world size (docs/python.md)"
     ]
 
 
