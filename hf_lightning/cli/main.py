@@ -1,17 +1,19 @@
-"""``hf-lightning train|evaluate|inspect|migrate [ARGS]``: the console script, one name for the four entry points.
+"""``hf-lightning train|evaluate|inspect|migrate [ARGS]``: the console script, one name for the four entry
+points.
 
-Each subcommand runs its module exactly as ``python -m`` runs it (``train`` is ``python -m hf_lightning.train``,
-``inspect`` is ``python -m hf_lightning.inspect_batch``, ...): the module is executed as ``__main__`` with the
-rest of the command line as its ``sys.argv[1:]``, so Hydra's own options (``--help``, ``--hydra-help``,
-``--cfg job``, ``-m``), the one-line errors, the exit statuses and Lightning's re-run of the command line for
-the other DDP ranks (``python -m <module> ARGS``, read from ``__main__.__spec__``) are those of ``python -m``.
+Each subcommand runs its module exactly as ``python -m`` runs it (``train`` is ``python -m
+hf_lightning.train``, ``inspect`` is ``python -m hf_lightning.inspect_batch``, ...): the module is executed as
+``__main__`` with the rest of the command line as its ``sys.argv[1:]``, so Hydra's own options (``--help``,
+``--hydra-help``, ``--cfg job``, ``-m``), the one-line errors, the exit statuses and Lightning's re-run of the
+command line for the other DDP ranks (``python -m <module> ARGS``, read from ``__main__.__spec__``) are those
+of ``python -m``.
 
 Hydra's tab completion: ``eval "$(hf-lightning -sc install=bash)"`` installs Hydra's bash completion for
-``hf-lightning``. Hydra's completion function asks the program itself (``hf-lightning -sc query=bash``, the line
-in ``COMP_LINE``); here the subcommand is read from that line and the query is answered by the subcommand's
-Hydra app with the line it would see under ``python -m``, so ``hf-lightning train +experiment=s<TAB>``
-completes as Hydra completes ``python -m hf_lightning.train``. The subcommand word itself completes to the four
-names.
+``hf-lightning``. Hydra's completion function asks the program itself (``hf-lightning -sc query=bash``, the
+line in ``COMP_LINE``); here the subcommand is read from that line and the query is answered by the
+subcommand's Hydra app with the line it would see under ``python -m``, so ``hf-lightning train
++experiment=s<TAB>`` completes as Hydra completes ``python -m hf_lightning.train``. The subcommand word itself
+completes to the four names.
 """
 
 from __future__ import annotations
