@@ -70,7 +70,7 @@ def conversations() -> int:
 @pytest.mark.slow
 def test_the_plain_loop_block_runs_as_written(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    ns = run_whole("plain-loop", capsys)
+    run_whole("plain-loop", capsys)
     saved = __import__("torch").load(tmp_path / "loop.pt")
     # 3 epochs over the copied conversations, batches of 4: the saved position is the end of the third
     per_epoch = -(-conversations() // 4)
