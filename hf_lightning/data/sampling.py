@@ -518,10 +518,10 @@ class AccumulationWindowLoader(WindowLoader):
 
 
 # ------------------------------------------------------------------ whether the module uses the count
-#: the fix, in the README section that shows it
+#: the fix, in the docs page that shows it (docs/python.md)
 FIX = (
     "for the exact token mean divide the summed token loss by batch['num_items_in_batch'] (summed across "
-    "ranks) and multiply by accumulate_grad_batches x world size (README: Use from your own code)"
+    "ranks) and multiply by accumulate_grad_batches x world size (docs/python.md)"
 )
 #: what a per-micro-batch mean is
 BIASED = (

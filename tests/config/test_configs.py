@@ -16,6 +16,7 @@ from omegaconf import OmegaConf
 from hf_lightning.config import validate_config
 from hf_lightning.config.compose import CONF_DIR
 from hf_lightning.core.errors import ConfigError
+from tests.optional_support import skip_without_option
 
 # a file the experiments need but that no test should depend on: any path works for composing
 DUMMY_DATA = "dummy.jsonl"
@@ -101,6 +102,7 @@ def _tiny_model_cfg() -> list[str]:
 
 @pytest.mark.parametrize(("group", "option"), _params())
 def test_config_composes_validates_and_instantiates(group, option, compose_cfg, default_tokenizer):
+    skip_without_option(group, option)
     overrides = overrides_for(group, option)
     hydra_group = group.startswith("hydra/") or group == "hparams_search"
     cfg = compose_cfg(*overrides, hydra=hydra_group)

@@ -1,4 +1,4 @@
-"""The README's "Hub models and datasets, LoRA" section runs as written, block by block, from a fresh folder.
+"""docs/hub.md ("Hub models and datasets, LoRA") runs as written, block by block, from a fresh folder.
 
 The hub ids it names are served from caches laid out by the test in a private ``HF_HOME``: a tiny Llama (the
 default tokenizer, ChatML template) stands in for ``Qwen/Qwen2.5-0.5B-Instruct``, and chat rows with
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -24,8 +23,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def readme_blocks() -> dict[str, str]:
-    text = (REPO / "README.md").read_text()
-    return dict(re.findall(r"<!-- docs-test: (hub-[\w-]+) -->\n```\w+\n(.*?)```", text, re.S))
+    from tests.docs_support import marked_blocks
+
+    return {name: body for name, (_, _, body) in marked_blocks().items() if name.startswith("hub-")}
 
 
 def chat_rows(n: int, start: int = 0) -> list[dict]:

@@ -30,7 +30,7 @@ SHORT = (
 def readme_rename_override() -> str:
     """The prompt/completion ``data.rename_columns`` override exactly as README.md writes it (one inline code
     span; the README's other renames are classification's)."""
-    spans = re.findall(r"`([+]*data\.rename_columns=[^`]*)`", (REPO / "README.md").read_text())
+    spans = re.findall(r"`([+]*data\.rename_columns=[^`]*)`", (REPO / "docs" / "data.md").read_text())
     spans = [s for s in spans if "completion" in s]
     assert len(spans) == 1, spans
     return shlex.split(spans[0])[0]  # as the shell hands it to Python: the quotes removed

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import socket
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import pytest
 import torch
 
 from tests.data_support import chat_rows, make_word_tokenizer, tiny_llama, write_chats
+from tests.docs_support import after_setup, docs_block
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
@@ -30,8 +30,8 @@ TEXTS = [" ".join("abcdefghijklmnopqrstuvwxyz"[i : i + 2 + (5 * i) % 7]) for i i
 
 
 def readme_block(name: str) -> str:
-    text = (REPO / "README.md").read_text()
-    return re.search(rf"<!-- docs-test: {name} -->\n```python\n(.*?)```", text, re.S).group(1)
+    """The block of docs/python.md, without its own tokenizer, model and chat file (the test brings them)."""
+    return after_setup(docs_block(name))
 
 
 def free_port() -> int:

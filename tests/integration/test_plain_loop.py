@@ -4,13 +4,13 @@ restarted loop read exactly the batches the loop that never stopped reads."""
 from __future__ import annotations
 
 import contextlib
-import re
 from pathlib import Path
 
 import pytest
 import torch
 
 from tests.data_support import make_word_tokenizer, tiny_llama, write_chats
+from tests.docs_support import after_setup, docs_block
 
 REPO = Path(__file__).resolve().parents[2]
 ROWS = 11  # batches of 4: 3 per epoch, the last one of 3 rows
@@ -18,8 +18,8 @@ EPOCHS = 3  # the block's range(..., 3)
 
 
 def readme_block(name: str) -> str:
-    text = (REPO / "README.md").read_text()
-    return re.search(rf"<!-- docs-test: {name} -->\n```python\n(.*?)```", text, re.S).group(1)
+    """The block of docs/python.md, without its own tokenizer, model and chat file (the test brings them)."""
+    return after_setup(docs_block(name))
 
 
 class Stopped(Exception):

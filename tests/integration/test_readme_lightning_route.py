@@ -1,4 +1,4 @@
-"""The README's Lightning route ("Use from your own code") runs as it is written: its block executed with a
+"""The Lightning route of docs/python.md runs as it is written: its block executed with a
 tiny model folder and two chat files in place of the hub id and the file names it shows."""
 
 from __future__ import annotations
@@ -6,15 +6,14 @@ from __future__ import annotations
 import json
 import re
 
-from tests.data_support import REPO, tiny_llama
+from tests.data_support import tiny_llama
+from tests.docs_support import docs_block
 
 HUB_ID = '"Qwen/Qwen2.5-0.5B-Instruct"'
 
 
 def lightning_route() -> str:
-    text = (REPO / "README.md").read_text()
-    section = text[text.index("## Use from your own code") :]
-    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    return docs_block("lightning-route")
 
 
 def chats(n: int, offset: int) -> str:
@@ -38,7 +37,7 @@ def test_the_readme_lightning_route_runs_as_written(tmp_path, monkeypatch, capsy
     monkeypatch.chdir(tmp_path)
 
     namespace: dict = {}
-    exec(compile(code.replace(HUB_ID, repr(str(model_dir))), "README.md", "exec"), namespace)
+    exec(compile(code.replace(HUB_ID, repr(str(model_dir))), "docs/python.md", "exec"), namespace)
 
     trainer, dm = namespace["trainer"], namespace["dm"]
     assert trainer.global_step == 2  # 38 training rows (2 held out): 5 micro-batches of 8, windows of 4 and 1

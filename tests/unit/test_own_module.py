@@ -10,7 +10,6 @@ hand computation over the whole window gives.
 from __future__ import annotations
 
 import logging
-import re
 import warnings
 
 import datasets
@@ -21,7 +20,7 @@ import torch.nn.functional as F
 
 from hf_lightning import HFDataModule, HFLightningModule
 from hf_lightning.module.loss import count_loss_items
-from tests.data_support import REPO, tiny_llama
+from tests.data_support import tiny_llama
 
 # rows of unequal lengths, so the two micro-batches of the first window hold different numbers of targets
 TEXTS = ["a b c d e f g h", "i j", "k l m", "n o p q r s", "t u v", "w x y z a b c"] * 2
@@ -60,11 +59,14 @@ class OutputsLoss(L.LightningModule):
 
 
 def readme_module() -> type:
-    """The README's ``MyModule`` (section "Your own LightningModule"), executed as written there."""
-    text = (REPO / "README.md").read_text()
-    (code,) = [c for c in re.findall(r"```python\n(.*?)```", text, re.S) if "class MyModule(" in c]
-    namespace: dict = {}
-    exec(compile(code, "README.md", "exec"), namespace)
+    """The ``MyModule`` of docs/python.md (section "Your own LightningModule"), executed as written there (its
+    driver, under ``if __name__ == "__main__"``, runs in ``tests/integration/test_docs_snippets.py``)."""
+    from tests.docs_support import docs_block
+
+    code = docs_block("own-module")
+    assert "class MyModule(" in code
+    namespace: dict = {"__name__": "docs_python"}
+    exec(compile(code, "docs/python.md", "exec"), namespace)
     return namespace["MyModule"]
 
 
@@ -177,7 +179,7 @@ def test_outputs_loss_without_a_binding_gets_one_warning(word_tokenizer, caplog)
         "(a model's outputs.loss) is HF's biased fallback, which weighs the targets of a micro-batch by the "
         "inverse of its own count; bind one, then for the exact token mean divide the summed token loss by "
         "batch['num_items_in_batch'] (summed across ranks) and multiply by accumulate_grad_batches x world "
-        "size (README: Use from your own code)"
+        "size (docs/python.md)"
     ]
     assert biased != pytest.approx(hand_window_grad_norm(word_tokenizer), rel=1e-3)  # the bias is real
 
@@ -191,7 +193,7 @@ def test_outputs_loss_with_the_count_bound_gets_one_warning(word_tokenizer, capl
         "a loss averaged per micro-batch (a model's outputs.loss) is HF's biased fallback, which weighs the "
         "targets of a micro-batch by the inverse of its own count; for the exact token mean divide the "
         "summed token loss by batch['num_items_in_batch'] (summed across ranks) and multiply by "
-        "accumulate_grad_batches x world size (README: Use from your own code)"
+        "accumulate_grad_batches x world size (docs/python.md)"
     ]
 
 
