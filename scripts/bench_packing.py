@@ -378,6 +378,13 @@ def main() -> None:
         side, n, data_dir = args.pipeline_probe
         print(json.dumps(pipeline_probe(side, int(n), Path(data_dir))))
         return
+    if args.pipeline and args.report:
+        piped: dict[tuple[str, str], list[dict]] = {}
+        for line in Path(args.report).read_text().splitlines():
+            r = json.loads(line)
+            piped.setdefault(tuple(r.pop("key")), []).append(r)
+        pipeline_report(piped, "up to " + str(max(len(v) for v in piped.values())))
+        return
     if args.pipeline:
         run_pipeline(args)
         return

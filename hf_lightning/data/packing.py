@@ -276,7 +276,7 @@ SEQ_LENGTHS = "seq_lengths"
 PACKED_SCHEMA = pa.schema([(name, pa.list_(PACKED_TYPE)) for name in ("input_ids", "labels", SEQ_LENGTHS)])
 #: tokens of one record batch of packed rows (whole rows, at least one): the scratch of one batch is about 20
 #: bytes per token of it, whatever the corpus size
-BLOCK_TOKENS = 1 << 20
+BLOCK_TOKENS = 1 << 18
 #: document lengths the best-fit loop turns into Python ints at a time
 _LOOP_SLICE = 1 << 16
 
