@@ -22,7 +22,9 @@ is served from an earlier probe's cache; loading is not measured). Sides: ``ours
 the ``bfd`` row plan, then ``pack_dataset``: the DataModule's ``prepare_split``), ``ours-before`` (the same
 tokenization, then ``pack_dataset`` of ``hf_lightning/data/packing.py`` at ``--pipeline-before``, loaded from
 git: the packed table in memory) and ``hf-trl`` (``Dataset.map`` of ``tokenizer(text + eos, truncation=True,
-max_length=512)`` as ``SFTTrainer`` tokenizes, then ``trl.pack_dataset(ds, 512, "bfd")``).
+max_length=512)`` as ``SFTTrainer`` tokenizes, then ``trl.pack_dataset(ds, 512, "bfd")``). Besides the peak
+(``VmHWM``, which counts the pages of memory-mapped files that were read), a thread reads ``RssAnon`` every
+5 ms: "anonymous peak" is the memory the process allocated, without the page cache of mapped files.
 
 Each measurement runs in a fresh process: each side packs 50 c4-demo documents first (imports and first-call
 costs stay out of the figures), the input is built, then ``VmRSS`` read, the packing call timed (wall and
@@ -42,6 +44,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -122,10 +125,22 @@ def pipeline_probe(side: str, n: int, data_dir: Path) -> dict:
         run(warm["train"])  # imports and first-call costs, untimed
         ds = datasets.load_dataset("json", data_files=str(_text_rows(n, data_dir)), cache_dir=cache)["train"]
         rss_before = proc_status_kib("VmRSS")
+        anon_before = proc_status_kib("RssAnon")
+        anon_peak = [anon_before]
+        done = threading.Event()
+
+        def sample() -> None:  # the kernel keeps no peak of RssAnon: read it every 5 ms
+            while not done.wait(0.005):
+                anon_peak[0] = max(anon_peak[0], proc_status_kib("RssAnon"))
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
         wall0, cpu0 = clock()
         out = run(ds)
         wall1, cpu1 = clock()
         hwm = proc_status_kib("VmHWM")
+        done.set()
+        sampler.join()
         lengths = pc.list_value_length(out.data.column("input_ids"))
         tokens = int(pc.sum(lengths).as_py() or 0)
         return {
@@ -136,6 +151,7 @@ def pipeline_probe(side: str, n: int, data_dir: Path) -> dict:
             "cpu": cpu1 - cpu0,
             "rss_before_kib": rss_before,
             "hwm_after_kib": hwm,
+            "anon_above_kib": max(anon_peak[0], proc_status_kib("RssAnon")) - anon_before,
             "file_backed": bool(out.cache_files),
         }
 
@@ -162,13 +178,14 @@ def pipeline_report(results: dict[tuple[str, str], list[dict]], rounds: str) -> 
                 median([r["cpu"] / h["cpu"] for r, h in zip(rs, hf)]) if hf else float("nan"),
                 median(peak),
                 median([p / q for p, q in zip(peak, hf_peak)]) if hf else float("nan"),
+                median([r.get("anon_above_kib", float("nan")) / 1024 for r in rs]),
             ]
         )
     print(
         f"tokenize + bfd pack, max_length {MAX_LENGTH}, {rounds} interleaved rounds, medians; a process each"
     )
     header = ["input", "side", "documents", "tokens", "rows", "file-backed", "rounds", "CPU s"]
-    header += ["CPU / hf-trl", "peak above start MiB", "peak / hf-trl"]
+    header += ["CPU / hf-trl", "peak above start MiB", "peak / hf-trl", "anonymous peak above start MiB"]
     print(table(header, rows))
 
 
