@@ -51,8 +51,14 @@ rows from a stream, bounded memory, the exact split over ranks x workers and the
 The rows are computed on Arrow offsets and lengths, never per token in Python. Per document, Python touches
 one length (the best-fit choice, a ``bisect`` over the distinct rooms left: O(n log max_length)); every token
 moves in Arrow or numpy (``pyarrow.compute.take`` on the list column, index arithmetic for the labels).
-Memory: the input columns as they are (a memory-mapped ``datasets`` table stays mapped) plus the output,
-two int32 token columns: 8 bytes per packed token, and 4 bytes per document (``seq_lengths``).
+Where the rows go: a file-backed dataset (one with ``cache_files``: a data file, a hub dataset, a tokenized
+split) is packed as ``Dataset.map`` writes its results, into an Arrow file in the ``datasets`` cache
+(:func:`packed_cache_file`, keyed on the input's fingerprint, the strategy, ``max_length`` and this module's
+code, so a second run reads it instead of packing again), one record batch of whole rows
+(:data:`BLOCK_TOKENS`) at a time, then memory-mapped. The input is read where it lies (memory-mapped record
+batches, chunk by chunk). Memory: 8 bytes per document (the lengths and the bin plan) and one batch's scratch,
+not the packed table. An in-memory dataset is packed in memory: two int32 token columns, 8 bytes per packed
+token, and 4 bytes per document (``seq_lengths``); ``wrapped`` reuses the input's token buffers there.
 
 Why ours rather than ``trl.pack_dataset`` (``trl/data_utils.py``), whose rows ``bfd`` and
 ``wrapped`` reproduce: TRL packs inside ``Dataset.map(batched=True)``, so each map batch (1,000 documents by
