@@ -285,6 +285,9 @@ PACKED_SCHEMA = pa.schema([(name, pa.list_(PACKED_TYPE)) for name in ("input_ids
 BLOCK_TOKENS = 1 << 18
 #: document lengths the best-fit loop turns into Python ints at a time
 _LOOP_SLICE = 1 << 16
+#: the pool of a batch's transient buffers: the system allocator hands them back to the OS when freed, where
+#: Arrow's default pool (mimalloc or jemalloc) keeps them, so that the scratch of every batch stays resident
+_POOL = pa.system_memory_pool()
 
 
 def best_fit_rows(lengths: np.ndarray, capacity: int) -> tuple[np.ndarray, np.ndarray]:
@@ -355,7 +358,7 @@ def list_column(table: pa.Table, name: str) -> pa.Array:
 
 def _values(column: pa.Array) -> pa.Array:
     """The tokens of a list array, one after the other (``flatten`` honours a sliced array's own offset)."""
-    return column.flatten().cast(PACKED_TYPE)
+    return column.flatten().cast(PACKED_TYPE, memory_pool=_POOL)
 
 
 def _rows(offsets: np.ndarray, values: pa.Array) -> pa.Array:
@@ -381,7 +384,7 @@ class _Rows:
         ``pyarrow.compute.take`` per chunk they lie in, then one to put them back in order."""
         index = pa.array(rows, pa.int64())
         if len(self.chunks) == 1:
-            return pc.take(self.chunks[0], index)
+            return pc.take(self.chunks[0], index, memory_pool=_POOL)
         chunk = np.searchsorted(self.firsts, rows, side="right") - 1
         by_chunk = np.argsort(chunk, kind="stable")
         sorted_chunks = chunk[by_chunk]
@@ -389,10 +392,12 @@ class _Rows:
         parts = []
         for a, b in zip([0, *cuts], [*cuts, rows.size]):
             c = int(sorted_chunks[a])
-            parts.append(pc.take(self.chunks[c], pa.array(rows[by_chunk[a:b]] - self.firsts[c], pa.int64())))
+            local = pa.array(rows[by_chunk[a:b]] - self.firsts[c], pa.int64())
+            parts.append(pc.take(self.chunks[c], local, memory_pool=_POOL))
         back = np.empty_like(by_chunk)
         back[by_chunk] = np.arange(by_chunk.size)
-        return pc.take(pa.concat_arrays(parts), pa.array(back, pa.int64()))
+        grouped = pa.concat_arrays(parts, memory_pool=_POOL)
+        return pc.take(grouped, pa.array(back, pa.int64()), memory_pool=_POOL)
 
 
 @dataclass(frozen=True)
