@@ -388,7 +388,7 @@ def main() -> None:
     parser.add_argument("--report", help="print the table from a --log file (all rounds that finished)")
     parser.add_argument("--pipeline", action="store_true", help="tokenize + pack against datasets.map + TRL")
     parser.add_argument("--pipeline-before", default=PIPELINE_BEFORE, help="commit of the ours-before side")
-    parser.add_argument("--sides", nargs="+", default=list(PIPELINE_SIDES), help="--pipeline: the sides to run")
+    parser.add_argument("--sides", nargs="+", default=list(PIPELINE_SIDES), help="--pipeline sides")
     parser.add_argument("--probe", nargs=5, help=argparse.SUPPRESS)
     parser.add_argument("--pipeline-probe", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
