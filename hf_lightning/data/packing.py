@@ -51,8 +51,14 @@ rows from a stream, bounded memory, the exact split over ranks x workers and the
 The rows are computed on Arrow offsets and lengths, never per token in Python. Per document, Python touches
 one length (the best-fit choice, a ``bisect`` over the distinct rooms left: O(n log max_length)); every token
 moves in Arrow or numpy (``pyarrow.compute.take`` on the list column, index arithmetic for the labels).
-Memory: the input columns as they are (a memory-mapped ``datasets`` table stays mapped) plus the output,
-two int32 token columns: 8 bytes per packed token, and 4 bytes per document (``seq_lengths``).
+Where the rows go: a file-backed dataset (one with ``cache_files``: a data file, a hub dataset, a tokenized
+split) is packed as ``Dataset.map`` writes its results, into an Arrow file in the ``datasets`` cache
+(:func:`packed_cache_file`, keyed on the input's fingerprint, the strategy, ``max_length`` and this module's
+code, so a second run reads it instead of packing again), one record batch of whole rows
+(:data:`BLOCK_TOKENS`) at a time, then memory-mapped. The input is read where it lies (memory-mapped record
+batches, chunk by chunk). Memory: 8 bytes per document (the lengths and the bin plan) and one batch's scratch,
+not the packed table. An in-memory dataset is packed in memory: two int32 token columns, 8 bytes per packed
+token, and 4 bytes per document (``seq_lengths``); ``wrapped`` reuses the input's token buffers there.
 
 Why ours rather than ``trl.pack_dataset`` (``trl/data_utils.py``), whose rows ``bfd`` and
 ``wrapped`` reproduce: TRL packs inside ``Dataset.map(batched=True)``, so each map batch (1,000 documents by
@@ -67,18 +73,24 @@ from __future__ import annotations
 
 import bisect
 import functools
+import hashlib
 import logging
+import os
+import tempfile
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 import datasets
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from datasets.fingerprint import generate_random_fingerprint
+from datasets.fingerprint import Hasher, generate_random_fingerprint, get_temporary_cache_files_directory
+from datasets.table import MemoryMappedTable
 
+from hf_lightning.compat import dataset_fingerprint, selection_indices
 from hf_lightning.core.arguments import Allowed, shown
 from hf_lightning.core.batch import IGNORE_INDEX
 from hf_lightning.core.errors import ConfigError
@@ -266,8 +278,16 @@ PACKED_TYPE = pa.int32()
 #: a packed row's column of its documents' lengths, in order (TRL's name); the collators turn it into
 #: ``position_ids`` restarting at 0 at each document
 SEQ_LENGTHS = "seq_lengths"
-#: tokens gathered per step of :func:`pack_bfd_table` (its scratch: about 12 bytes per token of one step)
+#: the columns of packed rows, in order
+PACKED_SCHEMA = pa.schema([(name, pa.list_(PACKED_TYPE)) for name in ("input_ids", "labels", SEQ_LENGTHS)])
+#: tokens of one record batch of packed rows (whole rows, at least one): the scratch of one batch is about 20
+#: bytes per token of it, whatever the corpus size
 BLOCK_TOKENS = 1 << 18
+#: document lengths the best-fit loop turns into Python ints at a time
+_LOOP_SLICE = 1 << 16
+#: the pool of a batch's transient buffers: the system allocator hands them back to the OS when freed, where
+#: Arrow's default pool (mimalloc or jemalloc) keeps them, so that the scratch of every batch stays resident
+_POOL = pa.system_memory_pool()
 
 
 def best_fit_rows(lengths: np.ndarray, capacity: int) -> tuple[np.ndarray, np.ndarray]:
@@ -299,7 +319,7 @@ def best_fit_rows(lengths: np.ndarray, capacity: int) -> tuple[np.ndarray, np.nd
     rooms: list[int] = []  # the distinct rooms (> 0) some row has left, ascending
     waiting: dict[int, deque[int]] = {}  # room -> rows with that room, in the order they came to have it
     rows = 0
-    for k, n in enumerate(lengths[order].tolist()):
+    for k, n in enumerate(_ints(lengths, order)):
         j = bisect.bisect_left(rooms, n)
         if j < len(rooms):
             room = rooms[j]
@@ -324,6 +344,12 @@ def best_fit_rows(lengths: np.ndarray, capacity: int) -> tuple[np.ndarray, np.nd
     return order[by_row], np.bincount(row_of, minlength=rows)
 
 
+def _ints(lengths: np.ndarray, order: np.ndarray) -> Iterator[int]:
+    """``lengths[order]`` as Python ints, a slice at a time (never one list of them all)."""
+    for start in range(0, order.size, _LOOP_SLICE):
+        yield from lengths[order[start : start + _LOOP_SLICE]].tolist()
+
+
 def list_column(table: pa.Table, name: str) -> pa.Array:
     """One list column of ``table`` as a single Arrow array (chunks joined only when there are several)."""
     column = table.column(name)
@@ -332,7 +358,7 @@ def list_column(table: pa.Table, name: str) -> pa.Array:
 
 def _values(column: pa.Array) -> pa.Array:
     """The tokens of a list array, one after the other (``flatten`` honours a sliced array's own offset)."""
-    return column.flatten().cast(PACKED_TYPE)
+    return column.flatten().cast(PACKED_TYPE, memory_pool=_POOL)
 
 
 def _rows(offsets: np.ndarray, values: pa.Array) -> pa.Array:
@@ -341,59 +367,166 @@ def _rows(offsets: np.ndarray, values: pa.Array) -> pa.Array:
     return pa.LargeListArray.from_arrays(pa.array(offsets, pa.int64()), values)
 
 
-def _gather(
-    ids: pa.Array, labels: pa.Array | None, order: np.ndarray, doc_lengths: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """The tokens and labels (first of each document -100) of the documents ``order``, one after the other:
-    int32 ``(total,)`` each, filled :data:`BLOCK_TOKENS` at a time so that the scratch stays bounded."""
-    ends = np.cumsum(doc_lengths)
-    total = int(ends[-1]) if ends.size else 0
-    out_ids, out_labels = (np.empty(total, np.int32) for _ in range(2))
+class _Rows:
+    """A list column's rows taken by row number, chunk by chunk.
+
+    ``column``: an Arrow list array, or a chunked one (a ``datasets`` table's record batches, memory-mapped
+    from its cache file): each chunk is read where it lies, no chunk is joined to another or copied whole.
+    """
+
+    def __init__(self, column: pa.Array | pa.ChunkedArray) -> None:
+        chunks = list(column.chunks) if isinstance(column, pa.ChunkedArray) else [column]
+        self.chunks = [c for c in chunks if len(c)]
+        self.firsts = np.cumsum([0] + [len(c) for c in self.chunks[:-1]], dtype=np.int64)
+
+    def take(self, rows: np.ndarray) -> pa.Array:
+        """The rows ``rows`` (row numbers of the column, in the order given) as one list array: one
+        ``pyarrow.compute.take`` per chunk they lie in, then one to put them back in order."""
+        index = pa.array(rows, pa.int64())
+        if len(self.chunks) == 1:
+            return pc.take(self.chunks[0], index, memory_pool=_POOL)
+        chunk = np.searchsorted(self.firsts, rows, side="right") - 1
+        by_chunk = np.argsort(chunk, kind="stable")
+        sorted_chunks = chunk[by_chunk]
+        cuts = (np.flatnonzero(np.diff(sorted_chunks)) + 1).tolist()
+        parts = []
+        for a, b in zip([0, *cuts], [*cuts, rows.size]):
+            c = int(sorted_chunks[a])
+            local = pa.array(rows[by_chunk[a:b]] - self.firsts[c], pa.int64())
+            parts.append(pc.take(self.chunks[c], local, memory_pool=_POOL))
+        back = np.empty_like(by_chunk)
+        back[by_chunk] = np.arange(by_chunk.size)
+        grouped = pa.concat_arrays(parts, memory_pool=_POOL)
+        return pc.take(grouped, pa.array(back, pa.int64()), memory_pool=_POOL)
+
+
+@dataclass(frozen=True)
+class PackInput:
+    """The documents of a ``datasets.Dataset`` as packing reads them, without copying a token.
+
+    Attributes:
+        ids / labels: the ``input_ids`` and ``labels`` columns (``labels`` ``None`` when absent: a copy of
+            ``input_ids``), read by row number (memory-mapped record batches stay where they lie).
+        rows: the table row of each document (a ``select``/``filter`` index mapping), ``None``: row ``i``.
+        lengths: tokens per document, int64 ``(documents,)``.
+    """
+
+    ids: _Rows
+    labels: _Rows | None
+    rows: np.ndarray | None
+    lengths: np.ndarray
+
+    @classmethod
+    def of(cls, ds: datasets.Dataset) -> PackInput:
+        """The documents of ``ds`` (its table and index mapping as they are)."""
+        table = ds.data
+        if not len(ds) or pa.types.is_null(table.column("input_ids").type):
+            return cls(_Rows(pa.array([], pa.list_(PACKED_TYPE))), None, None, np.zeros(0, np.int64))
+        ids = table.column("input_ids")
+        lengths = pc.list_value_length(ids).to_numpy(zero_copy_only=False).astype(np.int64)
+        indices = selection_indices(ds)
+        rows = None
+        if indices is not None:
+            rows = indices.column(0).to_numpy(zero_copy_only=False).astype(np.int64)
+            lengths = lengths[rows]
+        labels = _Rows(table.column("labels")) if "labels" in ds.column_names else None
+        return cls(_Rows(ids), labels, rows, lengths)
+
+    def take(self, docs: np.ndarray) -> tuple[pa.Array, pa.Array | None]:
+        """The tokens and labels (``None`` when there is no ``labels`` column) of documents ``docs``, one
+        after the other, as int32 arrays.
+
+        Raises:
+            pyarrow.ArrowInvalid: a token id or label outside int32.
+        """
+        rows = docs if self.rows is None else self.rows[docs]
+        labels = None if self.labels is None else _values(self.labels.take(rows))
+        return _values(self.ids.take(rows)), labels
+
+
+def bfd_batches(source: PackInput, capacity: int) -> Iterator[pa.RecordBatch]:
+    """:func:`best_fit_rows`'s rows of ``source`` as record batches of :data:`PACKED_SCHEMA`, each about
+    :data:`BLOCK_TOKENS` tokens of whole rows; each document's first label -100.
+
+    Only the lengths are read up front (8 bytes per document); the tokens of one batch are gathered when it
+    is made.
+
+    Raises:
+        ValueError: a document longer than ``capacity``.
+        pyarrow.ArrowInvalid: a token id or label outside int32.
+    """
+    order, per_row = best_fit_rows(source.lengths, capacity)
+    doc_lengths = source.lengths[order]
+    doc_ends = np.cumsum(doc_lengths)
+    row_docs = np.cumsum(per_row)  # documents up to the end of each row
+    row_ends = doc_ends[row_docs - 1] if per_row.size else np.zeros(0, np.int64)
     first = 0
-    while first < order.size:
-        start = int(ends[first] - doc_lengths[first])
-        last = max(int(np.searchsorted(ends, start + BLOCK_TOKENS, side="right")), first + 1)
-        stop = int(ends[last - 1])
-        take = pa.array(order[first:last], pa.int64())
-        out_ids[start:stop] = _values(pc.take(ids, take)).to_numpy(zero_copy_only=False)
-        source = out_ids[start:stop] if labels is None else _values(pc.take(labels, take)).to_numpy(False)
-        out_labels[start:stop] = source
-        starts = ends[first:last] - doc_lengths[first:last]
-        out_labels[starts] = IGNORE_INDEX  # each document's first token has nothing before it
+    while first < per_row.size:
+        d0 = int(row_docs[first - 1]) if first else 0
+        t0 = int(doc_ends[d0 - 1]) if d0 else 0
+        last = max(int(np.searchsorted(row_ends, t0 + BLOCK_TOKENS, side="right")), first + 1)
+        d1 = int(row_docs[last - 1])
+        ids, labels = source.take(order[d0:d1])
+        lengths = doc_lengths[d0:d1]
+        ends = np.cumsum(lengths)
+        label_values = np.array((ids if labels is None else labels).to_numpy(zero_copy_only=False))
+        label_values[ends - lengths] = IGNORE_INDEX  # each document's first token has nothing before it
+        doc_offsets = np.concatenate(([0], np.cumsum(per_row[first:last])))
+        offsets = np.concatenate(([0], ends[doc_offsets[1:] - 1]))
+        yield pa.record_batch(
+            [
+                _rows(offsets, ids),
+                _rows(offsets, pa.array(label_values, PACKED_TYPE)),
+                _rows(doc_offsets, pa.array(lengths.astype(np.int32), PACKED_TYPE)),
+            ],
+            schema=PACKED_SCHEMA,
+        )
         first = last
-    return out_ids, out_labels
 
 
-def pack_bfd_table(ids: pa.Array, labels: pa.Array | None, capacity: int) -> tuple[pa.Table, np.ndarray]:
-    """Rows of whole documents (:func:`best_fit_rows`), each document's first label -100.
+def wrapped_batches(source: PackInput, capacity: int) -> Iterator[pa.RecordBatch]:
+    """:func:`pack_wrapped_table`'s rows of ``source`` as record batches of :data:`PACKED_SCHEMA`, each about
+    :data:`BLOCK_TOKENS` tokens of whole rows, gathered when it is made."""
+    ends = np.cumsum(source.lengths)
+    total = int(ends[-1]) if ends.size else 0
+    step = max(BLOCK_TOKENS // capacity, 1) * capacity
+    for a in range(0, total, step):
+        b = min(a + step, total)
+        d0 = int(np.searchsorted(ends, a, side="right"))  # the document holding token a
+        d1 = int(np.searchsorted(ends, b - 1, side="right")) + 1  # ... and token b - 1
+        ids, labels = source.take(np.arange(d0, d1, dtype=np.int64))
+        skip = a - int(ends[d0] - source.lengths[d0])
+        ids = ids.slice(skip, b - a)
+        labels = ids if labels is None else labels.slice(skip, b - a)
+        offsets = np.append(np.arange(0, b - a, capacity, dtype=np.int64), b - a)
+        row_lengths = np.diff(offsets).astype(np.int32)
+        yield pa.record_batch(
+            [
+                _rows(offsets, ids),
+                _rows(offsets, labels),
+                _rows(np.arange(row_lengths.size + 1), pa.array(row_lengths, PACKED_TYPE)),
+            ],
+            schema=PACKED_SCHEMA,
+        )
+
+
+def pack_bfd_table(ids: pa.Array, labels: pa.Array | None, capacity: int) -> pa.Table:
+    """Rows of whole documents (:func:`best_fit_rows`), each document's first label -100, in memory.
 
     Args:
         ids / labels: list arrays ``(n,)`` of the same row lengths; ``labels`` ``None``: a copy of ``ids``.
         capacity: ``max_length``.
 
     Returns:
-        the packed table (``input_ids``, ``labels``: int32 lists of the row's tokens; ``seq_lengths``: int32
-        lists of its documents' lengths) and the document lengths, int64 ``(m,)`` in row order (row ``r``'s
-        are the next ``docs_per_row[r]``).
+        the packed table: ``input_ids``, ``labels`` (int32 lists of the row's tokens) and ``seq_lengths``
+        (int32 lists of its documents' lengths); one chunk per :func:`bfd_batches` batch.
 
     Raises:
         pyarrow.ArrowInvalid: a token id or label outside int32.
     """
     lengths = pc.list_value_length(ids).to_numpy(zero_copy_only=False).astype(np.int64)
-    order, per_row = best_fit_rows(lengths, capacity)
-    doc_lengths = lengths[order]
-    ends = np.cumsum(doc_lengths)
-    offsets = np.concatenate(([0], ends[np.cumsum(per_row) - 1])) if per_row.size else np.zeros(1, np.int64)
-    out_ids, out_labels = _gather(ids, labels, order, doc_lengths)
-    doc_offsets = np.concatenate(([0], np.cumsum(per_row)))
-    table = pa.table(
-        {
-            "input_ids": _rows(offsets, pa.array(out_ids, PACKED_TYPE)),
-            "labels": _rows(offsets, pa.array(out_labels, PACKED_TYPE)),
-            SEQ_LENGTHS: _rows(doc_offsets, pa.array(doc_lengths.astype(np.int32), PACKED_TYPE)),
-        }
-    )
-    return table, doc_lengths
+    source = PackInput(_Rows(ids), None if labels is None else _Rows(labels), None, lengths)
+    return pa.Table.from_batches(list(bfd_batches(source, capacity)), schema=PACKED_SCHEMA)
 
 
 def pack_wrapped_table(ids: pa.Array, labels: pa.Array | None, capacity: int) -> pa.Table:
@@ -476,8 +609,8 @@ def best_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int]
 def pack_bfd(ds: datasets.Dataset, max_length: int) -> datasets.Dataset:
     """Pack documents whole with :func:`best_fit_decreasing`; documents' lengths kept, first tokens masked.
 
-    Computed on Arrow offsets (:func:`pack_bfd_table`): no token goes
-    through Python.
+    Computed on Arrow offsets (:func:`bfd_batches`): no token goes through Python. A file-backed ``ds`` gives
+    a file-backed result (:func:`packed_cache_file`), an in-memory one an in-memory result.
 
     Returns:
         a dataset with ``input_ids`` and ``labels`` columns (int32 lists, one row per bin, the same length)
@@ -486,19 +619,81 @@ def pack_bfd(ds: datasets.Dataset, max_length: int) -> datasets.Dataset:
     Raises:
         ValueError: a document longer than ``max_length`` (tokenization truncates them first).
     """
-    return to_dataset(pack_bfd_table(*token_columns(ds), max_length)[0])
+    return _pack(ds, "bfd", max_length, PackInput.of(ds))[0]
 
 
 def pack_wrapped(ds: datasets.Dataset, max_length: int) -> datasets.Dataset:
     """Concatenate every document as it is (no separator added) and cut into ``max_length`` rows.
 
     Example: documents ``[1, 2, 3]``, ``[4, 5, 2]``, ``[6]`` with ``max_length`` 4 give rows ``[1, 2, 3, 4]``
-    and ``[5, 2, 6]``.
+    and ``[5, 2, 6]``. File-backed or in memory as ``ds`` is (see :func:`pack_bfd`).
 
     Returns:
         a dataset with ``input_ids``, ``labels`` and ``seq_lengths`` (``[n]``) columns (int32 lists).
     """
-    return to_dataset(pack_wrapped_table(*token_columns(ds), max_length))
+    return _pack(ds, "wrapped", max_length, PackInput.of(ds))[0]
+
+
+@functools.cache
+def _engine_code() -> str:
+    """A sha256 of this module's source: packed rows cached by an earlier version are not reused."""
+    return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+
+
+def packed_cache_file(ds: datasets.Dataset, strategy: str, max_length: int) -> tuple[str, str] | None:
+    """Where the packed rows of a file-backed ``ds`` are kept, and their fingerprint; ``None`` when ``ds`` is
+    in memory (no cache file).
+
+    As ``Dataset.map`` names its cache files: ``cache-<fingerprint>.arrow`` beside ``ds``'s own cache files
+    (``Dataset.cleanup_cache_files`` counts it as one of them), the fingerprint a hash of ``ds``'s, the
+    strategy, ``max_length`` and this module's code; in ``datasets``' temporary folder when its caching is
+    off (``datasets.disable_caching()``).
+    """
+    if not ds.cache_files:
+        return None
+    fingerprint = Hasher.hash(["packed", dataset_fingerprint(ds), strategy, max_length, _engine_code()])
+    folder = os.path.dirname(ds.cache_files[0]["filename"])
+    if not datasets.is_caching_enabled():
+        folder = get_temporary_cache_files_directory()
+    return os.path.join(folder, f"cache-{fingerprint}.arrow"), fingerprint
+
+
+def write_batches(path: str, batches: Iterable[pa.RecordBatch]) -> None:
+    """Write ``batches`` to the Arrow stream file ``path`` (the format of ``datasets``' cache files) one at a
+    time, through a temporary file in the same folder renamed into place at the end: a file at ``path`` is
+    always whole, and an error leaves none."""
+    with tempfile.NamedTemporaryFile(dir=os.path.dirname(path), prefix="tmp-packed-", delete=False) as tmp:
+        try:
+            with pa.ipc.new_stream(tmp, PACKED_SCHEMA) as writer:
+                for batch in batches:
+                    writer.write_batch(batch)
+        except BaseException:
+            tmp.close()
+            os.remove(tmp.name)
+            raise
+    os.replace(tmp.name, path)
+
+
+def _pack(
+    ds: datasets.Dataset, strategy: str, max_length: int, source: PackInput
+) -> tuple[datasets.Dataset, str | None]:
+    """``ds`` packed with ``strategy``, and the cache file it was read from when an earlier call wrote it.
+
+    In memory when ``ds`` is; else written to :func:`packed_cache_file` a record batch at a time (memory
+    bounded by :data:`BLOCK_TOKENS` and 8 bytes per document, not by the corpus) and memory-mapped from
+    there, or read from it when it is already there.
+    """
+    cache = packed_cache_file(ds, strategy, max_length)
+    if cache is None:
+        if strategy == "wrapped":  # the input's own token buffers under new offsets: nothing copied
+            return to_dataset(pack_wrapped_table(*token_columns(ds), max_length)), None
+        return to_dataset(pa.Table.from_batches(list(bfd_batches(source, max_length)), PACKED_SCHEMA)), None
+    path, fingerprint = cache
+    reused = datasets.is_caching_enabled() and os.path.exists(path)
+    if not reused:
+        write_batches(path, (bfd_batches if strategy == "bfd" else wrapped_batches)(source, max_length))
+    out = datasets.Dataset(MemoryMappedTable.from_file(path), fingerprint=fingerprint)
+    return out, path if reused else None
 
 
 def announce_document_ends(tokenizer: Any, fmt: str, packing: str | None) -> None:
@@ -542,17 +737,16 @@ def pack_dataset(
             split,
             left,
         )
-    ids, labels = token_columns(ds)
-    lengths = pc.list_value_length(ids).to_numpy(zero_copy_only=False).astype(np.int64)
-    if strategy == "bfd":
-        table = pack_bfd_table(ids, labels, max_length)[0]
-    else:
-        table = pack_wrapped_table(ids, labels, max_length)
+    source = PackInput.of(ds)
+    out, reused = _pack(ds, strategy, max_length, source)
+    lengths = source.lengths
+    if reused:
+        log.info("%s: packed rows read from the datasets cache (%s; packed by an earlier run)", split, reused)
     tokens = int(lengths.sum())
     empty = int(np.count_nonzero(lengths == 0))
     across = documents_across(lengths, max_length) if strategy == "wrapped" else None
-    log_packed(split, strategy, max_length, len(lengths), table.num_rows, tokens, empty, across)
-    return to_dataset(table)
+    log_packed(split, strategy, max_length, len(lengths), len(out), tokens, empty, across)
+    return out
 
 
 def log_packed(
@@ -716,7 +910,7 @@ class StreamPacker:
         self.empty += int(np.count_nonzero(lengths == 0))
         self.tokens += int(lengths.sum())
         if self.packing.strategy == "bfd":
-            table = pack_bfd_table(ids, labels, capacity)[0]
+            table = pack_bfd_table(ids, labels, capacity)
         else:
             table = self._wrap(ids, labels, lengths, last)
         order = None

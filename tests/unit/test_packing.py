@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 
 import datasets
 import pytest
@@ -299,3 +300,48 @@ def test_check_packing_holds_the_rules_the_schema_and_the_datamodule_share():
     assert check_packing("wrapped", fmt="text") == "wrapped"  # a stream is packed as it is read
     with pytest.raises(ConfigError, match="the 'seq2seq' format cannot be flattened"):
         check_packing(False, padding_free=True, fmt="seq2seq")
+
+
+def test_a_file_is_packed_into_a_datasets_cache_file_that_a_second_setup_reuses(
+    word_tokenizer, tmp_path, caplog
+):
+    """A file-backed split is packed as ``Dataset.map`` writes its results: to an Arrow file beside the
+    tokenized split's cache file, memory-mapped, and read back (not packed again) by the next set-up."""
+    path = tmp_path / "docs.jsonl"
+    path.write_text("".join(f'{{"text": "{t}"}}\n' for t in ["a b c", "d e f g h i j", "k l", "m"]))
+
+    def packed() -> datasets.Dataset:
+        dm = HFDataModule(word_tokenizer, path=str(path), validation_split=0.0, packing="bfd", max_length=8)
+        dm.setup()
+        return dm.train_dataset
+
+    with caplog.at_level(logging.INFO, logger="hf_lightning"):
+        first = packed()
+    [file] = [f["filename"] for f in first.cache_files]
+    assert os.path.basename(file).startswith("cache-") and file.endswith(".arrow")
+    written = os.stat(file).st_mtime_ns
+    assert "read from the datasets cache" not in caplog.text
+    # the rows of test_datamodule_packs_and_logs_the_efficiency (the same documents, in memory), by hand
+    assert first.to_list() == [
+        {
+            "input_ids": [7, 8, 9, 10, 11, 12, 13, 2],
+            "labels": [IGNORE, 8, 9, 10, 11, 12, 13, 2],
+            "seq_lengths": [8],
+        },
+        {
+            "input_ids": [4, 5, 6, 2, 14, 15, 2],
+            "labels": [IGNORE, 5, 6, 2, IGNORE, 15, 2],
+            "seq_lengths": [4, 3],
+        },
+        {"input_ids": [16, 2], "labels": [IGNORE, 2], "seq_lengths": [2]},
+    ]
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="hf_lightning"):
+        second = packed()
+    assert [f["filename"] for f in second.cache_files] == [file]
+    assert os.stat(file).st_mtime_ns == written  # read, not written again
+    assert (
+        f"train: packed rows read from the datasets cache ({file}; packed by an earlier run)" in caplog.text
+    )
+    assert "packed 4 documents into 3 rows of 8 (bfd): efficiency 70.8%" in caplog.text  # the same lines
+    assert second.to_list() == first.to_list()

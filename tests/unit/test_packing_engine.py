@@ -6,6 +6,7 @@ tests/parity/test_packing_engine.py.
 from __future__ import annotations
 
 import logging
+import os
 import random
 import tracemalloc
 
@@ -168,3 +169,32 @@ def test_memory_is_linear_in_the_output_and_no_token_goes_through_python():
         assert docs == (len(lengths) if pack is pack_bfd else rows)
         assert 8 * tokens < table.nbytes <= 2 * (4 * tokens + 4 * (rows + 1)) + 4 * docs + 4 * (rows + 1)
         assert python_peak < 12 * tokens, (pack.__name__, python_peak / tokens)
+
+
+@pytest.mark.parametrize("labels", [True, False])
+def test_a_file_backed_dataset_is_packed_into_a_cache_file_in_batches_equal_to_the_in_memory_rows(
+    tmp_path, monkeypatch, labels
+):
+    """Documents in a ``datasets`` cache file of record batches of 4 rows, read through a ``select`` index
+    mapping, packed a few rows per written batch: the rows of the oracle and of the same documents in memory,
+    in a memory-mapped file of several batches, one file per strategy and ``max_length``."""
+    rows = _docs([5, 3, 7, 2, 6, 1, 4, 8, 8, 0, 1] * 3, labels=labels)
+    on_disk = _dataset(rows).map(
+        batched=True, cache_file_name=str(tmp_path / "tokenized.arrow"), writer_batch_size=4
+    )
+    assert on_disk.data.column("input_ids").num_chunks > 1
+    picked = [20, 3, 3, 0, 11, 7, 15, 9, 30, 31, 32, 1, 2]
+    monkeypatch.setattr(packing, "BLOCK_TOKENS", 10)
+    files = set()
+    for ds, want in ((on_disk, rows), (on_disk.select(picked), [rows[i] for i in picked])):
+        for strategy, oracle in (("bfd", old.pack_bfd), ("wrapped", old.pack_wrapped)):
+            out = pack_dataset(ds, strategy, 8)
+            [file] = [f["filename"] for f in out.cache_files]
+            assert os.path.dirname(file) == str(tmp_path)
+            files.add(file)
+            assert out.data.column("input_ids").num_chunks > 1
+            expected = oracle([r for r in want if r["input_ids"]], 8)  # empty documents: in no row
+            assert out.to_list() == expected
+            assert out.to_list() == pack_dataset(_dataset(want), strategy, 8).to_list()
+    assert len(files) == 4
+    assert len({f["filename"] for f in pack_wrapped(on_disk, 7).cache_files} | files) == 5
