@@ -342,3 +342,12 @@ def dcp_entry_files(metadata: Any) -> dict[str, set[str]]:
     for index, info in (getattr(metadata, "storage_data", None) or {}).items():
         files.setdefault(index.fqn, set()).add(info.relative_path)
     return files
+
+
+def weights_only_default_globals() -> frozenset[str]:
+    """The ``module.Name`` strings of every global ``torch.load(weights_only=True)`` accepts without
+    ``safe_globals`` (tensors, storages, dtypes, ``OrderedDict``, ...): ``torch._weights_only_unpickler``'s
+    ``_get_allowed_globals``; no public API lists them."""
+    from torch import _weights_only_unpickler as unpickler
+
+    return frozenset(unpickler._get_allowed_globals())

@@ -69,9 +69,9 @@ DEEPSPEED_TYPES: tuple[str, ...] = (
 
 
 def _torch_defaults() -> frozenset[str]:
-    from torch import _weights_only_unpickler as unpickler
+    from hf_lightning.compat import weights_only_default_globals
 
-    return frozenset(unpickler._get_allowed_globals())
+    return weights_only_default_globals()
 
 
 def _pickles(source: str | bytes) -> Iterator[IO[bytes]]:

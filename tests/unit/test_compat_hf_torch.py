@@ -214,3 +214,20 @@ def test_unwrap_without_deepspeed(tmp_path):
     assert "inside False" in out and "outside True" in out
     a, b = ((tmp_path / d / "model.safetensors").read_bytes() for d in "ab")
     assert a == b
+
+
+def test_weights_only_default_globals_are_what_torch_load_takes_without_safe_globals(tmp_path):
+    """What the list holds loads under ``weights_only=True``; a global outside it (a ``pathlib`` path) does
+    not."""
+    import pathlib
+    import pickle
+
+    names = compat.weights_only_default_globals()
+    assert "collections.OrderedDict" in names and "torch._utils._rebuild_tensor_v2" in names
+    assert "pathlib.PurePosixPath" not in names and "pathlib.PosixPath" not in names
+    path = tmp_path / "p.pt"
+    torch.save({"w": torch.ones(1)}, path)
+    assert torch.load(path, weights_only=True)["w"].item() == 1.0
+    torch.save({"p": pathlib.PurePosixPath("a")}, path)
+    with pytest.raises(pickle.UnpicklingError):
+        torch.load(path, weights_only=True)
