@@ -13,12 +13,15 @@ config class of the model (the ``architecture``'s with ``model.name_or_path=null
 ``config.json`` otherwise), with the closest name as a suggestion. A pretrained model keeps its
 ``config.json`` (the weights were trained with it): a ``model.config`` value given on the command line that
 differs from the folder's cannot take effect, and is refused; the model group's own defaults (written for a
-model built from a config) are not used with a folder, which one INFO line says.
+model built from its ``architecture``, whose names the folder's class may not have: a Llama's
+``num_key_value_heads`` with a GPT-2 folder) are not used with a folder, which one INFO line says. A name
+neither class has is refused wherever it comes from.
 """
 
 from __future__ import annotations
 
 import difflib
+import functools
 import inspect
 import logging
 import os
@@ -127,10 +130,27 @@ def model_config_errors(model: Mapping[str, Any], given: Collection[str] | None)
     if config is None:
         return []
     known = sorted(config_settings(config))
+
+    @functools.cache
+    def group_known() -> frozenset[str]:  # the settings of the architecture the model group is written for
+        from transformers import AutoConfig
+
+        try:
+            return frozenset(config_settings(AutoConfig.for_model(model.get("architecture") or "llama")))
+        except (ValueError, KeyError):
+            return frozenset()
+
     kind = type(config).__name__
     errors, unused = [], []
     for key, value in overrides.items():
         key = str(key)
+        user_given = given is not None and ("model.config" in given or f"model.config.{key}" in given)
+        if pretrained is not None and not user_given and (key in known or key in group_known()):
+            # the model group's own keys, written for a model built from its architecture (a Llama's with a
+            # GPT-2 folder): not used with a folder; a name neither class has is a typo, refused below
+            if key not in known or getattr(config, key, None) != value:
+                unused.append(key)
+            continue
         if key not in known:
             close = difflib.get_close_matches(key, known, n=1)
             hint = f" (did you mean model.config.{close[0]}?)" if close else ""
@@ -144,15 +164,12 @@ def model_config_errors(model: Mapping[str, Any], given: Collection[str] | None)
         current = getattr(config, key, None)
         if value == current:
             continue
-        if given is not None and ("model.config" in given or f"model.config.{key}" in given):
-            errors.append(
-                f"model.config.{key}={shown(value)} with model.name_or_path={pretrained}: a pretrained model "
-                f"keeps its config.json ({key}={shown(current)}), with which its weights were trained, so "
-                "model.config cannot take effect; drop it, or set model.name_or_path=null to build a model "
-                "from model.config"
-            )
-        else:
-            unused.append(key)
+        errors.append(
+            f"model.config.{key}={shown(value)} with model.name_or_path={pretrained}: a pretrained model "
+            f"keeps its config.json ({key}={shown(current)}), with which its weights were trained, so "
+            "model.config cannot take effect; drop it, or set model.name_or_path=null to build a model "
+            "from model.config"
+        )
     if unused and not errors:
         log.info(
             "model.name_or_path=%s: the model keeps its config.json; the model group's model.config (%s, "

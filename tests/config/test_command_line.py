@@ -117,7 +117,7 @@ def test_trainer_overfit_batches_trains_on_that_many_batches_each_epoch(tmp_path
         "validates on the first 2 batches of the validation data"
     ) in out
     rows = [
-        line.split(" - ", 1)[1].split(":")[0]
+        line.split(" - ", 1)[1].split(" [")[0]  # "step 1 of 4 [00:03<00:09]: ..."
         for line in out.splitlines()
         if "train_log][INFO] - step" in line
     ]

@@ -223,6 +223,21 @@ def test_a_given_model_config_value_that_a_pretrained_folder_cannot_take_is_refu
     assert model_config_errors(model, set()) == []  # the group's own keys: one INFO line
 
 
+def test_the_model_groups_keys_of_another_architecture_are_not_refused_with_a_folder(tiny_folder):
+    """The shipped model group's keys are a Llama's (``num_key_value_heads``); with a GPT-2 folder they are
+    not used, so names GPT-2's config lacks are not refused unless the command line gives them."""
+    from transformers import GPT2Config
+
+    from hf_lightning.config.inputs import model_config_errors
+
+    gpt2 = tiny_folder.parent / "gpt2"
+    GPT2Config(n_embd=16, n_layer=1, n_head=2).save_pretrained(gpt2)
+    model = {"name_or_path": str(gpt2), "config": {"num_key_value_heads": 4, "intermediate_size": 688}}
+    assert model_config_errors(model, set()) == []
+    (given,) = model_config_errors(model, {"model.config.num_key_value_heads"})
+    assert given.startswith("model.config.num_key_value_heads=4: GPT2Config has no setting ")
+
+
 def test_a_model_config_key_spelled_right_reaches_the_exported_config(tmp_path, word_tokenizer):
     """``model.config.hidden_size=64`` builds a model 64 wide whose saved ``config.json`` says 64 (read back
     from the file ``save_pretrained`` writes)."""

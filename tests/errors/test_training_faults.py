@@ -363,7 +363,7 @@ def test_the_cli_logs_a_skipped_step_without_a_nan(tmp_path):
     assert final["train/skipped_steps"] == 1.0 and all(math.isfinite(v) for v in final.values())
     log_text = (run_dir / "train.log").read_text()
     assert "=nan" not in log_text and "=inf" not in log_text
-    (row_2,) = [line for line in log_text.splitlines() if "step 2 of 3: " in line]
+    (row_2,) = [line for line in log_text.splitlines() if re.search(r"step 2 of 3 \[[^]]*\]: ", line)]
     assert "train/loss" not in row_2 and "grad_norm" not in row_2 and " train/skipped_steps=1 " in row_2
     done = "done: 3 optimizer steps, 1 of them skipped (a non-finite loss or gradient: no update) in "
     assert done in log_text
