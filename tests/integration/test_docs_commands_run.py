@@ -54,13 +54,26 @@ def _names_a_hub_id(command: str) -> bool:
 
 
 def _runnable() -> list[tuple[str, str, str]]:
-    """The commands run here: all but the migration tutorial's steps (which need its prepared files) and the
-    hub commands (``test_docs_hub.py``)."""
+    """The commands run here: all but the migration tutorial's steps (which need its prepared files), the
+    hub commands (``test_docs_hub.py``) and the evaluate command's bare name in prose (it names the
+    command; as it stands it is refused, nothing trained to evaluate:
+    ``test_the_bare_evaluate_command_is_refused``)."""
     return [
         c
         for c in documented_commands()
-        if not any(t in c[1] for t in TUTORIAL_FILES) and not _names_a_hub_id(c[1])
+        if not any(t in c[1] for t in TUTORIAL_FILES) and not _names_a_hub_id(c[1]) and c[1] != BARE_EVALUATE
     ]
+
+
+BARE_EVALUATE = "python -m hf_lightning.evaluate"
+
+
+def test_the_bare_evaluate_command_is_refused(tmp_path):
+    """The pages name ``python -m hf_lightning.evaluate`` bare; as it stands it has no model to score."""
+    args = [f"hydra.run.dir={tmp_path / 'run'}"]
+    proc = run_module("hf_lightning.evaluate", args, env=_env(), cwd=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].startswith("hf_lightning: error: nothing trained to evaluate")
 
 
 def _env() -> dict[str, str]:
