@@ -202,5 +202,8 @@ def test_two_processes_use_each_example_once_per_epoch_with_hf_losses(tmp_path):
         assert loss == pytest.approx(hf_loss, rel=1e-5) and norm == pytest.approx(hf_norm, rel=1e-4)
     weights = torch.load(tmp_path / "weights_datamodule.pt")
     hf_weights = torch.load(tmp_path / "weights_hf.pt")
+    # AdamW moves an element by lr * m / (sqrt(v) + eps), up to lr = 1e-2 a step: where a rarely used
+    # embedding row's gradient is near eps, float rounding of the same gradient changes that step (measured:
+    # 1.9e-6 on one element of 2048, with the previous release's code too), so atol is 5e-6, not 1e-6
     for name, value in hf_weights.items():
-        torch.testing.assert_close(weights[name], value, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(weights[name], value, rtol=1e-5, atol=5e-6)
