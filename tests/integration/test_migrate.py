@@ -156,7 +156,7 @@ def test_bad_input_is_one_line_and_status_2(tmp_path):
     text.write_text("learning_rate: 5e-5\n")
     cases = {
         str(tmp_path / "missing.json"): "missing.json: no such file",
-        str(evil): "training_args.bin: holds print, which migrate does not unpickle",
+        str(evil): "training_args.bin: holds builtins.print, which migrate does not unpickle",
         str(text): "notes.txt: neither JSON nor a training_args.bin",
     }
     for path, message in cases.items():
