@@ -140,7 +140,9 @@ NEEDS = {"gpu_adamw_8bit": "bitsandbytes", "deepspeed_zero2": "deepspeed"}
 
 def eight_bit_state(run_dir: Path) -> int:
     """How many uint8 tensors the optimizer state of ``last.ckpt`` holds (bitsandbytes' quantized moments)."""
-    state = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    from hf_lightning.checkpointing.safe_load import load_checkpoint_file
+
+    state = load_checkpoint_file(str(run_dir / "checkpoints" / "last.ckpt"))
     count = 0
     for optimizer in state.get("optimizer_states", []):
         for per_param in optimizer.get("state", {}).values():

@@ -158,7 +158,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         """Lightning's load (``trainer.fit/validate/test(ckpt_path=...)``), after the checksum check, through
         :func:`~hf_lightning.checkpointing.safe_load.load_checkpoint_file`: ``weights_only=True`` with the
         allow-list of our checkpoints' types, whatever ``weights_only`` Lightning passes (a checkpoint that
-        needs ``weights_only=False`` is refused naming the type; nothing of it is unpickled).
+        needs more than the weights-only unpickler allows is refused naming the type; nothing of it is
+        unpickled).
 
         Raises:
             ConfigError: the file does not match its ``.sha256`` (damaged).

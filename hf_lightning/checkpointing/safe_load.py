@@ -1,9 +1,9 @@
 """The one loader of every checkpoint, weight and state file hf_lightning reads: none of them can run code.
 
 A checkpoint is a pickle, and unpickling builds whatever classes and calls whatever functions the file names
-(an object whose ``__reduce__`` is ``os.system`` runs a command at ``torch.load(weights_only=False)``). A
-checksum does not help: whoever can replace the file can rewrite its ``.sha256`` too. So every file is read in
-two steps:
+(an object whose ``__reduce__`` is ``os.system`` runs a command when ``torch.load`` unpickles it without its
+weights-only restriction). A checksum does not help: whoever can replace the file can rewrite its ``.sha256``
+too. So every file is read in two steps:
 
 1. **scanned**: the pickle is disassembled (``pickletools``, nothing is built or called) and every global it
    names (``GLOBAL``, ``STACK_GLOBAL``, ``INST``) is checked against the types our checkpoints hold:
@@ -14,8 +14,9 @@ two steps:
    torch's restricted unpickler, which enforces the same list as it builds the objects.
 
 Files that other libraries unpickle themselves (DeepSpeed's engine and ``zero_to_fp32`` read their states with
-``weights_only=False``; ``torch.distributed.checkpoint`` reads its ``.metadata`` index with ``pickle.load``)
-are scanned by :func:`check_pickle_file` first, against the types those files hold, and refused the same way.
+the weights-only restriction off; ``torch.distributed.checkpoint`` reads its ``.metadata`` index with
+``pickle.load``) are scanned by :func:`check_pickle_file` first, against the types those files hold, and
+refused the same way.
 
 Our checkpoints hold plain types on purpose (the resume state keeps the RNG states as numbers and tensors,
 :mod:`hf_lightning.callbacks.resume_state`): :data:`EXTRA_TYPES` stays empty for Lightning checkpoints and

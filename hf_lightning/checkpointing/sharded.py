@@ -185,7 +185,7 @@ def shard_reader(path: str) -> Any:
 
 def shard_planner() -> Any:
     """DCP's default load planner, whose non-tensor entries (stored as ``torch.save`` bytes inside the shards,
-    which DCP loads with ``weights_only=False``) load through
+    which DCP unpickles without the weights-only restriction) load through
     :func:`~hf_lightning.checkpointing.safe_load.load_checkpoint_file` instead."""
     from torch.distributed.checkpoint import DefaultLoadPlanner
 
@@ -307,9 +307,10 @@ def deepspeed_client_state(path: str) -> dict[str, Any]:
 
 def check_deepspeed_states(path: str) -> None:
     """Scan every states file (``*.pt``) of the DeepSpeed checkpoint folder ``path`` before DeepSpeed reads
-    them: its engine (``load_checkpoint``) and ``zero_to_fp32`` unpickle them with ``weights_only=False``, so
-    a file naming a type outside :data:`~hf_lightning.checkpointing.safe_load.DEEPSPEED_TYPES` and torch's
-    defaults is refused first (nothing of it is unpickled).
+    them: its engine (``load_checkpoint``) and ``zero_to_fp32`` unpickle them without the weights-only
+    restriction, so a file naming a type outside
+    :data:`~hf_lightning.checkpointing.safe_load.DEEPSPEED_TYPES` and torch's defaults is refused first
+    (nothing of it is unpickled).
 
     Raises:
         UnsafeCheckpointError: the first such file, naming the type.

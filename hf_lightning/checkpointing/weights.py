@@ -133,7 +133,7 @@ def _deepspeed_state(path: str) -> dict[str, Any]:
     problem = folder_problem(path)
     if problem:
         raise ConfigError(f"ckpt_path={path}: {path} {problem}")
-    check_deepspeed_states(path)  # zero_to_fp32 unpickles them with weights_only=False
+    check_deepspeed_states(path)  # zero_to_fp32 unpickles them without the weights-only restriction
     step = deepspeed_client_state(path).get("global_step", -1)
     return {"state_dict": get_fp32_state_dict_from_zero_checkpoint(path), "global_step": step}
 

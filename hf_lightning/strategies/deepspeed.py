@@ -227,7 +227,7 @@ class HFDeepSpeedStrategy(AtomicShardedCheckpoints, DeepSpeedStrategy):
     def _load_folder(self, path: str, weights_only: bool | None) -> dict[str, Any]:
         """Lightning's ``DeepSpeedStrategy.load_checkpoint``: the engine loads its folder (model, and when
         fitting the optimizer partitions) and returns Lightning's part. The engine unpickles its files with
-        ``weights_only=False``, so each is scanned first
+        the weights-only restriction off, so each is scanned first
         (:func:`~hf_lightning.checkpointing.sharded.check_deepspeed_states`).
 
         Raises:
