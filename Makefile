@@ -67,6 +67,4 @@ lint: $(ENV)/.hf_lightning-test
 	$(PY) -m ruff format --check .
 
 # CI (.ci/run): every optional group installed, ruff, the default tier, then the slower one
-ci: $(ENV)/.hf_lightning-test-full lint
-	$(PYTEST) -m "$(FAST)"
-	$(PYTEST) -m "$(SLOW)" --durations=40
+ci: $(ENV)/.hf_lightning-test-full lint test test-slow
