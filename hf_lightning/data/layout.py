@@ -46,6 +46,7 @@ default to ``layout=null`` (those three keys as given); the shipped experiments 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -54,6 +55,7 @@ import torch
 
 from hf_lightning.compat import attention_backend
 from hf_lightning.core.arguments import Allowed
+from hf_lightning.core.errors import ConfigError
 from hf_lightning.data.checks import forward_parameters, is_sequence_classifier, packed_sequences_isolated
 from hf_lightning.data.collators import (
     BatchPackingCollator,
@@ -344,10 +346,6 @@ def check_documents_apart(
             documents start), or a model that cannot keep the documents of one row apart
             (:func:`cannot_flatten`; no model bound: not checked).
     """
-    import os
-
-    from hf_lightning.core.errors import ConfigError
-
     where = path if isinstance(path, (str, os.PathLike)) else "<in-memory dataset>"
     what = f"the rows of data.path={where} hold several documents each (their {column!r} column"
     what += ", as trl.pack_dataset writes it)" if column == SEQ_LENGTHS else ")"

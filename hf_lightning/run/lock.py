@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import shutil
 
 from hf_lightning.core.errors import ConfigError
 
@@ -245,8 +246,6 @@ def discard_new_run_folder(run_dir: str) -> bool:
     what Hydra and the run's start wrote (``.hydra*/``'s three files, ``*.log`` files, the lock file), with
     the empty folders that creating it made (``outputs/DAY/``). A folder that existed before, or holds
     anything else (a checkpoint, ``metrics.csv``), is left as it is. Returns whether it removed it."""
-    import shutil
-
     key = os.path.realpath(run_dir)
     outermost = _NEW_RUN_FOLDERS.pop(key, None)
     if outermost is None or not os.path.isdir(run_dir):

@@ -43,33 +43,11 @@ def packed_rows(tokenizer, shared_data):
 
 
 def run_trl(tokenizer, rows, tmp_path):
-    from trl import SFTConfig, SFTTrainer
+    from trl import SFTTrainer
 
-    args = SFTConfig(
-        output_dir=str(tmp_path / "trl"),
-        per_device_train_batch_size=MICRO,
-        gradient_accumulation_steps=ACCUMULATION,
-        num_train_epochs=1,
-        learning_rate=LR,
-        weight_decay=0.0,
-        max_grad_norm=1.0,
-        lr_scheduler_type="linear",
-        warmup_steps=0,
-        logging_steps=1,
-        save_strategy="no",
-        report_to=[],
-        use_cpu=True,
-        seed=SEED,
-        optim="adamw_torch",
-        gradient_checkpointing=False,
-        max_length=None,
-        packing=False,
-        padding_free=True,
-        shuffle_dataset=False,
-        train_sampling_strategy="sequential",
-        dataloader_num_workers=0,
-        disable_tqdm=True,
-    )
+    from tests.parity.trl_config import sft_config
+
+    args = sft_config(tmp_path / "trl", MICRO, ACCUMULATION, LR, SEED, padding_free=True)
     trainer = SFTTrainer(
         model=make_model(len(tokenizer)), args=args, train_dataset=rows, processing_class=tokenizer
     )
