@@ -106,12 +106,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"hf_lightning {__version__}")
         return 0
     if argv[0] not in COMMANDS:
-        from hf_lightning.core.errors import ConfigError
-
-        err = ConfigError(
-            f"unknown command {argv[0]!r}: the commands are {', '.join(COMMANDS)} ({PROG} --help lists them)"
+        print(
+            f"hf_lightning: error: unknown command {argv[0]!r}: the commands are {', '.join(COMMANDS)} "
+            f"({PROG} --help lists them)",
+            file=sys.stderr,
         )
-        print(f"hf_lightning: error: {err}", file=sys.stderr)
         return 2
     return _run(argv[0], argv[1:])
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import re
 import types
 import typing
 from collections.abc import Callable, Iterable, Mapping
@@ -327,8 +328,6 @@ def _judged_hf_name_error(key: str, value: Any) -> str | None:
     ``data.gradient_accumulation_steps``), when our key refuses that value: the line names our key and what
     it takes, not the refused value; ``None`` otherwise (:func:`~hf_lightning.config.hf_names.hf_name_error`
     says it)."""
-    import re
-
     from hf_lightning.config.hf_names import OURS
 
     ours = OURS.get(key)
